@@ -1,0 +1,81 @@
+"""corral: durable, addressable entities for Python on Ray.
+
+Entities are addressed by business key; `signal_with_start` starts one if needed and
+delivers the message in one atomic, durable step. See README.md.
+
+Layering, bottom up: `corral.actors` (the programming model; imports nothing of
+corral), `corral.persistence` (the `Store` protocol and the SQLite store; imports only
+`actors`), `corral.runtime` (shards, activations, routing, client; uses storage only
+through `Store`). This module re-exports the user-facing surface.
+"""
+
+from corral.actors import (
+    CorralError,
+    Entity,
+    EntityClosedError,
+    EntityDefinitionError,
+    EntityFailedError,
+    EntityNotRunningError,
+    EntityTerminatedError,
+    IdempotencyConflictError,
+    IdReusePolicy,
+    InvalidKeyError,
+    InvalidPayloadError,
+    LeaseLostError,
+    Mailbox,
+    PayloadTooLargeError,
+    RunStatus,
+    StoreError,
+    UnauthorizedError,
+    UnknownEntityTypeError,
+    UnknownHandlerError,
+    UpdateFailedError,
+    query,
+    signal,
+    update,
+)
+from corral.runtime import (
+    Ack,
+    AuthRequest,
+    EntityDescription,
+    EntityRef,
+    Limits,
+    Runtime,
+    RunSummary,
+    open_runtime,
+)
+
+__all__ = [
+    "Ack",
+    "AuthRequest",
+    "CorralError",
+    "Entity",
+    "EntityClosedError",
+    "EntityDefinitionError",
+    "EntityDescription",
+    "EntityFailedError",
+    "EntityNotRunningError",
+    "EntityRef",
+    "EntityTerminatedError",
+    "IdReusePolicy",
+    "IdempotencyConflictError",
+    "InvalidKeyError",
+    "InvalidPayloadError",
+    "LeaseLostError",
+    "Limits",
+    "Mailbox",
+    "PayloadTooLargeError",
+    "RunStatus",
+    "RunSummary",
+    "Runtime",
+    "StoreError",
+    "UnauthorizedError",
+    "UnknownEntityTypeError",
+    "UnknownHandlerError",
+    "UpdateFailedError",
+    "open_runtime",
+    "query",
+    "signal",
+    "update",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,83 @@
+"""The seam between an entity and its host.
+
+An `Entity` never imports the runtime. The host implements `EntityContext` and
+attaches it to each instance before `__init__` runs; entity methods call into it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+__all__ = ["EntityContext", "Mailbox"]
+
+
+class EntityContext(Protocol):
+    """What the host provides to one activation of an entity."""
+
+    @property
+    def entity_type(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def run_id(self) -> int: ...
+
+    async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+        """Wait until `predicate()` is truthy (re-checked after every applied message)."""
+        ...
+
+    def notify(self) -> None:
+        """State changed outside a handler (e.g. the mailbox): re-check waiters."""
+        ...
+
+
+class Mailbox:
+    """Payloads of mailbox signals, in acceptance order, waiting for `run()`.
+
+    `run()` drains it with `async for reply in self.mailbox:` or `self.mailbox.drain()`.
+    The mailbox is part of the entity's state: what was delivered but not yet taken is
+    kept across snapshots.
+    """
+
+    __slots__ = ("_context", "_items")
+
+    def __init__(self, context: EntityContext | None = None) -> None:
+        self._items: deque[Any] = deque()
+        self._context = context
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        if self._context is not None:
+            self._context.notify()
+
+    def drain(self) -> list[Any]:
+        """Take every waiting payload without waiting."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    async def get(self, *, timeout: float | None = None) -> Any | None:
+        """Wait for the next payload; None if `timeout` passes first."""
+        if not self._items:
+            assert self._context is not None, "mailbox used outside a running entity"
+            if not await self._context.wait_for(lambda: self._items, timeout):
+                return None
+        return self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        while True:
+            yield await self.get()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"items": list(self._items)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._items = deque(state["items"])
+        self._context = None

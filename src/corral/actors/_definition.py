@@ -1,0 +1,199 @@
+"""Handler decorators and the per-class definition validated when a class is defined.
+
+Decorators attach a frozen `HandlerDefinition` under one private attribute
+(`_corral_handler`); `Entity.__init_subclass__` collects them into an
+`EntityDefinition` and rejects mistakes at once, with messages that say what to fix.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+from pydantic import BaseModel
+
+from ._errors import EntityDefinitionError
+from ._policy import IdReusePolicy
+
+__all__ = [
+    "EntityDefinition",
+    "HandlerDefinition",
+    "HandlerKind",
+    "MailboxSignal",
+    "query",
+    "signal",
+    "update",
+]
+
+_ATTR = "_corral_handler"
+F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=BaseModel)
+
+
+class HandlerKind(str, enum.Enum):
+    SIGNAL = "signal"
+    UPDATE = "update"
+    QUERY = "query"
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerDefinition:
+    """One declared handler. `fn` is None for a mailbox signal (no handler body)."""
+
+    kind: HandlerKind
+    name: str
+    fn: Callable[..., Any] | None
+    input_type: type[BaseModel] | None
+    output_type: Any = None
+    is_async: bool = False
+
+
+class MailboxSignal(Generic[M]):
+    """A signal without a handler body: each payload is appended to `self.mailbox`.
+
+    Example:
+        class Ticket(corral.Entity):
+            customer_reply = corral.signal(Reply)   # run() drains self.mailbox
+    """
+
+    def __init__(self, model: type[M]) -> None:
+        self.model = model
+        self._corral_handler: HandlerDefinition | None = None
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._corral_handler = HandlerDefinition(HandlerKind.SIGNAL, name, None, self.model)
+
+    def __repr__(self) -> str:
+        name = self._corral_handler.name if self._corral_handler else "?"
+        return f"<mailbox signal {name}({self.model.__name__})>"
+
+
+@overload
+def signal(fn_or_model: type[M], /) -> MailboxSignal[M]: ...
+@overload
+def signal(fn_or_model: F, /) -> F: ...
+def signal(fn_or_model: Any, /) -> Any:
+    """Declare a signal: fire-and-forget, durable, applied once in acceptance order.
+
+    Use as a decorator on a method taking one pydantic model (or nothing), or call it
+    with a model class to declare a mailbox signal whose payloads go to `self.mailbox`.
+    """
+    if isinstance(fn_or_model, type) and issubclass(fn_or_model, BaseModel):
+        return MailboxSignal(fn_or_model)
+    return _mark(fn_or_model, HandlerKind.SIGNAL)
+
+
+def update(fn: F, /) -> F:
+    """Declare an update: durable like a signal, and the caller receives its return value."""
+    return _mark(fn, HandlerKind.UPDATE)
+
+
+def query(fn: F, /) -> F:
+    """Declare a query: a synchronous read of state that must not change it."""
+    return _mark(fn, HandlerKind.QUERY)
+
+
+def _mark(fn: F, kind: HandlerKind) -> F:
+    if not callable(fn) or isinstance(fn, type):
+        raise EntityDefinitionError(
+            f"@corral.{kind.value} decorates a method; got {fn!r}"
+            + (" (to declare a mailbox signal, pass a pydantic model class)" if kind == "signal"
+               else "")
+        )
+    # Unresolved until the class is defined: annotations may name later classes.
+    setattr(fn, _ATTR, HandlerDefinition(kind, fn.__name__, fn, None))
+    return fn
+
+
+@dataclass(frozen=True, slots=True)
+class EntityDefinition:
+    """Everything the runtime needs to know about an entity class."""
+
+    cls: type
+    name: str
+    start_type: type[BaseModel] | None
+    result_type: Any
+    handlers: Mapping[str, HandlerDefinition]
+    id_reuse: IdReusePolicy
+
+    def handler(self, name: str) -> HandlerDefinition | None:
+        return self.handlers.get(name)
+
+
+def define_entity(cls: type, localns: Mapping[str, Any]) -> EntityDefinition:
+    """Validate an entity class and build its definition (called by `__init_subclass__`)."""
+    name = cls.__dict__.get("name", cls.__name__)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise EntityDefinitionError(f"{cls.__name__}.name must be an identifier, got {name!r}")
+    id_reuse = getattr(cls, "id_reuse", IdReusePolicy.ALLOW_DUPLICATE)
+    if not isinstance(id_reuse, IdReusePolicy):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.id_reuse must be an IdReusePolicy, got {id_reuse!r}"
+        )
+    handlers: dict[str, HandlerDefinition] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            marked = getattr(value, _ATTR, None)
+            if isinstance(marked, HandlerDefinition):
+                handlers[attr] = _resolve(cls, marked, localns)
+    init = cls.__init__  # type: ignore[misc]
+    start_type = None if init is object.__init__ else _single_model(
+        cls, init, "__init__", localns, what="__init__ (the start input)"
+    )
+    run = cls.run  # type: ignore[attr-defined]
+    if not inspect.iscoroutinefunction(run):
+        raise EntityDefinitionError(f"{cls.__name__}.run must be `async def run(self)`")
+    result_type = _hints(cls, run, localns).get("return")
+    return EntityDefinition(cls, name, start_type, result_type, handlers, id_reuse)
+
+
+def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any]) -> HandlerDefinition:
+    if h.fn is None:  # mailbox signal: the model was given explicitly
+        return h
+    kind = h.kind.value
+    is_async = inspect.iscoroutinefunction(h.fn)
+    if h.kind is HandlerKind.QUERY and is_async:
+        raise EntityDefinitionError(
+            f"query handler `{h.name}` must be a plain `def`: a query reads state and never waits"
+        )
+    input_type = _single_model(cls, h.fn, h.name, localns, what=f"{kind} handler `{h.name}`")
+    output = _hints(cls, h.fn, localns).get("return")
+    return HandlerDefinition(h.kind, h.name, h.fn, input_type, output, is_async)
+
+
+def _single_model(
+    cls: type, fn: Callable[..., Any], name: str, localns: Mapping[str, Any], *, what: str
+) -> type[BaseModel] | None:
+    params = list(inspect.signature(fn).parameters.values())[1:]  # drop self
+    if not params:
+        return None
+    if len(params) > 1 or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ):
+        raise EntityDefinitionError(
+            f"{what} of {cls.__name__} must take one pydantic model or nothing, "
+            f"got {len(params)} args ({', '.join(p.name for p in params)}); "
+            "put the fields in one model so senders can evolve without breaking"
+        )
+    hint = _hints(cls, fn, localns).get(params[0].name)
+    if not (isinstance(hint, type) and issubclass(hint, BaseModel)):
+        raise EntityDefinitionError(
+            f"{what} of {cls.__name__}: parameter `{params[0].name}` must be annotated with "
+            f"a pydantic BaseModel subclass, got {hint!r}"
+        )
+    return hint
+
+
+def _hints(cls: type, fn: Callable[..., Any], localns: Mapping[str, Any]) -> dict[str, Any]:
+    ns = {**localns, cls.__name__: cls}
+    try:
+        return typing.get_type_hints(fn, localns=ns)
+    except NameError as err:
+        raise EntityDefinitionError(
+            f"{cls.__name__}.{fn.__name__}: cannot resolve annotation ({err}); define the "
+            "model before the entity class, at module level"
+        ) from err

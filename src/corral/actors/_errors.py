@@ -1,0 +1,100 @@
+"""The error hierarchy: every error corral raises on purpose derives from `CorralError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorralError",
+    "EntityClosedError",
+    "EntityDefinitionError",
+    "EntityFailedError",
+    "EntityNotRunningError",
+    "EntityTerminatedError",
+    "IdempotencyConflictError",
+    "InvalidKeyError",
+    "InvalidPayloadError",
+    "LeaseLostError",
+    "PayloadTooLargeError",
+    "StoreError",
+    "UnauthorizedError",
+    "UnknownEntityTypeError",
+    "UnknownHandlerError",
+    "UpdateFailedError",
+]
+
+
+class CorralError(Exception):
+    """Base class of every error corral raises deliberately."""
+
+
+class EntityDefinitionError(CorralError, TypeError):
+    """An `Entity` subclass or one of its handlers is declared wrongly.
+
+    Raised when the class is defined, never at run time; the message says what to fix.
+    """
+
+
+class InvalidPayloadError(CorralError, ValueError):
+    """A payload or start input failed validation at the client boundary.
+
+    Raised before anything is stored: wrong model type, missing or unknown fields,
+    values that are not JSON. Nothing was written.
+    """
+
+
+class PayloadTooLargeError(InvalidPayloadError):
+    """A payload's canonical JSON is larger than the runtime's `max_payload_bytes`."""
+
+
+class InvalidKeyError(CorralError, ValueError):
+    """An entity key is empty, too long, or contains characters outside the allowed set."""
+
+
+class UnknownEntityTypeError(CorralError, LookupError):
+    """The entity type was not registered with the runtime (`open_runtime(entities=...)`)."""
+
+
+class UnknownHandlerError(CorralError, LookupError):
+    """The entity type declares no signal, update or query of that name and kind."""
+
+
+class UnauthorizedError(CorralError, PermissionError):
+    """The runtime's `authorize` hook rejected the sender. Nothing was stored."""
+
+
+class IdempotencyConflictError(CorralError):
+    """A message id was reused with a different payload or sender.
+
+    Same id and same payload is a harmless duplicate (answered `"duplicate"`); a changed
+    payload under a known id is a caller bug, so it is refused loudly.
+    """
+
+
+class EntityNotRunningError(CorralError):
+    """A plain `signal` or `update` reached an entity with no running run.
+
+    Use `signal_with_start` / `update_with_start` to start it; a message never vanishes.
+    """
+
+
+class EntityClosedError(CorralError):
+    """`*_with_start` found the entity closed and its `IdReusePolicy` forbids a new run."""
+
+
+class EntityFailedError(CorralError):
+    """`result()` of a run whose `run()` raised; the message carries the error text."""
+
+
+class EntityTerminatedError(CorralError):
+    """`result()` of a run that was terminated; the message carries the reason."""
+
+
+class UpdateFailedError(CorralError):
+    """The update handler raised; the error text was recorded and is returned to every retry."""
+
+
+class StoreError(CorralError):
+    """The store failed (I/O, corruption, lock timeout). The operation was not committed."""
+
+
+class LeaseLostError(StoreError):
+    """A shard host lost its lease (a newer epoch exists); its write was refused (fencing)."""

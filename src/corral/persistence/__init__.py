@@ -1,0 +1,23 @@
+"""Durable storage behind the `Store` protocol; `SqliteStore` is the embedded default."""
+
+from ._codec import canonical_json, encode_model, payload_hash
+from ._records import AcceptResult, Acceptance, EntryKind, JournalEntry, RunRecord, UpdateOutcome
+from ._sqlite import SqliteStore, open_sqlite_store
+from ._store import Store
+from ._writes import Fence
+
+__all__ = [
+    "AcceptResult",
+    "Acceptance",
+    "EntryKind",
+    "Fence",
+    "JournalEntry",
+    "RunRecord",
+    "SqliteStore",
+    "Store",
+    "UpdateOutcome",
+    "canonical_json",
+    "encode_model",
+    "open_sqlite_store",
+    "payload_hash",
+]

@@ -1,0 +1,108 @@
+"""Plain records that cross the `Store` boundary. Payloads are canonical JSON text."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+
+from corral.actors import IdReusePolicy, RunStatus
+
+__all__ = [
+    "AcceptResult",
+    "Acceptance",
+    "EntryKind",
+    "JournalEntry",
+    "RunRecord",
+    "UpdateOutcome",
+]
+
+
+class EntryKind(str, enum.Enum):
+    SIGNAL = "signal"
+    UPDATE = "update"
+    TERMINATE = "terminate"
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    """One message to accept durably: start the run if needed, dedupe, append to the journal.
+
+    `start` is the canonical JSON start input for `*_with_start` calls and None for plain
+    sends, which require a running run.
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    kind: EntryKind
+    name: str
+    message_id: str
+    payload: str
+    payload_hash: bytes
+    sender: str | None
+    start: str | None
+    id_reuse: IdReusePolicy
+    accepted_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """An accepted message, numbered `seq` (1, 2, ...) within its entity across runs."""
+
+    entity_type: str
+    key: str
+    seq: int
+    run_id: int
+    kind: EntryKind
+    name: str
+    message_id: str
+    payload: str
+    sender: str | None
+    accepted_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptResult:
+    """What the store decided. `entry` is the journal entry (the original one for duplicates)."""
+
+    duplicate: bool
+    started: bool
+    entry: JournalEntry
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    entity_type: str
+    key: str
+    run_id: int
+    status: RunStatus
+    start_input: str | None
+    result: str | None
+    error: str | None
+
+    def to_json(self) -> str:
+        return json.dumps({"result": self.result, "error": self.error})
+
+    @classmethod
+    def from_json(cls, text: str) -> UpdateOutcome:
+        data = json.loads(text)
+        return cls(data["result"], data["error"])
+    started_at: float
+    closed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateOutcome:
+    """The recorded outcome of an applied update: JSON result or the handler's error text."""
+
+    result: str | None
+    error: str | None
+
+    def to_json(self) -> str:
+        return json.dumps({"result": self.result, "error": self.error})
+
+    @classmethod
+    def from_json(cls, text: str) -> UpdateOutcome:
+        data = json.loads(text)
+        return cls(data["result"], data["error"])

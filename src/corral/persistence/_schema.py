@@ -1,0 +1,128 @@
+"""The SQLite schema. One file holds every table; `meta` pins the schema and shard count.
+
+Key choices (see SQLITE_NOTES.md): the journal is a rowid table whose `pos` grows in
+commit order, so a host can tail it cheaply for entries other processes accepted;
+dedupe and run lookups are narrow WITHOUT ROWID tables keyed by (etype, key, ...).
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "1"
+
+PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    "PRAGMA busy_timeout=30000",
+    "PRAGMA journal_size_limit=67108864",
+    "PRAGMA foreign_keys=OFF",
+)
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (
+    k TEXT PRIMARY KEY,
+    v TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- The latest run of each entity and the next journal sequence number.
+CREATE TABLE IF NOT EXISTS entities (
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    next_seq INTEGER NOT NULL,
+    PRIMARY KEY (etype, key)
+) WITHOUT ROWID;
+
+-- Every run ever started; `continued_from` links continue-as-new chains.
+CREATE TABLE IF NOT EXISTS runs (
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    start_input TEXT,
+    result TEXT,
+    error TEXT,
+    started_at REAL NOT NULL,
+    closed_at REAL,
+    continued_from INTEGER,
+    PRIMARY KEY (etype, key, run_id)
+) WITHOUT ROWID;
+
+-- Accepted messages. seq numbers an entity's messages across runs.
+CREATE TABLE IF NOT EXISTS journal (
+    pos INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: hosts tail by position
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    shard INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    sender TEXT,
+    accepted_at REAL NOT NULL,
+    UNIQUE (etype, key, seq)
+);
+
+-- The dedupe window: one row per message id, outliving journal truncation.
+CREATE TABLE IF NOT EXISTS dedupe (
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    payload_hash BLOB NOT NULL,
+    sender TEXT,
+    accepted_at REAL NOT NULL,
+    outcome TEXT,
+    PRIMARY KEY (etype, key, message_id)
+) WITHOUT ROWID;
+
+-- Pickled entity state covering the journal up to applied_seq.
+CREATE TABLE IF NOT EXISTS snapshots (
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    applied_seq INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (etype, key, applied_seq)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS timers (
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    timer_id TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    due_at REAL NOT NULL,
+    PRIMARY KEY (etype, key, timer_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS timers_due ON timers (shard, due_at);
+
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY,
+    etype TEXT NOT NULL,
+    key TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    sender TEXT,
+    error TEXT NOT NULL,
+    traceback TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    failed_at REAL NOT NULL
+);
+
+-- One row per shard: who hosts it, until when, and its fencing epoch.
+CREATE TABLE IF NOT EXISTS leases (
+    shard INTEGER PRIMARY KEY,
+    owner TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""

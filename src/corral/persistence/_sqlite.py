@@ -1,0 +1,328 @@
+"""`SqliteStore`: the embedded store on one SQLite file (WAL) through aiosqlite.
+
+Writes are group-committed: every op queued while the previous batch was committing
+goes into the next transaction, with no timer. Light load gives one commit per op;
+heavy load batches by itself. Each caller is answered only after its batch committed.
+A whole batch runs as one call in aiosqlite's thread (one thread hop per batch, not
+per statement), and all callers of a batch share one future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from corral.actors import CorralError, RunStatus, StoreError
+
+from ._records import AcceptResult, Acceptance, EntryKind, JournalEntry, RunRecord, UpdateOutcome
+from ._schema import DDL, PRAGMAS, SCHEMA_VERSION
+from ._writes import (
+    AcceptOp,
+    AcquireLeasesOp,
+    CloseRunOp,
+    Fence,
+    RecordUpdateOp,
+    ReleaseLeasesOp,
+    RenewLeasesOp,
+    Txn,
+    WriteOp,
+)
+
+__all__ = ["SqliteStore", "open_sqlite_store"]
+
+T = TypeVar("T")
+_MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
+_JOURNAL_COLS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
+
+
+def _entry(row: Sequence[Any]) -> JournalEntry:
+    return JournalEntry(
+        row[0], row[1], row[2], row[3], EntryKind(row[4]), row[5], row[6], row[7], row[8], row[9]
+    )
+
+
+class _Batch:
+    __slots__ = ("future", "ops")
+
+    def __init__(self, future: asyncio.Future[list[Any]]) -> None:
+        self.future = future
+        self.ops: list[WriteOp] = []
+
+
+class SqliteStore:
+    """The SQLite implementation of `Store`. Open it with `open_sqlite_store`.
+
+    Several processes may open the same file: SQLite's write lock serialises their
+    transactions (`BEGIN IMMEDIATE`, 30 s busy timeout).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.durable = path not in _MEMORY
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._batch: _Batch | None = None
+        self._wakeup = asyncio.Event()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._data_version: int | None = None
+        self._foreign_commit = False
+        self._closed = False
+        self.commits = 0
+        self.ops_committed = 0
+
+    async def _open(self, *, shards: int) -> None:
+        target = self.path if self.durable else ":memory:"
+        try:
+            self._writer = await aiosqlite.connect(target, isolation_level=None)
+            for pragma in PRAGMAS:
+                await self._writer.execute(pragma)
+            await self._writer.executescript(DDL)
+            await self._check_meta(shards)
+            if self.durable:
+                self._reader = await aiosqlite.connect(target, isolation_level=None)
+                await self._reader.execute("PRAGMA busy_timeout=30000")
+            else:
+                self._reader = self._writer
+        except sqlite3.Error as err:
+            await self.close()
+            raise StoreError(f"cannot open store {self.path!r}: {err}") from err
+        self._writer_task = asyncio.create_task(self._write_loop(), name="corral-store-writer")
+
+    async def _check_meta(self, shards: int) -> None:
+        assert self._writer is not None
+        await self._writer.execute("BEGIN IMMEDIATE")
+        try:
+            for k, v in (("schema_version", SCHEMA_VERSION), ("shards", str(shards))):
+                await self._writer.execute("INSERT OR IGNORE INTO meta (k, v) VALUES (?, ?)", (k, v))
+                async with self._writer.execute("SELECT v FROM meta WHERE k=?", (k,)) as cur:
+                    row = await cur.fetchone()
+                if row is None or row[0] != v:
+                    found = row[0] if row else None
+                    raise StoreError(
+                        f"store {self.path!r} was created with {k}={found}, this runtime "
+                        f"uses {v}; the shard count is fixed when a store is created"
+                    )
+            await self._writer.execute("COMMIT")
+        except BaseException:
+            await self._writer.execute("ROLLBACK")
+            raise
+
+    # -- writes -------------------------------------------------------------------
+
+    async def write(self, op: WriteOp) -> Any:
+        """Apply `op` in the next group-commit transaction; return its result once durable."""
+        if self._closed:
+            raise StoreError("store is closed")
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch(asyncio.get_running_loop().create_future())
+            self._wakeup.set()
+        index = len(batch.ops)
+        batch.ops.append(op)
+        result = (await asyncio.shield(batch.future))[index]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def _write_loop(self) -> None:
+        assert self._writer is not None
+        writer = self._writer
+        while not (self._closed and self._batch is None):
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch, self._batch = self._batch, None
+            if batch is None:
+                continue
+            try:
+                results = await writer._execute(self._apply_batch, writer._conn, batch.ops)
+            except Exception as err:  # the writer thread or connection died
+                results = [StoreError(f"store write failed: {err}")] * len(batch.ops)
+            if not batch.future.done():
+                batch.future.set_result(results)
+
+    def _apply_batch(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
+        """Runs in the writer thread: one transaction, one sync, for the whole batch."""
+        self._note_data_version(db)
+        txn = Txn(db)
+        results: list[Any] = []
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for op in ops:
+                try:
+                    results.append(op.apply(txn))
+                except CorralError as err:
+                    results.append(err)
+            txn.flush()
+            db.execute("COMMIT")
+        except sqlite3.Error as err:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            return [StoreError(f"store write failed, nothing committed: {err}")] * len(ops)
+        self.commits += 1
+        self.ops_committed += len(ops)
+        return results
+
+    def _note_data_version(self, db: sqlite3.Connection) -> None:
+        # data_version changes only when *another* connection committed: that is how a
+        # host learns that other processes accepted messages for shards it owns.
+        version = db.execute("PRAGMA data_version").fetchone()[0]
+        if self._data_version is not None and version != self._data_version:
+            self._foreign_commit = True
+        self._data_version = version
+
+    async def foreign_commit_seen(self) -> bool:
+        """Whether another process committed since the last call (cheap; no transaction)."""
+        assert self._writer is not None
+        if self._batch is None:  # idle writer: ask directly instead of waiting for a batch
+            await self._writer._execute(self._note_data_version, self._writer._conn)
+        seen, self._foreign_commit = self._foreign_commit, False
+        return seen
+
+    async def accept(self, acc: Acceptance) -> AcceptResult:
+        return await self.write(AcceptOp(acc))  # type: ignore[no-any-return]
+
+    async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
+                            outcome: UpdateOutcome) -> None:
+        await self.write(RecordUpdateOp(fence, etype, key, message_id, outcome.to_json()))
+
+    async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                        applied_seq: int, status: RunStatus, result: str | None,
+                        error: str | None) -> bool:
+        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float
+                             ) -> dict[int, int]:
+        return await self.write(AcquireLeasesOp(owner, tuple(shards), ttl))  # type: ignore[no-any-return]
+
+    async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]:
+        return await self.write(RenewLeasesOp(owner, tuple(held.items()), ttl))  # type: ignore[no-any-return]
+
+    async def release_leases(self, owner: str) -> None:
+        await self.write(ReleaseLeasesOp(owner))
+
+    # -- reads --------------------------------------------------------------------
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` on the reader connection inside one read transaction."""
+        if self._reader is None:
+            raise StoreError("store is closed")
+        return await self._reader._execute(self._read_txn, self._reader._conn, fn)
+
+    @staticmethod
+    def _read_txn(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            own_txn = not db.in_transaction
+            if own_txn:
+                db.execute("BEGIN")
+            try:
+                return fn(db)
+            finally:
+                if own_txn:
+                    db.execute("COMMIT")
+        except sqlite3.Error as err:
+            raise StoreError(f"store read failed: {err}") from err
+
+    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
+                      ) -> list[JournalEntry]:
+        """The run's journal entries after `after_seq`, in order."""
+        def q(db: sqlite3.Connection) -> list[JournalEntry]:
+            rows = db.execute(
+                f"SELECT {_JOURNAL_COLS} FROM journal WHERE etype=? AND key=? AND seq>? "
+                "AND run_id=? ORDER BY seq", (etype, key, after_seq, run_id),
+            ).fetchall()
+            return [_entry(r) for r in rows]
+        return await self.read(q)
+
+    async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = 2000
+                           ) -> tuple[int, list[JournalEntry]]:
+        """Entries committed after position `after_pos` for `shards`; returns the new position."""
+        def q(db: sqlite3.Connection) -> tuple[int, list[JournalEntry]]:
+            rows = db.execute(
+                f"SELECT pos, shard, {_JOURNAL_COLS} FROM journal WHERE pos>? ORDER BY pos "
+                "LIMIT ?", (after_pos, limit),
+            ).fetchall()
+            last = rows[-1][0] if rows else after_pos
+            return last, [_entry(r[2:]) for r in rows if r[1] in shards]
+        return await self.read(q)
+
+    async def journal_end(self) -> int:
+        def q(db: sqlite3.Connection) -> int:
+            return int(db.execute("SELECT coalesce(max(pos), 0) FROM journal").fetchone()[0])
+        return await self.read(q)
+
+    async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None:
+        """The entity's latest run and its next journal seq, or None if never started."""
+        def q(db: sqlite3.Connection) -> tuple[RunRecord, int] | None:
+            row = db.execute(
+                "SELECT e.next_seq, r.run_id, r.status, r.start_input, r.result, r.error, "
+                "r.started_at, r.closed_at FROM entities e JOIN runs r ON r.etype=e.etype "
+                "AND r.key=e.key AND r.run_id=e.run_id WHERE e.etype=? AND e.key=?",
+                (etype, key),
+            ).fetchone()
+            if row is None:
+                return None
+            return RunRecord(etype, key, row[1], RunStatus(row[2]), *row[3:]), row[0]
+        return await self.read(q)
+
+    async def runs(self, etype: str, key: str) -> list[RunRecord]:
+        def q(db: sqlite3.Connection) -> list[RunRecord]:
+            rows = db.execute(
+                "SELECT run_id, status, start_input, result, error, started_at, closed_at "
+                "FROM runs WHERE etype=? AND key=? ORDER BY run_id", (etype, key),
+            ).fetchall()
+            return [RunRecord(etype, key, r[0], RunStatus(r[1]), *r[2:]) for r in rows]
+        return await self.read(q)
+
+    async def running_entities(self, shard: int) -> list[tuple[str, str]]:
+        def q(db: sqlite3.Connection) -> list[tuple[str, str]]:
+            rows = db.execute(
+                "SELECT etype, key FROM entities WHERE shard=? AND status='running'", (shard,)
+            ).fetchall()
+            return [(r[0], r[1]) for r in rows]
+        return await self.read(q)
+
+    async def update_outcome(self, etype: str, key: str, message_id: str
+                             ) -> UpdateOutcome | None:
+        def q(db: sqlite3.Connection) -> UpdateOutcome | None:
+            row = db.execute(
+                "SELECT outcome FROM dedupe WHERE etype=? AND key=? AND message_id=?",
+                (etype, key, message_id),
+            ).fetchone()
+            if row is None or row[0] is None:
+                return None
+            return UpdateOutcome.from_json(row[0])
+        return await self.read(q)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Commit what is queued, then close both connections."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer_task is not None:
+            self._wakeup.set()  # the writer commits what is queued, then returns
+            await self._writer_task
+        for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
+            await conn.close()
+        self._reader = self._writer = None
+
+    def __del__(self) -> None:
+        if not self._closed and self._writer is not None:
+            warnings.warn(f"SqliteStore {self.path!r} was never closed", ResourceWarning,
+                          stacklevel=1)
+
+
+async def open_sqlite_store(path: str, *, shards: int) -> SqliteStore:
+    """Open (creating if needed) the store at `path`; `":memory:"` for a non-durable store."""
+    if path.startswith("sqlite:///") and path not in _MEMORY:
+        path = path[len("sqlite:///"):]
+    store = SqliteStore(path)
+    await store._open(shards=shards)
+    return store

@@ -1,0 +1,301 @@
+"""Write operations, each applied inside one group-commit transaction.
+
+An op raises a `CorralError` *before* writing anything when it refuses (conflict,
+closed run, lost lease), so the other ops of its batch still commit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from corral.actors import (
+    EntityClosedError,
+    EntityNotRunningError,
+    IdempotencyConflictError,
+    LeaseLostError,
+    RunStatus,
+)
+
+from ._records import AcceptResult, Acceptance, EntryKind, JournalEntry
+
+__all__ = [
+    "AcceptOp",
+    "AcquireLeasesOp",
+    "CloseRunOp",
+    "Fence",
+    "RecordUpdateOp",
+    "ReleaseLeasesOp",
+    "RenewLeasesOp",
+    "Txn",
+    "WriteOp",
+]
+
+
+@dataclass(slots=True)
+class _EntityRow:
+    shard: int
+    run_id: int
+    status: RunStatus
+    next_seq: int
+    dirty: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A host's claim to write for a shard: refused unless `epoch` is still current."""
+
+    shard: int
+    owner: str
+    epoch: int
+
+
+@dataclass(slots=True)
+class Txn:
+    """One open transaction; caches entity rows so a batch updates each row once."""
+
+    db: sqlite3.Connection
+    entities: dict[tuple[str, str], _EntityRow | None] = field(default_factory=dict)
+
+    def entity(self, etype: str, key: str) -> _EntityRow | None:
+        ident = (etype, key)
+        if ident not in self.entities:
+            row = self.db.execute(
+                "SELECT shard, run_id, status, next_seq FROM entities WHERE etype=? AND key=?",
+                ident,
+            ).fetchone()
+            self.entities[ident] = (
+                None if row is None else _EntityRow(row[0], row[1], RunStatus(row[2]), row[3])
+            )
+        return self.entities[ident]
+
+    def put_entity(self, etype: str, key: str, row: _EntityRow) -> None:
+        row.dirty = True
+        self.entities[(etype, key)] = row
+
+    def check(self, fence: Fence) -> None:
+        row = self.db.execute(
+            "SELECT owner, epoch FROM leases WHERE shard=?", (fence.shard,)
+        ).fetchone()
+        if row is None or (row[0], row[1]) != (fence.owner, fence.epoch):
+            raise LeaseLostError(
+                f"shard {fence.shard}: epoch {fence.epoch} of {fence.owner} is no longer current"
+            )
+
+    def flush(self) -> None:
+        dirty = [(k[0], k[1], r) for k, r in self.entities.items() if r is not None and r.dirty]
+        if dirty:
+            self.db.executemany(
+                "INSERT INTO entities (etype, key, shard, run_id, status, next_seq) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
+                "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq",
+                [(e, k, r.shard, r.run_id, r.status.value, r.next_seq) for e, k, r in dirty],
+            )
+            for _, _, r in dirty:
+                r.dirty = False
+
+
+class WriteOp(Protocol):
+    def apply(self, txn: Txn) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptOp:
+    acc: Acceptance
+
+    def apply(self, txn: Txn) -> AcceptResult:
+        a = self.acc
+        db = txn.db
+        seen = db.execute(
+            "SELECT seq, run_id, payload_hash, sender, accepted_at FROM dedupe "
+            "WHERE etype=? AND key=? AND message_id=?",
+            (a.entity_type, a.key, a.message_id),
+        ).fetchone()
+        if seen is not None:
+            return self._duplicate(seen)
+        row = txn.entity(a.entity_type, a.key)
+        started = False
+        if row is None or row.status is not RunStatus.RUNNING:
+            if a.start is None:
+                state = "was never started" if row is None else f"is {row.status.value}"
+                raise EntityNotRunningError(
+                    f"{a.entity_type} {a.key!r} {state}; use {a.kind.value}_with_start"
+                    if a.kind is not EntryKind.TERMINATE
+                    else f"{a.entity_type} {a.key!r} {state}; nothing to terminate"
+                )
+            if row is not None and not a.id_reuse.allows_after(row.status):
+                raise EntityClosedError(
+                    f"{a.entity_type} {a.key!r}: run {row.run_id} is {row.status.value} and "
+                    f"the id reuse policy is {a.id_reuse.name}"
+                )
+            run_id = 1 if row is None else row.run_id + 1
+            next_seq = 1 if row is None else row.next_seq
+            db.execute(
+                "INSERT INTO runs (etype, key, run_id, status, start_input, started_at) "
+                "VALUES (?, ?, ?, 'running', ?, ?)",
+                (a.entity_type, a.key, run_id, a.start, a.accepted_at),
+            )
+            row = _EntityRow(a.shard, run_id, RunStatus.RUNNING, next_seq)
+            started = True
+        entry = JournalEntry(
+            a.entity_type, a.key, row.next_seq, row.run_id, a.kind, a.name, a.message_id,
+            a.payload, a.sender, a.accepted_at,
+        )
+        db.execute(
+            "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "
+            "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (a.entity_type, a.key, entry.seq, entry.run_id, a.shard, a.kind.value, a.name,
+             a.message_id, a.payload, a.sender, a.accepted_at),
+        )
+        db.execute(
+            "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender, "
+            "accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (a.entity_type, a.key, a.message_id, entry.seq, entry.run_id, a.payload_hash,
+             a.sender, a.accepted_at),
+        )
+        row.next_seq += 1
+        if a.kind is EntryKind.TERMINATE:
+            row.status = RunStatus.TERMINATED
+            db.execute(
+                "UPDATE runs SET status='terminated', error=?, closed_at=? "
+                "WHERE etype=? AND key=? AND run_id=?",
+                (a.payload, a.accepted_at, a.entity_type, a.key, row.run_id),
+            )
+        txn.put_entity(a.entity_type, a.key, row)
+        return AcceptResult(duplicate=False, started=started, entry=entry)
+
+    def _duplicate(self, seen: tuple[Any, ...]) -> AcceptResult:
+        a = self.acc
+        seq, run_id, stored_hash, sender, accepted_at = seen
+        if bytes(stored_hash) != a.payload_hash:
+            raise IdempotencyConflictError(
+                f"message id {a.message_id!r} for {a.entity_type} {a.key!r} was accepted "
+                "before with a different payload"
+            )
+        if sender != a.sender:
+            raise IdempotencyConflictError(
+                f"message id {a.message_id!r} for {a.entity_type} {a.key!r} was accepted "
+                f"before from sender {sender!r}, not {a.sender!r}"
+            )
+        entry = JournalEntry(
+            a.entity_type, a.key, seq, run_id, a.kind, a.name, a.message_id, a.payload,
+            sender, accepted_at,
+        )
+        return AcceptResult(duplicate=True, started=False, entry=entry)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordUpdateOp:
+    fence: Fence
+    entity_type: str
+    key: str
+    message_id: str
+    outcome: str
+
+    def apply(self, txn: Txn) -> None:
+        txn.check(self.fence)
+        txn.db.execute(
+            "UPDATE dedupe SET outcome=? WHERE etype=? AND key=? AND message_id=?",
+            (self.outcome, self.entity_type, self.key, self.message_id),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRunOp:
+    """Close a run, but only if every message accepted so far was applied.
+
+    Returns False when newer messages exist: the host applies them and tries again, so
+    a message accepted before the close is never left unapplied.
+    """
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    applied_seq: int
+    status: RunStatus
+    result: str | None
+    error: str | None
+
+    def apply(self, txn: Txn) -> bool:
+        txn.check(self.fence)
+        row = txn.entity(self.entity_type, self.key)
+        if row is None or row.run_id != self.run_id or row.status is not RunStatus.RUNNING:
+            return True  # already closed (terminated, or a retry of this close)
+        if row.next_seq - 1 > self.applied_seq:
+            return False
+        row.status = self.status
+        txn.put_entity(self.entity_type, self.key, row)
+        txn.db.execute(
+            "UPDATE runs SET status=?, result=?, error=?, closed_at=? "
+            "WHERE etype=? AND key=? AND run_id=?",
+            (self.status.value, self.result, self.error, time.time(), self.entity_type,
+             self.key, self.run_id),
+        )
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireLeasesOp:
+    """Take every listed shard whose lease is free, expired or already ours.
+
+    Taking a shard from someone else (or afresh) bumps its epoch: the fencing token
+    that makes the previous holder's writes fail.
+    """
+
+    owner: str
+    shards: tuple[int, ...]
+    ttl: float
+
+    def apply(self, txn: Txn) -> dict[int, int]:
+        now = time.time()
+        taken: dict[int, int] = {}
+        for shard in self.shards:
+            row = txn.db.execute(
+                "SELECT owner, epoch, expires_at FROM leases WHERE shard=?", (shard,)
+            ).fetchone()
+            if row is not None and row[0] == self.owner:
+                epoch = row[1]
+            elif row is None or row[2] < now:
+                epoch = (row[1] if row else 0) + 1
+            else:
+                continue
+            txn.db.execute(
+                "INSERT INTO leases (shard, owner, epoch, expires_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (shard) DO UPDATE SET owner=excluded.owner, "
+                "epoch=excluded.epoch, expires_at=excluded.expires_at",
+                (shard, self.owner, epoch, now + self.ttl),
+            )
+            taken[shard] = epoch
+        return taken
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLeasesOp:
+    """Extend the leases still held at their epoch; returns the shards that remain ours."""
+
+    owner: str
+    held: tuple[tuple[int, int], ...]
+    ttl: float
+
+    def apply(self, txn: Txn) -> set[int]:
+        expires = time.time() + self.ttl
+        kept: set[int] = set()
+        for shard, epoch in self.held:
+            cur = txn.db.execute(
+                "UPDATE leases SET expires_at=? WHERE shard=? AND owner=? AND epoch=?",
+                (expires, shard, self.owner, epoch),
+            )
+            if cur.rowcount == 1:
+                kept.add(shard)
+        return kept
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLeasesOp:
+    owner: str
+
+    def apply(self, txn: Txn) -> None:
+        txn.db.execute("UPDATE leases SET expires_at=0 WHERE owner=?", (self.owner,))

@@ -1,0 +1,98 @@
+"""Building an entity instance and applying one journal entry to it.
+
+Shared by live activations and by read-only replicas (queries answered from the store).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from corral.actors import Entity, EntityContext, EntityDefinition, HandlerKind, Mailbox
+from corral.persistence import JournalEntry, UpdateOutcome
+
+from ._results import encode_value
+
+__all__ = ["ReplicaContext", "apply_entry", "instantiate", "run_query"]
+
+log = logging.getLogger("corral.apply")
+
+
+def instantiate(definition: EntityDefinition, start_input: str | None,
+                context: EntityContext) -> Entity:
+    """Create the entity: attach its context and mailbox, then call `__init__(start)`."""
+    cls = definition.cls
+    entity: Entity = cls.__new__(cls)
+    entity._corral_context = context
+    entity.mailbox = Mailbox(context)
+    if definition.start_type is None:
+        entity.__init__()  # type: ignore[misc]
+    else:
+        entity.__init__(definition.start_type.model_validate_json(start_input or "{}"))  # type: ignore[misc]
+    return entity
+
+
+async def apply_entry(definition: EntityDefinition, entity: Entity, entry: JournalEntry
+                      ) -> UpdateOutcome | None:
+    """Apply a signal or update entry; return the outcome for updates.
+
+    A signal handler that raises is logged and counted as applied (retries and dead
+    letters belong to the poison-message policy).
+    """
+    handler = definition.handler(entry.name)
+    if handler is None or handler.kind is HandlerKind.QUERY:
+        log.error("%s %r: no handler %r for seq %d; skipped", definition.name, entity.key,
+                  entry.name, entry.seq)
+        return None
+    arg = () if handler.input_type is None else (
+        handler.input_type.model_validate_json(entry.payload),)
+    try:
+        if handler.fn is None:
+            entity.mailbox.put(arg[0])
+            result = None
+        else:
+            result = handler.fn(entity, *arg)
+            if handler.is_async:
+                result = await result
+    except Exception as err:
+        if handler.kind is HandlerKind.UPDATE:
+            return UpdateOutcome(None, f"{type(err).__name__}: {err}")
+        log.error("%s %r: signal %r (seq %d) raised:\n%s", definition.name, entity.key,
+                  entry.name, entry.seq, traceback.format_exc())
+        return None
+    return UpdateOutcome(encode_value(result), None) if handler.kind is HandlerKind.UPDATE else None
+
+
+def run_query(definition: EntityDefinition, entity: Entity, name: str, payload: str | None
+              ) -> str:
+    """Call a query handler and return its result as JSON (never a live reference)."""
+    handler = definition.handler(name)
+    assert handler is not None and handler.fn is not None
+    arg = () if handler.input_type is None else (
+        handler.input_type.model_validate_json(payload or "{}"),)
+    return encode_value(handler.fn(entity, *arg))
+
+
+class ReplicaContext:
+    """Context of a read-only replica: it replays handlers, it never runs `run()`."""
+
+    def __init__(self, entity_type: str, key: str, run_id: int) -> None:
+        self._entity_type, self._key, self._run_id = entity_type, key, run_id
+
+    @property
+    def entity_type(self) -> str:
+        return self._entity_type
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def run_id(self) -> int:
+        return self._run_id
+
+    async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+        raise RuntimeError("a read-only replica cannot wait; handlers must not block")
+
+    def notify(self) -> None:
+        pass

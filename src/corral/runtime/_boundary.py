@@ -1,0 +1,170 @@
+"""The client boundary: every check that happens before anything is stored.
+
+Untrusted input stops here with a typed error: unknown types or handlers, bad keys,
+payloads that fail their model, are too large or are not JSON, and senders the
+`authorize` hook rejects.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from corral.actors import (
+    EntityDefinition,
+    HandlerDefinition,
+    HandlerKind,
+    InvalidKeyError,
+    InvalidPayloadError,
+    UnauthorizedError,
+    UnknownEntityTypeError,
+    UnknownHandlerError,
+)
+from corral.persistence import encode_model
+
+__all__ = ["AuthRequest", "Authorize", "Boundary", "Limits", "new_message_id"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Input limits enforced at the client boundary.
+
+    Attributes:
+        max_payload_bytes: largest canonical JSON payload or start input (256 KiB).
+        max_key_length: longest entity key or message id, in characters.
+        key_pattern: regular expression a whole entity key must match.
+    """
+
+    max_payload_bytes: int = 256 * 1024
+    max_key_length: int = 256
+    key_pattern: str = r"[A-Za-z0-9][A-Za-z0-9_.:@/+=#-]*"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """What the `authorize` hook sees. `sender` is what the caller *claims*."""
+
+    sender: str | None
+    entity_type: str
+    key: str
+    kind: str
+    name: str
+
+
+Authorize = Callable[[AuthRequest], "str | None | bool | Awaitable[str | None | bool]"]
+"""Returns the authenticated sender to record (None for anonymous); raising
+`UnauthorizedError` or returning False rejects the call."""
+
+
+def new_message_id() -> str:
+    """A time-ordered id (keeps the dedupe index append-mostly)."""
+    return f"{time.time_ns():016x}-{uuid.uuid4().hex[:16]}"
+
+
+class Boundary:
+    """Validates and authorizes calls against the registered entity types."""
+
+    def __init__(self, definitions: Mapping[str, EntityDefinition], limits: Limits,
+                 authorize: Authorize | None) -> None:
+        self.definitions = definitions
+        self.limits = limits
+        self._authorize = authorize
+        self._key_re = re.compile(limits.key_pattern)
+
+    def definition(self, entity_type: type | str) -> EntityDefinition:
+        if isinstance(entity_type, str):
+            found = self.definitions.get(entity_type)
+        else:
+            own = getattr(entity_type, "_corral_definition", None)
+            found = own if own is not None and self.definitions.get(own.name) is own else None
+        if found is None:
+            raise UnknownEntityTypeError(
+                f"entity type {getattr(entity_type, '__name__', entity_type)!r} is not "
+                f"registered; pass it in open_runtime(entities=[...]) "
+                f"(registered: {sorted(self.definitions)})"
+            )
+        return found
+
+    def check_key(self, key: object) -> str:
+        if not isinstance(key, str):
+            raise InvalidKeyError(f"entity key must be a str, got {type(key).__name__}")
+        if not key:
+            raise InvalidKeyError("entity key is empty")
+        if len(key) > self.limits.max_key_length:
+            raise InvalidKeyError(
+                f"entity key is {len(key)} characters; the limit is {self.limits.max_key_length}"
+            )
+        if not self._key_re.fullmatch(key):
+            raise InvalidKeyError(
+                f"entity key {key!r} must match {self.limits.key_pattern!r}"
+            )
+        return key
+
+    def check_message_id(self, message_id: object) -> str:
+        if message_id is None:
+            return new_message_id()
+        if not isinstance(message_id, str) or not message_id or _CONTROL.search(message_id) \
+                or len(message_id) > self.limits.max_key_length:
+            raise InvalidKeyError(
+                f"message id must be a non-empty str of at most {self.limits.max_key_length} "
+                f"characters without control characters, got {message_id!r}"
+            )
+        return message_id
+
+    def handler(self, definition: EntityDefinition, handler: object,
+                kinds: tuple[HandlerKind, ...]) -> HandlerDefinition:
+        name = handler if isinstance(handler, str) else getattr(handler, "_corral_handler", None)
+        if isinstance(name, HandlerDefinition):
+            name = name.name
+        found = definition.handler(name) if isinstance(name, str) else None
+        if found is None or found.kind not in kinds:
+            wanted = " or ".join(k.value for k in kinds)
+            known = sorted(h.name for h in definition.handlers.values() if h.kind in kinds)
+            raise UnknownHandlerError(
+                f"{definition.name} has no {wanted} {name or handler!r} (its {wanted}s: {known})"
+            )
+        return found
+
+    def payload(self, handler: HandlerDefinition, payload: object) -> str:
+        if handler.input_type is None:
+            if payload is not None:
+                raise InvalidPayloadError(f"{handler.kind.value} {handler.name!r} takes no payload")
+            return "null"
+        return encode_model(handler.input_type, payload, max_bytes=self.limits.max_payload_bytes,
+                            what=f"{handler.kind.value} {handler.name!r} payload")
+
+    def start_input(self, definition: EntityDefinition, start: object) -> str:
+        if definition.start_type is None:
+            if start is not None:
+                raise InvalidPayloadError(f"{definition.name}.__init__ takes no start input")
+            return "null"
+        if start is None:
+            raise InvalidPayloadError(
+                f"{definition.name} needs a start input ({definition.start_type.__name__})"
+            )
+        return encode_model(definition.start_type, start,
+                            max_bytes=self.limits.max_payload_bytes,
+                            what=f"{definition.name} start input")
+
+    async def sender(self, claimed: object, definition: EntityDefinition, key: str, kind: str,
+                     name: str) -> str | None:
+        """The sender to record: the hook's authenticated answer, or the claim if no hook."""
+        if claimed is not None and not isinstance(claimed, str):
+            raise InvalidPayloadError(f"sender must be a str or None, got {type(claimed).__name__}")
+        if self._authorize is None:
+            return claimed
+        decision: Any = self._authorize(AuthRequest(claimed, definition.name, key, kind, name))
+        if inspect.isawaitable(decision):
+            decision = await decision
+        if decision is False:
+            raise UnauthorizedError(f"{kind} {name!r} to {definition.name} {key!r} rejected")
+        if decision is not None and not isinstance(decision, str):
+            raise TypeError(f"authorize must return str, None or bool, got {decision!r}")
+        return decision

@@ -1,0 +1,312 @@
+"""The public client API: `open_runtime`, `Runtime` and `EntityRef`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from corral.actors import (
+    Entity,
+    EntityDefinition,
+    EntityFailedError,
+    EntityNotRunningError,
+    EntityTerminatedError,
+    HandlerDefinition,
+    HandlerKind,
+    RunStatus,
+    UpdateFailedError,
+)
+from corral.persistence import (
+    AcceptResult,
+    Acceptance,
+    EntryKind,
+    Store,
+    UpdateOutcome,
+    canonical_json,
+    open_sqlite_store,
+    payload_hash,
+)
+
+from ._apply import ReplicaContext, apply_entry, instantiate, run_query
+from ._boundary import Authorize, Boundary, Limits
+from ._host import LocalHost
+from ._results import Ack, EntityDescription, RunSummary, decode_value
+from ._router import Router
+
+__all__ = ["EntityRef", "Runtime", "open_runtime"]
+
+E = TypeVar("E", bound=Entity)
+
+
+class Runtime:
+    """A connection to a corral deployment: the store, the router and (optionally) a host.
+
+    Create it with `open_runtime`. `ref(Type, key)` addresses an entity; no lookup or
+    existence check happens until you send.
+    """
+
+    def __init__(self, store: Store, definitions: dict[str, EntityDefinition], router: Router,
+                 boundary: Boundary, host: LocalHost | None) -> None:
+        self.store = store
+        self.router = router
+        self.boundary = boundary
+        self.host = host
+        self._definitions = definitions
+
+    def ref(self, entity_type: type[E], key: str) -> EntityRef[E]:
+        """A handle to the entity `key` of `entity_type` (validated, never looked up)."""
+        definition = self.boundary.definition(entity_type)
+        return EntityRef(self, definition, self.boundary.check_key(key))
+
+    async def _accept(self, ref: EntityRef[Any], kind: EntryKind, name: str, payload: str,
+                      message_id: str, sender: str | None, start: str | None) -> AcceptResult:
+        acc = Acceptance(
+            ref.definition.name, ref.key, ref.shard, kind, name, message_id, payload,
+            payload_hash(name, payload), sender, start, ref.definition.id_reuse, time.time(),
+        )
+        result = await self.store.accept(acc)
+        shard = self.host.shard(ref.shard) if self.host else None
+        if shard is not None and not result.duplicate:
+            shard.deliver(result.entry)  # the fast path; other hosts tail the journal
+        return result
+
+
+class EntityRef(Generic[E]):
+    """The address of one entity. Every send is durable when it returns.
+
+    Example:
+        ref = rt.ref(TicketAgent, "ticket-9104")
+        ack = await ref.signal_with_start(TicketAgent.customer_reply, reply,
+                                          start=TicketInput(tenant="acme"), message_id="m-1")
+    """
+
+    def __init__(self, runtime: Runtime, definition: EntityDefinition, key: str) -> None:
+        self._rt = runtime
+        self.definition = definition
+        self.key = key
+        self.shard = runtime.router.shard_of(definition.name, key)
+
+    def __repr__(self) -> str:
+        return f"EntityRef({self.definition.name}, {self.key!r})"
+
+    # -- signals -------------------------------------------------------------------------
+
+    async def signal_with_start(self, handler: Any, payload: Any = None, *, start: Any,
+                                message_id: str | None = None, sender: str | None = None) -> Ack:
+        """Deliver a signal, starting the entity first if it is not running (atomically).
+
+        `start` is validated and sent every time; it is used only when a run starts.
+        """
+        return (await self._send(HandlerKind.SIGNAL, handler, payload, start=start,
+                                 with_start=True, message_id=message_id, sender=sender))[0]
+
+    async def signal(self, handler: Any, payload: Any = None, *,
+                     message_id: str | None = None, sender: str | None = None) -> Ack:
+        """Deliver a signal to the running entity; `EntityNotRunningError` if it is not."""
+        return (await self._send(HandlerKind.SIGNAL, handler, payload, start=None,
+                                 with_start=False, message_id=message_id, sender=sender))[0]
+
+    # -- updates -------------------------------------------------------------------------
+
+    async def update(self, handler: Any, payload: Any = None, *, update_id: str | None = None,
+                     sender: str | None = None, timeout: float | None = None) -> Any:
+        """Deliver an update and return the handler's result (deduplicated by `update_id`)."""
+        return await self._update(handler, payload, None, False, update_id, sender, timeout)
+
+    async def update_with_start(self, handler: Any, payload: Any = None, *, start: Any,
+                                update_id: str | None = None, sender: str | None = None,
+                                timeout: float | None = None) -> Any:
+        """`update`, starting the entity first if it is not running (atomically)."""
+        return await self._update(handler, payload, start, True, update_id, sender, timeout)
+
+    async def _update(self, handler: Any, payload: Any, start: Any, with_start: bool,
+                      update_id: str | None, sender: str | None, timeout: float | None) -> Any:
+        _, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
+                                     with_start=with_start, message_id=update_id, sender=sender)
+        outcome = await asyncio.wait_for(self._outcome(mid), timeout)
+        if outcome.error is not None:
+            raise UpdateFailedError(f"update {h.name!r} of {self!r} failed: {outcome.error}")
+        return decode_value(outcome.result, h.output_type)
+
+    async def _send(self, kind: HandlerKind, handler: Any, payload: Any, *, start: Any,
+                    with_start: bool, message_id: str | None, sender: str | None
+                    ) -> tuple[Ack, HandlerDefinition, str]:
+        b = self._rt.boundary
+        h = b.handler(self.definition, handler, (kind,))
+        text = b.payload(h, payload)
+        start_text = b.start_input(self.definition, start) if with_start else None
+        mid = b.check_message_id(message_id)
+        who = await b.sender(sender, self.definition, self.key, kind.value, h.name)
+        res = await self._rt._accept(self, EntryKind(kind.value), h.name, text, mid, who,
+                                     start_text)
+        ack = Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
+                  res.started)
+        return ack, h, mid
+
+    async def _outcome(self, message_id: str) -> UpdateOutcome:
+        """Wait for the update's recorded outcome: from the local shard, else the store."""
+        shard = self._rt.host.shard(self.shard) if self._rt.host else None
+        local = shard.wait_update(self.definition.name, self.key, message_id) if shard else None
+        delay = 0.002
+        while True:
+            recorded = await self._rt.store.update_outcome(self.definition.name, self.key,
+                                                           message_id)
+            if recorded is not None:
+                if local is not None:
+                    local.cancel()
+                return recorded
+            if local is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(local), 0.5)
+            else:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.1)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def query(self, handler: Any, payload: Any = None, *, sender: str | None = None) -> Any:
+        """Read state through a query handler.
+
+        Answered by the live activation when this process hosts the entity; otherwise
+        by a read-only replica rebuilt from the store (`__init__` + handlers over the
+        journal; state that only `run()` changes is not visible there).
+        """
+        b = self._rt.boundary
+        h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
+        text = b.payload(h, payload) if h.input_type is not None else None
+        await b.sender(sender, self.definition, self.key, "query", h.name)
+        shard = self._rt.host.shard(self.shard) if self._rt.host else None
+        act = shard.get(self.definition.name, self.key) if shard else None
+        if act is not None:
+            await asyncio.wait([asyncio.ensure_future(act.ready.wait()),
+                                asyncio.ensure_future(act.finished.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if act.ready.is_set() and not act.finished.is_set() and act.entity is not None:
+                return decode_value(run_query(self.definition, act.entity, h.name, text),
+                                    h.output_type)
+        return decode_value(await self._replica_query(h.name, text), h.output_type)
+
+    async def _replica_query(self, name: str, payload: str | None) -> str:
+        found = await self._rt.store.latest_run(self.definition.name, self.key)
+        if found is None:
+            raise EntityNotRunningError(f"{self.definition.name} {self.key!r} was never started")
+        run = found[0]
+        entity = instantiate(self.definition, run.start_input,
+                             ReplicaContext(self.definition.name, self.key, run.run_id))
+        for entry in await self._rt.store.journal(self.definition.name, self.key,
+                                                  run_id=run.run_id, after_seq=0):
+            if entry.kind is not EntryKind.TERMINATE:
+                await apply_entry(self.definition, entity, entry)
+        return run_query(self.definition, entity, name, payload)
+
+    async def describe(self) -> EntityDescription:
+        """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
+        store = self._rt.store
+        found = await store.latest_run(self.definition.name, self.key)
+        if found is None:
+            raise EntityNotRunningError(f"{self.definition.name} {self.key!r} was never started")
+        run, next_seq = found
+        shard = self._rt.host.shard(self.shard) if self._rt.host else None
+        act = shard.get(self.definition.name, self.key) if shard else None
+        live = act is not None and act.ready.is_set() and act.run_id == run.run_id
+        runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error)
+                     for r in await store.runs(self.definition.name, self.key))
+        return EntityDescription(
+            self.definition.name, self.key, self.shard, run.status, run.run_id, next_seq - 1,
+            act.applied_seq if live and act else None,
+            act.mailbox_depth if live and act else None, live, runs,
+        )
+
+    async def result(self, *, timeout: float | None = None) -> Any:
+        """Wait for the latest run to close and return `run()`'s result.
+
+        Raises:
+            EntityFailedError: `run()` raised. EntityTerminatedError: it was terminated.
+            TimeoutError: `timeout` seconds passed first.
+        """
+        return await asyncio.wait_for(self._wait_result(), timeout)
+
+    async def _wait_result(self) -> Any:
+        delay = 0.002
+        while True:
+            found = await self._rt.store.latest_run(self.definition.name, self.key)
+            if found is None:
+                raise EntityNotRunningError(
+                    f"{self.definition.name} {self.key!r} was never started")
+            run = found[0]
+            if run.status is RunStatus.COMPLETED:
+                return decode_value(run.result, self.definition.result_type)
+            if run.status is RunStatus.FAILED:
+                raise EntityFailedError(f"{self!r} run {run.run_id} failed:\n{run.error}")
+            if run.status is RunStatus.TERMINATED:
+                raise EntityTerminatedError(
+                    f"{self!r} run {run.run_id} was terminated: {decode_value(run.error, str)}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def terminate(self, reason: str = "", *, message_id: str | None = None,
+                        sender: str | None = None) -> Ack:
+        """Close the running run as terminated; messages not yet applied are not applied."""
+        b = self._rt.boundary
+        mid = b.check_message_id(message_id)
+        who = await b.sender(sender, self.definition, self.key, "terminate", "terminate")
+        res = await self._rt._accept(self, EntryKind.TERMINATE, "terminate",
+                                     canonical_json(reason), mid, who, None)
+        return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
+                   False)
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(
+    store: str | Store = "corral.db",
+    *,
+    entities: Sequence[type[Entity]],
+    shards: int = 16,
+    host: bool = True,
+    authorize: Authorize | None = None,
+    limits: Limits | None = None,
+    lease_ttl: float = 10.0,
+    poll_interval: float = 0.005,
+) -> AsyncIterator[Runtime]:
+    """Open a runtime on a store and, with `host=True`, host the shards free to take.
+
+    Args:
+        store: a SQLite path, `"sqlite:///path"`, `":memory:"` (non-durable), or a `Store`.
+        entities: every entity type this process may address or host.
+        shards: fixed for the life of a store (checked against it).
+        host: whether this process takes shard leases and runs entities. Pure clients
+            (scripts, web workers) may pass False: they accept, another process applies.
+        authorize: hook that sees each call and returns the sender to record.
+        limits: input limits (payload bytes, key length and pattern).
+        lease_ttl: seconds a dead host keeps its shards before others take them.
+        poll_interval: how often a host checks for messages other processes accepted.
+
+    Example:
+        async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
+            await rt.ref(TicketAgent, "ticket-9104").signal_with_start(...)
+    """
+    definitions: dict[str, EntityDefinition] = {}
+    for cls in entities:
+        definition: EntityDefinition = cls._corral_definition
+        if definitions.setdefault(definition.name, definition) is not definition:
+            raise ValueError(f"two entity types are named {definition.name!r}")
+    router = Router(shards)
+    owned_store = isinstance(store, str)
+    the_store: Store = await open_sqlite_store(store, shards=shards) if isinstance(store, str) \
+        else store
+    local: LocalHost | None = None
+    try:
+        if host:
+            local = LocalHost(the_store, router, definitions, lease_ttl=lease_ttl,
+                              poll_interval=poll_interval)
+            await local.start()
+        boundary = Boundary(definitions, limits or Limits(), authorize)
+        yield Runtime(the_store, definitions, router, boundary, local)
+    finally:
+        if local is not None:
+            await local.close()
+        if owned_store:
+            await the_store.close()

@@ -1,0 +1,109 @@
+"""`LocalHost`: this process's share of the shards, held through leases in the store.
+
+Any process may accept messages; only the lease holder of a shard applies them. The
+host renews its leases, takes over shards whose holder stopped renewing (a new epoch
+fences the old holder out), and tails the journal for entries that other processes
+accepted for its shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+
+from corral.actors import EntityDefinition, StoreError
+from corral.persistence import Fence, Store
+
+from ._router import Router
+from ._shard import Shard
+
+__all__ = ["LocalHost"]
+
+log = logging.getLogger("corral.host")
+
+
+class LocalHost:
+    """Runs the `Shard`s whose leases this process holds."""
+
+    def __init__(self, store: Store, router: Router,
+                 definitions: Mapping[str, EntityDefinition], *, lease_ttl: float,
+                 poll_interval: float) -> None:
+        self.store = store
+        self.router = router
+        self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._definitions = definitions
+        self._ttl = lease_ttl
+        self._poll_interval = poll_interval
+        self.shards: dict[int, Shard] = {}
+        self._cursor = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._cursor = await self.store.journal_end()
+        await self._acquire()
+        self._tasks = [
+            asyncio.create_task(self._keep_leases(), name="corral-leases"),
+            asyncio.create_task(self._tail_journal(), name="corral-tail"),
+        ]
+
+    def shard(self, index: int) -> Shard | None:
+        return self.shards.get(index)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(s.stop() for s in self.shards.values()))
+        self.shards.clear()
+        with contextlib.suppress(StoreError):
+            await self.store.release_leases(self.owner)
+
+    async def _acquire(self) -> None:
+        free = [i for i in range(self.router.shards) if i not in self.shards]
+        if not free:
+            return
+        taken = await self.store.acquire_leases(self.owner, free, self._ttl)
+        for index, epoch in sorted(taken.items()):
+            shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions)
+            self.shards[index] = shard
+            recovered = await shard.start()
+            log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
+                     index, epoch, recovered)
+
+    async def _keep_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl / 3)
+            try:
+                held = {i: s.fence.epoch for i, s in self.shards.items()}
+                kept = await self.store.renew_leases(self.owner, held, self._ttl)
+                for index in set(held) - kept:
+                    log.warning("host %s: lost shard %d; evicting its entities", self.owner, index)
+                    await self.shards.pop(index).stop()
+                await self._acquire()
+            except StoreError:
+                log.exception("host %s: lease renewal failed; retrying", self.owner)
+
+    async def _tail_journal(self) -> None:
+        """Deliver entries other processes accepted for our shards (pickup latency ~ interval)."""
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            try:
+                if not await self.store.foreign_commit_seen():
+                    continue
+                before = -1
+                while self._cursor != before:  # until a read returns nothing new
+                    before = self._cursor
+                    owned = frozenset(self.shards)
+                    self._cursor, entries = await self.store.journal_tail(self._cursor, owned)
+                    for entry in entries:
+                        shard = self.shards.get(self.router.shard_of(entry.entity_type, entry.key))
+                        if shard is not None:
+                            shard.deliver(entry)
+            except StoreError:
+                log.exception("host %s: journal tail failed; retrying", self.owner)

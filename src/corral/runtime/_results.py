@@ -1,0 +1,76 @@
+"""Values the client API returns, and decoding of stored JSON results."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from corral.actors import RunStatus
+from corral.persistence import canonical_json
+
+__all__ = ["Ack", "EntityDescription", "RunSummary", "decode_value", "encode_value"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The answer to a send, given only after the message is durably committed.
+
+    Attributes:
+        status: `"accepted"` for a new message, `"duplicate"` when its message id was
+            accepted before (then `run_id` and `seq` are the original acceptance's).
+        run_id: the run the message was delivered to.
+        seq: the message's position in the entity's journal.
+        started: whether this call started the run.
+    """
+
+    status: Literal["accepted", "duplicate"]
+    run_id: int
+    seq: int
+    started: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_id: int
+    status: RunStatus
+    started_at: float
+    closed_at: float | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityDescription:
+    """A snapshot of an entity's state as the store and (if hosted here) its host see it.
+
+    `applied_seq` and `mailbox_depth` are None when no activation lives in this process.
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    status: RunStatus
+    run_id: int
+    accepted_seq: int
+    applied_seq: int | None
+    mailbox_depth: int | None
+    hosted_here: bool
+    runs: tuple[RunSummary, ...]
+
+
+def encode_value(value: Any) -> str:
+    """JSON for a handler's return value (pydantic models by their JSON dump)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump_json(by_alias=True)
+    return canonical_json(value)
+
+
+def decode_value(text: str | None, expected: Any) -> Any:
+    """Inverse of `encode_value`, rebuilding `expected` when it is a pydantic model."""
+    if text is None:
+        return None
+    if isinstance(expected, type) and issubclass(expected, BaseModel):
+        return expected.model_validate_json(text)
+    return json.loads(text)

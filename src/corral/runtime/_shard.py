@@ -1,0 +1,137 @@
+"""`Shard`: the registry and host of every entity in one slice of the key space.
+
+A shard lives on one event loop, which is the serialization point for its entities:
+get-or-create of an activation is a dict lookup with no await in between, so it is
+atomic. Only the process holding the shard's lease (its `Fence`) runs a `Shard`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from corral.actors import EntityDefinition, RunStatus
+from corral.persistence import Fence, JournalEntry, Store, UpdateOutcome
+
+from ._activation import Activation
+
+__all__ = ["Shard"]
+
+log = logging.getLogger("corral.shard")
+_Ident = tuple[str, str]
+
+
+class Shard:
+    """Hosts the activations of one shard for as long as this process holds its lease."""
+
+    def __init__(self, fence: Fence, store: Store,
+                 definitions: Mapping[str, EntityDefinition]) -> None:
+        self.fence = fence
+        self.store = store
+        self._definitions = definitions
+        self._activations: dict[_Ident, Activation] = {}
+        self._update_waiters: dict[tuple[str, str, str], list[asyncio.Future[UpdateOutcome]]] = {}
+
+    @property
+    def index(self) -> int:
+        return self.fence.shard
+
+    async def start(self) -> int:
+        """Activate every running entity of this shard (recovery after a restart/takeover)."""
+        running = await self.store.running_entities(self.index)
+        for etype, key in running:
+            if etype in self._definitions:
+                self._get_or_create(etype, key)
+            else:
+                log.error("shard %d: entity type %r is not registered in this process; its "
+                          "entity %r stays unhosted", self.index, etype, key)
+        return len(running)
+
+    async def stop(self) -> None:
+        acts = list(self._activations.values())
+        self._activations.clear()
+        await asyncio.gather(*(a.stop() for a in acts))
+        for waiters in self._update_waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.cancel()
+        self._update_waiters.clear()
+
+    # -- routing entries to activations ----------------------------------------------
+
+    def deliver(self, entry: JournalEntry) -> None:
+        """Hand an accepted journal entry to its entity, activating it if needed."""
+        ident = (entry.entity_type, entry.key)
+        act = self._activations.get(ident)
+        if act is None or act.finished.is_set() or (
+            act.ready.is_set() and entry.run_id > act.run_id
+        ):
+            act = self._get_or_create(*ident, force_new=True)
+        act.deliver(entry)
+
+    def deliver_to_successor(self, act: Activation, entry: JournalEntry) -> None:
+        """`act` met an entry of a newer run: the newer run gets its own activation."""
+        ident = (act.entity_type, act.key)
+        if self._activations.get(ident) is act:
+            self._get_or_create(*ident, force_new=True)
+        self._activations[ident].deliver(entry)
+
+    def _get_or_create(self, etype: str, key: str, *, force_new: bool = False) -> Activation:
+        ident = (etype, key)
+        act = self._activations.get(ident)
+        if act is None or force_new or act.finished.is_set():
+            act = Activation(self, self._definitions[etype], key, previous=act)
+            self._activations[ident] = act
+        return act
+
+    def get(self, etype: str, key: str) -> Activation | None:
+        act = self._activations.get((etype, key))
+        return None if act is None or act.finished.is_set() else act
+
+    def forget(self, act: Activation) -> None:
+        ident = (act.entity_type, act.key)
+        if self._activations.get(ident) is act:
+            del self._activations[ident]
+
+    def __len__(self) -> int:
+        return len(self._activations)
+
+    # -- services for activations ------------------------------------------------------
+
+    async def record_update(self, act: Activation, entry: JournalEntry,
+                            outcome: UpdateOutcome, *, replaying: bool) -> None:
+        if replaying:  # the first application may have recorded it before a crash
+            recorded = await self.store.update_outcome(act.entity_type, act.key,
+                                                       entry.message_id)
+            if recorded is not None:
+                outcome = recorded
+            else:
+                await self.store.record_update(self.fence, act.entity_type, act.key,
+                                               entry.message_id, outcome)
+        else:
+            await self.store.record_update(self.fence, act.entity_type, act.key,
+                                           entry.message_id, outcome)
+        for fut in self._update_waiters.pop((act.entity_type, act.key, entry.message_id), ()):
+            if not fut.done():
+                fut.set_result(outcome)
+
+    async def close_run(self, act: Activation, status: RunStatus, result: str | None,
+                        error: str | None) -> bool:
+        return await self.store.close_run(
+            self.fence, act.entity_type, act.key, act.run_id, applied_seq=act.applied_seq,
+            status=status, result=result, error=error,
+        )
+
+    def wait_update(self, etype: str, key: str, message_id: str
+                    ) -> asyncio.Future[UpdateOutcome]:
+        """A future resolved when this shard applies the update `message_id`."""
+        fut: asyncio.Future[UpdateOutcome] = asyncio.get_running_loop().create_future()
+        self._update_waiters.setdefault((etype, key, message_id), []).append(fut)
+        return fut
+
+    def fail_waiters(self, act: Activation, error: Exception) -> None:
+        for ident in [w for w in self._update_waiters if w[:2] == (act.entity_type, act.key)]:
+            for fut in self._update_waiters.pop(ident):
+                if not fut.done():
+                    fut.set_exception(error)
