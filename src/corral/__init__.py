@@ -40,8 +40,8 @@ from corral.runtime import (
     EntityDescription,
     EntityRef,
     Limits,
-    Runtime,
     RunSummary,
+    Runtime,
     open_runtime,
 )
 

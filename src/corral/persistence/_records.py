@@ -80,14 +80,6 @@ class RunRecord:
     start_input: str | None
     result: str | None
     error: str | None
-
-    def to_json(self) -> str:
-        return json.dumps({"result": self.result, "error": self.error})
-
-    @classmethod
-    def from_json(cls, text: str) -> UpdateOutcome:
-        data = json.loads(text)
-        return cls(data["result"], data["error"])
     started_at: float
     closed_at: float | None
 

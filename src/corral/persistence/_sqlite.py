@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from corral.actors import CorralError, RunStatus, StoreError
 
-from ._records import AcceptResult, Acceptance, EntryKind, JournalEntry, RunRecord, UpdateOutcome
+from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry, RunRecord, UpdateOutcome
 from ._schema import DDL, PRAGMAS, SCHEMA_VERSION
 from ._writes import (
     AcceptOp,
@@ -44,6 +44,15 @@ def _entry(row: Sequence[Any]) -> JournalEntry:
     return JournalEntry(
         row[0], row[1], row[2], row[3], EntryKind(row[4]), row[5], row[6], row[7], row[8], row[9]
     )
+
+
+def _in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+    """Run `fn(sqlite3_connection, *args)` in the connection's own thread: one hop in all.
+
+    aiosqlite's public API costs a thread hop per statement; a group-commit batch is
+    many statements, so it goes through aiosqlite's own (private, stable) runner.
+    """
+    return conn._execute(fn, conn._conn, *args)  # type: ignore[no-untyped-call]
 
 
 class _Batch:
@@ -98,7 +107,9 @@ class SqliteStore:
         await self._writer.execute("BEGIN IMMEDIATE")
         try:
             for k, v in (("schema_version", SCHEMA_VERSION), ("shards", str(shards))):
-                await self._writer.execute("INSERT OR IGNORE INTO meta (k, v) VALUES (?, ?)", (k, v))
+                await self._writer.execute(
+                    "INSERT OR IGNORE INTO meta (k, v) VALUES (?, ?)", (k, v)
+                )
                 async with self._writer.execute("SELECT v FROM meta WHERE k=?", (k,)) as cur:
                     row = await cur.fetchone()
                 if row is None or row[0] != v:
@@ -139,7 +150,7 @@ class SqliteStore:
             if batch is None:
                 continue
             try:
-                results = await writer._execute(self._apply_batch, writer._conn, batch.ops)
+                results = await _in_thread(writer, self._apply_batch, batch.ops)
             except Exception as err:  # the writer thread or connection died
                 results = [StoreError(f"store write failed: {err}")] * len(batch.ops)
             if not batch.future.done():
@@ -179,7 +190,7 @@ class SqliteStore:
         """Whether another process committed since the last call (cheap; no transaction)."""
         assert self._writer is not None
         if self._batch is None:  # idle writer: ask directly instead of waiting for a batch
-            await self._writer._execute(self._note_data_version, self._writer._conn)
+            await _in_thread(self._writer, self._note_data_version)
         seen, self._foreign_commit = self._foreign_commit, False
         return seen
 
@@ -212,7 +223,7 @@ class SqliteStore:
         """Run `fn` on the reader connection inside one read transaction."""
         if self._reader is None:
             raise StoreError("store is closed")
-        return await self._reader._execute(self._read_txn, self._reader._conn, fn)
+        return await _in_thread(self._reader, self._read_txn, fn)
 
     @staticmethod
     def _read_txn(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from corral.actors import RunStatus
 
-from ._records import AcceptResult, Acceptance, JournalEntry, RunRecord, UpdateOutcome
+from ._records import Acceptance, AcceptResult, JournalEntry, RunRecord, UpdateOutcome
 from ._writes import Fence
 
 __all__ = ["Store"]

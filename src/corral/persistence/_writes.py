@@ -19,7 +19,7 @@ from corral.actors import (
     RunStatus,
 )
 
-from ._records import AcceptResult, Acceptance, EntryKind, JournalEntry
+from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 
 __all__ = [
     "AcceptOp",

@@ -6,7 +6,7 @@ through the `corral.persistence.Store` protocol.
 """
 
 from ._activation import Activation
-from ._boundary import AuthRequest, Authorize, Limits
+from ._boundary import Authorize, AuthRequest, Limits
 from ._client import EntityRef, Runtime, open_runtime
 from ._host import LocalHost
 from ._results import Ack, EntityDescription, RunSummary

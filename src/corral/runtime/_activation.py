@@ -118,7 +118,9 @@ class Activation:
             await self._build(run[0])
             await self._replay()
             self.ready.set()
-            self._run_task = asyncio.create_task(self._run_main(), name=f"{self._main.get_name()}:run")
+            self._run_task = asyncio.create_task(
+                self._run_main(), name=f"{self._main.get_name()}:run"
+            )
             await self._apply_forever()
         except asyncio.CancelledError:
             raise
@@ -203,14 +205,16 @@ class Activation:
             for entry in late:
                 self.deliver(entry)
             if late:
-                target = late[-1].seq
-                await self.wait_for(lambda: self.applied_seq >= target or self.closed, None)
+                await self._wait_applied(late[-1].seq)
             if self.closed:  # terminated while we waited
                 return
         self.closed = True
         self._shard.fail_waiters(self, EntityTerminatedError(
             f"{self.entity_type} {self.key!r}: run {self._run_id} closed as {status.value}"))
         self._main.cancel()
+
+    async def _wait_applied(self, seq: int) -> None:
+        await self.wait_for(lambda: self.applied_seq >= seq or self.closed, None)
 
     async def _terminated(self, reason: str) -> None:
         self.closed = True

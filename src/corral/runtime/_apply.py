@@ -8,6 +8,9 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable
+
+from pydantic import BaseModel
+
 from corral.actors import Entity, EntityContext, EntityDefinition, HandlerKind, Mailbox
 from corral.persistence import JournalEntry, UpdateOutcome
 
@@ -22,7 +25,7 @@ def instantiate(definition: EntityDefinition, start_input: str | None,
                 context: EntityContext) -> Entity:
     """Create the entity: attach its context and mailbox, then call `__init__(start)`."""
     cls = definition.cls
-    entity: Entity = cls.__new__(cls)
+    entity: Entity = object.__new__(cls)
     entity._corral_context = context
     entity.mailbox = Mailbox(context)
     if definition.start_type is None:
@@ -44,11 +47,11 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
         log.error("%s %r: no handler %r for seq %d; skipped", definition.name, entity.key,
                   entry.name, entry.seq)
         return None
-    arg = () if handler.input_type is None else (
+    arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
         handler.input_type.model_validate_json(entry.payload),)
     try:
         if handler.fn is None:
-            entity.mailbox.put(arg[0])
+            entity.mailbox.put(arg[0] if arg else None)
             result = None
         else:
             result = handler.fn(entity, *arg)
@@ -67,7 +70,8 @@ def run_query(definition: EntityDefinition, entity: Entity, name: str, payload: 
               ) -> str:
     """Call a query handler and return its result as JSON (never a live reference)."""
     handler = definition.handler(name)
-    assert handler is not None and handler.fn is not None
+    assert handler is not None
+    assert handler.fn is not None
     arg = () if handler.input_type is None else (
         handler.input_type.model_validate_json(payload or "{}"),)
     return encode_value(handler.fn(entity, *arg))

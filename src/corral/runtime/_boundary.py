@@ -58,7 +58,7 @@ class AuthRequest:
     name: str
 
 
-Authorize = Callable[[AuthRequest], "str | None | bool | Awaitable[str | None | bool]"]
+Authorize = Callable[[AuthRequest], "str | bool | Awaitable[str | bool | None] | None"]
 """Returns the authenticated sender to record (None for anonymous); raising
 `UnauthorizedError` or returning False rejects the call."""
 

@@ -20,8 +20,8 @@ from corral.actors import (
     UpdateFailedError,
 )
 from corral.persistence import (
-    AcceptResult,
     Acceptance,
+    AcceptResult,
     EntryKind,
     Store,
     UpdateOutcome,
