@@ -43,18 +43,20 @@ class Mailbox:
     __slots__ = ("_context", "_items")
 
     def __init__(self, context: EntityContext | None = None) -> None:
-        self._items: deque[Any] = deque()
+        self._items: deque[Any] | None = None  # allocated on first use: most stay empty
         self._context = context
 
     def put(self, item: Any) -> None:
+        if self._items is None:
+            self._items = deque()
         self._items.append(item)
         if self._context is not None:
             self._context.notify()
 
     def drain(self) -> list[Any]:
         """Take every waiting payload without waiting."""
-        items = list(self._items)
-        self._items.clear()
+        items = list(self._items or ())
+        self._items = None
         return items
 
     async def get(self, *, timeout: float | None = None) -> Any | None:
@@ -63,10 +65,11 @@ class Mailbox:
             assert self._context is not None, "mailbox used outside a running entity"
             if not await self._context.wait_for(lambda: self._items, timeout):
                 return None
+        assert self._items is not None
         return self._items.popleft()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) if self._items is not None else 0
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -76,7 +79,7 @@ class Mailbox:
             yield await self.get()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"items": list(self._items)}
+        return {"items": list(self._items or ())}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._items = deque(state["items"])

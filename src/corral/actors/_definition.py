@@ -119,12 +119,14 @@ class EntityDefinition:
     result_type: Any
     handlers: Mapping[str, HandlerDefinition]
     id_reuse: IdReusePolicy
+    has_run: bool
+    """Whether the class defines its own `run()` (the default needs no task)."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
 
 
-def define_entity(cls: type, localns: Mapping[str, Any]) -> EntityDefinition:
+def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> EntityDefinition:
     """Validate an entity class and build its definition (called by `__init_subclass__`)."""
     name = cls.__dict__.get("name", cls.__name__)
     if not isinstance(name, str) or not name.isidentifier():
@@ -148,7 +150,7 @@ def define_entity(cls: type, localns: Mapping[str, Any]) -> EntityDefinition:
     if not inspect.iscoroutinefunction(run):
         raise EntityDefinitionError(f"{cls.__name__}.run must be `async def run(self)`")
     result_type = _hints(cls, run, localns).get("return")
-    return EntityDefinition(cls, name, start_type, result_type, handlers, id_reuse)
+    return EntityDefinition(cls, name, start_type, result_type, handlers, id_reuse, has_run)
 
 
 def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any]) -> HandlerDefinition:

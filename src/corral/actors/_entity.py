@@ -50,7 +50,7 @@ class Entity:
         super().__init_subclass__(**kwargs)
         # The frame defining the class, so annotations may name models local to it.
         localns = sys._getframe(1).f_locals
-        cls._corral_definition = define_entity(cls, localns)
+        cls._corral_definition = define_entity(cls, localns, has_run=cls.run is not Entity.run)
 
     async def run(self) -> Any:
         """The main loop. The default keeps the entity alive until it is terminated."""

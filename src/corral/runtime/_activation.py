@@ -2,13 +2,18 @@
 
 Lifecycle: wait for the predecessor activation (if any) to finish -> `__init__(start)`
 -> replay the run's journal -> start `run()` -> apply each new journal entry in `seq`
-order. Entries that arrive before the replay finished wait in the queue: no handler
+order. Entries that arrive before the replay finished wait in the inbox: no handler
 ever runs before `__init__` and the replay are done (handler-safe order).
+
+An idle activation holds no task, event or queue: a worker task exists only while
+entries wait, and `run()` gets a task only when the class defines one. That keeps a
+hundred thousand resident entities cheap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import traceback
 from collections import deque
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from corral.actors import Entity, EntityDefinition, EntityTerminatedError, LeaseLostError, RunStatus
-from corral.persistence import EntryKind, JournalEntry, RunRecord
+from corral.persistence import EntryKind, JournalEntry
 
 from ._apply import apply_entry, instantiate
 from ._results import decode_value, encode_value
@@ -29,29 +34,39 @@ __all__ = ["Activation"]
 log = logging.getLogger("corral.activation")
 
 
+class _State(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FINISHED = "finished"
+
+
 class Activation:
     """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`."""
 
+    __slots__ = (
+        "_changed", "_evicted", "_inbox", "_key", "_run_id", "_run_task", "_shard", "_state",
+        "_state_waiters", "_worker", "applied_seq", "closed", "definition", "entity",
+    )
+
     def __init__(self, shard: Shard, definition: EntityDefinition, key: str,
-                 previous: Activation | None = None) -> None:
+                 previous: Activation | None = None, fresh: JournalEntry | None = None,
+                 start_input: str | None = None) -> None:
         self._shard = shard
         self.definition = definition
         self._key = key
-        self._previous = previous
         self._run_id = 0
         self.applied_seq = 0
         self.entity: Entity | None = None
-        self.ready = asyncio.Event()       # __init__ and replay done
-        self.finished = asyncio.Event()    # evicted, closed or stale
         self.closed = False
         self._evicted = False
-        self._inbox: deque[JournalEntry] = deque()
-        self._inbox_ready = asyncio.Event()
-        self._changed = asyncio.Event()
-        self._main: asyncio.Task[None] = asyncio.create_task(
-            self._live(), name=f"corral:{definition.name}:{key}"
-        )
+        self._state = _State.LOADING
+        self._inbox: deque[JournalEntry] | None = None
+        self._changed: asyncio.Event | None = None
+        self._state_waiters: list[asyncio.Future[None]] | None = None
         self._run_task: asyncio.Task[None] | None = None
+        self._worker: asyncio.Task[None] | None = asyncio.create_task(
+            self._load(previous, fresh, start_input)
+        )
 
     # -- EntityContext ---------------------------------------------------------------
 
@@ -71,6 +86,8 @@ class Activation:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not predicate():
+            if self._changed is None:
+                self._changed = asyncio.Event()
             changed = self._changed
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
@@ -82,65 +99,116 @@ class Activation:
         return True
 
     def notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
-    # -- feeding -----------------------------------------------------------------------
+    # -- state -------------------------------------------------------------------------
 
-    def deliver(self, entry: JournalEntry) -> None:
-        """Queue an entry; duplicates and stale entries are dropped when applied."""
-        self._inbox.append(entry)
-        self._inbox_ready.set()
+    @property
+    def is_ready(self) -> bool:
+        """Loaded and serving (`__init__` and the replay are done)."""
+        return self._state is _State.READY
+
+    @property
+    def is_finished(self) -> bool:
+        return self._state is _State.FINISHED
+
+    async def wait_settled(self) -> None:
+        """Wait until the activation is ready or finished."""
+        while self._state is _State.LOADING:
+            await self._wait_state()
+
+    async def wait_finished(self) -> None:
+        while self._state is not _State.FINISHED:
+            await self._wait_state()
+
+    async def _wait_state(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._state_waiters is None:
+            self._state_waiters = []
+        self._state_waiters.append(fut)
+        await fut
+
+    def _set_state(self, state: _State) -> None:
+        self._state = state
+        waiters, self._state_waiters = self._state_waiters, None
+        for fut in waiters or ():
+            if not fut.done():
+                fut.set_result(None)
 
     @property
     def mailbox_depth(self) -> int:
         return len(self.entity.mailbox) if self.entity is not None else 0
 
+    # -- feeding -----------------------------------------------------------------------
+
+    def deliver(self, entry: JournalEntry) -> None:
+        """Queue an entry; duplicates and stale entries are dropped when applied."""
+        if self._inbox is None:
+            self._inbox = deque()
+        self._inbox.append(entry)
+        if self._worker is None and self._state is _State.READY:
+            self._worker = asyncio.create_task(self._work(self._drain()))
+
     async def stop(self) -> None:
         """Evict without writing anything (lease lost, host closing)."""
         self._evicted = True
-        for task in (self._run_task, self._main):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(self._main, return_exceptions=True)
+        tasks = [t for t in (self._run_task, self._worker) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._finish()
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the work ----------------------------------------------------------------------
 
-    async def _live(self) -> None:
-        try:
-            if self._previous is not None:
-                await self._previous.finished.wait()
-                self._previous = None
-            run = await self._shard.store.latest_run(self.entity_type, self.key)
-            if run is None or run[0].status is not RunStatus.RUNNING:
-                self._run_id = run[0].run_id if run else 0
-                return  # closed or terminated before we got here: nothing to host
-            await self._build(run[0])
+    async def _load(self, previous: Activation | None, fresh: JournalEntry | None,
+                    start_input: str | None) -> None:
+        """Build the entity. `fresh` is the first entry of a run this process just started:
+        nothing else can precede it, so the store need not be read."""
+        async def load() -> None:
+            if previous is not None:
+                await previous.wait_finished()
+            if fresh is not None:
+                self._run_id = fresh.run_id
+                self.applied_seq = fresh.seq - 1
+                self.entity = instantiate(self.definition, start_input, self)
+                self.deliver(fresh)
+                await self._serve()
+                return
+            found = await self._shard.store.latest_run(self.entity_type, self.key)
+            if found is None or found[0].status is not RunStatus.RUNNING:
+                self._run_id = found[0].run_id if found else 0
+                self._finish()  # closed or terminated before we got here
+                return
+            run = found[0]
+            self._run_id = run.run_id
+            self.entity = instantiate(self.definition, run.start_input, self)
             await self._replay()
-            self.ready.set()
-            self._run_task = asyncio.create_task(
-                self._run_main(), name=f"{self._main.get_name()}:run"
-            )
-            await self._apply_forever()
+            await self._serve()
+        await self._work(load())
+
+    async def _serve(self) -> None:
+        self._set_state(_State.READY)
+        if self.definition.has_run:
+            self._run_task = asyncio.create_task(self._run_main())
+        await self._drain()
+
+    async def _work(self, job: object) -> None:
+        """Run a worker job; any failure evicts the activation (the journal keeps all)."""
+        try:
+            await job  # type: ignore[misc]
         except asyncio.CancelledError:
             raise
         except LeaseLostError:
             log.warning("%s %r: shard lease lost; evicting", self.entity_type, self.key)
+            self._finish()
         except Exception:
             log.exception("%s %r: activation failed; evicting", self.entity_type, self.key)
+            self._finish()
         finally:
-            if self._run_task is not None and not self._run_task.done():
-                self._run_task.cancel()
-            self.finished.set()
-            self._shard.forget(self)
-            if not self._evicted:  # entries of a newer run go to that run's activation
-                for entry in self._inbox:
-                    if entry.run_id > self._run_id:
-                        self._shard.deliver(entry)
-
-    async def _build(self, run: RunRecord) -> None:
-        self._run_id = run.run_id
-        self.entity = instantiate(self.definition, run.start_input, self)
+            if asyncio.current_task() is self._worker:
+                self._worker = None
 
     async def _replay(self) -> None:
         entries = await self._shard.store.journal(
@@ -149,28 +217,27 @@ class Activation:
         for entry in entries:
             await self._apply(entry, replaying=True)
 
-    async def _apply_forever(self) -> None:
-        while True:
-            await self._inbox_ready.wait()
-            self._inbox_ready.clear()
-            while self._inbox:
-                entry = self._inbox.popleft()
-                if entry.run_id > self._run_id:
-                    self._shard.deliver_to_successor(self, entry)
-                    continue
-                if entry.run_id < self._run_id or entry.seq <= self.applied_seq:
-                    continue
-                if entry.seq > self.applied_seq + 1:
-                    await self._replay()  # fill the gap from the store, in order
-                    continue
+    async def _drain(self) -> None:
+        inbox = self._inbox
+        while inbox and not self.closed:
+            entry = inbox.popleft()
+            if entry.run_id > self._run_id:
+                self._shard.deliver_to_successor(self, entry)
+            elif entry.run_id < self._run_id or entry.seq <= self.applied_seq:
+                continue
+            elif entry.seq > self.applied_seq + 1:
+                await self._replay()  # fill the gap from the store, in order
+            else:
                 await self._apply(entry, replaying=False)
-                if self.closed:
-                    return
+        if not inbox:
+            self._inbox = None  # most entities sit idle: keep nothing for them
+        if self.closed:
+            self._finish()
 
     async def _apply(self, entry: JournalEntry, *, replaying: bool) -> None:
         if entry.kind is EntryKind.TERMINATE:
             self.applied_seq = entry.seq
-            await self._terminated(entry.payload)
+            self._terminated(entry.payload)
             return
         assert self.entity is not None
         outcome = await apply_entry(self.definition, self.entity, entry)
@@ -193,12 +260,17 @@ class Activation:
             status = RunStatus.FAILED
             error = traceback.format_exc()
             log.warning("%s %r: run() failed:\n%s", self.entity_type, self.key, error)
-        await self._close(status, result, error)
+        try:
+            await self._close(status, result, error)
+        except LeaseLostError:
+            log.warning("%s %r: lease lost while closing; the next host reruns run()",
+                        self.entity_type, self.key)
+            self._finish()
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
         while not await self._shard.close_run(self, status, result, error):
-            # Messages were accepted meanwhile: let the apply loop take them, then retry.
+            # Messages were accepted meanwhile: let the worker apply them, then retry.
             late = await self._shard.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
             )
@@ -211,14 +283,28 @@ class Activation:
         self.closed = True
         self._shard.fail_waiters(self, EntityTerminatedError(
             f"{self.entity_type} {self.key!r}: run {self._run_id} closed as {status.value}"))
-        self._main.cancel()
+        if self._worker is None:
+            self._finish()
 
     async def _wait_applied(self, seq: int) -> None:
         await self.wait_for(lambda: self.applied_seq >= seq or self.closed, None)
 
-    async def _terminated(self, reason: str) -> None:
+    def _terminated(self, reason: str) -> None:
         self.closed = True
-        if self._run_task is not None:
+        if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
         self._shard.fail_waiters(self, EntityTerminatedError(
             f"{self.entity_type} {self.key!r} terminated: {decode_value(reason, str)}"))
+
+    def _finish(self) -> None:
+        if self._state is _State.FINISHED:
+            return
+        if self._run_task is not None and self._run_task is not asyncio.current_task():
+            self._run_task.cancel()
+        self._set_state(_State.FINISHED)
+        self._shard.forget(self)
+        if not self._evicted and self._inbox:  # entries of a newer run go to its activation
+            for entry in self._inbox:
+                if entry.run_id > self._run_id:
+                    self._shard.deliver(entry)
+        self._inbox = None

@@ -69,7 +69,9 @@ class Runtime:
         )
         result = await self.store.accept(acc)
         shard = self.host.shard(ref.shard) if self.host else None
-        if shard is not None and not result.duplicate:
+        if shard is not None and result.started:
+            shard.deliver_started(result.entry, start)
+        elif shard is not None and not result.duplicate:
             shard.deliver(result.entry)  # the fast path; other hosts tail the journal
         return result
 
@@ -181,10 +183,8 @@ class EntityRef(Generic[E]):
         shard = self._rt.host.shard(self.shard) if self._rt.host else None
         act = shard.get(self.definition.name, self.key) if shard else None
         if act is not None:
-            await asyncio.wait([asyncio.ensure_future(act.ready.wait()),
-                                asyncio.ensure_future(act.finished.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
-            if act.ready.is_set() and not act.finished.is_set() and act.entity is not None:
+            await act.wait_settled()
+            if act.is_ready and act.entity is not None:
                 return decode_value(run_query(self.definition, act.entity, h.name, text),
                                     h.output_type)
         return decode_value(await self._replica_query(h.name, text), h.output_type)
@@ -211,7 +211,7 @@ class EntityRef(Generic[E]):
         run, next_seq = found
         shard = self._rt.host.shard(self.shard) if self._rt.host else None
         act = shard.get(self.definition.name, self.key) if shard else None
-        live = act is not None and act.ready.is_set() and act.run_id == run.run_id
+        live = act is not None and act.is_ready and act.run_id == run.run_id
         runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error)
                      for r in await store.runs(self.definition.name, self.key))
         return EntityDescription(

@@ -64,11 +64,20 @@ class Shard:
         """Hand an accepted journal entry to its entity, activating it if needed."""
         ident = (entry.entity_type, entry.key)
         act = self._activations.get(ident)
-        if act is None or act.finished.is_set() or (
-            act.ready.is_set() and entry.run_id > act.run_id
-        ):
+        if act is None or act.is_finished or (act.is_ready and entry.run_id > act.run_id):
             act = self._get_or_create(*ident, force_new=True)
         act.deliver(entry)
+
+    def deliver_started(self, entry: JournalEntry, start_input: str | None) -> None:
+        """Host a run this process just started, from its first entry (no store read)."""
+        ident = (entry.entity_type, entry.key)
+        previous = self._activations.get(ident)
+        if previous is not None and not previous.is_finished and previous.run_id >= entry.run_id:
+            previous.deliver(entry)  # already loading it from the store
+            return
+        self._activations[ident] = Activation(
+            self, self._definitions[entry.entity_type], entry.key, previous, entry, start_input
+        )
 
     def deliver_to_successor(self, act: Activation, entry: JournalEntry) -> None:
         """`act` met an entry of a newer run: the newer run gets its own activation."""
@@ -80,14 +89,14 @@ class Shard:
     def _get_or_create(self, etype: str, key: str, *, force_new: bool = False) -> Activation:
         ident = (etype, key)
         act = self._activations.get(ident)
-        if act is None or force_new or act.finished.is_set():
+        if act is None or force_new or act.is_finished:
             act = Activation(self, self._definitions[etype], key, previous=act)
             self._activations[ident] = act
         return act
 
     def get(self, etype: str, key: str) -> Activation | None:
         act = self._activations.get((etype, key))
-        return None if act is None or act.finished.is_set() else act
+        return None if act is None or act.is_finished else act
 
     def forget(self, act: Activation) -> None:
         ident = (act.entity_type, act.key)
