@@ -29,13 +29,14 @@ from ._errors import (
     InvalidPayloadError,
     LeaseLostError,
     PayloadTooLargeError,
+    SnapshotRestoreError,
     StoreError,
     UnauthorizedError,
     UnknownEntityTypeError,
     UnknownHandlerError,
     UpdateFailedError,
 )
-from ._policy import IdReusePolicy, RunStatus
+from ._policy import IdReusePolicy, RunStatus, SnapshotPolicy
 
 __all__ = [
     "CorralError",
@@ -58,6 +59,8 @@ __all__ = [
     "MailboxSignal",
     "PayloadTooLargeError",
     "RunStatus",
+    "SnapshotPolicy",
+    "SnapshotRestoreError",
     "StoreError",
     "UnauthorizedError",
     "UnknownEntityTypeError",

@@ -31,6 +31,10 @@ class EntityContext(Protocol):
         """State changed outside a handler (e.g. the mailbox): re-check waiters."""
         ...
 
+    async def checkpoint(self) -> None:
+        """Snapshot the entity's state now."""
+        ...
+
 
 class Mailbox:
     """Payloads of mailbox signals, in acceptance order, waiting for `run()`.
@@ -82,5 +86,9 @@ class Mailbox:
         return {"items": list(self._items or ())}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._items = deque(state["items"])
+        self._items = deque(state["items"]) if state["items"] else None
         self._context = None
+
+    def attach(self, context: EntityContext) -> None:
+        """Bind a restored mailbox to its new host."""
+        self._context = context

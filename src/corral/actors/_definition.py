@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import BaseModel
 
 from ._errors import EntityDefinitionError
-from ._policy import IdReusePolicy
+from ._policy import IdReusePolicy, SnapshotPolicy
 
 __all__ = [
     "EntityDefinition",
@@ -121,6 +121,7 @@ class EntityDefinition:
     id_reuse: IdReusePolicy
     has_run: bool
     """Whether the class defines its own `run()` (the default needs no task)."""
+    snapshots: SnapshotPolicy
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
@@ -131,6 +132,11 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     name = cls.__dict__.get("name", cls.__name__)
     if not isinstance(name, str) or not name.isidentifier():
         raise EntityDefinitionError(f"{cls.__name__}.name must be an identifier, got {name!r}")
+    snapshots = getattr(cls, "snapshots", SnapshotPolicy())
+    if not isinstance(snapshots, SnapshotPolicy):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.snapshots must be a SnapshotPolicy, got {snapshots!r}"
+        )
     id_reuse = getattr(cls, "id_reuse", IdReusePolicy.ALLOW_DUPLICATE)
     if not isinstance(id_reuse, IdReusePolicy):
         raise EntityDefinitionError(
@@ -150,7 +156,9 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     if not inspect.iscoroutinefunction(run):
         raise EntityDefinitionError(f"{cls.__name__}.run must be `async def run(self)`")
     result_type = _hints(cls, run, localns).get("return")
-    return EntityDefinition(cls, name, start_type, result_type, handlers, id_reuse, has_run)
+    return EntityDefinition(
+        cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots
+    )
 
 
 def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any]) -> HandlerDefinition:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from ._context import EntityContext, Mailbox
 from ._definition import EntityDefinition, define_entity
-from ._policy import IdReusePolicy
+from ._policy import IdReusePolicy, SnapshotPolicy
 
 __all__ = ["Entity"]
 
@@ -41,6 +41,9 @@ class Entity:
     id_reuse: ClassVar[IdReusePolicy] = IdReusePolicy.ALLOW_DUPLICATE
     """What `*_with_start` does once a run closed (see `IdReusePolicy`)."""
 
+    snapshots: ClassVar[SnapshotPolicy] = SnapshotPolicy()
+    """When state is snapshotted and how many snapshots are kept (see `SnapshotPolicy`)."""
+
     _corral_definition: ClassVar[EntityDefinition]
     _corral_context: EntityContext
     mailbox: Mailbox
@@ -64,6 +67,26 @@ class Entity:
         Returns True when the predicate holds, False when `timeout` seconds passed first.
         """
         return await self._corral_context.wait_for(predicate, timeout)
+
+    async def checkpoint(self) -> None:
+        """Snapshot the state now (e.g. before an effect `run()` must not repeat).
+
+        After a crash, `run()` restarts from the top with the state of the latest
+        snapshot plus the messages applied after it.
+        """
+        await self._corral_context.checkpoint()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a snapshot holds: the instance's attributes minus the host's context.
+
+        Override `__getstate__`/`__setstate__` to customise snapshots (pickle protocol).
+        """
+        state = self.__dict__.copy()
+        state.pop("_corral_context", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @property
     def key(self) -> str:

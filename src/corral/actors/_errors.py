@@ -14,6 +14,7 @@ __all__ = [
     "InvalidPayloadError",
     "LeaseLostError",
     "PayloadTooLargeError",
+    "SnapshotRestoreError",
     "StoreError",
     "UnauthorizedError",
     "UnknownEntityTypeError",
@@ -98,3 +99,10 @@ class StoreError(CorralError):
 
 class LeaseLostError(StoreError):
     """A shard host lost its lease (a newer epoch exists); its write was refused (fencing)."""
+
+
+class SnapshotRestoreError(CorralError):
+    """A stored snapshot could not be restored; the entity is not activated.
+
+    Never a silent reset: the message names the entity and the snapshot's sequence.
+    """

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
-__all__ = ["IdReusePolicy", "RunStatus"]
+__all__ = ["IdReusePolicy", "RunStatus", "SnapshotPolicy"]
 
 
 class IdReusePolicy(enum.Enum):
@@ -42,3 +43,26 @@ class RunStatus(str, enum.Enum):
     @property
     def is_closed(self) -> bool:
         return self is not RunStatus.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPolicy:
+    """When the host snapshots an entity's state, and how many snapshots it keeps.
+
+    A snapshot is written in the same transaction as the applied-sequence watermark it
+    covers; journal entries covered by the oldest kept snapshot are then deleted, so an
+    entity's store rows stay bounded however many messages it receives.
+
+    Attributes:
+        every: snapshot after this many applied messages (None: never by count).
+        keep: how many snapshots to keep (>= 1); older ones and the journal they cover go.
+    """
+
+    every: int | None = 1000
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        if self.every is not None and self.every < 1:
+            raise ValueError(f"SnapshotPolicy.every must be >= 1 or None, got {self.every}")
+        if self.keep < 1:
+            raise ValueError(f"SnapshotPolicy.keep must be >= 1, got {self.keep}")

@@ -29,6 +29,7 @@ from ._writes import (
     RecordUpdateOp,
     ReleaseLeasesOp,
     RenewLeasesOp,
+    SnapshotOp,
     Txn,
     WriteOp,
 )
@@ -216,6 +217,22 @@ class SqliteStore:
 
     async def release_leases(self, owner: str) -> None:
         await self.write(ReleaseLeasesOp(owner))
+
+    async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                             applied_seq: int, state: bytes, keep: int) -> int:
+        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def latest_snapshot(self, etype: str, key: str, run_id: int
+                              ) -> tuple[int, bytes] | None:
+        """The newest snapshot of the run: (applied_seq, pickled state), or None."""
+        def q(db: sqlite3.Connection) -> tuple[int, bytes] | None:
+            row = db.execute(
+                "SELECT applied_seq, state FROM snapshots WHERE etype=? AND key=? AND run_id=? "
+                "ORDER BY applied_seq DESC LIMIT 1", (etype, key, run_id),
+            ).fetchone()
+            return None if row is None else (int(row[0]), bytes(row[1]))
+        return await self.read(q)
 
     # -- reads --------------------------------------------------------------------
 

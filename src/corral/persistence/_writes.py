@@ -29,6 +29,7 @@ __all__ = [
     "RecordUpdateOp",
     "ReleaseLeasesOp",
     "RenewLeasesOp",
+    "SnapshotOp",
     "Txn",
     "WriteOp",
 ]
@@ -299,3 +300,40 @@ class ReleaseLeasesOp:
 
     def apply(self, txn: Txn) -> None:
         txn.db.execute("UPDATE leases SET expires_at=0 WHERE owner=?", (self.owner,))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOp:
+    """Store a snapshot covering `applied_seq`, keep the newest `keep`, truncate the journal.
+
+    One transaction: the snapshot and the watermark it covers land together, and journal
+    entries are deleted only once the oldest kept snapshot covers them.
+    """
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    applied_seq: int
+    state: bytes
+    keep: int
+
+    def apply(self, txn: Txn) -> int:
+        txn.check(self.fence)
+        db, ident = txn.db, (self.entity_type, self.key)
+        db.execute(
+            "INSERT INTO snapshots (etype, key, run_id, applied_seq, state, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key, applied_seq) DO UPDATE SET "
+            "run_id=excluded.run_id, state=excluded.state, created_at=excluded.created_at",
+            (*ident, self.run_id, self.applied_seq, self.state, time.time()),
+        )
+        kept = db.execute(
+            "SELECT applied_seq FROM snapshots WHERE etype=? AND key=? "
+            "ORDER BY applied_seq DESC LIMIT ?", (*ident, self.keep),
+        ).fetchall()
+        oldest = kept[-1][0]
+        db.execute("DELETE FROM snapshots WHERE etype=? AND key=? AND applied_seq<?",
+                   (*ident, oldest))
+        cur = db.execute("DELETE FROM journal WHERE etype=? AND key=? AND seq<=?",
+                         (*ident, oldest))
+        return cur.rowcount

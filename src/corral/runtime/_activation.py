@@ -25,6 +25,7 @@ from corral.persistence import EntryKind, JournalEntry
 
 from ._apply import apply_entry, instantiate
 from ._results import decode_value, encode_value
+from ._snapshot import capture, restore
 
 if TYPE_CHECKING:
     from ._shard import Shard
@@ -44,8 +45,21 @@ class Activation:
     """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`."""
 
     __slots__ = (
-        "_changed", "_evicted", "_inbox", "_key", "_run_id", "_run_task", "_shard", "_state",
-        "_state_waiters", "_worker", "applied_seq", "closed", "definition", "entity",
+        "_changed",
+        "_evicted",
+        "_inbox",
+        "_key",
+        "_run_id",
+        "_run_task",
+        "_shard",
+        "_snapshot_seq",
+        "_state",
+        "_state_waiters",
+        "_worker",
+        "applied_seq",
+        "closed",
+        "definition",
+        "entity",
     )
 
     def __init__(self, shard: Shard, definition: EntityDefinition, key: str,
@@ -56,6 +70,7 @@ class Activation:
         self._key = key
         self._run_id = 0
         self.applied_seq = 0
+        self._snapshot_seq = 0
         self.entity: Entity | None = None
         self.closed = False
         self._evicted = False
@@ -171,7 +186,7 @@ class Activation:
                 await previous.wait_finished()
             if fresh is not None:
                 self._run_id = fresh.run_id
-                self.applied_seq = fresh.seq - 1
+                self.applied_seq = self._snapshot_seq = fresh.seq - 1
                 self.entity = instantiate(self.definition, start_input, self)
                 self.deliver(fresh)
                 await self._serve()
@@ -183,7 +198,13 @@ class Activation:
                 return
             run = found[0]
             self._run_id = run.run_id
-            self.entity = instantiate(self.definition, run.start_input, self)
+            snapshot = await self._shard.store.latest_snapshot(self.entity_type, self.key,
+                                                               run.run_id)
+            if snapshot is None:
+                self.entity = instantiate(self.definition, run.start_input, self)
+            else:
+                self.applied_seq = self._snapshot_seq = snapshot[0]
+                self.entity = restore(self.definition, self.key, snapshot[0], snapshot[1], self)
             await self._replay()
             await self._serve()
         await self._work(load())
@@ -245,6 +266,21 @@ class Activation:
         self.notify()
         if outcome is not None:
             await self._shard.record_update(self, entry, outcome, replaying=replaying)
+        every = self.definition.snapshots.every
+        if every is not None and self.applied_seq - self._snapshot_seq >= every:
+            await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        """Snapshot the state at the applied watermark (fenced; truncates the journal)."""
+        assert self.entity is not None
+        if self.applied_seq == self._snapshot_seq:
+            return
+        seq = self.applied_seq
+        await self._shard.store.write_snapshot(
+            self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
+            state=capture(self.entity), keep=self.definition.snapshots.keep,
+        )
+        self._snapshot_seq = max(self._snapshot_seq, seq)
 
     async def _run_main(self) -> None:
         assert self.entity is not None
@@ -277,7 +313,7 @@ class Activation:
             for entry in late:
                 self.deliver(entry)
             if late:
-                await self._wait_applied(late[-1].seq)
+                await self.wait_applied(late[-1].seq)
             if self.closed:  # terminated while we waited
                 return
         self.closed = True
@@ -286,8 +322,11 @@ class Activation:
         if self._worker is None:
             self._finish()
 
-    async def _wait_applied(self, seq: int) -> None:
-        await self.wait_for(lambda: self.applied_seq >= seq or self.closed, None)
+    async def wait_applied(self, seq: int) -> None:
+        """Wait until every entry up to `seq` is applied (or the run closed)."""
+        await self.wait_for(
+            lambda: self.applied_seq >= seq or self.closed or self.is_finished, None
+        )
 
     def _terminated(self, reason: str) -> None:
         self.closed = True

@@ -98,5 +98,8 @@ class ReplicaContext:
     async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
         raise RuntimeError("a read-only replica cannot wait; handlers must not block")
 
+    async def checkpoint(self) -> None:
+        raise RuntimeError("a read-only replica cannot snapshot")
+
     def notify(self) -> None:
         pass

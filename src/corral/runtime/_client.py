@@ -35,6 +35,7 @@ from ._boundary import Authorize, Boundary, Limits
 from ._host import LocalHost
 from ._results import Ack, EntityDescription, RunSummary, decode_value
 from ._router import Router
+from ._snapshot import restore
 
 __all__ = ["EntityRef", "Runtime", "open_runtime"]
 
@@ -183,7 +184,11 @@ class EntityRef(Generic[E]):
         shard = self._rt.host.shard(self.shard) if self._rt.host else None
         act = shard.get(self.definition.name, self.key) if shard else None
         if act is not None:
+            # Read-your-writes: answer only once everything accepted so far is applied.
+            found = await self._rt.store.latest_run(self.definition.name, self.key)
             await act.wait_settled()
+            if found is not None and act.is_ready:
+                await act.wait_applied(found[1] - 1)
             if act.is_ready and act.entity is not None:
                 return decode_value(run_query(self.definition, act.entity, h.name, text),
                                     h.output_type)
@@ -194,10 +199,15 @@ class EntityRef(Generic[E]):
         if found is None:
             raise EntityNotRunningError(f"{self.definition.name} {self.key!r} was never started")
         run = found[0]
-        entity = instantiate(self.definition, run.start_input,
-                             ReplicaContext(self.definition.name, self.key, run.run_id))
-        for entry in await self._rt.store.journal(self.definition.name, self.key,
-                                                  run_id=run.run_id, after_seq=0):
+        store, name_ = self._rt.store, self.definition.name
+        context = ReplicaContext(name_, self.key, run.run_id)
+        snapshot = await store.latest_snapshot(name_, self.key, run.run_id)
+        if snapshot is None:
+            entity, after = instantiate(self.definition, run.start_input, context), 0
+        else:
+            after = snapshot[0]
+            entity = restore(self.definition, self.key, after, snapshot[1], context)
+        for entry in await store.journal(name_, self.key, run_id=run.run_id, after_seq=after):
             if entry.kind is not EntryKind.TERMINATE:
                 await apply_entry(self.definition, entity, entry)
         return run_query(self.definition, entity, name, payload)

@@ -1,0 +1,308 @@
+"""The ticket agent: signal-with-start fed by at-least-once webhooks.
+
+This is the one copy of the ticket-agent example. `corral demo` runs it, and
+`examples/ticket_agent.py` is the standalone program built on it; it lives in the
+package so that the `corral` command works wherever corral is installed.
+
+The story: a helpdesk fires a webhook each time the customer replies to ticket 9104.
+Webhooks arrive concurrently, in no particular order, and the same one may arrive two
+or three times. Each webhook makes exactly one call:
+
+    await rt.ref(TicketAgent, "ticket-9104").signal_with_start(
+        TicketAgent.customer_reply, reply,
+        start=TicketInput(...),        # sent every time; used only if a run starts
+        message_id=ev.message_id,      # the provider's id: a retry is a duplicate
+    )
+
+The caller never asks whether the agent exists. Exactly one of the concurrent calls
+starts the run, every reply is delivered to it once, and a retried webhook is answered
+`"duplicate"` instead of being delivered again (the runtime dedupes on `message_id`,
+so the entity needs no `seen` set of its own).
+
+The entity follows the pattern's rules: everything a handler touches is created in
+`__init__` (on a cold start the signal handler runs before `run()` has begun); the
+handler only buffers; `run()` drains the inbox sorted by the provider's timestamp,
+because arrival order across concurrent senders means nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel
+
+import corral
+
+__all__ = [
+    "AGENT",
+    "TICKET_ID",
+    "WEBHOOKS",
+    "Answer",
+    "Assign",
+    "Assigned",
+    "DemoReport",
+    "Outcome",
+    "Reply",
+    "ReplyWebhook",
+    "TicketAgent",
+    "TicketInput",
+    "TicketStatus",
+    "format_report",
+    "on_customer_reply",
+    "remove_store",
+    "run_demo",
+]
+
+
+# -- messages (every handler takes one pydantic model, so fields can be added later) ---
+
+
+class TicketInput(BaseModel):
+    """The start input: used only by the call that starts a run, ignored otherwise."""
+
+    tenant: str
+    subject: str
+
+
+class Reply(BaseModel):
+    """One customer reply, as delivered to the agent."""
+
+    message_id: str
+    body: str
+    at: datetime
+    """The provider's timestamp: the only trustworthy order of concurrent replies."""
+    closes_ticket: bool = False
+
+
+class Assign(BaseModel):
+    agent: str
+
+
+class Assigned(BaseModel):
+    agent: str
+    waiting: int
+    """Replies buffered when the assignment was applied."""
+
+
+class TicketStatus(BaseModel):
+    tenant: str
+    subject: str
+    assignee: str | None
+    waiting: int
+    answered: int
+    resolved: bool
+
+
+class Answer(BaseModel):
+    reply: Reply
+    text: str
+
+
+class Outcome(BaseModel):
+    """What the run returns; `ref.result()` gives it back as this model."""
+
+    ticket: str
+    tenant: str
+    assignee: str
+    resolved: bool
+    answered: list[Answer]
+
+
+# -- the entity ------------------------------------------------------------------------
+
+
+class TicketAgent(corral.Entity):
+    """An agent working one support ticket; its key is the ticket id (`ticket-9104`)."""
+
+    def __init__(self, init: TicketInput) -> None:
+        # Runs before any handler, on every activation: the first reply, the one that
+        # started the run, finds the inbox here even though run() has not begun.
+        self.tenant = init.tenant
+        self.subject = init.subject
+        self.assignee: str | None = None
+        self.inbox: list[Reply] = []
+        self.answered: list[Answer] = []
+        self.resolved = False
+
+    @corral.signal
+    def customer_reply(self, reply: Reply) -> None:
+        """Buffer, never process: the handler stays trivial and cannot fail."""
+        self.inbox.append(reply)
+
+    @corral.update
+    def assign(self, req: Assign) -> Assigned:
+        """Give the ticket to an agent; the caller gets an answer back (request-response)."""
+        self.assignee = req.agent
+        return Assigned(agent=req.agent, waiting=len(self.inbox))
+
+    @corral.query
+    def status(self) -> TicketStatus:
+        return TicketStatus(
+            tenant=self.tenant, subject=self.subject, assignee=self.assignee,
+            waiting=len(self.inbox), answered=len(self.answered), resolved=self.resolved,
+        )
+
+    async def run(self) -> Outcome:
+        # Loop over state, not local variables: after a crash run() starts again from
+        # the top with the state rebuilt from the journal.
+        while not self.resolved:
+            # Replies wait in the inbox until the ticket has an assignee.
+            await self.wait_for(lambda: self.assignee is not None and bool(self.inbox))
+            batch = sorted(self.inbox, key=lambda reply: reply.at)
+            self.inbox.clear()
+            for reply in batch:
+                self.answered.append(Answer(reply=reply, text=self._draft_answer(reply)))
+                self.resolved = self.resolved or reply.closes_ticket
+        assert self.assignee is not None
+        return Outcome(ticket=self.key, tenant=self.tenant, assignee=self.assignee,
+                       resolved=True, answered=self.answered)
+
+    def _draft_answer(self, reply: Reply) -> str:
+        # Where a real agent would call a model or send an email (an effect that
+        # happens at least once; see DESIGN.md). Here: no network, just a record.
+        if reply.closes_ticket:
+            return f"Glad it works now. Closing {self.key}."
+        return f"{self.assignee} on {self.subject!r}: noted, looking into it."
+
+
+# -- the webhook side ------------------------------------------------------------------
+
+
+class ReplyWebhook(BaseModel):
+    """What the helpdesk POSTs when a customer replies."""
+
+    ticket_id: int
+    tenant: str
+    subject: str
+    message_id: str
+    body: str
+    at: datetime
+    closes_ticket: bool = False
+
+
+async def on_customer_reply(rt: corral.Runtime, ev: ReplyWebhook) -> corral.Ack:
+    """The webhook handler: one atomic call, no existence check, start input every time."""
+    reply = Reply(message_id=ev.message_id, body=ev.body, at=ev.at,
+                  closes_ticket=ev.closes_ticket)
+    return await rt.ref(TicketAgent, f"ticket-{ev.ticket_id}").signal_with_start(
+        TicketAgent.customer_reply, reply,
+        start=TicketInput(tenant=ev.tenant, subject=ev.subject),
+        message_id=ev.message_id,
+    )
+
+
+TICKET_ID = 9104
+AGENT = "atlas"
+
+
+def _reply(message_id: str, hh_mm_ss: str, body: str, *, closes: bool = False) -> ReplyWebhook:
+    h, m, s = (int(part) for part in hh_mm_ss.split(":"))
+    return ReplyWebhook(
+        ticket_id=TICKET_ID, tenant="acme", subject="CSV export fails",
+        message_id=message_id, body=body,
+        at=datetime(2024, 5, 14, h, m, s, tzinfo=timezone.utc), closes_ticket=closes,
+    )
+
+
+_M1 = _reply("msg-1", "10:02:11", "Exporting invoices to CSV fails with error 500.")
+_M2 = _reply("msg-2", "10:02:14", "Only March fails; February exports fine.")
+_M3 = _reply("msg-3", "10:02:15", "The download stops at about 40%.")
+_M4 = _reply("msg-4", "10:03:02", "Removing the date filter makes it work.")
+_M5 = _reply("msg-5", "10:05:40", "All good now, thanks! You can close it.", closes=True)
+
+WEBHOOKS: tuple[ReplyWebhook, ...] = (_M3, _M1, _M3, _M5, _M2, _M1, _M4, _M3, _M2, _M5, _M4)
+"""The deliveries, in the order they hit the server: out of order, most of them twice
+or three times, and the closing reply early."""
+
+
+# -- the scenario ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoReport:
+    """Everything the scenario observed, for printing and for tests."""
+
+    store: str
+    deliveries: tuple[tuple[ReplyWebhook, corral.Ack], ...]
+    assigned: Assigned
+    outcome: Outcome
+    description: corral.EntityDescription
+
+
+async def run_demo(store: str | Path, *, timeout: float = 60.0) -> DemoReport:
+    """Deliver `WEBHOOKS` concurrently, assign the ticket, wait for the run's outcome."""
+    async with corral.open_runtime(str(store), entities=[TicketAgent]) as rt:
+        # All webhooks at once, as a busy web server would handle them.
+        acks = await asyncio.gather(*(on_customer_reply(rt, ev) for ev in WEBHOOKS))
+        ticket = rt.ref(TicketAgent, f"ticket-{TICKET_ID}")
+        # Applied after every reply accepted above (one journal, one order), so the
+        # agent sees all of them in its first batch.
+        assigned: Assigned = await ticket.update(
+            TicketAgent.assign, Assign(agent=AGENT), update_id=f"assign-{TICKET_ID}",
+            timeout=timeout,
+        )
+        outcome: Outcome = await ticket.result(timeout=timeout)
+        description = await ticket.describe()
+    return DemoReport(str(store), tuple(zip(WEBHOOKS, acks, strict=True)), assigned, outcome,
+                      description)
+
+
+def remove_store(store: str | Path) -> None:
+    """Delete a SQLite store file and its WAL side files, so a demo starts from scratch."""
+    if str(store) == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            Path(f"{store}{suffix}").unlink()
+
+
+def format_report(report: DemoReport) -> str:
+    """The demo's story, as a person wants to read it."""
+    acks = [ack for _, ack in report.deliveries]
+    accepted = sum(ack.status == "accepted" for ack in acks)
+    starters = [i for i, ack in enumerate(acks, 1) if ack.started]
+    unique = len({ev.message_id for ev, _ in report.deliveries})
+    lines = [
+        "corral demo: a ticket agent fed by at-least-once webhooks",
+        f"store: {report.store}",
+        "",
+        f"1. {len(acks)} webhooks for ticket-{TICKET_ID} arrive at once: {unique} customer "
+        "replies, out of order,",
+        "   most delivered twice or three times. Each makes one call:",
+        "   signal_with_start(customer_reply, reply, start=TicketInput(...), "
+        "message_id=<provider id>)",
+        "",
+        "   #   message  sent at   ack        run  seq",
+    ]
+    for number, (ev, ack) in enumerate(report.deliveries, 1):
+        note = "  <- this call started the run" if ack.started else ""
+        lines.append(f"   {number:<3} {ev.message_id:<8} {ev.at:%H:%M:%S}  {ack.status:<10} "
+                     f"{ack.run_id:>3}  {ack.seq:>3}{note}")
+    lines += [
+        f"   => {accepted} accepted, {len(acks) - accepted} duplicate; "
+        f"{len(starters)} call started the run (#{', #'.join(map(str, starters))}); "
+        "no call failed.",
+        "",
+        "2. The dispatcher assigns the ticket (an update: the caller gets an answer):",
+        f"   assign(agent={AGENT!r}) -> agent={report.assigned.agent!r}, "
+        f"{report.assigned.waiting} replies waiting",
+        "",
+        "3. The agent drains its inbox sorted by the provider's timestamp and answers:",
+    ]
+    for answer in report.outcome.answered:
+        reply = answer.reply
+        lines.append(f"   {reply.at:%H:%M:%S}  {reply.message_id:<6} {reply.body}")
+    d = report.description
+    lines += [
+        "",
+        f"4. Outcome: {'resolved' if report.outcome.resolved else 'open'} by "
+        f"{report.outcome.assignee}; {len(report.outcome.answered)} replies answered, "
+        "each once;",
+        f"   {d.entity_type} {d.key!r} run {d.run_id} is {d.status.value}, "
+        f"{d.accepted_seq} journal entries ({accepted} replies + 1 update).",
+    ]
+    return "\n".join(lines)
