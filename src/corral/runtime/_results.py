@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import to_jsonable_python
 
 from corral.actors import RunStatus
 from corral.persistence import canonical_json
@@ -61,16 +63,24 @@ class EntityDescription:
 
 
 def encode_value(value: Any) -> str:
-    """JSON for a handler's return value (pydantic models by their JSON dump)."""
+    """JSON for a handler's return value (models anywhere inside, by their JSON dump)."""
     if isinstance(value, BaseModel):
         return value.model_dump_json(by_alias=True)
-    return canonical_json(value)
+    return canonical_json(to_jsonable_python(value, by_alias=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _adapter(expected: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(expected)
 
 
 def decode_value(text: str | None, expected: Any) -> Any:
-    """Inverse of `encode_value`, rebuilding `expected` when it is a pydantic model."""
+    """Inverse of `encode_value`: rebuild the annotated return type (models, lists of them)."""
     if text is None:
         return None
-    if isinstance(expected, type) and issubclass(expected, BaseModel):
-        return expected.model_validate_json(text)
-    return json.loads(text)
+    if expected is None or expected is Any or expected is type(None):
+        return json.loads(text)
+    try:
+        return _adapter(expected).validate_json(text)
+    except TypeError:  # an annotation pydantic cannot adapt (or not hashable): plain JSON
+        return json.loads(text)
