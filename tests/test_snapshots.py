@@ -103,7 +103,7 @@ async def test_journal_and_snapshot_rows_stay_bounded_by_the_policy(db_path: str
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         for chunk in range(5):
             await _send(rt, 1000, start=chunk * 1000)
-            # Kept snapshots cover all but the last `every * keep` entries (+ the unsnapshotted tail).
+            # Kept snapshots cover all but the last `every * keep` entries.
             assert _rows(db_path, "journal") <= policy.every * policy.keep
             assert _rows(db_path, "snapshots") <= policy.keep
         assert len(await rt.ref(Counter, "c-1").query(Counter.values)) == 5000
@@ -144,5 +144,5 @@ async def test_a_snapshot_that_does_not_restore_is_an_error_naming_the_entity(
     with sqlite3.connect(db_path) as db:
         db.execute("UPDATE snapshots SET state=x'00010203'")
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
-        with pytest.raises(corral.SnapshotRestoreError, match="Counter 'c-1'.*seq 100"):
+        with pytest.raises(corral.SnapshotRestoreError, match=r"Counter 'c-1'.*seq 100"):
             await rt.ref(Counter, "c-1").query(Counter.values)

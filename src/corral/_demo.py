@@ -148,22 +148,25 @@ class TicketAgent(corral.Entity):
 
     async def run(self) -> Outcome:
         # Loop over state, not local variables: after a crash run() starts again from
-        # the top with the state rebuilt from the journal.
+        # the top with the latest snapshot plus the messages applied after it.
         while not self.resolved:
-            # Replies wait in the inbox until the ticket has an assignee.
+            # Replies wait in the inbox until someone is assigned (the `assign` update).
             await self.wait_for(lambda: self.assignee is not None and bool(self.inbox))
-            batch = sorted(self.inbox, key=lambda reply: reply.at)
-            self.inbox.clear()
-            for reply in batch:
-                self.answered.append(Answer(reply=reply, text=self._draft_answer(reply)))
-                self.resolved = self.resolved or reply.closes_ticket
+            # Arrival order means nothing across concurrent senders: take the reply
+            # the customer wrote first, by the provider's timestamp.
+            reply = min(self.inbox, key=lambda r: r.at)
+            self.inbox.remove(reply)
+            self.answered.append(Answer(reply=reply, text=self._draft_answer(reply)))
+            self.resolved = reply.closes_ticket
+            # Snapshot now: a restart resumes after this reply. (A crash before this
+            # line answers it again: effects in run() happen at least once.)
+            await self.checkpoint()
         assert self.assignee is not None
         return Outcome(ticket=self.key, tenant=self.tenant, assignee=self.assignee,
                        resolved=True, answered=self.answered)
 
     def _draft_answer(self, reply: Reply) -> str:
-        # Where a real agent would call a model or send an email (an effect that
-        # happens at least once; see DESIGN.md). Here: no network, just a record.
+        # Where a real agent would call a model or send an email. Here: no network.
         if reply.closes_ticket:
             return f"Glad it works now. Closing {self.key}."
         return f"{self.assignee} on {self.subject!r}: noted, looking into it."
@@ -228,6 +231,7 @@ class DemoReport:
 
     store: str
     deliveries: tuple[tuple[ReplyWebhook, corral.Ack], ...]
+    waiting: TicketStatus
     assigned: Assigned
     outcome: Outcome
     description: corral.EntityDescription
@@ -239,16 +243,19 @@ async def run_demo(store: str | Path, *, timeout: float = 60.0) -> DemoReport:
         # All webhooks at once, as a busy web server would handle them.
         acks = await asyncio.gather(*(on_customer_reply(rt, ev) for ev in WEBHOOKS))
         ticket = rt.ref(TicketAgent, f"ticket-{TICKET_ID}")
+        # A query sees every message accepted before it; with nobody assigned yet,
+        # every reply is still waiting.
+        waiting: TicketStatus = await ticket.query(TicketAgent.status)
         # Applied after every reply accepted above (one journal, one order), so the
-        # agent sees all of them in its first batch.
+        # agent finds all of them waiting when it starts answering.
         assigned: Assigned = await ticket.update(
             TicketAgent.assign, Assign(agent=AGENT), update_id=f"assign-{TICKET_ID}",
             timeout=timeout,
         )
         outcome: Outcome = await ticket.result(timeout=timeout)
         description = await ticket.describe()
-    return DemoReport(str(store), tuple(zip(WEBHOOKS, acks, strict=True)), assigned, outcome,
-                      description)
+    return DemoReport(str(store), tuple(zip(WEBHOOKS, acks, strict=True)), waiting, assigned,
+                      outcome, description)
 
 
 def remove_store(store: str | Path) -> None:
@@ -264,7 +271,7 @@ def format_report(report: DemoReport) -> str:
     """The demo's story, as a person wants to read it."""
     acks = [ack for _, ack in report.deliveries]
     accepted = sum(ack.status == "accepted" for ack in acks)
-    starters = [i for i, ack in enumerate(acks, 1) if ack.started]
+    starters = [str(number) for number, ack in enumerate(acks, 1) if ack.started]
     unique = len({ev.message_id for ev, _ in report.deliveries})
     lines = [
         "corral demo: a ticket agent fed by at-least-once webhooks",
@@ -272,7 +279,7 @@ def format_report(report: DemoReport) -> str:
         "",
         f"1. {len(acks)} webhooks for ticket-{TICKET_ID} arrive at once: {unique} customer "
         "replies, out of order,",
-        "   most delivered twice or three times. Each makes one call:",
+        "   most delivered two or three times. Each makes one call:",
         "   signal_with_start(customer_reply, reply, start=TicketInput(...), "
         "message_id=<provider id>)",
         "",
@@ -282,27 +289,34 @@ def format_report(report: DemoReport) -> str:
         note = "  <- this call started the run" if ack.started else ""
         lines.append(f"   {number:<3} {ev.message_id:<8} {ev.at:%H:%M:%S}  {ack.status:<10} "
                      f"{ack.run_id:>3}  {ack.seq:>3}{note}")
+    status = report.waiting
     lines += [
         f"   => {accepted} accepted, {len(acks) - accepted} duplicate; "
-        f"{len(starters)} call started the run (#{', #'.join(map(str, starters))}); "
-        "no call failed.",
+        f"{len(starters)} call{'' if len(starters) == 1 else 's'} started the run "
+        f"(#{', #'.join(starters)}); no call failed.",
         "",
-        "2. The dispatcher assigns the ticket (an update: the caller gets an answer):",
+        f"2. status() (a query): {status.waiting} replies waiting, {status.answered} answered, "
+        f"assignee {status.assignee or 'none yet'}.",
+        "   The handler only buffered them; run() waits for an assignee.",
+        "",
+        "3. The dispatcher assigns the ticket (an update: the caller gets an answer back):",
         f"   assign(agent={AGENT!r}) -> agent={report.assigned.agent!r}, "
         f"{report.assigned.waiting} replies waiting",
         "",
-        "3. The agent drains its inbox sorted by the provider's timestamp and answers:",
+        "4. The agent answers them in the provider's timestamp order, not arrival order:",
     ]
-    for answer in report.outcome.answered:
+    answered = report.outcome.answered
+    for answer in answered:
         reply = answer.reply
         lines.append(f"   {reply.at:%H:%M:%S}  {reply.message_id:<6} {reply.body}")
+    once = len({a.reply.message_id for a in answered}) == len(answered)
     d = report.description
     lines += [
         "",
-        f"4. Outcome: {'resolved' if report.outcome.resolved else 'open'} by "
-        f"{report.outcome.assignee}; {len(report.outcome.answered)} replies answered, "
-        "each once;",
-        f"   {d.entity_type} {d.key!r} run {d.run_id} is {d.status.value}, "
-        f"{d.accepted_seq} journal entries ({accepted} replies + 1 update).",
+        f"5. Outcome: {'resolved' if report.outcome.resolved else 'open'} by "
+        f"{report.outcome.assignee}, {len(answered)} replies answered "
+        f"({'each once' if once else 'SOME MORE THAN ONCE'}).",
+        f"   {d.key}: run {d.run_id} {d.status.value} after accepting {d.accepted_seq} "
+        f"messages ({accepted} replies, 1 update).",
     ]
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -39,6 +40,7 @@ def encode_model(model_type: type[BaseModel], value: Any, *, max_bytes: int, wha
             raise InvalidPayloadError(
                 f"{what} expects {model_type.__name__}, got {type(value).__name__}"
             )
+        _refuse_non_finite(value, what)
         raw: Any = _dump(value, what)
     elif isinstance(value, dict):
         raw = value
@@ -51,8 +53,11 @@ def encode_model(model_type: type[BaseModel], value: Any, *, max_bytes: int, wha
         model = model_type.model_validate(raw)
     except ValidationError as err:
         raise InvalidPayloadError(f"{what}: {err}") from None
+    if not isinstance(value, BaseModel):
+        _refuse_non_finite(model, what)
     data = _dump(model, what)
-    _refuse_unknown_fields(raw, data, what, path="")
+    if not _same(raw, data):  # equal data has no unknown field: skip the (slower) walk
+        _refuse_unknown_fields(raw, data, what, path="")
     try:
         text = canonical_json(data)
     except (TypeError, ValueError) as err:
@@ -68,6 +73,34 @@ def _dump(model: BaseModel, what: str) -> Any:
         return model.model_dump(mode="json", by_alias=True)
     except Exception as err:  # pydantic raises several types for unserialisable values
         raise InvalidPayloadError(f"{what} is not JSON-serialisable: {err}") from None
+
+
+def _refuse_non_finite(model: BaseModel, what: str) -> None:
+    """Refuse NaN and infinities anywhere in `model`.
+
+    pydantic's JSON mode turns them into null in `Any`-typed fields (it keeps them in
+    `float` fields, which `canonical_json` then refuses): either way they are not JSON,
+    and a sender's value must never silently become another one.
+    """
+    try:
+        values = [model.model_dump(mode="python")]
+    except Exception as err:  # pydantic raises several types for unserialisable values
+        raise InvalidPayloadError(f"{what} is not JSON-serialisable: {err}") from None
+    while values:
+        item = values.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise InvalidPayloadError(f"{what} is not JSON: {item!r} is not a JSON number")
+        if isinstance(item, dict):
+            values.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            values.extend(item)
+
+
+def _same(raw: Any, data: Any) -> bool:
+    try:
+        return bool(raw == data)
+    except Exception:  # a caller's object whose == is not a plain bool
+        return False
 
 
 def _refuse_unknown_fields(raw: Any, data: Any, what: str, path: str) -> None:

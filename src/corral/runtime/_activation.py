@@ -228,7 +228,8 @@ class Activation:
             log.exception("%s %r: activation failed; evicting", self.entity_type, self.key)
             self._finish()
         finally:
-            if asyncio.current_task() is self._worker:
+            if self._worker is not None and self._worker.done() is False \
+                    and self._worker is asyncio.current_task(self._worker.get_loop()):
                 self._worker = None
 
     async def _replay(self) -> None:
@@ -271,10 +272,13 @@ class Activation:
             await self.checkpoint()
 
     async def checkpoint(self) -> None:
-        """Snapshot the state at the applied watermark (fenced; truncates the journal)."""
+        """Snapshot the state at the applied watermark (fenced; truncates the journal).
+
+        Writes even when no message was applied since the last snapshot: `run()` calls
+        this after changing state itself (an answered reply), and that change must
+        survive a restart. A snapshot at the same watermark replaces the older one.
+        """
         assert self.entity is not None
-        if self.applied_seq == self._snapshot_seq:
-            return
         seq = self.applied_seq
         await self._shard.store.write_snapshot(
             self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,

@@ -8,9 +8,9 @@ payloads that fail their model, are too large or are not JSON, and senders the
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +64,8 @@ Authorize = Callable[[AuthRequest], "str | bool | Awaitable[str | bool | None] |
 
 
 def new_message_id() -> str:
-    """A time-ordered id (keeps the dedupe index append-mostly)."""
-    return f"{time.time_ns():016x}-{uuid.uuid4().hex[:16]}"
+    """A time-ordered id (keeps the dedupe index append-mostly) with 64 random bits."""
+    return f"{time.time_ns():016x}-{os.urandom(8).hex()}"  # uuid4() costs 3x more
 
 
 class Boundary:
@@ -166,5 +166,7 @@ class Boundary:
         if decision is False:
             raise UnauthorizedError(f"{kind} {name!r} to {definition.name} {key!r} rejected")
         if decision is not None and not isinstance(decision, str):
-            raise TypeError(f"authorize must return str, None or bool, got {decision!r}")
+            raise TypeError(
+                f"authorize must return the sender (str or None) or False, got {decision!r}"
+            )
         return decision

@@ -94,7 +94,7 @@ class LocalHost:
         while True:
             await asyncio.sleep(self._poll_interval)
             try:
-                if True or not await self.store.foreign_commit_seen():  # MUTATION
+                if not await self.store.foreign_commit_seen():
                     continue
                 before = -1
                 while self._cursor != before:  # until a read returns nothing new

@@ -36,6 +36,8 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
+    """One run of an entity, as `EntityDescription.runs` lists it (oldest first)."""
+
     run_id: int
     status: RunStatus
     started_at: float

@@ -1,0 +1,282 @@
+"""Untrusted input stops at the client boundary and leaves the store untouched (guarantee 11)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import corral
+from entities import (
+    ALL_ENTITIES,
+    Assign,
+    Blob,
+    Inbox,
+    Job,
+    Other,
+    Reply,
+    Start,
+    Ticket,
+    Unregistered,
+    fresh_key,
+    query_rows,
+    store_rows,
+    wait_applied,
+)
+
+START = Start(tenant="acme")
+LIMITS = corral.Limits(max_payload_bytes=512, max_key_length=64)
+
+Call = Callable[[corral.Runtime, str], Awaitable[Any]]
+
+
+def sws(payload: Any, *, handler: Any = Ticket.reply, start: Any = START, **kw: Any) -> Call:
+    return lambda rt, key: rt.ref(Ticket, key).signal_with_start(handler, payload, start=start,
+                                                                 **kw)
+
+
+def on_key(bad_key: Any) -> Call:
+    return lambda rt, _: rt.ref(Ticket, bad_key).signal_with_start(Ticket.reply, Reply(text="x"),
+                                                                   start=START)
+
+
+class Ticket2(corral.Entity):
+    """Same handlers as a registered type, but not registered itself."""
+
+    name = "Ticket"
+
+    @corral.signal
+    def reply(self, reply: Reply) -> None:
+        pass
+
+
+BAD_INPUTS: list[tuple[str, Call, type[Exception]]] = [
+    # payloads
+    ("wrong model type", sws(Other(text="x")), corral.InvalidPayloadError),
+    ("not a model or dict", sws("x"), corral.InvalidPayloadError),
+    ("payload missing", sws(None), corral.InvalidPayloadError),
+    ("missing field", sws({}), corral.InvalidPayloadError),
+    ("wrong field type", sws({"text": 5}), corral.InvalidPayloadError),
+    ("field is null", sws({"text": None}), corral.InvalidPayloadError),
+    ("extra unknown field", sws({"text": "x", "junk": 1}), corral.InvalidPayloadError),
+    ("payload over the limit", sws(Reply(text="x" * 600)), corral.PayloadTooLargeError),
+    ("dict payload over the limit", sws({"text": "é" * 300}), corral.PayloadTooLargeError),
+    ("object in an Any field", sws(Blob(value=object()), handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("object in an Any field, as a dict", sws({"value": object()}, handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("nan in an Any field", sws(Blob(value=float("nan")), handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("inf in an Any field, as a dict", sws({"value": [float("inf")]}, handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("nan in a float field", sws(Blob(x=float("nan")), handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("inf in a float field, as a dict", sws({"x": float("-inf")}, handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("invalid utf-8 bytes", sws(Blob(value=b"\xff"), handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("non-string dict key", sws({"value": {1: "a"}}, handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    # handlers
+    ("unknown signal name", sws(Reply(text="x"), handler="nope"), corral.UnknownHandlerError),
+    ("query used as a signal", sws(Reply(text="x"), handler=Ticket.status),
+     corral.UnknownHandlerError),
+    ("update used as a signal", sws(Assign(agent="a"), handler=Ticket.assign),
+     corral.UnknownHandlerError),
+    ("another type's signal", sws(Reply(text="x"), handler=Job.poke), corral.UnknownHandlerError),
+    ("handler that is not a handler", sws(Reply(text="x"), handler=print),
+     corral.UnknownHandlerError),
+    ("signal used as an update", lambda rt, key: rt.ref(Ticket, key).update_with_start(
+        Ticket.reply, Reply(text="x"), start=START), corral.UnknownHandlerError),
+    ("signal used as a query", lambda rt, key: rt.ref(Ticket, key).query(Ticket.reply),
+     corral.UnknownHandlerError),
+    # entity types
+    ("unregistered entity type", lambda rt, key: rt.ref(Unregistered, key).signal_with_start(
+        Unregistered.reply, Reply(text="x"), start=None), corral.UnknownEntityTypeError),
+    ("look-alike of a registered type", lambda rt, key: rt.ref(Ticket2, key).signal_with_start(
+        Ticket2.reply, Reply(text="x"), start=None), corral.UnknownEntityTypeError),
+    ("a type that is not an entity", lambda rt, key: rt.ref(Reply, key),  # type: ignore[arg-type]
+     corral.UnknownEntityTypeError),
+    # keys
+    ("empty key", on_key(""), corral.InvalidKeyError),
+    ("over-long key", on_key("k" * 65), corral.InvalidKeyError),
+    ("key with NUL", on_key("a\x00b"), corral.InvalidKeyError),
+    ("key with newline", on_key("a\nb"), corral.InvalidKeyError),
+    ("key with DEL", on_key("a\x7fb"), corral.InvalidKeyError),
+    ("key with a space", on_key("a b"), corral.InvalidKeyError),
+    ("key with a leading space", on_key(" ab"), corral.InvalidKeyError),
+    ("key with a tab", on_key("ab\t"), corral.InvalidKeyError),
+    ("key with a trailing newline", on_key("ab\n"), corral.InvalidKeyError),
+    ("key that is not a str", on_key(42), corral.InvalidKeyError),
+    ("key with non-ASCII", on_key("tické"), corral.InvalidKeyError),
+    # start input
+    ("start input missing", sws(Reply(text="x"), start=None), corral.InvalidPayloadError),
+    ("start input of the wrong model", sws(Reply(text="x"), start=Other(text="x")),
+     corral.InvalidPayloadError),
+    ("start input missing a field", sws(Reply(text="x"), start={}), corral.InvalidPayloadError),
+    ("start input with an extra field", sws(Reply(text="x"), start={"tenant": "a", "x": 1}),
+     corral.InvalidPayloadError),
+    ("start input over the limit", sws(Reply(text="x"), start=Start(tenant="t" * 600)),
+     corral.PayloadTooLargeError),
+    ("start input not JSON", sws(Reply(text="x"), start={"tenant": object()}),
+     corral.InvalidPayloadError),
+    ("start input for a type without one", lambda rt, key: rt.ref(Inbox, key)
+     .signal_with_start("note", {"text": "x"}, start=START), corral.InvalidPayloadError),
+    # message ids and senders
+    ("empty message id", sws(Reply(text="x"), message_id=""), corral.InvalidKeyError),
+    ("message id with a control character", sws(Reply(text="x"), message_id="m\x00"),
+     corral.InvalidKeyError),
+    ("over-long message id", sws(Reply(text="x"), message_id="m" * 65), corral.InvalidKeyError),
+    ("message id that is not a str", sws(Reply(text="x"), message_id=7), corral.InvalidKeyError),
+    ("sender that is not a str", sws(Reply(text="x"), sender=7), corral.InvalidPayloadError),
+]
+
+
+@pytest.mark.parametrize(("call", "error"), [(c, e) for _, c, e in BAD_INPUTS],
+                         ids=[name for name, _, _ in BAD_INPUTS])
+async def test_a_bad_input_gets_its_typed_error_and_leaves_the_store_untouched(
+    db_path: str, call: Call, error: type[Exception]
+) -> None:
+    running = fresh_key()
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES, limits=LIMITS) as rt:
+        ref = rt.ref(Ticket, running)
+        await ref.signal_with_start(Ticket.reply, Reply(text="ok"), start=START)
+        await wait_applied(ref, 1)
+        before = store_rows(db_path)
+        for key in (running, fresh_key()):
+            with pytest.raises(error) as caught:
+                await call(rt, key)
+            assert isinstance(caught.value, corral.CorralError)
+            assert str(caught.value)
+            assert store_rows(db_path) == before
+        status = await ref.query(Ticket.status)
+    assert status.inbox == ["acme:ok"]
+
+
+async def test_the_limits_themselves_are_accepted(db_path: str) -> None:
+    """The boundary is not over-eager: the largest key and payload pass."""
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES, limits=LIMITS) as rt:
+        key = "k" * 64
+        ref = rt.ref(Ticket, key)
+        text = "x" * (512 - len('{"text":""}'))
+        ack = await ref.signal_with_start(Ticket.reply, Reply(text=text), start=START,
+                                          message_id="m" * 64)
+        ack2 = await ref.signal(Ticket.attach, Blob(value={"a": [1, 2.5, None, "é"]}, x=1.5))
+        for odd in ("a.b", "user@example.com", "tenant/ticket:9104", "A-1_2+3=4#5"):
+            await rt.ref(Ticket, odd).signal_with_start(Ticket.reply, {"text": "x"}, start=START)
+        with pytest.raises(corral.PayloadTooLargeError):
+            await ref.signal(Ticket.reply, Reply(text=text + "x"))
+    assert ack.status == ack2.status == "accepted"
+
+
+async def test_a_custom_key_pattern_is_enforced(db_path: str) -> None:
+    limits = corral.Limits(key_pattern=r"ticket-[0-9]+")
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES, limits=limits) as rt:
+        await rt.ref(Ticket, "ticket-9104").signal_with_start(Ticket.reply, Reply(text="x"),
+                                                              start=START)
+        with pytest.raises(corral.InvalidKeyError, match="must match"):
+            rt.ref(Ticket, "ticket-9104x")
+        with pytest.raises(corral.InvalidKeyError):
+            rt.ref(Ticket, "ticket-\n1")
+
+
+# -- authorize ---------------------------------------------------------------------------
+
+
+def reject_bob(req: corral.AuthRequest) -> str | bool | None:
+    return False if req.sender == "bob" else req.sender
+
+
+def raise_for_bob(req: corral.AuthRequest) -> str | None:
+    if req.sender == "bob":
+        raise corral.UnauthorizedError(f"bob may not send {req.name}")
+    return req.sender
+
+
+def as_bob(ref: corral.EntityRef[Ticket]) -> list[Awaitable[Any]]:
+    """Every kind of call, claiming to be bob."""
+    return [
+        ref.signal_with_start(Ticket.reply, Reply(text="x"), start=START, sender="bob"),
+        ref.signal(Ticket.reply, Reply(text="x"), sender="bob"),
+        ref.update_with_start(Ticket.assign, Assign(agent="a"), start=START, sender="bob"),
+        ref.update(Ticket.assign, Assign(agent="a"), sender="bob"),
+        ref.terminate(reason="x", sender="bob"),
+        ref.query(Ticket.status, sender="bob"),
+    ]
+
+
+@pytest.mark.parametrize("hook", [reject_bob, raise_for_bob], ids=["returns False", "raises"])
+async def test_authorize_rejecting_raises_unauthorized_and_stores_nothing(
+    db_path: str, hook: Callable[[corral.AuthRequest], Any]
+) -> None:
+    running = fresh_key()
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES, authorize=hook) as rt:
+        await rt.ref(Ticket, running).signal_with_start(Ticket.reply, Reply(text="ok"),
+                                                        start=START, sender="alice")
+        before = store_rows(db_path)
+        for key in (running, fresh_key()):
+            for attempt in as_bob(rt.ref(Ticket, key)):
+                with pytest.raises(corral.UnauthorizedError):
+                    await attempt
+        assert store_rows(db_path) == before
+        status = await rt.ref(Ticket, running).query(Ticket.status, sender="alice")
+    assert status.inbox == ["acme:ok"]
+
+
+async def test_a_spoofed_sender_is_replaced_by_the_authenticated_one(db_path: str) -> None:
+    seen: list[corral.AuthRequest] = []
+
+    def authenticate(req: corral.AuthRequest) -> str:
+        seen.append(req)
+        return "svc:webhook"  # whoever the caller claims to be
+
+    key = fresh_key()
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES, authorize=authenticate) as rt:
+        ref = rt.ref(Ticket, key)
+        await ref.signal_with_start(Ticket.reply, Reply(text="x"), start=START,
+                                    sender="admin", message_id="m-1")
+        await ref.update(Ticket.assign, Assign(agent="a"), sender="root", update_id="u-1")
+        # A retry claiming yet another identity is still the same authenticated sender.
+        dup = await ref.signal(Ticket.reply, Reply(text="x"), sender="mallory", message_id="m-1")
+
+    assert dup.status == "duplicate"
+    assert [(r.sender, r.entity_type, r.key, r.kind, r.name) for r in seen] == [
+        ("admin", "Ticket", key, "signal", "reply"),
+        ("root", "Ticket", key, "update", "assign"),
+        ("mallory", "Ticket", key, "signal", "reply"),
+    ]
+    assert query_rows(db_path, "SELECT message_id, sender FROM journal WHERE key=? ORDER BY seq",
+                      key) == [("m-1", "svc:webhook"), ("u-1", "svc:webhook")]
+    assert query_rows(db_path, "SELECT message_id, sender FROM dedupe WHERE key=? "
+                      "ORDER BY message_id", key) == [("m-1", "svc:webhook"),
+                                                      ("u-1", "svc:webhook")]
+
+
+async def test_authorize_returning_none_records_an_anonymous_sender(db_path: str) -> None:
+    key = fresh_key()
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES,
+                                   authorize=lambda req: None) as rt:
+        await rt.ref(Ticket, key).signal_with_start(Ticket.reply, Reply(text="x"), start=START,
+                                                    sender="admin")
+    assert query_rows(db_path, "SELECT sender FROM journal WHERE key=?", key) == [(None,)]
+
+
+async def test_an_async_authorize_works(db_path: str) -> None:
+    async def authorize(req: corral.AuthRequest) -> str | bool:
+        await asyncio.sleep(0)  # e.g. a token lookup
+        if req.sender == "bob":
+            return False
+        return f"verified:{req.sender}"
+
+    key = fresh_key()
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES, authorize=authorize) as rt:
+        ref = rt.ref(Ticket, key)
+        await ref.signal_with_start(Ticket.reply, Reply(text="x"), start=START, sender="alice")
+        before = store_rows(db_path)
+        with pytest.raises(corral.UnauthorizedError):
+            await ref.signal(Ticket.reply, Reply(text="y"), sender="bob")
+        assert store_rows(db_path) == before
+    assert query_rows(db_path, "SELECT sender FROM journal WHERE key=?", key) == [
+        ("verified:alice",)]

@@ -1,0 +1,133 @@
+"""The public surface is explicit and sorted, and the layers import only downwards."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import corral
+
+PACKAGES = ["corral", "corral.actors", "corral.runtime", "corral.persistence"]
+SRC = Path(corral.__file__).parent
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_sorted_and_exactly_the_public_names(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported), f"{name}.__all__ is not sorted"
+    assert len(set(exported)) == len(exported), f"{name}.__all__ lists a name twice"
+    assert not [n for n in exported if n.startswith("_")], f"{name}.__all__ leaks private names"
+    public = {
+        attr for attr, value in vars(module).items()
+        if not attr.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public - set(exported) == set(), f"{name} has public names missing from __all__"
+    assert set(exported) - public == set(), f"{name}.__all__ names what it does not define"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_exported_name_imports(name: str) -> None:
+    module = importlib.import_module(name)
+    namespace: dict[str, object] = {}
+    exec(f"from {name} import *", namespace)
+    assert set(module.__all__) <= set(namespace)
+    for attr in module.__all__:
+        assert namespace[attr] is getattr(importlib.import_module(name), attr)
+
+
+def test_every_user_facing_class_and_function_has_its_own_docstring() -> None:
+    for attr in corral.__all__:
+        value = getattr(corral, attr)
+        if isinstance(value, type | types.FunctionType):
+            doc = (value.__doc__ or "").strip()
+            # A dataclass without a docstring gets its signature as one.
+            assert doc, f"corral.{attr} has no docstring"
+            assert not doc.startswith(f"{attr}("), f"corral.{attr} has no docstring"
+
+
+def test_only_subpackages_and_the_version_are_public_modules_of_corral() -> None:
+    modules = {n for n, v in vars(corral).items()
+               if isinstance(v, types.ModuleType) and not n.startswith("_")}
+    assert modules <= {"actors", "persistence", "runtime", "cli"}
+    assert isinstance(corral.__version__, str)
+
+
+def test_the_top_level_reexports_the_user_facing_objects_themselves() -> None:
+    import corral.actors
+    import corral.runtime
+
+    for attr in corral.__all__:
+        source = corral.actors if attr in corral.actors.__all__ else corral.runtime
+        assert getattr(corral, attr) is getattr(source, attr), attr
+
+
+# -- layering ----------------------------------------------------------------------------
+
+_PROBE = """
+import importlib.util, json, sys, types
+spec = importlib.util.find_spec("corral")
+# A bare parent package: importing corral/__init__.py would pull in every layer.
+parent = types.ModuleType("corral")
+parent.__path__ = list(spec.submodule_search_locations)
+sys.modules["corral"] = parent
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("corral."))))
+"""
+
+
+def loaded_by(package: str) -> set[str]:
+    """corral modules that importing `package` loads, in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", _PROBE, package], capture_output=True,
+                         text=True, check=True, timeout=60)
+    return set(json.loads(out.stdout))
+
+
+def test_importing_corral_actors_loads_neither_runtime_nor_persistence() -> None:
+    loaded = loaded_by("corral.actors")
+    assert "corral.actors" in loaded
+    assert not {m for m in loaded if m.startswith(("corral.runtime", "corral.persistence"))}
+
+
+def test_importing_corral_persistence_does_not_load_the_runtime() -> None:
+    loaded = loaded_by("corral.persistence")
+    assert "corral.persistence" in loaded
+    assert not {m for m in loaded if m.startswith("corral.runtime")}
+
+
+def imported_corral_modules(path: Path) -> set[str]:
+    """Every corral module a source file imports anywhere (including inside functions and
+    `TYPE_CHECKING` blocks), resolving relative imports."""
+    package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+    return {m for m in found if m == "corral" or m.startswith("corral.")}
+
+
+@pytest.mark.parametrize(("layer", "forbidden"), [
+    ("actors", ("corral.runtime", "corral.persistence")),
+    ("persistence", ("corral.runtime",)),
+])
+def test_no_source_file_of_a_lower_layer_names_a_higher_one(
+    layer: str, forbidden: tuple[str, ...]
+) -> None:
+    for path in sorted((SRC / layer).glob("*.py")):
+        imports = imported_corral_modules(path)
+        bad = {m for m in imports if m == "corral" or m.startswith(forbidden)}
+        assert not bad, f"{path.name} imports {sorted(bad)}"
