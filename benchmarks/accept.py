@@ -1,0 +1,631 @@
+"""Durable acceptance benchmark: corral `signal_with_start` against the SQLite ceiling.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/accept.py           # full run (~6-10 min on 2 cores)
+    .venv/bin/python benchmarks/accept.py --quick   # smoke run (< 60 s)
+
+Workloads (see benchmarks/README.md for the columns):
+
+1. corral `signal_with_start` into 1 and into 10,000 entities with 1, 100 and 1,000
+   closed-loop senders, on a real SQLite file (WAL, synchronous=FULL), `host=True` (the
+   entities apply every signal in the same process), plus `host=False` rows (accept only).
+2. The ceiling: plain aiosqlite writing the same rows (journal + dedupe row per signal,
+   the runs row when an entity starts, one entities upsert per entity per batch) with the
+   same schema, pragmas and group commit (everything queued -> one transaction, one
+   commit, one aiosqlite call per batch, one shared future), driven the same way.
+3. Resident memory per hosted entity, minus the entity's own state (in a subprocess).
+4. The store's `commits` / `ops_committed` counters, so the mean batch size is visible.
+
+Results are printed as a table and written to benchmarks/results/accept.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import platform
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import aiosqlite
+import psutil
+from pydantic import BaseModel
+
+import corral
+from corral.persistence import canonical_json, payload_hash
+from corral.persistence._schema import DDL, PRAGMAS
+from corral.runtime._boundary import new_message_id
+from corral.runtime._router import Router
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "accept.json"
+QUICK_RESULTS = HERE / "results" / "accept-quick.json"  # a smoke run never overwrites the full one
+SHARDS = 16
+PRIME_SENDERS = 1000
+TEXT = "The customer replied: the replacement part arrived, but the fan still rattles. " * 2
+
+
+# -- the entity under test -----------------------------------------------------------------
+
+
+class Start(BaseModel):
+    tenant: str
+
+
+class Ping(BaseModel):
+    n: int
+    text: str
+
+
+APPLIED = 0  # signals applied by hosted entities (all shards), for the applied/s column
+
+
+class Counter(corral.Entity):
+    """A small entity: two fields, one signal handler."""
+
+    def __init__(self, init: Start) -> None:
+        self.tenant = init.tenant
+        self.count = 0
+
+    @corral.signal
+    def ping(self, p: Ping) -> None:
+        global APPLIED
+        self.count += 1
+        APPLIED += 1
+
+
+ETYPE = Counter._corral_definition.name
+
+
+# -- measurement plumbing ------------------------------------------------------------------
+
+
+class Counters(NamedTuple):
+    """Counters sampled at the start and the end of a measured window."""
+
+    commits: int
+    ops_committed: int
+    applied: int
+
+
+@dataclass
+class Round:
+    """One measured window of one configuration."""
+
+    acks_per_s: float
+    p50_ms: float
+    p99_ms: float
+    acks: int
+    commits: int
+    ops_committed: int
+    applied_per_s: float | None
+    prime_s: float
+
+
+@dataclass
+class Row:
+    """A configuration and its rounds; the reported numbers are the median round's."""
+
+    system: str
+    entities: int
+    senders: int
+    host: bool | None
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def median(self) -> Round:
+        ordered = sorted(self.rounds, key=lambda r: r.acks_per_s)
+        return ordered[(len(ordered) - 1) // 2]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of already sorted values, nearest rank."""
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+async def closed_loop(send: Callable[[int], Awaitable[None]], probe: Callable[[], Counters], *,
+                      entities: int, senders: int, warmup: float, duration: float
+                      ) -> tuple[float, list[float], Counters]:
+    """Run `senders` closed loops of `send(random entity index)`.
+
+    After `warmup` seconds a window of `duration` seconds is measured. Returns the
+    window's length, the latencies (seconds) of the acks completed inside it, and how
+    much the `probe` counters grew over it.
+    """
+    stop = False
+    measuring = False
+    latencies: list[float] = []
+    clock = time.perf_counter
+    rand = random.randrange
+
+    async def sender() -> None:
+        while not stop:
+            t = clock()
+            await send(rand(entities))
+            if measuring:
+                latencies.append(clock() - t)
+
+    tasks = [asyncio.create_task(sender()) for _ in range(senders)]
+    try:
+        await asyncio.sleep(warmup)
+        measuring, before, t0 = True, probe(), clock()
+        await asyncio.sleep(duration)
+        measuring, after, t1 = False, probe(), clock()
+    finally:
+        stop = True
+        await asyncio.gather(*tasks)
+    return t1 - t0, latencies, Counters(*(b - a for a, b in zip(before, after, strict=True)))
+
+
+async def prime(send: Callable[[int], Awaitable[None]], entities: int) -> float:
+    """Send one message to every entity (starting each), PRIME_SENDERS at a time."""
+    t = time.perf_counter()
+    indices: Iterator[int] = iter(range(entities))
+
+    async def sender() -> None:
+        for i in indices:
+            await send(i)
+
+    await asyncio.gather(*(sender() for _ in range(min(PRIME_SENDERS, entities))))
+    return time.perf_counter() - t
+
+
+def summarize(window: float, latencies: list[float], commits: int, ops: int,
+              applied: int | None, prime_s: float) -> Round:
+    latencies.sort()
+    return Round(
+        acks_per_s=len(latencies) / window,
+        p50_ms=percentile(latencies, 0.50) * 1000,
+        p99_ms=percentile(latencies, 0.99) * 1000,
+        acks=len(latencies),
+        commits=commits,
+        ops_committed=ops,
+        applied_per_s=None if applied is None else applied / window,
+        prime_s=prime_s,
+    )
+
+
+# -- workload 1: corral ----------------------------------------------------------------------
+
+
+async def run_corral(path: str, *, entities: int, senders: int, host: bool, warmup: float,
+                     duration: float) -> Round:
+    """signal_with_start through the public API into `entities` entities."""
+    keys = [f"ticket-{i}" for i in range(entities)]
+    start = Start(tenant="acme")
+    counter = [0]
+    async with corral.open_runtime(path, entities=[Counter], shards=SHARDS, host=host) as rt:
+        store: Any = rt.store
+
+        async def send(i: int) -> None:
+            counter[0] += 1
+            await rt.ref(Counter, keys[i]).signal_with_start(
+                Counter.ping, Ping(n=counter[0], text=TEXT), start=start)
+
+        prime_s = await prime(send, entities)
+        window, lat, grew = await closed_loop(
+            send, lambda: Counters(store.commits, store.ops_committed, APPLIED),
+            entities=entities, senders=senders, warmup=warmup, duration=duration)
+    return summarize(window, lat, grew.commits, grew.ops_committed,
+                     grew.applied if host else None, prime_s)
+
+
+# -- workload 2: the ceiling -----------------------------------------------------------------
+
+_JOURNAL_SQL = (
+    "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, payload, "
+    "sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_DEDUPE_SQL = (
+    "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender, "
+    "accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_RUNS_SQL = (
+    "INSERT INTO runs (etype, key, run_id, status, start_input, started_at) "
+    "VALUES (?, ?, ?, 'running', ?, ?)"
+)
+_ENTITY_SQL = (
+    "INSERT INTO entities (etype, key, shard, run_id, status, next_seq) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (etype, key) DO UPDATE SET run_id=excluded.run_id, status=excluded.status, "
+    "next_seq=excluded.next_seq"
+)
+
+_Item = tuple[tuple[Any, ...], tuple[Any, ...], "tuple[Any, ...] | None", tuple[Any, ...]]
+
+
+class _Batch:
+    __slots__ = ("future", "items")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+        self.items: list[_Item] = []
+
+
+class CeilingWriter:
+    """The least a group-committing aiosqlite writer can do to store the same rows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.commits = 0
+        self.ops_committed = 0
+        self._conn: aiosqlite.Connection | None = None
+        self._batch: _Batch | None = None
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        self._conn = await aiosqlite.connect(self.path, isolation_level=None)
+        for pragma in PRAGMAS:
+            await self._conn.execute(pragma)
+        await self._conn.executescript(DDL)
+        self._task = asyncio.create_task(self._loop())
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def write(self, item: _Item) -> None:
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch(asyncio.get_running_loop().create_future())
+            self._wakeup.set()
+        batch.items.append(item)
+        await batch.future
+
+    async def _loop(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        while not (self._closed and self._batch is None):
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch, self._batch = self._batch, None
+            if batch is None:
+                continue
+            await conn._execute(self._apply, conn._conn, batch.items)
+            batch.future.set_result(None)
+
+    def _apply(self, db: sqlite3.Connection, items: list[_Item]) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(_JOURNAL_SQL, [i[0] for i in items])
+        db.executemany(_DEDUPE_SQL, [i[1] for i in items])
+        runs = [i[2] for i in items if i[2] is not None]
+        if runs:
+            db.executemany(_RUNS_SQL, runs)
+        latest = {(i[3][0], i[3][1]): i[3] for i in items}  # one upsert per entity
+        db.executemany(_ENTITY_SQL, list(latest.values()))
+        db.execute("COMMIT")
+        self.commits += 1
+        self.ops_committed += len(items)
+
+
+async def run_ceiling(path: str, *, entities: int, senders: int, warmup: float,
+                      duration: float) -> Round:
+    """The same rows, schema, pragmas and group commit, with no runtime around them."""
+    keys = [f"ticket-{i}" for i in range(entities)]
+    router = Router(SHARDS)
+    start_text = canonical_json(Start(tenant="acme").model_dump(mode="json"))
+    state: dict[int, list[int]] = {}  # entity index -> [next_seq, shard]
+    counter = [0]
+    writer = CeilingWriter(path)
+    await writer.open()
+    try:
+        async def send(i: int) -> None:
+            key = keys[i]
+            now = time.time()
+            counter[0] += 1
+            payload = canonical_json({"n": counter[0], "text": TEXT})
+            st = state.get(i)
+            runs_row = None
+            if st is None:
+                st = state[i] = [1, router.shard_of(ETYPE, key)]
+                runs_row = (ETYPE, key, 1, start_text, now)
+            seq, shard = st
+            st[0] = seq + 1
+            mid = new_message_id()
+            await writer.write((
+                (ETYPE, key, seq, 1, shard, "signal", "ping", mid, payload, None, now),
+                (ETYPE, key, mid, seq, 1, payload_hash("ping", payload), None, now),
+                runs_row,
+                (ETYPE, key, shard, 1, "running", seq + 1),
+            ))
+
+        prime_s = await prime(send, entities)
+        window, lat, grew = await closed_loop(
+            send, lambda: Counters(writer.commits, writer.ops_committed, 0),
+            entities=entities, senders=senders, warmup=warmup, duration=duration)
+    finally:
+        await writer.close()
+    return summarize(window, lat, grew.commits, grew.ops_committed, None, prime_s)
+
+
+# -- workload 3: memory per entity (run in a fresh subprocess) -------------------------------
+
+
+def rss_bytes() -> int:
+    """Resident set size after a full collection and returning freed heap to the OS."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return int(psutil.Process().memory_info().rss)
+
+
+async def measure_memory(n: int, senders: int) -> dict[str, Any]:
+    """RSS growth per hosted entity, minus the same entity's bare state.
+
+    First `n` bare `Counter` instances are built the way a host builds them (start input
+    parsed from its stored JSON) and kept alive; then a runtime is opened and `n` entities
+    are started with one `signal_with_start` each; once every signal is applied the RSS
+    growth per entity minus the bare size is corral's overhead per entity.
+    """
+    starts = [canonical_json({"tenant": f"tenant-{i}"}) for i in range(n)]
+    rss0 = rss_bytes()
+    bare = [Counter(Start.model_validate_json(text)) for text in starts]
+    for entity in bare:
+        entity.ping(Ping(n=1, text="x"))
+    rss1 = rss_bytes()
+    bare_per = (rss1 - rss0) / n
+    global APPLIED
+    APPLIED = 0
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        async with corral.open_runtime(os.path.join(tmp, "mem.db"), entities=[Counter],
+                                       shards=SHARDS, host=True) as rt:
+            rss2 = rss_bytes()
+            indices = iter(range(n))
+            t = time.perf_counter()
+
+            async def sender() -> None:
+                for i in indices:
+                    await rt.ref(Counter, f"ticket-{i}").signal_with_start(
+                        Counter.ping, Ping(n=1, text="x"),
+                        start=Start.model_validate_json(starts[i]))
+
+            await asyncio.gather(*(sender() for _ in range(senders)))
+            accept_s = time.perf_counter() - t
+            deadline = time.monotonic() + 300
+            while n > APPLIED and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            applied_s = time.perf_counter() - t
+            assert rt.host is not None
+            hosted = sum(len(s) for s in rt.host.shards.values())
+            rss3 = rss_bytes()
+            store: Any = rt.store
+            commits, ops = store.commits, store.ops_committed
+    total_per = (rss3 - rss2) / n
+    del bare
+    return {
+        "entities": n,
+        "senders": senders,
+        "hosted": hosted,
+        "applied": APPLIED,
+        "bare_entity_bytes": bare_per,
+        "hosted_entity_bytes": total_per,
+        "corral_overhead_bytes": total_per - bare_per,
+        "goal_bytes": 2048,
+        "rss_before_bare_mb": rss0 / 2**20,
+        "rss_after_bare_mb": rss1 / 2**20,
+        "rss_runtime_open_mb": rss2 / 2**20,
+        "rss_entities_hosted_mb": rss3 / 2**20,
+        "accept_s": accept_s,
+        "starts_per_s": n / accept_s,
+        "all_applied_s": applied_s,
+        "commits": commits,
+        "ops_committed": ops,
+    }
+
+
+def memory_in_subprocess(n: int, senders: int) -> dict[str, Any]:
+    """Run `measure_memory` in a fresh interpreter, so earlier workloads leave no heap."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(n), "--senders", str(senders)],
+        check=True, capture_output=True, text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# -- driver ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    entity_counts: tuple[int, ...]
+    sender_counts: tuple[int, ...]
+    host_false_senders: tuple[int, ...]
+    rounds: int
+    warmup: float
+    duration: float
+    memory_entities: int
+
+
+FULL = Plan((1, 10_000), (1, 100, 1000), (1000,), rounds=3, warmup=1.0, duration=5.0,
+            memory_entities=100_000)
+QUICK = Plan((1, 1000), (1, 100, 1000), (1000,), rounds=1, warmup=0.3, duration=1.0,
+             memory_entities=10_000)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def fmt_round(r: Round) -> str:
+    applied = "" if r.applied_per_s is None else f", applied {r.applied_per_s:,.0f}/s"
+    batch = r.ops_committed / r.commits if r.commits else 0.0
+    return (f"{r.acks_per_s:>9,.0f} acks/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  "
+            f"{r.commits} commits, {batch:.1f} ops/commit{applied} (prime {r.prime_s:.1f} s)")
+
+
+async def run_plan(plan: Plan) -> list[Row]:
+    rows: dict[tuple[str, int, int, bool | None], Row] = {}
+    configs: list[tuple[str, int, int, bool | None]] = []
+    for entities in plan.entity_counts:
+        for senders in plan.sender_counts:
+            configs.append(("corral", entities, senders, True))
+            if senders in plan.host_false_senders:
+                configs.append(("corral", entities, senders, False))
+            configs.append(("ceiling", entities, senders, None))
+    for cfg in configs:
+        rows[cfg] = Row(*cfg)
+    total = len(configs) * plan.rounds
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        for rnd in range(plan.rounds):
+            for cfg in configs:  # interleaved, so load from elsewhere hits both sides alike
+                system, entities, senders, host = cfg
+                path = os.path.join(tmp, f"r{rnd}-{system}-{entities}-{senders}-{host}.db")
+                kw: dict[str, Any] = {"entities": entities, "senders": senders,
+                                      "warmup": plan.warmup, "duration": plan.duration}
+                if system == "corral":
+                    result = await run_corral(path, host=bool(host), **kw)
+                else:
+                    result = await run_ceiling(path, **kw)
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path + suffix)
+                rows[cfg].rounds.append(result)
+                done += 1
+                label = f"{system}{'' if host is None else f' host={host}'}"
+                log(f"[{done:>2}/{total}] round {rnd + 1} {label:<18} {entities:>6} entities "
+                    f"{senders:>5} senders: {fmt_round(result)}")
+    return list(rows.values())
+
+
+def table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
+    """The side-by-side table and its JSON rows (median rounds)."""
+    ceilings = {(r.entities, r.senders): r.median for r in rows if r.system == "ceiling"}
+    header = (f"{'entities':>8} {'senders':>7} {'host':>5} | {'corral/s':>9} {'p50 ms':>7} "
+              f"{'p99 ms':>7} {'commits':>7} {'ops':>7} {'ops/commit':>10} {'applied/s':>9} | "
+              f"{'ceiling/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'ops/commit':>10} | {'ratio':>5}")
+    lines = [header, "-" * len(header)]
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if r.system != "corral":
+            continue
+        c, m = ceilings[(r.entities, r.senders)], r.median
+        ratio = m.acks_per_s / c.acks_per_s if c.acks_per_s else float("nan")
+        batch = m.ops_committed / m.commits if m.commits else 0.0
+        cbatch = c.ops_committed / c.commits if c.commits else 0.0
+        applied = "-" if m.applied_per_s is None else f"{m.applied_per_s:,.0f}"
+        goal = "" if ratio >= 0.5 else " <0.5"
+        lines.append(
+            f"{r.entities:>8,} {r.senders:>7,} {r.host!s:>5} | {m.acks_per_s:>9,.0f} "
+            f"{m.p50_ms:>7.2f} {m.p99_ms:>7.2f} {m.commits:>7,} {m.ops_committed:>7,} "
+            f"{batch:>10.1f} {applied:>9} | "
+            f"{c.acks_per_s:>9,.0f} {c.p50_ms:>7.2f} {c.p99_ms:>7.2f} {cbatch:>10.1f} | "
+            f"{ratio:>5.2f}{goal}"
+        )
+        out.append({
+            "entities": r.entities,
+            "senders": r.senders,
+            "host": r.host,
+            "corral": asdict(m),
+            "corral_rounds_acks_per_s": [x.acks_per_s for x in r.rounds],
+            "corral_mean_ops_per_commit": batch,
+            "ceiling": asdict(c),
+            "ceiling_rounds_acks_per_s": [
+                x.acks_per_s for x in next(
+                    y for y in rows if y.system == "ceiling" and y.entities == r.entities
+                    and y.senders == r.senders).rounds],
+            "ceiling_mean_ops_per_commit": cbatch,
+            "ratio": ratio,
+        })
+    return "\n".join(lines), out
+
+
+def memory_text(mem: dict[str, Any]) -> str:
+    return (
+        f"memory: {mem['entities']:,} entities hosted ({mem['hosted']:,} live, "
+        f"{mem['applied']:,} signals applied): RSS +{mem['hosted_entity_bytes']:,.0f} B/entity, "
+        f"bare instance {mem['bare_entity_bytes']:,.0f} B/entity -> corral overhead "
+        f"{mem['corral_overhead_bytes']:,.0f} B/entity (goal <= {mem['goal_bytes']:,} B); "
+        f"started at {mem['starts_per_s']:,.0f} entities/s (1 signal_with_start each, "
+        f"{mem['senders']} senders), all applied after {mem['all_applied_s']:.1f} s; "
+        f"{mem['commits']:,} commits, {mem['ops_committed'] / max(mem['commits'], 1):.1f} "
+        "ops/commit"
+    )
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+async def amain(args: argparse.Namespace) -> None:
+    plan = QUICK if args.quick else FULL
+    started = time.time()
+    load0 = os.getloadavg()
+    log(f"corral acceptance benchmark ({'quick' if args.quick else 'full'}): "
+        f"{plan.rounds} round(s) of {plan.warmup:g} s warm-up + {plan.duration:g} s per row, "
+        f"{os.cpu_count()} CPUs, load {load0[0]:.2f}, SQLite {sqlite3.sqlite_version}")
+    rows = await run_plan(plan)
+    log(f"memory: hosting {plan.memory_entities:,} entities in a fresh process ...")
+    mem = memory_in_subprocess(plan.memory_entities, PRIME_SENDERS)
+    text, out = table(rows)
+    log("")
+    log("durable acceptance, signal_with_start, closed loop (median of "
+        f"{plan.rounds} round(s); ratio = corral / ceiling, goal >= 0.5)")
+    log(text)
+    log("")
+    log(memory_text(mem))
+    result = {
+        "benchmark": "accept",
+        "mode": "quick" if args.quick else "full",
+        "started_at": started,
+        "elapsed_s": time.time() - started,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version,
+            "aiosqlite": aiosqlite.__version__,
+            "platform": platform.platform(),
+            "loadavg_start": load0,
+            "loadavg_end": os.getloadavg(),
+        },
+        "plan": asdict(plan),
+        "settings": {"shards": SHARDS, "pragmas": list(PRAGMAS), "prime_senders": PRIME_SENDERS,
+                     "payload_bytes": len(canonical_json({"n": 1000000, "text": TEXT}))},
+        "rows": out,
+        "memory": mem,
+        "table": text,
+    }
+    out_path = Path(args.out or (QUICK_RESULTS if args.quick else RESULTS))
+    write_json(out_path, result)
+    log(f"\nwrote {out_path} in {time.time() - started:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke run (< 60 s)")
+    parser.add_argument("--out", help="where to write the JSON results (default: "
+                        "results/accept.json, or results/accept-quick.json with --quick)")
+    parser.add_argument("--memory-child", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--senders", type=int, default=PRIME_SENDERS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        print(json.dumps(asyncio.run(measure_memory(args.memory_child, args.senders))))
+        return
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()
