@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from corral.actors import (
+    CorralError,
     Entity,
     EntityDefinition,
     EntityFailedError,
@@ -24,18 +25,16 @@ from corral.persistence import (
     AcceptResult,
     EntryKind,
     Store,
-    UpdateOutcome,
     canonical_json,
     open_sqlite_store,
     payload_hash,
 )
 
-from ._apply import ReplicaContext, apply_entry, instantiate, run_query
+from ._backend import Backend, LocalBackend
 from ._boundary import Authorize, Boundary, Limits
 from ._host import LocalHost
-from ._results import Ack, EntityDescription, RunSummary, decode_value
+from ._results import Ack, EntityDescription, decode_value
 from ._router import Router
-from ._snapshot import restore
 
 __all__ = ["EntityRef", "Runtime", "open_runtime"]
 
@@ -43,19 +42,28 @@ E = TypeVar("E", bound=Entity)
 
 
 class Runtime:
-    """A connection to a corral deployment: the store, the router and (optionally) a host.
+    """A connection to a corral deployment: validation, routing and a backend.
 
     Create it with `open_runtime`. `ref(Type, key)` addresses an entity; no lookup or
     existence check happens until you send.
     """
 
-    def __init__(self, store: Store, definitions: dict[str, EntityDefinition], router: Router,
-                 boundary: Boundary, host: LocalHost | None) -> None:
-        self.store = store
+    def __init__(self, backend: Backend, router: Router, boundary: Boundary) -> None:
+        self.backend = backend
         self.router = router
         self.boundary = boundary
-        self.host = host
-        self._definitions = definitions
+
+    @property
+    def store(self) -> Store:
+        """The store this process opened (local backend only)."""
+        if isinstance(self.backend, LocalBackend):
+            return self.backend.store
+        raise CorralError("this backend keeps its store inside the shard hosts")
+
+    @property
+    def host(self) -> LocalHost | None:
+        """The shards this process hosts (local backend), else None."""
+        return self.backend.host if isinstance(self.backend, LocalBackend) else None
 
     def ref(self, entity_type: type[E], key: str) -> EntityRef[E]:
         """A handle to the entity `key` of `entity_type` (validated, never looked up)."""
@@ -68,13 +76,7 @@ class Runtime:
             ref.definition.name, ref.key, ref.shard, kind, name, message_id, payload,
             payload_hash(name, payload), sender, start, ref.definition.id_reuse, time.time(),
         )
-        result = await self.store.accept(acc)
-        shard = self.host.shard(ref.shard) if self.host else None
-        if shard is not None and result.started:
-            shard.deliver_started(result.entry, start)
-        elif shard is not None and not result.duplicate:
-            shard.deliver(result.entry)  # the fast path; other hosts tail the journal
-        return result
+        return await self.backend.accept(acc)
 
 
 class EntityRef(Generic[E]):
@@ -129,7 +131,9 @@ class EntityRef(Generic[E]):
                       update_id: str | None, sender: str | None, timeout: float | None) -> Any:
         _, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
                                      with_start=with_start, message_id=update_id, sender=sender)
-        outcome = await asyncio.wait_for(self._outcome(mid), timeout)
+        outcome = await asyncio.wait_for(
+            self._rt.backend.wait_update(self.definition.name, self.key, mid), timeout
+        )
         if outcome.error is not None:
             raise UpdateFailedError(f"update {h.name!r} of {self!r} failed: {outcome.error}")
         return decode_value(outcome.result, h.output_type)
@@ -149,86 +153,27 @@ class EntityRef(Generic[E]):
                   res.started)
         return ack, h, mid
 
-    async def _outcome(self, message_id: str) -> UpdateOutcome:
-        """Wait for the update's recorded outcome: from the local shard, else the store."""
-        shard = self._rt.host.shard(self.shard) if self._rt.host else None
-        local = shard.wait_update(self.definition.name, self.key, message_id) if shard else None
-        delay = 0.002
-        while True:
-            recorded = await self._rt.store.update_outcome(self.definition.name, self.key,
-                                                           message_id)
-            if recorded is not None:
-                if local is not None:
-                    local.cancel()
-                return recorded
-            if local is not None:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    return await asyncio.wait_for(asyncio.shield(local), 0.5)
-            else:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.1)
-
     # -- reads ---------------------------------------------------------------------------
 
     async def query(self, handler: Any, payload: Any = None, *, sender: str | None = None) -> Any:
         """Read state through a query handler.
 
-        Answered by the live activation when this process hosts the entity; otherwise
-        by a read-only replica rebuilt from the store (`__init__` + handlers over the
-        journal; state that only `run()` changes is not visible there).
+        Answered by the live activation once everything accepted before the query is
+        applied (read-your-writes). Where no activation is reachable (another process
+        hosts it, or the run closed) a read-only replica is rebuilt from the latest
+        snapshot and the journal: state that only `run()` changed since that snapshot
+        is not visible there.
         """
         b = self._rt.boundary
         h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
         text = b.payload(h, payload) if h.input_type is not None else None
         await b.sender(sender, self.definition, self.key, "query", h.name)
-        shard = self._rt.host.shard(self.shard) if self._rt.host else None
-        act = shard.get(self.definition.name, self.key) if shard else None
-        if act is not None:
-            # Read-your-writes: answer only once everything accepted so far is applied.
-            found = await self._rt.store.latest_run(self.definition.name, self.key)
-            await act.wait_settled()
-            if found is not None and act.is_ready:
-                await act.wait_applied(found[1] - 1)
-            if act.is_ready and act.entity is not None:
-                return decode_value(run_query(self.definition, act.entity, h.name, text),
-                                    h.output_type)
-        return decode_value(await self._replica_query(h.name, text), h.output_type)
-
-    async def _replica_query(self, name: str, payload: str | None) -> str:
-        found = await self._rt.store.latest_run(self.definition.name, self.key)
-        if found is None:
-            raise EntityNotRunningError(f"{self.definition.name} {self.key!r} was never started")
-        run = found[0]
-        store, name_ = self._rt.store, self.definition.name
-        context = ReplicaContext(name_, self.key, run.run_id)
-        snapshot = await store.latest_snapshot(name_, self.key, run.run_id)
-        if snapshot is None:
-            entity, after = instantiate(self.definition, run.start_input, context), 0
-        else:
-            after = snapshot[0]
-            entity = restore(self.definition, self.key, after, snapshot[1], context)
-        for entry in await store.journal(name_, self.key, run_id=run.run_id, after_seq=after):
-            if entry.kind is not EntryKind.TERMINATE:
-                await apply_entry(self.definition, entity, entry)
-        return run_query(self.definition, entity, name, payload)
+        text = await self._rt.backend.query(self.definition.name, self.key, h.name, text)
+        return decode_value(text, h.output_type)
 
     async def describe(self) -> EntityDescription:
         """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
-        store = self._rt.store
-        found = await store.latest_run(self.definition.name, self.key)
-        if found is None:
-            raise EntityNotRunningError(f"{self.definition.name} {self.key!r} was never started")
-        run, next_seq = found
-        shard = self._rt.host.shard(self.shard) if self._rt.host else None
-        act = shard.get(self.definition.name, self.key) if shard else None
-        live = act is not None and act.is_ready and act.run_id == run.run_id
-        runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error)
-                     for r in await store.runs(self.definition.name, self.key))
-        return EntityDescription(
-            self.definition.name, self.key, self.shard, run.status, run.run_id, next_seq - 1,
-            act.applied_seq if live and act else None,
-            act.mailbox_depth if live and act else None, live, runs,
-        )
+        return await self._rt.backend.describe(self.definition.name, self.key)
 
     async def result(self, *, timeout: float | None = None) -> Any:
         """Wait for the latest run to close and return `run()`'s result.
@@ -242,11 +187,10 @@ class EntityRef(Generic[E]):
     async def _wait_result(self) -> Any:
         delay = 0.002
         while True:
-            found = await self._rt.store.latest_run(self.definition.name, self.key)
-            if found is None:
+            run = await self._rt.backend.latest_run(self.definition.name, self.key)
+            if run is None:
                 raise EntityNotRunningError(
                     f"{self.definition.name} {self.key!r} was never started")
-            run = found[0]
             if run.status is RunStatus.COMPLETED:
                 return decode_value(run.result, self.definition.result_type)
             if run.status is RunStatus.FAILED:
@@ -308,15 +252,19 @@ async def open_runtime(
     the_store: Store = await open_sqlite_store(store, shards=shards) if isinstance(store, str) \
         else store
     local: LocalHost | None = None
+    backend: LocalBackend | None = None
     try:
         if host:
             local = LocalHost(the_store, router, definitions, lease_ttl=lease_ttl,
                               poll_interval=poll_interval)
             await local.start()
-        boundary = Boundary(definitions, limits or Limits(), authorize)
-        yield Runtime(the_store, definitions, router, boundary, local)
+        backend = LocalBackend(the_store, definitions, local, router.shard_of)
+        local = None  # the backend owns the host now
+        yield Runtime(backend, router, Boundary(definitions, limits or Limits(), authorize))
     finally:
         if local is not None:
             await local.close()
+        if backend is not None:
+            await backend.close()
         if owned_store:
             await the_store.close()

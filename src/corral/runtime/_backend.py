@@ -1,0 +1,158 @@
+"""Backends: where the entity-facing operations of a `Runtime` are carried out.
+
+`EntityRef` validates at the boundary and then talks to a `Backend` in plain records
+and JSON text, so the same calls can cross a process boundary (the Ray backend).
+`LocalBackend` serves them from this process: the store plus the shards this process
+hosts (if any).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from corral.actors import EntityDefinition, EntityNotRunningError
+from corral.persistence import (
+    Acceptance,
+    AcceptResult,
+    EntryKind,
+    RunRecord,
+    Store,
+    UpdateOutcome,
+)
+
+from ._apply import ReplicaContext, apply_entry, instantiate, run_query
+from ._host import LocalHost
+from ._results import EntityDescription, RunSummary
+from ._shard import Shard
+from ._snapshot import restore
+
+__all__ = ["Backend", "LocalBackend", "ShardOf"]
+
+ShardOf = Callable[[str, str], int]
+
+
+class Backend(Protocol):
+    """The operations behind `EntityRef`, after validation and authorization."""
+
+    async def accept(self, acc: Acceptance) -> AcceptResult:
+        """Accept durably (start/dedupe/append in one transaction) and hand to the host."""
+        ...
+
+    async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
+        """Wait until the update `message_id` is applied; its recorded outcome."""
+        ...
+
+    async def query(self, etype: str, key: str, name: str, payload: str | None) -> str:
+        """Run a query handler; JSON of its result."""
+        ...
+
+    async def describe(self, etype: str, key: str) -> EntityDescription: ...
+
+    async def latest_run(self, etype: str, key: str) -> RunRecord | None: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalBackend:
+    """Serves `EntityRef` calls from this process's store and hosted shards."""
+
+    def __init__(self, store: Store, definitions: Mapping[str, EntityDefinition],
+                 host: LocalHost | None, shard_of: ShardOf) -> None:
+        self.store = store
+        self.host = host
+        self._definitions = definitions
+        self._shard_of = shard_of
+
+    async def close(self) -> None:
+        if self.host is not None:
+            await self.host.close()
+
+    def _shard(self, etype: str, key: str) -> Shard | None:
+        return self.host.shard(self._shard_of(etype, key)) if self.host else None
+
+    async def accept(self, acc: Acceptance) -> AcceptResult:
+        result = await self.store.accept(acc)
+        shard = self._shard(acc.entity_type, acc.key)
+        if shard is not None and result.started:
+            shard.deliver_started(result.entry, acc.start)
+        elif shard is not None and not result.duplicate:
+            shard.deliver(result.entry)  # the fast path; other hosts tail the journal
+        return result
+
+    async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
+        shard = self._shard(etype, key)
+        local = shard.wait_update(etype, key, message_id) if shard else None
+        delay = 0.002
+        try:
+            while True:
+                recorded = await self.store.update_outcome(etype, key, message_id)
+                if recorded is not None:
+                    return recorded
+                if local is not None:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        return await asyncio.wait_for(asyncio.shield(local), 0.5)
+                else:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.1)
+        finally:
+            if local is not None:
+                local.cancel()
+
+    async def query(self, etype: str, key: str, name: str, payload: str | None) -> str:
+        """Answered by the live activation when this process hosts the entity, once
+        everything accepted before the query is applied (read-your-writes); otherwise
+        by a read-only replica rebuilt from the store (latest snapshot + journal)."""
+        definition = self._definitions[etype]
+        shard = self._shard(etype, key)
+        act = shard.get(etype, key) if shard else None
+        if act is not None:
+            found = await self.store.latest_run(etype, key)
+            await act.wait_settled()
+            if found is not None and act.is_ready:
+                await act.wait_applied(found[1] - 1)
+            if act.is_ready and act.entity is not None:
+                return run_query(definition, act.entity, name, payload)
+        return await self._replica_query(definition, key, name, payload)
+
+    async def _replica_query(self, definition: EntityDefinition, key: str, name: str,
+                             payload: str | None) -> str:
+        etype = definition.name
+        found = await self.store.latest_run(etype, key)
+        if found is None:
+            raise EntityNotRunningError(f"{etype} {key!r} was never started")
+        run = found[0]
+        context = ReplicaContext(etype, key, run.run_id)
+        snapshot = await self.store.latest_snapshot(etype, key, run.run_id)
+        if snapshot is None:
+            entity, after = instantiate(definition, run.start_input, context), 0
+        else:
+            after = snapshot[0]
+            entity = restore(definition, key, after, snapshot[1], context)
+        for entry in await self.store.journal(etype, key, run_id=run.run_id, after_seq=after):
+            if entry.kind is not EntryKind.TERMINATE:
+                await apply_entry(definition, entity, entry)
+        return run_query(definition, entity, name, payload)
+
+    async def describe(self, etype: str, key: str) -> EntityDescription:
+        found = await self.store.latest_run(etype, key)
+        if found is None:
+            raise EntityNotRunningError(f"{etype} {key!r} was never started")
+        run, next_seq = found
+        shard = self._shard(etype, key)
+        act = shard.get(etype, key) if shard else None
+        live = act if act is not None and act.is_ready and act.run_id == run.run_id else None
+        runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error)
+                     for r in await self.store.runs(etype, key))
+        return EntityDescription(
+            etype, key, self._shard_of(etype, key), run.status, run.run_id, next_seq - 1,
+            live.applied_seq if live else None, live.mailbox_depth if live else None,
+            live is not None, runs,
+        )
+
+    async def latest_run(self, etype: str, key: str) -> RunRecord | None:
+        found = await self.store.latest_run(etype, key)
+        return None if found is None else found[0]
+
