@@ -10,6 +10,7 @@ through `Store`). This module re-exports the user-facing surface.
 """
 
 from corral.actors import (
+    ContinueAsNewPolicy,
     CorralError,
     Entity,
     EntityClosedError,
@@ -50,6 +51,7 @@ from corral.runtime import (
 __all__ = [
     "Ack",
     "AuthRequest",
+    "ContinueAsNewPolicy",
     "CorralError",
     "Entity",
     "EntityClosedError",

@@ -18,7 +18,9 @@ from ._definition import (
 )
 from ._entity import Entity
 from ._errors import (
+    ContinueAsNew,
     CorralError,
+    DeadLetterNotFoundError,
     EntityClosedError,
     EntityDefinitionError,
     EntityFailedError,
@@ -36,10 +38,13 @@ from ._errors import (
     UnknownHandlerError,
     UpdateFailedError,
 )
-from ._policy import IdReusePolicy, RunStatus, SnapshotPolicy
+from ._policy import ContinueAsNewPolicy, IdReusePolicy, RetryPolicy, RunStatus, SnapshotPolicy
 
 __all__ = [
+    "ContinueAsNew",
+    "ContinueAsNewPolicy",
     "CorralError",
+    "DeadLetterNotFoundError",
     "Entity",
     "EntityClosedError",
     "EntityContext",
@@ -58,6 +63,7 @@ __all__ = [
     "Mailbox",
     "MailboxSignal",
     "PayloadTooLargeError",
+    "RetryPolicy",
     "RunStatus",
     "SnapshotPolicy",
     "SnapshotRestoreError",

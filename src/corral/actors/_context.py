@@ -35,33 +35,46 @@ class EntityContext(Protocol):
         """Snapshot the entity's state now."""
         ...
 
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until wall-clock `deadline` under a durable timer."""
+        ...
+
+    @property
+    def continue_as_new_suggested(self) -> bool: ...
+
 
 class Mailbox:
     """Payloads of mailbox signals, in acceptance order, waiting for `run()`.
 
     `run()` drains it with `async for reply in self.mailbox:` or `self.mailbox.drain()`.
     The mailbox is part of the entity's state: what was delivered but not yet taken is
-    kept across snapshots.
+    kept across snapshots and carried to the next run by continue-as-new. Each payload
+    is kept with the journal entry it came from (`token`), which is what gets carried.
     """
 
     __slots__ = ("_context", "_items")
 
     def __init__(self, context: EntityContext | None = None) -> None:
-        self._items: deque[Any] | None = None  # allocated on first use: most stay empty
+        # (payload, token) pairs, allocated on first use: most mailboxes stay empty.
+        self._items: deque[tuple[Any, Any]] | None = None
         self._context = context
 
-    def put(self, item: Any) -> None:
+    def put(self, item: Any, token: Any = None) -> None:
         if self._items is None:
             self._items = deque()
-        self._items.append(item)
+        self._items.append((item, token))
         if self._context is not None:
             self._context.notify()
 
     def drain(self) -> list[Any]:
         """Take every waiting payload without waiting."""
-        items = list(self._items or ())
+        items = [item for item, _ in self._items or ()]
         self._items = None
         return items
+
+    def pending_tokens(self) -> list[Any]:
+        """The tokens of payloads not yet taken (the host carries them over)."""
+        return [token for _, token in self._items or ()]
 
     async def get(self, *, timeout: float | None = None) -> Any | None:
         """Wait for the next payload; None if `timeout` passes first."""
@@ -70,7 +83,7 @@ class Mailbox:
             if not await self._context.wait_for(lambda: self._items, timeout):
                 return None
         assert self._items is not None
-        return self._items.popleft()
+        return self._items.popleft()[0]
 
     def __len__(self) -> int:
         return len(self._items) if self._items is not None else 0

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import BaseModel
 
 from ._errors import EntityDefinitionError
-from ._policy import IdReusePolicy, SnapshotPolicy
+from ._policy import ContinueAsNewPolicy, IdReusePolicy, RetryPolicy, SnapshotPolicy
 
 __all__ = [
     "EntityDefinition",
@@ -122,6 +122,11 @@ class EntityDefinition:
     has_run: bool
     """Whether the class defines its own `run()` (the default needs no task)."""
     snapshots: SnapshotPolicy
+    continue_as_new: ContinueAsNewPolicy
+    idle_timeout: float | None
+    """Seconds without activity before the host passivates the entity (None: never)."""
+    retry: RetryPolicy = RetryPolicy()
+    """Retries of a raising signal handler before the message is dead-lettered."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
@@ -136,6 +141,27 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     if not isinstance(snapshots, SnapshotPolicy):
         raise EntityDefinitionError(
             f"{cls.__name__}.snapshots must be a SnapshotPolicy, got {snapshots!r}"
+        )
+    can_policy = getattr(cls, "continue_as_new_policy", ContinueAsNewPolicy())
+    if not isinstance(can_policy, ContinueAsNewPolicy):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.continue_as_new_policy must be a ContinueAsNewPolicy, "
+            f"got {can_policy!r}"
+        )
+    idle_timeout = getattr(cls, "idle_timeout", None)
+    if idle_timeout is not None and (
+        isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float)
+        or idle_timeout <= 0
+    ):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.idle_timeout must be a positive number of seconds or None, "
+            f"got {idle_timeout!r}"
+        )
+    retry = getattr(cls, "retry", RetryPolicy())
+    if not isinstance(retry, RetryPolicy):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.retry must be a RetryPolicy, got {retry!r} (the class "
+            "attribute `retry` is reserved for the retry policy; rename a handler called so)"
         )
     id_reuse = getattr(cls, "id_reuse", IdReusePolicy.ALLOW_DUPLICATE)
     if not isinstance(id_reuse, IdReusePolicy):
@@ -157,7 +183,9 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         raise EntityDefinitionError(f"{cls.__name__}.run must be `async def run(self)`")
     result_type = _hints(cls, run, localns).get("return")
     return EntityDefinition(
-        cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots
+        cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
+        can_policy, None if idle_timeout is None else float(idle_timeout),
+        retry=retry,
     )
 
 

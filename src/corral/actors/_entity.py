@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from ._context import EntityContext, Mailbox
 from ._definition import EntityDefinition, define_entity
-from ._policy import IdReusePolicy, SnapshotPolicy
+from ._errors import ContinueAsNew
+from ._policy import ContinueAsNewPolicy, IdReusePolicy, RetryPolicy, SnapshotPolicy
 
 __all__ = ["Entity"]
 
@@ -44,6 +46,19 @@ class Entity:
     snapshots: ClassVar[SnapshotPolicy] = SnapshotPolicy()
     """When state is snapshotted and how many snapshots are kept (see `SnapshotPolicy`)."""
 
+    continue_as_new_policy: ClassVar[ContinueAsNewPolicy] = ContinueAsNewPolicy()
+    """Thresholds for `continue_as_new_suggested` (see `ContinueAsNewPolicy`)."""
+
+    retry: ClassVar[RetryPolicy] = RetryPolicy()
+    """How often a raising signal handler is retried before its message is dead-lettered
+    (see `RetryPolicy`). Update handlers are never retried: the caller gets the error."""
+
+    idle_timeout: ClassVar[float | None] = None
+    """Seconds idle before the entity is snapshotted and evicted from memory (None: never).
+
+    Its run stays running; the next message, update, query or due timer brings it back.
+    """
+
     _corral_definition: ClassVar[EntityDefinition]
     _corral_context: EntityContext
     mailbox: Mailbox
@@ -67,6 +82,40 @@ class Entity:
         Returns True when the predicate holds, False when `timeout` seconds passed first.
         """
         return await self._corral_context.wait_for(predicate, timeout)
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep under a durable timer: a due timer reactivates a passivated or crashed entity.
+
+        After a crash or passivation, `run()` restarts from the top, so a sleep is not
+        resumed mid-way: keep deadlines in state and sleep until them.
+
+        Example:
+            async def run(self) -> None:
+                if self.reminder_at is None:
+                    self.reminder_at = time.time() + 3600
+                    await self.checkpoint()
+                await self.sleep_until(self.reminder_at)  # the remainder after a restart
+                ...
+        """
+        await self._corral_context.sleep_until(time.time() + seconds)
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until the wall-clock time `deadline` (seconds since the epoch), durably."""
+        await self._corral_context.sleep_until(deadline)
+
+    def continue_as_new(self, next_input: Any = None) -> NoReturn:
+        """Close this run and start the next one with `next_input`, in one transaction.
+
+        Call it from `run()`. The next run starts from `__init__(next_input)`; every
+        message accepted but not yet consumed (including mailbox payloads `run()` has
+        not taken) is carried over in order, and the dedupe window carries over.
+        """
+        raise ContinueAsNew(next_input)
+
+    @property
+    def continue_as_new_suggested(self) -> bool:
+        """True once this run crossed a threshold of its `continue_as_new_policy`."""
+        return self._corral_context.continue_as_new_suggested
 
     async def checkpoint(self) -> None:
         """Snapshot the state now (e.g. before an effect `run()` must not repeat).

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 __all__ = [
+    "ContinueAsNew",
     "CorralError",
+    "DeadLetterNotFoundError",
     "EntityClosedError",
     "EntityDefinitionError",
     "EntityFailedError",
@@ -106,3 +108,18 @@ class SnapshotRestoreError(CorralError):
 
     Never a silent reset: the message names the entity and the snapshot's sequence.
     """
+
+
+class ContinueAsNew(BaseException):
+    """Raised by `Entity.continue_as_new`; the host closes the run and starts the next.
+
+    A `BaseException`, so `except Exception` in user code cannot swallow it.
+    """
+
+    def __init__(self, next_input: object) -> None:
+        super().__init__("continue-as-new")
+        self.next_input = next_input
+
+
+class DeadLetterNotFoundError(CorralError, LookupError):
+    """No dead letter with that id exists for the entity (discarded, or never there)."""

@@ -5,7 +5,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["IdReusePolicy", "RunStatus", "SnapshotPolicy"]
+__all__ = [
+    "ContinueAsNewPolicy",
+    "IdReusePolicy",
+    "RetryPolicy",
+    "RunStatus",
+    "SnapshotPolicy",
+]
 
 
 class IdReusePolicy(enum.Enum):
@@ -66,3 +72,74 @@ class SnapshotPolicy:
             raise ValueError(f"SnapshotPolicy.every must be >= 1 or None, got {self.every}")
         if self.keep < 1:
             raise ValueError(f"SnapshotPolicy.keep must be >= 1, got {self.keep}")
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueAsNewPolicy:
+    """Thresholds at which `Entity.continue_as_new_suggested` becomes true.
+
+    Any one crossed is enough; None disables that threshold.
+
+    Attributes:
+        max_signals: messages received by this run.
+        max_journal_entries: entries of this run still in the journal (not yet covered
+            by a kept snapshot).
+        max_journal_bytes: payload bytes of this run's entries applied since the run's
+            host activated it (a per-activation estimate of journal growth).
+    """
+
+    max_signals: int | None = 100_000
+    max_journal_entries: int | None = 10_000
+    max_journal_bytes: int | None = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How the host retries a signal whose handler raises, before dead-lettering it.
+
+    The host calls the handler up to `max_attempts` times in all, sleeping
+    `initial_backoff * multiplier ** (n - 1)` seconds (at most `max_backoff`) after the
+    n-th failure; later messages of the entity wait, so order is kept. After the last
+    attempt the message moves to the dead-letter table with the error and traceback
+    text, counts as applied, and the entity goes on with the next message. Operators
+    list, replay or discard dead letters (`EntityRef.dead_letters`,
+    `replay_dead_letter`, `discard_dead_letter`). Update handlers are not retried:
+    their caller receives `UpdateFailedError`.
+
+    Attributes:
+        max_attempts: handler calls before the message is dead-lettered (>= 1).
+        initial_backoff: seconds to wait after the first failure.
+        max_backoff: the longest wait between two attempts.
+        multiplier: growth of the wait from one attempt to the next (>= 1).
+
+    Example:
+        class Ticket(corral.Entity):
+            retry = corral.RetryPolicy(max_attempts=5, initial_backoff=0.1)
+    """
+
+    max_attempts: int = 3
+    initial_backoff: float = 0.05
+    max_backoff: float = 5.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be an int >= 1, "
+                             f"got {self.max_attempts!r}")
+        for name in ("initial_backoff", "max_backoff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
+        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, int | float) \
+                or self.multiplier < 1:
+            raise ValueError(f"RetryPolicy.multiplier must be a number >= 1, "
+                             f"got {self.multiplier!r}")
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after the `failures`-th failed attempt (1 for the first)."""
+        try:
+            delay = self.initial_backoff * self.multiplier ** (max(failures, 1) - 1)
+        except OverflowError:
+            delay = self.max_backoff
+        return float(min(delay, self.max_backoff))

@@ -1,7 +1,15 @@
 """Durable storage behind the `Store` protocol; `SqliteStore` is the embedded default."""
 
 from ._codec import canonical_json, encode_model, payload_hash
-from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry, RunRecord, UpdateOutcome
+from ._records import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    EntryKind,
+    JournalEntry,
+    RunRecord,
+    UpdateOutcome,
+)
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import Store
 from ._writes import Fence
@@ -9,6 +17,7 @@ from ._writes import Fence
 __all__ = [
     "AcceptResult",
     "Acceptance",
+    "DeadLetter",
     "EntryKind",
     "Fence",
     "JournalEntry",

@@ -11,6 +11,7 @@ from corral.actors import IdReusePolicy, RunStatus
 __all__ = [
     "AcceptResult",
     "Acceptance",
+    "DeadLetter",
     "EntryKind",
     "JournalEntry",
     "RunRecord",
@@ -82,6 +83,8 @@ class RunRecord:
     error: str | None
     started_at: float
     closed_at: float | None
+    continued_from: int | None = None
+    first_seq: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +101,42 @@ class UpdateOutcome:
     def from_json(cls, text: str) -> UpdateOutcome:
         data = json.loads(text)
         return cls(data["result"], data["error"])
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A signal whose handler kept raising, moved out of the way after its last retry.
+
+    The entity went on with its next message; this record keeps what is needed to
+    replay the signal after a fix (`EntityRef.replay_dead_letter`) or to drop it
+    (`EntityRef.discard_dead_letter`).
+
+    Attributes:
+        id: the dead letter's id (unique in the store).
+        entity_type: the entity's type name.
+        key: the entity's key.
+        run_id: the run the signal was delivered to.
+        seq: the signal's position in the entity's journal.
+        message_id: the signal's idempotency key.
+        name: the signal handler's name.
+        payload: the payload as canonical JSON text (as accepted; never unpickled).
+        sender: the recorded (authenticated) sender, or None.
+        error: the last exception, as `Type: message`.
+        traceback: the last exception's formatted traceback.
+        attempts: how many times the handler was called.
+        failed_at: when the last attempt failed (seconds since the epoch).
+    """
+
+    id: int
+    entity_type: str
+    key: str
+    run_id: int
+    seq: int
+    message_id: str
+    name: str
+    payload: str
+    sender: str | None
+    error: str
+    traceback: str
+    attempts: int
+    failed_at: float

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS entities (
     run_id INTEGER NOT NULL,
     status TEXT NOT NULL,
     next_seq INTEGER NOT NULL,
+    passivated_seq INTEGER,  -- set while snapshotted and evicted from memory
     PRIMARY KEY (etype, key)
 ) WITHOUT ROWID;
 
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at REAL NOT NULL,
     closed_at REAL,
     continued_from INTEGER,
+    first_seq INTEGER NOT NULL,
     PRIMARY KEY (etype, key, run_id)
 ) WITHOUT ROWID;
 
@@ -100,7 +102,7 @@ CREATE TABLE IF NOT EXISTS timers (
     due_at REAL NOT NULL,
     PRIMARY KEY (etype, key, timer_id)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS timers_due ON timers (shard, due_at);
+CREATE INDEX IF NOT EXISTS timers_due ON timers (due_at);
 
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY,
@@ -117,6 +119,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     attempts INTEGER NOT NULL,
     failed_at REAL NOT NULL
 );
+-- Recovery asks which entries of a run were dead-lettered; operators list per entity.
+CREATE INDEX IF NOT EXISTS dead_letters_entity ON dead_letters (etype, key, run_id, seq);
 
 -- One row per shard: who hosts it, until when, and its fencing epoch.
 CREATE TABLE IF NOT EXISTS leases (

@@ -22,17 +22,32 @@ import aiosqlite
 
 from corral.actors import CorralError, RunStatus, StoreError
 
-from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry, RunRecord, UpdateOutcome
+from ._records import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    EntryKind,
+    JournalEntry,
+    RunRecord,
+    UpdateOutcome,
+)
 from ._schema import DDL, PRAGMAS, SCHEMA_VERSION
 from ._writes import (
+    _DEAD_LETTER_COLS,
     AcceptOp,
     AcquireLeasesOp,
+    ActivatedOp,
     CloseRunOp,
+    ContinueAsNewOp,
+    DiscardDeadLetterOp,
     Fence,
+    RecordDeadLetterOp,
     RecordUpdateOp,
     ReleaseLeasesOp,
     RenewLeasesOp,
+    ReplayDeadLetterOp,
     SnapshotOp,
+    TimerOp,
     Txn,
     WriteOp,
 )
@@ -213,9 +228,10 @@ class SqliteStore:
         op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error)
         return await self.write(op)  # type: ignore[no-any-return]
 
-    async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float
-                             ) -> dict[int, int]:
-        return await self.write(AcquireLeasesOp(owner, tuple(shards), ttl))  # type: ignore[no-any-return]
+    async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
+                             force: bool = False) -> dict[int, int]:
+        op = AcquireLeasesOp(owner, tuple(shards), ttl, force)
+        return await self.write(op)  # type: ignore[no-any-return]
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]:
         return await self.write(RenewLeasesOp(owner, tuple(held.items()), ttl))  # type: ignore[no-any-return]
@@ -224,9 +240,33 @@ class SqliteStore:
         await self.write(ReleaseLeasesOp(owner))
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
-                             applied_seq: int, state: bytes, keep: int) -> int:
-        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep)
+                             applied_seq: int, state: bytes, keep: int,
+                             passivate: bool = False) -> int:
+        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate)
         return await self.write(op)  # type: ignore[no-any-return]
+
+    async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                              applied_seq: int, next_input: str,
+                              carried: Sequence[JournalEntry]) -> int:
+        op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
+                             tuple(carried))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
+        await self.write(ActivatedOp(fence, etype, key))
+
+    async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
+                        timer_id: str, due_at: float | None) -> None:
+        await self.write(TimerOp(fence, etype, key, run_id, timer_id, due_at))
+
+    async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]:
+        """Entities of `shards` with a timer due at `now`."""
+        def q(db: sqlite3.Connection) -> list[tuple[str, str]]:
+            rows = db.execute(
+                "SELECT DISTINCT etype, key, shard FROM timers WHERE due_at<=?", (now,)
+            ).fetchall()
+            return [(r[0], r[1]) for r in rows if r[2] in shards]
+        return await self.read(q)
 
     async def latest_snapshot(self, etype: str, key: str, run_id: int
                               ) -> tuple[int, bytes] | None:
@@ -294,7 +334,8 @@ class SqliteStore:
         def q(db: sqlite3.Connection) -> tuple[RunRecord, int] | None:
             row = db.execute(
                 "SELECT e.next_seq, r.run_id, r.status, r.start_input, r.result, r.error, "
-                "r.started_at, r.closed_at FROM entities e JOIN runs r ON r.etype=e.etype "
+                "r.started_at, r.closed_at, r.continued_from, r.first_seq "
+                "FROM entities e JOIN runs r ON r.etype=e.etype "
                 "AND r.key=e.key AND r.run_id=e.run_id WHERE e.etype=? AND e.key=?",
                 (etype, key),
             ).fetchone()
@@ -306,8 +347,9 @@ class SqliteStore:
     async def runs(self, etype: str, key: str) -> list[RunRecord]:
         def q(db: sqlite3.Connection) -> list[RunRecord]:
             rows = db.execute(
-                "SELECT run_id, status, start_input, result, error, started_at, closed_at "
-                "FROM runs WHERE etype=? AND key=? ORDER BY run_id", (etype, key),
+                "SELECT run_id, status, start_input, result, error, started_at, closed_at, "
+                "continued_from, first_seq FROM runs WHERE etype=? AND key=? ORDER BY run_id",
+                (etype, key),
             ).fetchall()
             return [RunRecord(etype, key, r[0], RunStatus(r[1]), *r[2:]) for r in rows]
         return await self.read(q)
@@ -315,7 +357,8 @@ class SqliteStore:
     async def running_entities(self, shard: int) -> list[tuple[str, str]]:
         def q(db: sqlite3.Connection) -> list[tuple[str, str]]:
             rows = db.execute(
-                "SELECT etype, key FROM entities WHERE shard=? AND status='running'", (shard,)
+                "SELECT etype, key FROM entities WHERE shard=? AND status='running' AND "
+                "(passivated_seq IS NULL OR next_seq-1 > passivated_seq)", (shard,)
             ).fetchall()
             return [(r[0], r[1]) for r in rows]
         return await self.read(q)
@@ -330,6 +373,47 @@ class SqliteStore:
             if row is None or row[0] is None:
                 return None
             return UpdateOutcome.from_json(row[0])
+        return await self.read(q)
+
+    # -- dead letters -----------------------------------------------------------------
+
+    async def record_dead_letter(self, fence: Fence, entry: JournalEntry, *, error: str,
+                                 traceback: str, attempts: int, failed_at: float) -> int:
+        op = RecordDeadLetterOp(fence, entry.entity_type, entry.key, entry.run_id, entry.seq,
+                                entry.message_id, entry.name, entry.payload, entry.sender,
+                                error, traceback, attempts, failed_at)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
+                                 *, accepted_at: float) -> AcceptResult:
+        op = ReplayDeadLetterOp(etype, key, shard, dead_letter_id, accepted_at)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        return await self.write(DiscardDeadLetterOp(etype, key, dead_letter_id))  # type: ignore[no-any-return]
+
+    async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
+                           limit: int = 100) -> list[DeadLetter]:
+        """Dead letters, oldest first, optionally of one entity type and/or key."""
+        def q(db: sqlite3.Connection) -> list[DeadLetter]:
+            where = " AND ".join(c for c, v in (("etype=?", etype), ("key=?", key))
+                                 if v is not None)
+            args = [v for v in (etype, key) if v is not None]
+            rows = db.execute(
+                f"SELECT id, {_DEAD_LETTER_COLS} FROM dead_letters "
+                f"{'WHERE ' + where if where else ''} ORDER BY id LIMIT ?", (*args, limit),
+            ).fetchall()
+            return [DeadLetter(*r) for r in rows]
+        return await self.read(q)
+
+    async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
+        """The journal seqs of the run that have a dead letter."""
+        def q(db: sqlite3.Connection) -> frozenset[int]:
+            rows = db.execute(
+                "SELECT seq FROM dead_letters WHERE etype=? AND key=? AND run_id=?",
+                (etype, key, run_id),
+            ).fetchall()
+            return frozenset(int(r[0]) for r in rows)
         return await self.read(q)
 
     # -- lifecycle ------------------------------------------------------------------

@@ -7,7 +7,14 @@ from typing import Protocol
 
 from corral.actors import RunStatus
 
-from ._records import Acceptance, AcceptResult, JournalEntry, RunRecord, UpdateOutcome
+from ._records import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    JournalEntry,
+    RunRecord,
+    UpdateOutcome,
+)
 from ._writes import Fence
 
 __all__ = ["Store"]
@@ -40,18 +47,37 @@ class Store(Protocol):
         """Close the run unless messages after `applied_seq` exist (then return False)."""
         ...
 
-    async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float
-                             ) -> dict[int, int]: ...
+    async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
+                             force: bool = False) -> dict[int, int]:
+        """Take the free or expired `shards` (all of them with `force`); {shard: epoch}."""
+        ...
+
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]: ...
     async def release_leases(self, owner: str) -> None: ...
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
-                             applied_seq: int, state: bytes, keep: int) -> int:
+                             applied_seq: int, state: bytes, keep: int,
+                             passivate: bool = False) -> int:
         """Store a snapshot, keep the newest `keep`, delete the journal they cover.
 
-        Returns the number of journal entries deleted.
+        With `passivate`, also mark the entity as evicted from memory (in the same
+        transaction). Returns the journal floor: entries up to it were deleted.
         """
         ...
+
+    async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                              applied_seq: int, next_input: str,
+                              carried: Sequence[JournalEntry]) -> int:
+        """Close run `run_id` as continued and open the next in one transaction.
+
+        Returns the new run id; raises `EntityNotRunningError` if the run closed first.
+        """
+        ...
+
+    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None: ...
+    async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
+                        timer_id: str, due_at: float | None) -> None: ...
+    async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]: ...
 
     async def latest_snapshot(self, etype: str, key: str, run_id: int
                               ) -> tuple[int, bytes] | None: ...
@@ -67,4 +93,31 @@ class Store(Protocol):
     async def update_outcome(self, etype: str, key: str, message_id: str
                              ) -> UpdateOutcome | None: ...
     async def foreign_commit_seen(self) -> bool: ...
+
+    async def record_dead_letter(self, fence: Fence, entry: JournalEntry, *, error: str,
+                                 traceback: str, attempts: int, failed_at: float) -> int:
+        """Record a signal whose handler kept raising (fenced; idempotent per run and seq).
+
+        Returns the dead letter's id.
+        """
+        ...
+
+    async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
+                                 *, accepted_at: float) -> AcceptResult:
+        """Accept the dead letter's payload again as a new signal of the running run
+        (message id `replay:<id>:<original id>`) and delete the dead letter, in one
+        transaction. A replay retried after it succeeded is answered as a duplicate.
+
+        Raises `DeadLetterNotFoundError`, `EntityNotRunningError` or `StoreError`.
+        """
+        ...
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        """Delete a dead letter; whether it existed."""
+        ...
+
+    async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
+                           limit: int = 100) -> list[DeadLetter]: ...
+    async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]: ...
+
     async def close(self) -> None: ...

@@ -12,26 +12,36 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from corral.actors import (
+    DeadLetterNotFoundError,
     EntityClosedError,
     EntityNotRunningError,
     IdempotencyConflictError,
+    IdReusePolicy,
     LeaseLostError,
     RunStatus,
 )
 
+from ._codec import payload_hash
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 
 __all__ = [
     "AcceptOp",
     "AcquireLeasesOp",
+    "ActivatedOp",
     "CloseRunOp",
+    "ContinueAsNewOp",
+    "DiscardDeadLetterOp",
     "Fence",
+    "RecordDeadLetterOp",
     "RecordUpdateOp",
     "ReleaseLeasesOp",
     "RenewLeasesOp",
+    "ReplayDeadLetterOp",
     "SnapshotOp",
+    "TimerOp",
     "Txn",
     "WriteOp",
+    "replay_message_id",
 ]
 
 
@@ -134,9 +144,9 @@ class AcceptOp:
             run_id = 1 if row is None else row.run_id + 1
             next_seq = 1 if row is None else row.next_seq
             db.execute(
-                "INSERT INTO runs (etype, key, run_id, status, start_input, started_at) "
-                "VALUES (?, ?, ?, 'running', ?, ?)",
-                (a.entity_type, a.key, run_id, a.start, a.accepted_at),
+                "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "
+                "first_seq) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                (a.entity_type, a.key, run_id, a.start, a.accepted_at, next_seq),
             )
             row = _EntityRow(a.shard, run_id, RunStatus.RUNNING, next_seq)
             started = True
@@ -243,12 +253,15 @@ class AcquireLeasesOp:
     """Take every listed shard whose lease is free, expired or already ours.
 
     Taking a shard from someone else (or afresh) bumps its epoch: the fencing token
-    that makes the previous holder's writes fail.
+    that makes the previous holder's writes fail. With `force`, every listed shard is
+    taken at a new epoch even if its lease is live: a restarted Ray shard actor (whose
+    name maps to exactly one live incarnation) fences out its predecessor at once.
     """
 
     owner: str
     shards: tuple[int, ...]
     ttl: float
+    force: bool = False
 
     def apply(self, txn: Txn) -> dict[int, int]:
         now = time.time()
@@ -257,9 +270,9 @@ class AcquireLeasesOp:
             row = txn.db.execute(
                 "SELECT owner, epoch, expires_at FROM leases WHERE shard=?", (shard,)
             ).fetchone()
-            if row is not None and row[0] == self.owner:
+            if row is not None and row[0] == self.owner and not self.force:
                 epoch = row[1]
-            elif row is None or row[2] < now:
+            elif row is None or row[2] < now or self.force:
                 epoch = (row[1] if row else 0) + 1
             else:
                 continue
@@ -317,8 +330,10 @@ class SnapshotOp:
     applied_seq: int
     state: bytes
     keep: int
+    passivate: bool = False
 
     def apply(self, txn: Txn) -> int:
+        """Returns the journal floor: entries up to it are covered and deleted."""
         txn.check(self.fence)
         db, ident = txn.db, (self.entity_type, self.key)
         db.execute(
@@ -334,6 +349,231 @@ class SnapshotOp:
         oldest = kept[-1][0]
         db.execute("DELETE FROM snapshots WHERE etype=? AND key=? AND applied_seq<?",
                    (*ident, oldest))
-        cur = db.execute("DELETE FROM journal WHERE etype=? AND key=? AND seq<=?",
-                         (*ident, oldest))
-        return cur.rowcount
+        db.execute("DELETE FROM journal WHERE etype=? AND key=? AND seq<=?", (*ident, oldest))
+        if self.passivate:
+            db.execute("UPDATE entities SET passivated_seq=? WHERE etype=? AND key=?",
+                       (self.applied_seq, *ident))
+        return int(oldest)
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueAsNewOp:
+    """Close run N as `continued` and open run N+1, carrying unconsumed messages.
+
+    Carried: every entry after `applied_seq` (accepted, not yet applied) and the
+    entries behind mailbox payloads `run()` has not taken (`carried`, re-inserted if a
+    snapshot already truncated them). Everything else of run N leaves the journal.
+    """
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    applied_seq: int
+    next_input: str
+    carried: tuple[JournalEntry, ...]
+
+    def apply(self, txn: Txn) -> int:
+        txn.check(self.fence)
+        db, ident = txn.db, (self.entity_type, self.key)
+        row = txn.entity(*ident)
+        if row is None or row.run_id != self.run_id or row.status is not RunStatus.RUNNING:
+            raise EntityNotRunningError(
+                f"{self.entity_type} {self.key!r}: run {self.run_id} is no longer running"
+            )
+        new, now = self.run_id + 1, time.time()
+        db.execute("UPDATE runs SET status='continued', closed_at=? "
+                   "WHERE etype=? AND key=? AND run_id=?", (now, *ident, self.run_id))
+        db.executemany(
+            "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "
+            "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (etype, key, seq) DO UPDATE SET run_id=excluded.run_id",
+            [(*ident, e.seq, new, self.fence.shard, e.kind.value, e.name, e.message_id,
+              e.payload, e.sender, e.accepted_at) for e in self.carried],
+        )
+        db.execute("UPDATE journal SET run_id=? WHERE etype=? AND key=? AND run_id=? AND seq>?",
+                   (new, *ident, self.run_id, self.applied_seq))
+        db.execute("DELETE FROM journal WHERE etype=? AND key=? AND run_id=?",
+                   (*ident, self.run_id))
+        db.execute("DELETE FROM snapshots WHERE etype=? AND key=?", ident)
+        db.execute("DELETE FROM timers WHERE etype=? AND key=?", ident)
+        db.execute("UPDATE entities SET passivated_seq=NULL WHERE etype=? AND key=?", ident)
+        first = self.applied_seq + 1  # carried entries do not count as this run's intake
+        db.execute(
+            "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "
+            "continued_from, first_seq) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)",
+            (*ident, new, self.next_input, now, self.run_id, first),
+        )
+        row.run_id = new
+        txn.put_entity(*ident, row)
+        return new
+
+
+@dataclass(frozen=True, slots=True)
+class ActivatedOp:
+    """An entity came back into memory: it is resident again and its old timers served."""
+
+    fence: Fence
+    entity_type: str
+    key: str
+
+    def apply(self, txn: Txn) -> None:
+        txn.check(self.fence)
+        ident = (self.entity_type, self.key)
+        txn.db.execute("UPDATE entities SET passivated_seq=NULL WHERE etype=? AND key=? "
+                       "AND passivated_seq IS NOT NULL", ident)
+        txn.db.execute("DELETE FROM timers WHERE etype=? AND key=?", ident)
+
+
+@dataclass(frozen=True, slots=True)
+class TimerOp:
+    """Set (`due_at` given) or clear (`due_at` None) one durable timer."""
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    timer_id: str
+    due_at: float | None
+
+    def apply(self, txn: Txn) -> None:
+        txn.check(self.fence)
+        if self.due_at is None:
+            txn.db.execute("DELETE FROM timers WHERE etype=? AND key=? AND timer_id=?",
+                           (self.entity_type, self.key, self.timer_id))
+        else:
+            txn.db.execute(
+                "INSERT OR REPLACE INTO timers (etype, key, run_id, timer_id, shard, due_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (self.entity_type, self.key, self.run_id, self.timer_id, self.fence.shard,
+                 self.due_at),
+            )
+
+
+_DEAD_LETTER_COLS = ("etype, key, run_id, seq, message_id, name, payload, sender, error, "
+                     "traceback, attempts, failed_at")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDeadLetterOp:
+    """Move a signal whose handler kept raising to the dead letters (fenced).
+
+    Idempotent per journal entry: a second record for the same run and seq returns the
+    first row's id. Returns the dead letter's id.
+    """
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    seq: int
+    message_id: str
+    name: str
+    payload: str
+    sender: str | None
+    error: str
+    traceback: str
+    attempts: int
+    failed_at: float
+
+    def apply(self, txn: Txn) -> int:
+        txn.check(self.fence)
+        found = txn.db.execute(
+            "SELECT id FROM dead_letters WHERE etype=? AND key=? AND run_id=? AND seq=?",
+            (self.entity_type, self.key, self.run_id, self.seq),
+        ).fetchone()
+        if found is not None:
+            return int(found[0])
+        cur = txn.db.execute(
+            f"INSERT INTO dead_letters ({_DEAD_LETTER_COLS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (self.entity_type, self.key, self.run_id, self.seq, self.message_id, self.name,
+             self.payload, self.sender, self.error, self.traceback, self.attempts,
+             self.failed_at),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+
+def replay_message_id(dead_letter_id: int, message_id: str) -> str:
+    """The message id of a dead letter's replay: a retried replay is a duplicate."""
+    return f"replay:{dead_letter_id}:{message_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayDeadLetterOp:
+    """Accept a dead letter's payload again as a new signal of the running run, and delete
+    the dead letter, in one transaction (open to any process, like `AcceptOp`).
+
+    The new entry's message id is `replay_message_id(id, original id)`, so retrying a
+    replay whose answer was lost is answered `duplicate` (found through the dedupe
+    window once the dead letter is gone). The recorded sender stays the original one:
+    the payload is still that sender's message.
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    dead_letter_id: int
+    accepted_at: float
+
+    def apply(self, txn: Txn) -> AcceptResult:
+        db, ident = txn.db, (self.entity_type, self.key)
+        row = db.execute(
+            "SELECT message_id, name, payload, sender FROM dead_letters "
+            "WHERE id=? AND etype=? AND key=?", (self.dead_letter_id, *ident),
+        ).fetchone()
+        if row is None:
+            return self._replayed_before(txn)
+        message_id, name, payload, sender = row
+        acc = Acceptance(
+            self.entity_type, self.key, self.shard, EntryKind.SIGNAL, name,
+            replay_message_id(self.dead_letter_id, message_id), payload,
+            payload_hash(name, payload), sender, None, IdReusePolicy.ALLOW_DUPLICATE,
+            self.accepted_at,
+        )
+        try:
+            result = AcceptOp(acc).apply(txn)  # refuses before writing anything
+        except EntityNotRunningError as err:
+            raise EntityNotRunningError(
+                f"cannot replay dead letter {self.dead_letter_id}: {self.entity_type} "
+                f"{self.key!r} is not running ({err})"
+            ) from err
+        db.execute("DELETE FROM dead_letters WHERE id=?", (self.dead_letter_id,))
+        return result
+
+    def _replayed_before(self, txn: Txn) -> AcceptResult:
+        prefix = replay_message_id(self.dead_letter_id, "")
+        ident = (self.entity_type, self.key)
+        seen = txn.db.execute(  # a range scan of the dedupe key: ids starting with prefix
+            "SELECT message_id, seq, run_id, sender, accepted_at FROM dedupe "
+            "WHERE etype=? AND key=? AND message_id>=? AND message_id<? LIMIT 1",
+            (*ident, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)),
+        ).fetchone()
+        if seen is None:
+            raise DeadLetterNotFoundError(
+                f"{self.entity_type} {self.key!r} has no dead letter {self.dead_letter_id}"
+            )
+        message_id, seq, run_id, sender, accepted_at = seen
+        stored = txn.db.execute(
+            "SELECT name, payload FROM journal WHERE etype=? AND key=? AND seq=?", (*ident, seq)
+        ).fetchone()
+        # The entry may be covered by a snapshot by now; only run_id and seq matter then.
+        name, payload = stored if stored is not None else ("", "null")
+        entry = JournalEntry(self.entity_type, self.key, seq, run_id, EntryKind.SIGNAL, name,
+                             message_id, payload, sender, accepted_at)
+        return AcceptResult(duplicate=True, started=False, entry=entry)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardDeadLetterOp:
+    """Delete a dead letter; returns whether it existed."""
+
+    entity_type: str
+    key: str
+    dead_letter_id: int
+
+    def apply(self, txn: Txn) -> bool:
+        cur = txn.db.execute("DELETE FROM dead_letters WHERE id=? AND etype=? AND key=?",
+                             (self.dead_letter_id, self.entity_type, self.key))
+        return cur.rowcount == 1

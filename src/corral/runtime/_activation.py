@@ -15,15 +15,25 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from corral.actors import Entity, EntityDefinition, EntityTerminatedError, LeaseLostError, RunStatus
+from corral.actors import (
+    ContinueAsNew,
+    Entity,
+    EntityDefinition,
+    EntityNotRunningError,
+    EntityTerminatedError,
+    InvalidPayloadError,
+    LeaseLostError,
+    RunStatus,
+)
 from corral.persistence import EntryKind, JournalEntry
 
-from ._apply import apply_entry, instantiate
+from ._apply import apply_entry, encode_start, instantiate
 from ._results import decode_value, encode_value
 from ._snapshot import capture, restore
 
@@ -45,21 +55,10 @@ class Activation:
     """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`."""
 
     __slots__ = (
-        "_changed",
-        "_evicted",
-        "_inbox",
-        "_key",
-        "_run_id",
-        "_run_task",
-        "_shard",
-        "_snapshot_seq",
-        "_state",
-        "_state_waiters",
-        "_worker",
-        "applied_seq",
-        "closed",
-        "definition",
-        "entity",
+        "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
+        "_last_active", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
+        "_state_waiters", "_switching", "_timers", "_waiting", "_worker", "applied_seq",
+        "closed", "definition", "entity",
     )
 
     def __init__(self, shard: Shard, definition: EntityDefinition, key: str,
@@ -74,6 +73,13 @@ class Activation:
         self.entity: Entity | None = None
         self.closed = False
         self._evicted = False
+        self._switching = False  # continue-as-new in progress: apply nothing more
+        self._first_seq = 1  # this run's first journal seq
+        self._floor = 0  # journal entries up to here are covered by kept snapshots
+        self._bytes = 0  # payload bytes applied by this activation
+        self._timers = 0
+        self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
+        self._last_active = time.monotonic()
         self._state = _State.LOADING
         self._inbox: deque[JournalEntry] | None = None
         self._changed: asyncio.Event | None = None
@@ -98,20 +104,56 @@ class Activation:
         return self._run_id
 
     async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+        if predicate():
+            return True
+        if timeout is None:
+            return await self._wait(predicate, None)
+        return await self._timed(predicate, time.time() + timeout)
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self._timed(lambda: False, deadline)
+
+    async def _timed(self, predicate: Callable[[], object], deadline: float) -> bool:
+        """Wait under a durable timer: if this activation dies (crash, passivation),
+        the timer row stays and reactivates the entity when it is due."""
+        self._timers += 1
+        timer_id = f"{self._run_id}.{self.applied_seq}.{self._timers}"
+        store, fence = self._shard.store, self._shard.fence
+        await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id,
+                              deadline)
+        result = await self._wait(predicate, max(0.0, deadline - time.time()))
+        await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id, None)
+        return result
+
+    async def _wait(self, predicate: Callable[[], object], timeout: float | None) -> bool:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while not predicate():
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            changed = self._changed
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
-                return bool(predicate())
-        return True
+        self._waiting += 1
+        try:
+            while not predicate():
+                if self._changed is None:
+                    self._changed = asyncio.Event()
+                changed = self._changed
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(changed.wait(), remaining)
+                except TimeoutError:
+                    return bool(predicate())
+            return True
+        finally:
+            self._waiting -= 1
+
+    @property
+    def continue_as_new_suggested(self) -> bool:
+        p = self.definition.continue_as_new
+        signals = self.applied_seq - self._first_seq + 1
+        entries = self.applied_seq - max(self._first_seq - 1, self._floor)
+        return any(limit is not None and value >= limit for value, limit in (
+            (signals, p.max_signals), (entries, p.max_journal_entries),
+            (self._bytes, p.max_journal_bytes),
+        ))
 
     def notify(self) -> None:
         if self._changed is not None:
@@ -186,6 +228,7 @@ class Activation:
                 await previous.wait_finished()
             if fresh is not None:
                 self._run_id = fresh.run_id
+                self._first_seq = fresh.seq
                 self.applied_seq = self._snapshot_seq = fresh.seq - 1
                 self.entity = instantiate(self.definition, start_input, self)
                 self.deliver(fresh)
@@ -197,13 +240,14 @@ class Activation:
                 self._finish()  # closed or terminated before we got here
                 return
             run = found[0]
-            self._run_id = run.run_id
-            snapshot = await self._shard.store.latest_snapshot(self.entity_type, self.key,
-                                                               run.run_id)
+            self._run_id, self._first_seq = run.run_id, run.first_seq
+            store = self._shard.store
+            await store.mark_activated(self._shard.fence, self.entity_type, self.key)
+            snapshot = await store.latest_snapshot(self.entity_type, self.key, run.run_id)
             if snapshot is None:
                 self.entity = instantiate(self.definition, run.start_input, self)
             else:
-                self.applied_seq = self._snapshot_seq = snapshot[0]
+                self.applied_seq = self._snapshot_seq = self._floor = snapshot[0]
                 self.entity = restore(self.definition, self.key, snapshot[0], snapshot[1], self)
             await self._replay()
             await self._serve()
@@ -241,7 +285,7 @@ class Activation:
 
     async def _drain(self) -> None:
         inbox = self._inbox
-        while inbox and not self.closed:
+        while inbox and not self.closed and not self._switching:
             entry = inbox.popleft()
             if entry.run_id > self._run_id:
                 self._shard.deliver_to_successor(self, entry)
@@ -251,7 +295,7 @@ class Activation:
                 await self._replay()  # fill the gap from the store, in order
             else:
                 await self._apply(entry, replaying=False)
-        if not inbox:
+        if not inbox and not self._switching:
             self._inbox = None  # most entities sit idle: keep nothing for them
         if self.closed:
             self._finish()
@@ -264,6 +308,8 @@ class Activation:
         assert self.entity is not None
         outcome = await apply_entry(self.definition, self.entity, entry)
         self.applied_seq = entry.seq
+        self._bytes += len(entry.payload)
+        self._last_active = time.monotonic()
         self.notify()
         if outcome is not None:
             await self._shard.record_update(self, entry, outcome, replaying=replaying)
@@ -271,7 +317,7 @@ class Activation:
         if every is not None and self.applied_seq - self._snapshot_seq >= every:
             await self.checkpoint()
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, *, passivate: bool = False) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
 
         Writes even when no message was applied since the last snapshot: `run()` calls
@@ -280,11 +326,46 @@ class Activation:
         """
         assert self.entity is not None
         seq = self.applied_seq
-        await self._shard.store.write_snapshot(
+        self._floor = await self._shard.store.write_snapshot(
             self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
             state=capture(self.entity), keep=self.definition.snapshots.keep,
+            passivate=passivate,
         )
         self._snapshot_seq = max(self._snapshot_seq, seq)
+
+    @property
+    def idle_for(self) -> float:
+        """Seconds since the last applied message or query; 0 while busy.
+
+        Busy means: applying entries, or `run()` doing work rather than waiting.
+        """
+        if self._state is not _State.READY or self._worker is not None or self._switching:
+            return 0.0
+        if self._run_task is not None and not self._run_task.done() and not self._waiting:
+            return 0.0
+        return time.monotonic() - self._last_active
+
+    def touch(self) -> None:
+        self._last_active = time.monotonic()
+
+    async def passivate(self) -> None:
+        """Snapshot, mark passivated and evict; the run stays running in the store.
+
+        Entries arriving meanwhile wait in the inbox and go to the next activation.
+        """
+        self._switching = True
+        try:
+            await self.checkpoint(passivate=True)
+        except Exception:
+            self._switching = False
+            log.exception("%s %r: passivation failed; staying resident", self.entity_type,
+                          self.key)
+            if self._inbox and self._worker is None:
+                self._worker = asyncio.create_task(self._work(self._drain()))
+            return
+        if self._run_task is not None:
+            self._run_task.cancel()  # its durable timers stay and will bring it back
+        self._finish(forward_all=True)
 
     async def _run_main(self) -> None:
         assert self.entity is not None
@@ -296,6 +377,9 @@ class Activation:
             result = encode_value(value)
         except asyncio.CancelledError:
             raise
+        except ContinueAsNew as can:
+            await self._continue(can.next_input)
+            return
         except Exception:
             status = RunStatus.FAILED
             error = traceback.format_exc()
@@ -326,6 +410,33 @@ class Activation:
         if self._worker is None:
             self._finish()
 
+    async def _continue(self, next_input: object) -> None:
+        """Continue-as-new: stop applying, then close this run and open the next in one
+        transaction that carries every unconsumed message; the next run is loaded anew."""
+        try:
+            text = encode_start(self.definition, next_input)
+        except InvalidPayloadError as err:
+            await self._close(RunStatus.FAILED, None, f"continue_as_new: {err}")
+            return
+        self._switching = True
+        worker = self._worker
+        if worker is not None and worker is not asyncio.current_task():
+            await asyncio.wait([worker])  # it stops after the entry it is applying
+        assert self.entity is not None
+        carried = [t for t in self.entity.mailbox.pending_tokens() if isinstance(t, JournalEntry)]
+        try:
+            await self._shard.store.continue_as_new(
+                self._shard.fence, self.entity_type, self.key, self._run_id,
+                applied_seq=self.applied_seq, next_input=text, carried=carried,
+            )
+        except (EntityNotRunningError, LeaseLostError) as err:
+            log.warning("%s %r: continue-as-new not done: %s", self.entity_type, self.key, err)
+            self._finish()
+            return
+        self.closed = True
+        self._finish()
+        self._shard.activate(self.entity_type, self.key)
+
     async def wait_applied(self, seq: int) -> None:
         """Wait until every entry up to `seq` is applied (or the run closed)."""
         await self.wait_for(
@@ -339,7 +450,7 @@ class Activation:
         self._shard.fail_waiters(self, EntityTerminatedError(
             f"{self.entity_type} {self.key!r} terminated: {decode_value(reason, str)}"))
 
-    def _finish(self) -> None:
+    def _finish(self, *, forward_all: bool = False) -> None:
         if self._state is _State.FINISHED:
             return
         if self._run_task is not None and self._run_task is not asyncio.current_task():
@@ -348,6 +459,6 @@ class Activation:
         self._shard.forget(self)
         if not self._evicted and self._inbox:  # entries of a newer run go to its activation
             for entry in self._inbox:
-                if entry.run_id > self._run_id:
+                if forward_all or entry.run_id > self._run_id:
                     self._shard.deliver(entry)
         self._inbox = None

@@ -11,12 +11,20 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from corral.actors import Entity, EntityContext, EntityDefinition, HandlerKind, Mailbox
-from corral.persistence import JournalEntry, UpdateOutcome
+from corral.actors import (
+    ContinueAsNew,
+    Entity,
+    EntityContext,
+    EntityDefinition,
+    HandlerKind,
+    InvalidPayloadError,
+    Mailbox,
+)
+from corral.persistence import JournalEntry, UpdateOutcome, encode_model
 
 from ._results import encode_value
 
-__all__ = ["ReplicaContext", "apply_entry", "instantiate", "run_query"]
+__all__ = ["ReplicaContext", "apply_entry", "encode_start", "instantiate", "run_query"]
 
 log = logging.getLogger("corral.apply")
 
@@ -35,6 +43,17 @@ def instantiate(definition: EntityDefinition, start_input: str | None,
     return entity
 
 
+def encode_start(definition: EntityDefinition, value: object) -> str:
+    """Canonical JSON of a start input (as the boundary encodes it, without a size limit:
+    the runtime itself is the sender)."""
+    if definition.start_type is None:
+        if value is not None:
+            raise InvalidPayloadError(f"{definition.name}.__init__ takes no start input")
+        return "null"
+    return encode_model(definition.start_type, value, max_bytes=2**62,
+                        what=f"{definition.name} start input")
+
+
 async def apply_entry(definition: EntityDefinition, entity: Entity, entry: JournalEntry
                       ) -> UpdateOutcome | None:
     """Apply a signal or update entry; return the outcome for updates.
@@ -51,12 +70,16 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
         handler.input_type.model_validate_json(entry.payload),)
     try:
         if handler.fn is None:
-            entity.mailbox.put(arg[0] if arg else None)
+            entity.mailbox.put(arg[0] if arg else None, entry)
             result = None
         else:
             result = handler.fn(entity, *arg)
             if handler.is_async:
                 result = await result
+    except ContinueAsNew:
+        log.error("%s %r: continue_as_new() called in handler %r (seq %d); call it from "
+                  "run(). Ignored.", definition.name, entity.key, entry.name, entry.seq)
+        return None
     except Exception as err:
         if handler.kind is HandlerKind.UPDATE:
             return UpdateOutcome(None, f"{type(err).__name__}: {err}")
@@ -100,6 +123,13 @@ class ReplicaContext:
 
     async def checkpoint(self) -> None:
         raise RuntimeError("a read-only replica cannot snapshot")
+
+    async def sleep_until(self, deadline: float) -> None:
+        raise RuntimeError("a read-only replica cannot sleep")
+
+    @property
+    def continue_as_new_suggested(self) -> bool:
+        return False
 
     def notify(self) -> None:
         pass

@@ -45,8 +45,10 @@ class Backend(Protocol):
         """Wait until the update `message_id` is applied; its recorded outcome."""
         ...
 
-    async def query(self, etype: str, key: str, name: str, payload: str | None) -> str:
-        """Run a query handler; JSON of its result."""
+    async def query(self, etype: str, key: str, name: str, payload: str | None, *,
+                    activate: bool = False) -> str:
+        """Run a query handler; JSON of its result. `activate` brings a passivated
+        entity back into memory instead of answering from its latest snapshot."""
         ...
 
     async def describe(self, etype: str, key: str) -> EntityDescription: ...
@@ -101,14 +103,18 @@ class LocalBackend:
             if local is not None:
                 local.cancel()
 
-    async def query(self, etype: str, key: str, name: str, payload: str | None) -> str:
+    async def query(self, etype: str, key: str, name: str, payload: str | None, *,
+                    activate: bool = False) -> str:
         """Answered by the live activation when this process hosts the entity, once
         everything accepted before the query is applied (read-your-writes); otherwise
         by a read-only replica rebuilt from the store (latest snapshot + journal)."""
         definition = self._definitions[etype]
         shard = self._shard(etype, key)
         act = shard.get(etype, key) if shard else None
+        if act is None and activate and shard is not None:
+            act = shard.activate(etype, key)
         if act is not None:
+            act.touch()
             found = await self.store.latest_run(etype, key)
             await act.wait_settled()
             if found is not None and act.is_ready:
@@ -144,7 +150,8 @@ class LocalBackend:
         shard = self._shard(etype, key)
         act = shard.get(etype, key) if shard else None
         live = act if act is not None and act.is_ready and act.run_id == run.run_id else None
-        runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error)
+        runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error,
+                                r.continued_from)
                      for r in await self.store.runs(etype, key))
         return EntityDescription(
             etype, key, self._shard_of(etype, key), run.status, run.run_id, next_seq - 1,

@@ -155,20 +155,23 @@ class EntityRef(Generic[E]):
 
     # -- reads ---------------------------------------------------------------------------
 
-    async def query(self, handler: Any, payload: Any = None, *, sender: str | None = None) -> Any:
+    async def query(self, handler: Any, payload: Any = None, *, sender: str | None = None,
+                    activate: bool = False) -> Any:
         """Read state through a query handler.
 
         Answered by the live activation once everything accepted before the query is
-        applied (read-your-writes). Where no activation is reachable (another process
-        hosts it, or the run closed) a read-only replica is rebuilt from the latest
-        snapshot and the journal: state that only `run()` changed since that snapshot
-        is not visible there.
+        applied (read-your-writes). Where no activation is in memory (passivated,
+        hosted by another process, or closed) a read-only replica is rebuilt from the
+        latest snapshot and the journal after it, without activating the entity; state
+        that only `run()` changed since that snapshot is not visible there. Pass
+        `activate=True` to bring a passivated entity back and answer from live state.
         """
         b = self._rt.boundary
         h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
         text = b.payload(h, payload) if h.input_type is not None else None
         await b.sender(sender, self.definition, self.key, "query", h.name)
-        text = await self._rt.backend.query(self.definition.name, self.key, h.name, text)
+        text = await self._rt.backend.query(self.definition.name, self.key, h.name, text,
+                                            activate=activate)
         return decode_value(text, h.output_type)
 
     async def describe(self) -> EntityDescription:

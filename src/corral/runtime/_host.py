@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from corral.actors import EntityDefinition, StoreError
 from corral.persistence import Fence, Store
@@ -31,23 +32,31 @@ class LocalHost:
 
     def __init__(self, store: Store, router: Router,
                  definitions: Mapping[str, EntityDefinition], *, lease_ttl: float,
-                 poll_interval: float) -> None:
+                 poll_interval: float, timer_interval: float = 0.25,
+                 indices: Sequence[int] | None = None, takeover: bool = False) -> None:
+        """`indices`: the shards this host may hold (default: all of `router.shards`).
+        `takeover`: take them at start even if another holder's lease is live (a new
+        epoch fences it out); a restarted Ray shard actor starts this way."""
         self.store = store
         self.router = router
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._definitions = definitions
         self._ttl = lease_ttl
         self._poll_interval = poll_interval
+        self._timer_interval = timer_interval
+        self._indices = tuple(range(router.shards) if indices is None else indices)
+        self._takeover = takeover
         self.shards: dict[int, Shard] = {}
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self._cursor = await self.store.journal_end()
-        await self._acquire()
+        await self._acquire(force=self._takeover)
         self._tasks = [
             asyncio.create_task(self._keep_leases(), name="corral-leases"),
             asyncio.create_task(self._tail_journal(), name="corral-tail"),
+            asyncio.create_task(self._housekeep(), name="corral-housekeeping"),
         ]
 
     def shard(self, index: int) -> Shard | None:
@@ -64,11 +73,11 @@ class LocalHost:
         with contextlib.suppress(StoreError):
             await self.store.release_leases(self.owner)
 
-    async def _acquire(self) -> None:
-        free = [i for i in range(self.router.shards) if i not in self.shards]
+    async def _acquire(self, *, force: bool = False) -> None:
+        free = [i for i in self._indices if i not in self.shards]
         if not free:
             return
-        taken = await self.store.acquire_leases(self.owner, free, self._ttl)
+        taken = await self.store.acquire_leases(self.owner, free, self._ttl, force=force)
         for index, epoch in sorted(taken.items()):
             shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions)
             self.shards[index] = shard
@@ -88,6 +97,28 @@ class LocalHost:
                 await self._acquire()
             except StoreError:
                 log.exception("host %s: lease renewal failed; retrying", self.owner)
+
+    async def _housekeep(self) -> None:
+        """Fire due durable timers of entities not in memory; passivate idle ones."""
+        idle_timeouts = [d.idle_timeout for d in self._definitions.values() if d.idle_timeout]
+        # Sweeping visits every resident entity: do it a few times per shortest timeout.
+        sweep_every = min(max(min(idle_timeouts) / 4, 0.05), 5.0) if idle_timeouts else None
+        next_sweep = time.monotonic()
+        while True:
+            await asyncio.sleep(min(self._timer_interval, sweep_every or self._timer_interval))
+            try:
+                due = await self.store.due_timers(frozenset(self.shards), time.time())
+                for etype, key in due:
+                    shard = self.shards.get(self.router.shard_of(etype, key))
+                    if shard is not None and etype in self._definitions \
+                            and shard.get(etype, key) is None:
+                        shard.activate(etype, key)
+                if sweep_every is not None and time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + sweep_every
+                    for shard in list(self.shards.values()):
+                        await shard.passivate_idle()
+            except StoreError:
+                log.exception("host %s: housekeeping failed; retrying", self.owner)
 
     async def _tail_journal(self) -> None:
         """Deliver entries other processes accepted for our shards (pickup latency ~ interval)."""

@@ -43,6 +43,7 @@ class RunSummary:
     started_at: float
     closed_at: float | None
     error: str | None
+    continued_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,19 @@ class Shard:
             self._activations[ident] = act
         return act
 
+    def activate(self, etype: str, key: str) -> Activation:
+        """Bring the entity into memory (a due timer, the next run after continue-as-new)."""
+        return self._get_or_create(etype, key)
+
+    async def passivate_idle(self) -> int:
+        """Passivate every activation idle for longer than its type's `idle_timeout`."""
+        idle = [a for a in self._activations.values()
+                if a.definition.idle_timeout is not None
+                and a.idle_for >= a.definition.idle_timeout]
+        for act in idle:
+            await act.passivate()
+        return len(idle)
+
     def get(self, etype: str, key: str) -> Activation | None:
         act = self._activations.get((etype, key))
         return None if act is None or act.is_finished else act
