@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 import corral
+from corral.runtime import stop_ray_hosts
 
 __all__ = [
     "AGENT",
@@ -235,25 +239,57 @@ class DemoReport:
     assigned: Assigned
     outcome: Outcome
     description: corral.EntityDescription
+    host: str = "this process (local backend)"
+    """Where the ticket was hosted (with the Ray backend: the shard actor)."""
 
 
-async def run_demo(store: str | Path, *, timeout: float = 60.0) -> DemoReport:
-    """Deliver `WEBHOOKS` concurrently, assign the ticket, wait for the run's outcome."""
+async def run_demo(store: str | Path, *, timeout: float = 60.0, backend: str = "local",
+                   namespace: str | None = None) -> DemoReport:
+    """Deliver `WEBHOOKS` concurrently, assign the ticket, wait for the run's outcome.
+
+    With `backend="ray"` the ticket is hosted by a shard actor of a fresh deployment
+    (`namespace`, default `demo-<random>`) on the Ray instance this process is connected
+    to, or a local one started for the demo (or the cluster named by `RAY_ADDRESS`);
+    the demo's actors are stopped at the end.
+    """
+    if backend == "ray":
+        namespace = namespace or f"demo-{uuid.uuid4().hex[:8]}"
+        async with corral.open_runtime(str(store), entities=[TicketAgent], backend="ray",
+                                       namespace=namespace) as rt:
+            try:
+                report = await _scenario(rt, store, timeout)
+                host = await _ray_host_of(rt)
+            finally:
+                await asyncio.to_thread(stop_ray_hosts, namespace)
+        return dataclasses.replace(report, host=host)
     async with corral.open_runtime(str(store), entities=[TicketAgent]) as rt:
-        # All webhooks at once, as a busy web server would handle them.
-        acks = await asyncio.gather(*(on_customer_reply(rt, ev) for ev in WEBHOOKS))
-        ticket = rt.ref(TicketAgent, f"ticket-{TICKET_ID}")
-        # A query sees every message accepted before it; with nobody assigned yet,
-        # every reply is still waiting.
-        waiting: TicketStatus = await ticket.query(TicketAgent.status)
-        # Applied after every reply accepted above (one journal, one order), so the
-        # agent finds all of them waiting when it starts answering.
-        assigned: Assigned = await ticket.update(
-            TicketAgent.assign, Assign(agent=AGENT), update_id=f"assign-{TICKET_ID}",
-            timeout=timeout,
-        )
-        outcome: Outcome = await ticket.result(timeout=timeout)
-        description = await ticket.describe()
+        return await _scenario(rt, store, timeout)
+
+
+async def _ray_host_of(rt: corral.Runtime) -> str:
+    """Which Ray actor, process and node hosted the ticket."""
+    ray_backend: Any = rt.backend  # a RayBackend (typed loosely: Ray loads lazily)
+    actor = await ray_backend.actor(TicketAgent.__name__, f"ticket-{TICKET_ID}")
+    info = await actor.info.remote()
+    return f"Ray actor {info['name']} (pid {info['pid']}, node {info['node_id'][:12]})"
+
+
+async def _scenario(rt: corral.Runtime, store: str | Path, timeout: float) -> DemoReport:
+    """The story itself, on whichever backend `rt` uses."""
+    # All webhooks at once, as a busy web server would handle them.
+    acks = await asyncio.gather(*(on_customer_reply(rt, ev) for ev in WEBHOOKS))
+    ticket = rt.ref(TicketAgent, f"ticket-{TICKET_ID}")
+    # A query sees every message accepted before it; with nobody assigned yet,
+    # every reply is still waiting.
+    waiting: TicketStatus = await ticket.query(TicketAgent.status)
+    # Applied after every reply accepted above (one journal, one order), so the
+    # agent finds all of them waiting when it starts answering.
+    assigned: Assigned = await ticket.update(
+        TicketAgent.assign, Assign(agent=AGENT), update_id=f"assign-{TICKET_ID}",
+        timeout=timeout,
+    )
+    outcome: Outcome = await ticket.result(timeout=timeout)
+    description = await ticket.describe()
     return DemoReport(str(store), tuple(zip(WEBHOOKS, acks, strict=True)), waiting, assigned,
                       outcome, description)
 
@@ -276,6 +312,7 @@ def format_report(report: DemoReport) -> str:
     lines = [
         "corral demo: a ticket agent fed by at-least-once webhooks",
         f"store: {report.store}",
+        f"host:  {report.host}",
         "",
         f"1. {len(acks)} webhooks for ticket-{TICKET_ID} arrive at once: {unique} customer "
         "replies, out of order,",

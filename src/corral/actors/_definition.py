@@ -11,7 +11,7 @@ import enum
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel
@@ -81,6 +81,10 @@ def signal(fn_or_model: Any, /) -> Any:
 
     Use as a decorator on a method taking one pydantic model (or nothing), or call it
     with a model class to declare a mailbox signal whose payloads go to `self.mailbox`.
+
+    A handler that raises is retried with backoff under the class's `retry` policy;
+    after the last attempt the message moves to the dead letters and the entity goes
+    on with the next one (see `RetryPolicy`).
     """
     if isinstance(fn_or_model, type) and issubclass(fn_or_model, BaseModel):
         return MailboxSignal(fn_or_model)
@@ -88,7 +92,12 @@ def signal(fn_or_model: Any, /) -> Any:
 
 
 def update(fn: F, /) -> F:
-    """Declare an update: durable like a signal, and the caller receives its return value."""
+    """Declare an update: durable like a signal, and the caller receives its return value.
+
+    A handler that raises is not retried and never dead-lettered: its error is recorded
+    as the update's outcome and the caller (and every retry of the same update id) gets
+    `UpdateFailedError`.
+    """
     return _mark(fn, HandlerKind.UPDATE)
 
 
@@ -125,8 +134,12 @@ class EntityDefinition:
     continue_as_new: ContinueAsNewPolicy
     idle_timeout: float | None
     """Seconds without activity before the host passivates the entity (None: never)."""
-    retry: RetryPolicy = RetryPolicy()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Retries of a raising signal handler before the message is dead-lettered."""
+    placement: str = "shared"
+    """Ray backend: `"shared"` (hosted in the key's shard actor) or `"dedicated"`."""
+    ray_options: Mapping[str, Any] = field(default_factory=dict)
+    """Ray resources of a dedicated entity's actor (`num_cpus`, `num_gpus`, ...)."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
@@ -163,6 +176,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
             f"{cls.__name__}.retry must be a RetryPolicy, got {retry!r} (the class "
             "attribute `retry` is reserved for the retry policy; rename a handler called so)"
         )
+    placement, ray_options = _placement(cls)
     id_reuse = getattr(cls, "id_reuse", IdReusePolicy.ALLOW_DUPLICATE)
     if not isinstance(id_reuse, IdReusePolicy):
         raise EntityDefinitionError(
@@ -185,8 +199,58 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
-        retry=retry,
+        retry=retry, placement=placement, ray_options=ray_options,
     )
+
+
+RAY_OPTION_KEYS = frozenset(
+    {"num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env"}
+)
+"""The Ray actor options an entity type may set in `ray_options` (dedicated placement)."""
+
+
+def _placement(cls: type) -> tuple[str, dict[str, Any]]:
+    placement = getattr(cls, "placement", "shared")
+    if placement not in ("shared", "dedicated"):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.placement must be 'shared' (the default: hosted with many "
+            f"others in its key's shard) or 'dedicated' (its own Ray actor), got {placement!r}"
+        )
+    options = getattr(cls, "ray_options", None) or {}
+    if not isinstance(options, Mapping):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.ray_options must be a dict of Ray actor options, got {options!r}"
+        )
+    unknown = sorted(set(options) - RAY_OPTION_KEYS)
+    if unknown:
+        raise EntityDefinitionError(
+            f"{cls.__name__}.ray_options: unknown option(s) {', '.join(unknown)}; allowed: "
+            f"{', '.join(sorted(RAY_OPTION_KEYS))}"
+        )
+    if options and placement != "dedicated":
+        raise EntityDefinitionError(
+            f"{cls.__name__}.ray_options applies to dedicated actors only: set "
+            "placement = 'dedicated' as well (shared shards take `ray_options` in "
+            "open_runtime)"
+        )
+    for key in ("num_cpus", "num_gpus", "memory"):
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or value < 0):
+            raise EntityDefinitionError(
+                f"{cls.__name__}.ray_options[{key!r}] must be a number >= 0, got {value!r}"
+            )
+    resources = options.get("resources")
+    if resources is not None and not (
+        isinstance(resources, Mapping) and all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            and v >= 0 for k, v in resources.items())
+    ):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.ray_options['resources'] must map resource names to numbers "
+            f">= 0, got {resources!r}"
+        )
+    return placement, dict(options)
 
 
 def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any]) -> HandlerDefinition:

@@ -59,6 +59,15 @@ class Entity:
     Its run stays running; the next message, update, query or due timer brings it back.
     """
 
+    placement: ClassVar[str] = "shared"
+    """Ray backend only: `"shared"` hosts the entity with many others in its key's shard
+    actor; `"dedicated"` gives each entity of the type its own Ray actor (for entities
+    holding something heavy, such as a model on a GPU). Same guarantees either way."""
+
+    ray_options: ClassVar[dict[str, Any]] = {}
+    """Ray resources of each dedicated actor: `num_cpus`, `num_gpus`, `memory`,
+    `resources`, `accelerator_type`, `runtime_env` (with `placement = "dedicated"`)."""
+
     _corral_definition: ClassVar[EntityDefinition]
     _corral_context: EntityContext
     mailbox: Mailbox

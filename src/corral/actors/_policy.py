@@ -106,6 +106,12 @@ class RetryPolicy:
     `replay_dead_letter`, `discard_dead_letter`). Update handlers are not retried:
     their caller receives `UpdateFailedError`.
 
+    A retry runs on whatever state the failed attempt left, so check inputs before
+    changing state. Right after dead-lettering, the host snapshots the entity (whatever
+    its `SnapshotPolicy`), so recovery never applies the dead-lettered message again;
+    replaying it is an operator's decision. A crash during the retries loses nothing:
+    the message is retried from the first attempt after recovery.
+
     Attributes:
         max_attempts: handler calls before the message is dead-lettered (>= 1).
         initial_backoff: seconds to wait after the first failure.

@@ -169,6 +169,7 @@ class AcceptOp:
         row.next_seq += 1
         if a.kind is EntryKind.TERMINATE:
             row.status = RunStatus.TERMINATED
+            db.execute("DELETE FROM timers WHERE etype=? AND key=?", (a.entity_type, a.key))
             db.execute(
                 "UPDATE runs SET status='terminated', error=?, closed_at=? "
                 "WHERE etype=? AND key=? AND run_id=?",
@@ -239,6 +240,7 @@ class CloseRunOp:
             return False
         row.status = self.status
         txn.put_entity(self.entity_type, self.key, row)
+        txn.db.execute("DELETE FROM timers WHERE etype=? AND key=?", (self.entity_type, self.key))
         txn.db.execute(
             "UPDATE runs SET status=?, result=?, error=?, closed_at=? "
             "WHERE etype=? AND key=? AND run_id=?",

@@ -5,10 +5,13 @@ the Ray backend wraps the same class in named actors. The runtime reaches storag
 through the `corral.persistence.Store` protocol.
 """
 
+from corral.persistence import DeadLetter
+
 from ._activation import Activation
 from ._boundary import Authorize, AuthRequest, Limits
 from ._client import EntityRef, Runtime, open_runtime
 from ._host import LocalHost
+from ._ray_host import stop_ray_hosts
 from ._results import Ack, EntityDescription, RunSummary
 from ._router import Router
 from ._shard import Shard
@@ -18,6 +21,7 @@ __all__ = [
     "Activation",
     "AuthRequest",
     "Authorize",
+    "DeadLetter",
     "EntityDescription",
     "EntityRef",
     "Limits",
@@ -27,4 +31,5 @@ __all__ = [
     "Runtime",
     "Shard",
     "open_runtime",
+    "stop_ray_hosts",
 ]

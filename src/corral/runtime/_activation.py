@@ -33,7 +33,8 @@ from corral.actors import (
 )
 from corral.persistence import EntryKind, JournalEntry
 
-from ._apply import apply_entry, encode_start, instantiate
+from ._apply import encode_start, instantiate
+from ._poison import apply_live
 from ._results import decode_value, encode_value
 from ._snapshot import capture, restore
 
@@ -250,6 +251,10 @@ class Activation:
                 self.applied_seq = self._snapshot_seq = self._floor = snapshot[0]
                 self.entity = restore(self.definition, self.key, snapshot[0], snapshot[1], self)
             await self._replay()
+            # A run opened by continue-as-new starts after its predecessor's watermark; its
+            # journal may hold only carried entries below that, or nothing: without this,
+            # read-your-writes queries would wait for seqs that belong to the closed run.
+            self.applied_seq = max(self.applied_seq, run.first_seq - 1)
             await self._serve()
         await self._work(load())
 
@@ -306,7 +311,7 @@ class Activation:
             self._terminated(entry.payload)
             return
         assert self.entity is not None
-        outcome = await apply_entry(self.definition, self.entity, entry)
+        outcome = await apply_live(self._shard, self, entry, replaying=replaying)
         self.applied_seq = entry.seq
         self._bytes += len(entry.payload)
         self._last_active = time.monotonic()
@@ -384,6 +389,9 @@ class Activation:
             status = RunStatus.FAILED
             error = traceback.format_exc()
             log.warning("%s %r: run() failed:\n%s", self.entity_type, self.key, error)
+        if self.entity.mailbox:
+            log.warning("%s %r: run() ended with %d mailbox payloads not taken", self.entity_type,
+                        self.key, len(self.entity.mailbox))
         try:
             await self._close(status, result, error)
         except LeaseLostError:

@@ -58,8 +58,11 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
                       ) -> UpdateOutcome | None:
     """Apply a signal or update entry; return the outcome for updates.
 
-    A signal handler that raises is logged and counted as applied (retries and dead
-    letters belong to the poison-message policy).
+    A signal handler that raises is logged and counted as applied: this is how
+    read-only replicas apply entries. Live hosts apply through `_poison.apply_live`,
+    which retries a raising signal handler and then dead-letters the entry. An update
+    handler that raises has its error recorded as the outcome (`UpdateFailedError` for
+    the caller), never retried and never dead-lettered.
     """
     handler = definition.handler(entry.name)
     if handler is None or handler.kind is HandlerKind.QUERY:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -17,6 +18,7 @@ from corral.actors import EntityDefinition, EntityNotRunningError
 from corral.persistence import (
     Acceptance,
     AcceptResult,
+    DeadLetter,
     EntryKind,
     RunRecord,
     Store,
@@ -54,6 +56,21 @@ class Backend(Protocol):
     async def describe(self, etype: str, key: str) -> EntityDescription: ...
 
     async def latest_run(self, etype: str, key: str) -> RunRecord | None: ...
+
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+                           ) -> list[DeadLetter]:
+        """Dead letters, oldest first, optionally of one entity type and/or key."""
+        ...
+
+    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
+                                 ) -> AcceptResult:
+        """Accept the dead letter's payload again as a new signal of the running run and
+        delete the dead letter (one transaction), then hand the entry to its host."""
+        ...
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        """Delete a dead letter; whether it existed."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -163,3 +180,19 @@ class LocalBackend:
         found = await self.store.latest_run(etype, key)
         return None if found is None else found[0]
 
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+                           ) -> list[DeadLetter]:
+        return await self.store.dead_letters(etype, key, limit=limit)
+
+    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
+                                 ) -> AcceptResult:
+        result = await self.store.replay_dead_letter(
+            etype, key, self._shard_of(etype, key), dead_letter_id, accepted_at=time.time()
+        )
+        shard = self._shard(etype, key)
+        if shard is not None and not result.duplicate:
+            shard.deliver(result.entry)  # other hosts tail the journal
+        return result
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        return await self.store.discard_dead_letter(etype, key, dead_letter_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from corral.actors import (
@@ -23,6 +23,7 @@ from corral.actors import (
 from corral.persistence import (
     Acceptance,
     AcceptResult,
+    DeadLetter,
     EntryKind,
     Store,
     canonical_json,
@@ -69,6 +70,24 @@ class Runtime:
         """A handle to the entity `key` of `entity_type` (validated, never looked up)."""
         definition = self.boundary.definition(entity_type)
         return EntityRef(self, definition, self.boundary.check_key(key))
+
+    async def dead_letters(self, entity_type: type[Entity] | str | None = None,
+                           key: str | None = None, *, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters across entities, oldest first: signals whose handler still raised
+        after their type's `RetryPolicy` ran out.
+
+        Args:
+            entity_type: only this type (a registered class or its name).
+            key: only entities with this key.
+            limit: at most this many.
+
+        Example:
+            for dead in await rt.dead_letters(TicketAgent):
+                print(dead.id, dead.key, dead.name, dead.error)
+        """
+        etype = None if entity_type is None else self.boundary.definition(entity_type).name
+        checked = None if key is None else self.boundary.check_key(key)
+        return await self.backend.dead_letters(etype, checked, _check_limit(limit))
 
     async def _accept(self, ref: EntityRef[Any], kind: EntryKind, name: str, payload: str,
                       message_id: str, sender: str | None, start: str | None) -> AcceptResult:
@@ -118,7 +137,13 @@ class EntityRef(Generic[E]):
 
     async def update(self, handler: Any, payload: Any = None, *, update_id: str | None = None,
                      sender: str | None = None, timeout: float | None = None) -> Any:
-        """Deliver an update and return the handler's result (deduplicated by `update_id`)."""
+        """Deliver an update and return the handler's result (deduplicated by `update_id`).
+
+        Raises:
+            UpdateFailedError: the handler raised. Updates are not retried and never
+                dead-lettered (unlike signals, see `RetryPolicy`); the error is recorded,
+                so retrying the same `update_id` raises it again.
+        """
         return await self._update(handler, payload, None, False, update_id, sender, timeout)
 
     async def update_with_start(self, handler: Any, payload: Any = None, *, start: Any,
@@ -215,6 +240,61 @@ class EntityRef(Generic[E]):
         return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
                    False)
 
+    # -- dead letters (operators) ------------------------------------------------------
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """This entity's dead letters, oldest first.
+
+        A dead letter is a signal whose handler still raised after the type's
+        `RetryPolicy` ran out; the entity went on with its next message. Updates are
+        never dead-lettered (their caller gets `UpdateFailedError`).
+        """
+        return await self._rt.backend.dead_letters(self.definition.name, self.key,
+                                                   _check_limit(limit))
+
+    async def replay_dead_letter(self, dead_letter_id: int, *,
+                                 sender: str | None = None) -> Ack:
+        """Deliver a dead letter's payload again as a new signal, and delete the dead letter.
+
+        Both happen in one transaction; use it after fixing the handler. The signal goes
+        to the running run (as a plain `signal`) with the message id
+        `replay:<id>:<original message id>`, so a replay retried after a lost answer is
+        answered `duplicate` and applied once. The recorded sender stays the original
+        one; `sender` is the caller's claim for the `authorize` hook (kind "replay").
+
+        Raises:
+            DeadLetterNotFoundError: this entity has no dead letter `dead_letter_id`.
+            EntityNotRunningError: the entity is not running; the dead letter stays.
+            UnauthorizedError: the `authorize` hook refused.
+        """
+        ident = _check_id(dead_letter_id)
+        await self._rt.boundary.sender(sender, self.definition, self.key, "replay", "replay")
+        res = await self._rt.backend.replay_dead_letter(self.definition.name, self.key, ident)
+        return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
+                   False)
+
+    async def discard_dead_letter(self, dead_letter_id: int, *,
+                                  sender: str | None = None) -> bool:
+        """Delete a dead letter without delivering it; False if it was already gone.
+
+        The `authorize` hook sees it as kind "discard".
+        """
+        ident = _check_id(dead_letter_id)
+        await self._rt.boundary.sender(sender, self.definition, self.key, "discard", "discard")
+        return await self._rt.backend.discard_dead_letter(self.definition.name, self.key, ident)
+
+
+def _check_id(dead_letter_id: object) -> int:
+    if isinstance(dead_letter_id, bool) or not isinstance(dead_letter_id, int):
+        raise TypeError(f"a dead letter id is an int, got {dead_letter_id!r}")
+    return dead_letter_id
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    return limit
+
 
 @contextlib.asynccontextmanager
 async def open_runtime(
@@ -227,6 +307,10 @@ async def open_runtime(
     limits: Limits | None = None,
     lease_ttl: float = 10.0,
     poll_interval: float = 0.005,
+    backend: str = "local",
+    address: str | None = None,
+    namespace: str = "corral",
+    ray_options: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
 
@@ -240,6 +324,18 @@ async def open_runtime(
         limits: input limits (payload bytes, key length and pattern).
         lease_ttl: seconds a dead host keeps its shards before others take them.
         poll_interval: how often a host checks for messages other processes accepted.
+        backend: `"local"` (this process hosts) or `"ray"`: every shard is a named,
+            detached Ray actor (`corral/<namespace>/shard-<k>`) hosting it, created on
+            first use; `host` is then ignored and `store` must be a file path that every
+            shard actor can open. Ray is started (`ray.init(address=address,
+            namespace=namespace)`) unless already initialized, and shut down on close
+            only if started here.
+        address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
+            `"ray://host:10001"`.
+        namespace: Ray backend: the deployment's name; clients of one namespace share
+            its shard actors.
+        ray_options: Ray backend: extra Ray actor options for the shard actors, such as
+            `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
 
     Example:
         async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
@@ -250,24 +346,42 @@ async def open_runtime(
         definition: EntityDefinition = cls._corral_definition
         if definitions.setdefault(definition.name, definition) is not definition:
             raise ValueError(f"two entity types are named {definition.name!r}")
+    if backend == "ray":
+        from ._ray import connect_ray  # imports Ray only when asked for
+
+        if not isinstance(store, str):
+            raise TypeError("the Ray backend takes the store as a path (each shard actor "
+                            "opens it), not a Store object")
+        ray_backend, placement = await connect_ray(
+            store, definitions, shards=shards, address=address, namespace=namespace,
+            lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options)
+        try:
+            yield Runtime(ray_backend, placement,
+                          Boundary(definitions, limits or Limits(), authorize))
+        finally:
+            await ray_backend.close()
+        return
+    if backend != "local":
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     router = Router(shards)
     owned_store = isinstance(store, str)
     the_store: Store = await open_sqlite_store(store, shards=shards) if isinstance(store, str) \
         else store
     local: LocalHost | None = None
-    backend: LocalBackend | None = None
+    local_backend: LocalBackend | None = None
     try:
         if host:
             local = LocalHost(the_store, router, definitions, lease_ttl=lease_ttl,
                               poll_interval=poll_interval)
             await local.start()
-        backend = LocalBackend(the_store, definitions, local, router.shard_of)
+        local_backend = LocalBackend(the_store, definitions, local, router.shard_of)
         local = None  # the backend owns the host now
-        yield Runtime(backend, router, Boundary(definitions, limits or Limits(), authorize))
+        yield Runtime(local_backend, router,
+                      Boundary(definitions, limits or Limits(), authorize))
     finally:
         if local is not None:
             await local.close()
-        if backend is not None:
-            await backend.close()
+        if local_backend is not None:
+            await local_backend.close()
         if owned_store:
             await the_store.close()

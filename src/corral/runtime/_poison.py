@@ -1,0 +1,140 @@
+"""Poison messages: a signal handler that raises is retried, then dead-lettered.
+
+A live host applies every journal entry through `apply_live`. A signal whose handler
+raises is called again after a backoff, up to the type's `RetryPolicy.max_attempts`
+calls; the entity's later entries wait meanwhile, so order is kept. After the last
+attempt the entry moves to the `dead_letters` table (a fenced write, with the error and
+the traceback text), counts as applied, and the entity goes on with its next entry.
+
+Recovery never applies a dead-lettered entry again, for two reasons:
+
+* right after the dead letter is recorded the host snapshots the entity at that entry,
+  so recovery starts after it (and replaying or discarding the dead letter, which
+  deletes its row, cannot make a later recovery apply the original entry again);
+* should that snapshot be missing (a crash between the two writes, or state that does
+  not pickle), a replayed entry whose run and seq have a dead letter row is skipped
+  without calling the handler. The dead-lettered seqs of a run are read once per
+  shard epoch (only the lease holder writes dead letters) and cached.
+
+An entry whose retries were cut short by a crash has no dead letter yet: recovery
+retries it from the first attempt, and it is dead-lettered then if it still fails.
+
+Updates are not retried: a raising update handler's error is recorded as its outcome
+and its caller gets `UpdateFailedError`. Read-only replicas (`query` from a process
+that does not host the entity) apply entries through `apply_entry`, without retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from corral.actors import ContinueAsNew, Entity, HandlerDefinition, HandlerKind, StoreError
+from corral.persistence import EntryKind, Fence, JournalEntry, UpdateOutcome
+
+from ._apply import apply_entry
+
+if TYPE_CHECKING:
+    from ._activation import Activation
+    from ._shard import Shard
+
+__all__ = ["apply_live"]
+
+log = logging.getLogger("corral.poison")
+
+_CACHE_SIZE = 4096
+_RunIdent = tuple[Fence, str, str, int]
+# (fence, etype, key, run_id) -> seqs with a dead letter; exact while the fence is ours.
+_dead_seqs: OrderedDict[_RunIdent, frozenset[int]] = OrderedDict()
+
+
+async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
+                     replaying: bool) -> UpdateOutcome | None:
+    """Apply a signal or update entry on a live host; return the outcome for updates.
+
+    Signals with a handler body get the retry policy and the dead-letter path; updates,
+    mailbox signals and entries without a handler are applied by `apply_entry`.
+    """
+    definition, entity = act.definition, act.entity
+    assert entity is not None
+    handler = definition.handler(entry.name)
+    if entry.kind is not EntryKind.SIGNAL or handler is None \
+            or handler.kind is not HandlerKind.SIGNAL or handler.fn is None:
+        return await apply_entry(definition, entity, entry)
+    if replaying and entry.seq in await _dead_lettered(shard, entry):
+        log.info("%s %r: seq %d was dead-lettered before; not applied again",
+                 entry.entity_type, entry.key, entry.seq)
+        return None
+    policy = definition.retry
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            await _call(handler, entity, entry)
+            return None
+        except ContinueAsNew:
+            log.error("%s %r: continue_as_new() called in handler %r (seq %d); call it from "
+                      "run(). Ignored.", entry.entity_type, entry.key, entry.name, entry.seq)
+            return None
+        except Exception as err:
+            if attempts >= policy.max_attempts:
+                await _dead_letter(shard, act, entry, err, attempts)
+                return None
+            delay = policy.backoff(attempts)
+            log.warning("%s %r: signal %r (seq %d) raised %s: %s; attempt %d of %d, retrying "
+                        "in %.3fs", entry.entity_type, entry.key, entry.name, entry.seq,
+                        type(err).__name__, err, attempts, policy.max_attempts, delay)
+        await asyncio.sleep(delay)
+
+
+async def _call(handler: HandlerDefinition, entity: Entity, entry: JournalEntry) -> None:
+    """Call the handler once. A payload that no longer validates counts as a failure."""
+    assert handler.fn is not None
+    arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
+        handler.input_type.model_validate_json(entry.payload),)
+    result = handler.fn(entity, *arg)
+    if handler.is_async:
+        await result
+
+
+async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: Exception,
+                       attempts: int) -> None:
+    text = "".join(traceback.format_exception(err))
+    dead_id = await shard.store.record_dead_letter(
+        shard.fence, entry, error=f"{type(err).__name__}: {err}", traceback=text,
+        attempts=attempts, failed_at=time.time(),
+    )
+    ident = (shard.fence, entry.entity_type, entry.key, entry.run_id)
+    if ident in _dead_seqs:
+        _dead_seqs[ident] = _dead_seqs[ident] | {entry.seq}
+    log.error("%s %r: signal %r (seq %d) failed %d times; moved to dead letter %d:\n%s",
+              entry.entity_type, entry.key, entry.name, entry.seq, attempts, dead_id, text)
+    # Snapshot at this entry so that recovery starts after it (see the module docstring).
+    act.applied_seq = entry.seq
+    try:
+        await act.checkpoint()
+    except StoreError:  # lease lost or store failing: the activation stops
+        raise
+    except Exception as snap_err:  # state that does not pickle
+        log.warning("%s %r: no snapshot after dead letter %d (%s: %s); recovery skips the "
+                    "entry by its dead letter row", entry.entity_type, entry.key, dead_id,
+                    type(snap_err).__name__, snap_err)
+
+
+async def _dead_lettered(shard: Shard, entry: JournalEntry) -> frozenset[int]:
+    ident = (shard.fence, entry.entity_type, entry.key, entry.run_id)
+    seqs = _dead_seqs.get(ident)
+    if seqs is None:
+        seqs = await shard.store.dead_letter_seqs(entry.entity_type, entry.key, entry.run_id)
+        _dead_seqs[ident] = seqs
+        while len(_dead_seqs) > _CACHE_SIZE:
+            _dead_seqs.popitem(last=False)
+    else:
+        _dead_seqs.move_to_end(ident)
+    return seqs

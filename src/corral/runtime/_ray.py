@@ -1,0 +1,317 @@
+"""The Ray backend: every shard of a deployment is a named, detached Ray actor.
+
+`RayBackend` is the client half. It computes the owning shard of an entity (the same
+stable hash in every driver, task, actor and Serve replica), gets or creates that
+shard's actor by name (`get_if_exists=True`: atomic in Ray, exactly one constructor per
+name) and calls it. The actor (`ShardHost`, in `_ray_host.py`) runs the same host code
+as the local backend.
+
+Calls are safe to repeat, which the fault tolerance relies on:
+
+- Actors are created with `max_restarts=-1, max_task_retries=-1`: when a shard actor
+  dies, Ray restarts it and re-executes the calls that were in flight. Accepts are
+  idempotent by message id (a re-executed accept is answered from the dedupe table),
+  updates by update id, and the other calls are reads.
+- A handle may point at an actor that is dying for good (killed without restart, or
+  exited) or was never created: the client drops it, gets-or-creates the actor again
+  and repeats the call, for up to `retry_timeout` seconds.
+
+Concurrent accepts for one shard from one client are sent as one actor call (the
+batch is whatever is queued when the event loop comes round): one Ray round trip and
+one group commit for many messages, and no added latency for a lone caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray import exceptions as rex
+
+from corral.actors import CorralError, EntityDefinition, UnknownEntityTypeError
+from corral.persistence import Acceptance, AcceptResult, DeadLetter, RunRecord, UpdateOutcome
+
+from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name
+from ._results import EntityDescription
+
+__all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
+
+log = logging.getLogger("corral.ray")
+
+_MAX_BATCH = 512
+"""Accepts per actor call; bigger batches are split (the pieces still share commits)."""
+_MAX_HANDLES = 4096
+"""Actor handles kept per client (dedicated entities each have their own)."""
+_WAIT_SLICE = 10.0
+"""Seconds one `wait_update` call waits inside the actor before the client asks again."""
+_RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError)
+
+_actor_class: Any = None
+
+
+def shard_actor_class() -> Any:
+    """`ShardHost` as a Ray actor class (made once per process)."""
+    global _actor_class
+    if _actor_class is None:
+        _actor_class = ray.remote(ShardHost)
+    return _actor_class
+
+
+class RayBackend:
+    """The client of a Ray deployment: routes each call to the owning shard actor.
+
+    Args:
+        spec: the deployment (store path, shard count, namespace, lease settings).
+        definitions: the entity types this client addresses.
+        router: routing with placement (dedicated entities get their own actor).
+        actor_options: extra Ray options for shared shard actors (e.g. `runtime_env`).
+        retry_timeout: how long to keep retrying a call whose actor is unavailable.
+        owns_ray: whether `close()` shuts Ray down (this client started it).
+    """
+
+    def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
+                 router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
+                 retry_timeout: float = 120.0, owns_ray: bool = False) -> None:
+        self.spec = spec
+        self.router = router
+        self._definitions = definitions
+        self._entities = [d.cls for d in definitions.values()]
+        self._actor_options = dict(actor_options or {})
+        self._retry_timeout = retry_timeout
+        self._owns_ray = owns_ray
+        self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._creating: dict[int, asyncio.Future[Any]] = {}
+        self._queued: dict[int, list[tuple[Acceptance, asyncio.Future[AcceptResult]]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+        self._registered: set[int] = set()
+
+    # -- actors ------------------------------------------------------------------------
+
+    def _options(self, index: int, etype: str) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": 0}
+        if self.router.is_dedicated(index):
+            options.update(self._definitions[etype].ray_options)
+        else:
+            options.update(self._actor_options)
+        options.update(
+            name=actor_name(self.spec, index), namespace=self.spec.namespace,
+            get_if_exists=True, lifetime="detached", max_restarts=-1, max_task_retries=-1,
+        )
+        return options
+
+    def _create(self, index: int, etype: str) -> Any:
+        entities = ([self._definitions[etype].cls] if self.router.is_dedicated(index)
+                    else self._entities)
+        return shard_actor_class().options(**self._options(index, etype)).remote(
+            self.spec, entities, index)
+
+    async def _handle(self, index: int, etype: str) -> Any:
+        handle = self._handles.get(index)
+        if handle is not None:
+            self._handles.move_to_end(index)
+            return handle
+        pending = self._creating.get(index)
+        if pending is None:
+            # get-or-create asks the GCS synchronously: keep it off the event loop.
+            pending = asyncio.ensure_future(asyncio.to_thread(self._create, index, etype))
+            self._creating[index] = pending
+            try:
+                handle = await pending
+            finally:
+                del self._creating[index]
+            self._handles[index] = handle
+            while len(self._handles) > _MAX_HANDLES:
+                self._handles.popitem(last=False)
+            return handle
+        return await asyncio.shield(pending)
+
+    async def call(self, index: int, etype: str, method: str, *args: Any) -> Any:
+        """Call `method` on shard `index`'s actor: get-or-create, retry, unwrap errors."""
+        deadline = time.monotonic() + self._retry_timeout
+        delay = 0.02
+        init_failures = 0
+        while True:
+            handle = await self._handle(index, etype)
+            try:
+                return await getattr(handle, method).remote(*args)
+            except rex.RayTaskError as err:  # the method itself raised: not retried
+                cause = err.cause
+                if isinstance(cause, UnknownEntityTypeError) and index not in self._registered:
+                    self._registered.add(index)  # once per actor: teach it our types
+                    await handle.register.remote(self._entities)
+                    continue
+                if isinstance(cause, Exception):
+                    raise cause from None
+                raise
+            except _RETRYABLE as err:
+                if self._handles.get(index) is handle:
+                    del self._handles[index]
+                self._registered.discard(index)
+                if getattr(err, "_actor_init_failed", False):
+                    init_failures += 1
+                    if init_failures >= 3:
+                        raise CorralError(
+                            f"{actor_name(self.spec, index)} failed to start: {err}") from err
+                if time.monotonic() + delay > deadline:
+                    raise CorralError(
+                        f"{actor_name(self.spec, index)} unavailable for "
+                        f"{self._retry_timeout:.0f} s: {err}") from err
+                log.info("%s unavailable (%s); retrying in %.2f s",
+                         actor_name(self.spec, index), type(err).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    # -- Backend -----------------------------------------------------------------------
+
+    async def accept(self, acc: Acceptance) -> AcceptResult:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[AcceptResult] = loop.create_future()
+        queue = self._queued.get(acc.shard)
+        if queue is None:
+            queue = self._queued[acc.shard] = []
+            loop.call_soon(self._flush, acc.shard)
+        queue.append((acc, fut))
+        return await fut
+
+    def _flush(self, index: int) -> None:
+        queue = self._queued.pop(index)
+        for start in range(0, len(queue), _MAX_BATCH):
+            task = asyncio.ensure_future(self._send(index, queue[start:start + _MAX_BATCH]))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, index: int,
+                    batch: list[tuple[Acceptance, asyncio.Future[AcceptResult]]]) -> None:
+        try:
+            results = await self.call(index, batch[0][0].entity_type, "accept_many",
+                                      [acc for acc, _ in batch])
+        except BaseException as err:  # every waiter gets it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(err)
+            if not isinstance(err, Exception):
+                raise
+            return
+        for (_, fut), result in zip(batch, results, strict=True):
+            if fut.done():  # its caller was cancelled; the accept still happened
+                continue
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+    async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
+        index = self.router.shard_of(etype, key)
+        while True:
+            outcome: UpdateOutcome | None = await self.call(
+                index, etype, "wait_update", etype, key, message_id, _WAIT_SLICE)
+            if outcome is not None:
+                return outcome
+
+    async def query(self, etype: str, key: str, name: str, payload: str | None, *,
+                    activate: bool = False) -> str:
+        result: str = await self.call(self.router.shard_of(etype, key), etype, "query",
+                                      etype, key, name, payload, activate)
+        return result
+
+    async def describe(self, etype: str, key: str) -> EntityDescription:
+        result: EntityDescription = await self.call(
+            self.router.shard_of(etype, key), etype, "describe", etype, key)
+        return result
+
+    async def latest_run(self, etype: str, key: str) -> RunRecord | None:
+        result: RunRecord | None = await self.call(
+            self.router.shard_of(etype, key), etype, "latest_run", etype, key)
+        return result
+
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+                           ) -> list[DeadLetter]:
+        # Every shard actor reads the same store: the owner if known, else shard 0.
+        if etype is not None and key is not None:
+            index, via = self.router.shard_of(etype, key), etype
+        else:
+            index, via = 0, next(iter(self._definitions))
+        result: list[DeadLetter] = await self.call(index, via, "dead_letters", etype, key,
+                                                   limit)
+        return result
+
+    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
+                                 ) -> AcceptResult:
+        result: AcceptResult = await self.call(self.router.shard_of(etype, key), etype,
+                                               "replay_dead_letter", etype, key,
+                                               dead_letter_id)
+        return result
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        result: bool = await self.call(self.router.shard_of(etype, key), etype,
+                                       "discard_dead_letter", etype, key, dead_letter_id)
+        return result
+
+    async def close(self) -> None:
+        """Forget the actor handles (the actors live on); shut Ray down if we started it."""
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        self._handles.clear()
+        if self._owns_ray:
+            await asyncio.to_thread(ray.shutdown)
+
+    # -- operations --------------------------------------------------------------------
+
+    async def actor(self, etype: str, key: str) -> Any:
+        """The handle of the actor hosting `key` (created if needed); for operators and tests."""
+        return await self._handle(self.router.shard_of(etype, key), etype)
+
+
+async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *, shards: int,
+                      address: str | None, namespace: str, lease_ttl: float,
+                      poll_interval: float, actor_options: Mapping[str, Any] | None
+                      ) -> tuple[RayBackend, PlacementRouter]:
+    """Connect to (or start) Ray and build the client of the deployment `namespace`."""
+    if store.startswith("sqlite:///"):
+        store = store[len("sqlite:///"):]
+    if store in (":memory:", "sqlite://:memory:", ""):
+        raise ValueError("the Ray backend needs a store file every shard actor can open, "
+                         "not an in-memory store")
+    path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+    spec = RayHostSpec(path, shards, namespace, lease_ttl, poll_interval)
+    router = PlacementRouter(shards, definitions)
+    backend = RayBackend(spec, definitions, router, actor_options=actor_options,
+                         owns_ray=owns_ray)
+    return backend, router
+
+
+def stop_hosts(namespace: str, *, timeout: float = 30.0) -> int:
+    """Stop every corral actor of the deployment `namespace` cleanly; returns how many.
+
+    Each actor stops hosting, releases its lease and closes its store, then is killed
+    for good (the next call creates a fresh one). Detached actors otherwise outlive
+    every driver.
+    """
+    prefix = f"corral/{namespace}/"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == namespace and a["name"].startswith(prefix)]
+    refs: list[Any] = []
+    for name in names:
+        try:
+            refs.append(ray.get_actor(name, namespace=namespace).shutdown.remote())
+        except ValueError:  # gone meanwhile
+            continue
+    for ref in refs:  # a dead or hung one is killed below all the same
+        with contextlib.suppress(rex.RayActorError, rex.GetTimeoutError, rex.RayTaskError):
+            ray.get(ref, timeout=timeout)
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        except ValueError:
+            continue
+    return len(names)

@@ -1,0 +1,254 @@
+"""The Ray side of the Ray backend: `ShardHost`, the body of every corral shard actor.
+
+A shard actor runs the same pieces as a local host, in its own worker process: it opens
+its own `SqliteStore` on the deployment's store file, runs a `LocalHost` restricted to
+its one shard index, and serves the `Backend` operations through a `LocalBackend`.
+Its `__init__` takes the shard's lease with `takeover=True` before the actor serves a
+single call: Ray maps an actor name to one live incarnation, so a restarted actor fences
+out its predecessor (a zombie may still run) by taking a new epoch at once instead of
+waiting for the old lease to expire.
+
+Dedicated entities (`placement = "dedicated"`) get a pseudo-shard index of their own,
+beyond the shard count, derived from a hash of (type, key) (`PlacementRouter`). Journal
+rows, leases, fencing, recovery and tailing then work unchanged, and the actor hosting
+that pseudo-shard hosts exactly that entity (two keys would share an actor only on a
+62-bit hash collision, which stays correct: a pseudo-shard is a shard like any other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from corral.actors import CorralError, Entity, EntityDefinition, UnknownEntityTypeError
+from corral.persistence import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    RunRecord,
+    SqliteStore,
+    UpdateOutcome,
+    open_sqlite_store,
+)
+
+from ._backend import LocalBackend
+from ._host import LocalHost
+from ._results import EntityDescription
+from ._router import Router
+
+__all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
+           "stop_ray_hosts"]
+
+log = logging.getLogger("corral.ray")
+
+_DEDICATED_SPACE = 1 << 62
+"""Pseudo-shard indices of dedicated entities: shards + [0, 2**62), inside SQLite's int64."""
+
+
+class PlacementRouter(Router):
+    """`Router` that also knows placement: a dedicated entity gets its own pseudo-shard.
+
+    Reads `definitions` live, so types registered later route correctly too.
+    """
+
+    __slots__ = ("_definitions",)
+
+    def __init__(self, shards: int, definitions: Mapping[str, EntityDefinition]) -> None:
+        super().__init__(shards)
+        self._definitions = definitions
+
+    def shard_of(self, entity_type: str, key: str) -> int:
+        definition = self._definitions.get(entity_type)
+        if definition is None or definition.placement != "dedicated":
+            return super().shard_of(entity_type, key)
+        digest = hashlib.blake2b(f"{entity_type}\0{key}".encode(), digest_size=8,
+                                 person=b"corral-dedicated").digest()
+        return self.shards + int.from_bytes(digest, "big") % _DEDICATED_SPACE
+
+    def is_dedicated(self, index: int) -> bool:
+        return index >= self.shards
+
+
+@dataclass(frozen=True, slots=True)
+class RayHostSpec:
+    """What every shard actor of one deployment is built from (its constructor args)."""
+
+    store: str
+    """Absolute path of the SQLite store file every shard actor opens."""
+    shards: int
+    namespace: str
+    lease_ttl: float
+    poll_interval: float
+
+
+def actor_name(spec: RayHostSpec, index: int) -> str:
+    """`corral/<namespace>/shard-<k>`, or `.../dedicated-<hex>` for a dedicated entity."""
+    if index < spec.shards:
+        return f"corral/{spec.namespace}/shard-{index}"
+    return f"corral/{spec.namespace}/dedicated-{index - spec.shards:016x}"
+
+
+def register(definitions: dict[str, EntityDefinition],
+             entities: Sequence[type[Entity]]) -> list[str]:
+    """Add entity classes to `definitions` by name (the first class of a name wins)."""
+    added = []
+    for cls in entities:
+        definition: EntityDefinition = cls._corral_definition
+        if definitions.setdefault(definition.name, definition) is definition:
+            added.append(definition.name)
+    return added
+
+
+class ShardHost:
+    """One shard (or one dedicated entity) of a deployment, inside an async Ray actor.
+
+    Every method may run twice (Ray re-executes in-flight calls on a restarted actor,
+    `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
+    and the rest are reads.
+    """
+
+    async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
+        self, spec: RayHostSpec, entities: Sequence[type[Entity]], index: int
+    ) -> None:
+        self.spec = spec
+        self.index = index
+        self.definitions: dict[str, EntityDefinition] = {}
+        register(self.definitions, entities)
+        self.router = PlacementRouter(spec.shards, self.definitions)
+        self.store: SqliteStore | None = None
+        self.store = await open_sqlite_store(spec.store, shards=spec.shards)
+        try:
+            self.host = LocalHost(
+                self.store, self.router, self.definitions, lease_ttl=spec.lease_ttl,
+                poll_interval=spec.poll_interval, indices=(index,), takeover=True,
+            )
+            await self.host.start()
+        except BaseException:
+            await self.store.close()
+            raise
+        self.backend = LocalBackend(self.store, self.definitions, self.host,
+                                    self.router.shard_of)
+        shard = self.host.shard(index)
+        log.info("%s: pid %d holds shard %d at epoch %s", actor_name(spec, index), os.getpid(),
+                 index, shard.fence.epoch if shard else None)
+
+    # -- the Backend operations --------------------------------------------------------
+
+    async def accept_many(self, accs: Sequence[Acceptance]
+                          ) -> list[AcceptResult | BaseException]:
+        """Accept a batch (one group commit); each item's result or its error."""
+        return await asyncio.gather(*(self._accept(acc) for acc in accs),
+                                    return_exceptions=True)
+
+    async def _accept(self, acc: Acceptance) -> AcceptResult:
+        self._check(acc.entity_type, acc.key)
+        if acc.shard != self.index:
+            raise CorralError(f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
+                              f"but this actor hosts shard {self.index}")
+        return await self.backend.accept(acc)
+
+    async def wait_update(self, etype: str, key: str, message_id: str, timeout: float
+                          ) -> UpdateOutcome | None:
+        """The update's outcome once applied, or None after `timeout` seconds (ask again)."""
+        self._check(etype, key)
+        try:
+            return await asyncio.wait_for(self.backend.wait_update(etype, key, message_id),
+                                          timeout)
+        except TimeoutError:
+            return None
+
+    async def query(self, etype: str, key: str, name: str, payload: str | None,
+                    activate: bool) -> str:
+        self._check(etype, key)
+        return await self.backend.query(etype, key, name, payload, activate=activate)
+
+    async def describe(self, etype: str, key: str) -> EntityDescription:
+        self._check(etype, key)
+        return await self.backend.describe(etype, key)
+
+    async def latest_run(self, etype: str, key: str) -> RunRecord | None:
+        return await self.backend.latest_run(etype, key)
+
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+                           ) -> list[DeadLetter]:
+        """Any shard actor answers for all: they share one store."""
+        return await self.backend.dead_letters(etype, key, limit)
+
+    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
+                                 ) -> AcceptResult:
+        self._check(etype, key)
+        return await self.backend.replay_dead_letter(etype, key, dead_letter_id)
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        self._check(etype, key)
+        return await self.backend.discard_dead_letter(etype, key, dead_letter_id)
+
+    def _check(self, etype: str, key: str) -> None:
+        if etype not in self.definitions:
+            raise UnknownEntityTypeError(
+                f"entity type {etype!r} is not registered in {actor_name(self.spec, self.index)}"
+            )
+        if self.router.shard_of(etype, key) != self.index:
+            raise CorralError(f"{etype} {key!r} does not belong to shard {self.index}")
+
+    # -- administration ----------------------------------------------------------------
+
+    async def register(self, entities: Sequence[type[Entity]]) -> list[str]:
+        """Learn entity types a client uses that this actor was not created with.
+
+        Running entities of those types that recovery skipped are activated now.
+        """
+        added = register(self.definitions, entities)
+        if added:
+            for shard in self.host.shards.values():
+                await shard.start()
+        return added
+
+    async def info(self) -> dict[str, Any]:
+        """Where and as what this incarnation runs (for operators and tests)."""
+        import ray
+
+        shard = self.host.shard(self.index)
+        ctx = ray.get_runtime_context()
+        return {
+            "name": actor_name(self.spec, self.index), "index": self.index, "pid": os.getpid(),
+            "node_id": ctx.get_node_id(), "owner": self.host.owner,
+            "epoch": shard.fence.epoch if shard else None, "hosted": len(shard) if shard else 0,
+            "entity_types": sorted(self.definitions),
+        }
+
+    async def crash(self, owner: str) -> None:
+        """Test hook: die at once (`os._exit`) if this is incarnation `owner`.
+
+        Ray re-executes the call on the restarted actor; that incarnation has another
+        owner and returns, so one call crashes exactly one incarnation.
+        """
+        if owner == self.host.owner:
+            os._exit(1)
+
+    async def shutdown(self) -> None:
+        """Stop hosting, release the lease and close the store (`stop_hosts` then kills
+        the actor for good). Calls that arrive afterwards fail with `StoreError`."""
+        with contextlib.suppress(Exception):
+            await self.host.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
+    """Stop every actor of the Ray deployment `namespace`; returns how many were found.
+
+    Shard and dedicated actors are detached: they outlive every driver, by design. This
+    stops each one cleanly (it releases its lease and closes its store), then kills it
+    for good; the next call to the deployment creates fresh actors, which recover every
+    running entity from the store. Blocking: call it from a thread in async code.
+    """
+    from ._ray import stop_hosts  # imports Ray
+
+    return stop_hosts(namespace, timeout=timeout)
