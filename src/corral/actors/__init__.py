@@ -38,13 +38,21 @@ from ._errors import (
     UnknownHandlerError,
     UpdateFailedError,
 )
-from ._policy import ContinueAsNewPolicy, IdReusePolicy, RetryPolicy, RunStatus, SnapshotPolicy
+from ._policy import (
+    ContinueAsNewPolicy,
+    DedupeWindow,
+    IdReusePolicy,
+    RetryPolicy,
+    RunStatus,
+    SnapshotPolicy,
+)
 
 __all__ = [
     "ContinueAsNew",
     "ContinueAsNewPolicy",
     "CorralError",
     "DeadLetterNotFoundError",
+    "DedupeWindow",
     "Entity",
     "EntityClosedError",
     "EntityContext",

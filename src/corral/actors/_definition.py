@@ -17,7 +17,13 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import BaseModel
 
 from ._errors import EntityDefinitionError
-from ._policy import ContinueAsNewPolicy, IdReusePolicy, RetryPolicy, SnapshotPolicy
+from ._policy import (
+    ContinueAsNewPolicy,
+    DedupeWindow,
+    IdReusePolicy,
+    RetryPolicy,
+    SnapshotPolicy,
+)
 
 __all__ = [
     "EntityDefinition",
@@ -140,6 +146,7 @@ class EntityDefinition:
     """Ray backend: `"shared"` (hosted in the key's shard actor) or `"dedicated"`."""
     ray_options: Mapping[str, Any] = field(default_factory=dict)
     """Ray resources of a dedicated entity's actor (`num_cpus`, `num_gpus`, ...)."""
+    dedupe_window: DedupeWindow = field(default_factory=DedupeWindow)
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
@@ -150,17 +157,13 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     name = cls.__dict__.get("name", cls.__name__)
     if not isinstance(name, str) or not name.isidentifier():
         raise EntityDefinitionError(f"{cls.__name__}.name must be an identifier, got {name!r}")
-    snapshots = getattr(cls, "snapshots", SnapshotPolicy())
-    if not isinstance(snapshots, SnapshotPolicy):
-        raise EntityDefinitionError(
-            f"{cls.__name__}.snapshots must be a SnapshotPolicy, got {snapshots!r}"
-        )
-    can_policy = getattr(cls, "continue_as_new_policy", ContinueAsNewPolicy())
-    if not isinstance(can_policy, ContinueAsNewPolicy):
-        raise EntityDefinitionError(
-            f"{cls.__name__}.continue_as_new_policy must be a ContinueAsNewPolicy, "
-            f"got {can_policy!r}"
-        )
+    snapshots = _policy(cls, "snapshots", SnapshotPolicy)
+    can_policy = _policy(cls, "continue_as_new_policy", ContinueAsNewPolicy)
+    dedupe = _policy(cls, "dedupe_window", DedupeWindow)
+    id_reuse = _policy(cls, "id_reuse", IdReusePolicy, IdReusePolicy.ALLOW_DUPLICATE)
+    retry = _policy(cls, "retry", RetryPolicy, hint=(
+        " (the class attribute `retry` is reserved for the retry policy; rename a handler "
+        "called so)"))
     idle_timeout = getattr(cls, "idle_timeout", None)
     if idle_timeout is not None and (
         isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float)
@@ -170,18 +173,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
             f"{cls.__name__}.idle_timeout must be a positive number of seconds or None, "
             f"got {idle_timeout!r}"
         )
-    retry = getattr(cls, "retry", RetryPolicy())
-    if not isinstance(retry, RetryPolicy):
-        raise EntityDefinitionError(
-            f"{cls.__name__}.retry must be a RetryPolicy, got {retry!r} (the class "
-            "attribute `retry` is reserved for the retry policy; rename a handler called so)"
-        )
     placement, ray_options = _placement(cls)
-    id_reuse = getattr(cls, "id_reuse", IdReusePolicy.ALLOW_DUPLICATE)
-    if not isinstance(id_reuse, IdReusePolicy):
-        raise EntityDefinitionError(
-            f"{cls.__name__}.id_reuse must be an IdReusePolicy, got {id_reuse!r}"
-        )
     handlers: dict[str, HandlerDefinition] = {}
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():
@@ -199,8 +191,22 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
-        retry=retry, placement=placement, ray_options=ray_options,
+        retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
     )
+
+
+P = TypeVar("P")
+
+
+def _policy(cls: type, attr: str, kind: type[P], default: P | None = None, *,
+            hint: str = "") -> P:
+    """The class's policy attribute `attr`, checked to be a `kind` (default: `kind()`)."""
+    value = getattr(cls, attr, default if default is not None else kind())
+    if not isinstance(value, kind):
+        raise EntityDefinitionError(
+            f"{cls.__name__}.{attr} must be a {kind.__name__}, got {value!r}{hint}"
+        )
+    return value
 
 
 RAY_OPTION_KEYS = frozenset(

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, NoReturn
 from ._context import EntityContext, Mailbox
 from ._definition import EntityDefinition, define_entity
 from ._errors import ContinueAsNew
-from ._policy import ContinueAsNewPolicy, IdReusePolicy, RetryPolicy, SnapshotPolicy
+from ._policy import ContinueAsNewPolicy, DedupeWindow, IdReusePolicy, RetryPolicy, SnapshotPolicy
 
 __all__ = ["Entity"]
 
@@ -52,6 +52,9 @@ class Entity:
     retry: ClassVar[RetryPolicy] = RetryPolicy()
     """How often a raising signal handler is retried before its message is dead-lettered
     (see `RetryPolicy`). Update handlers are never retried: the caller gets the error."""
+
+    dedupe_window: ClassVar[DedupeWindow] = DedupeWindow()
+    """How many and how old message ids are remembered for deduplication."""
 
     idle_timeout: ClassVar[float | None] = None
     """Seconds idle before the entity is snapshotted and evicted from memory (None: never).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ContinueAsNewPolicy",
+    "DedupeWindow",
     "IdReusePolicy",
     "RetryPolicy",
     "RunStatus",
@@ -149,3 +150,28 @@ class RetryPolicy:
         except OverflowError:
             delay = self.max_backoff
         return float(min(delay, self.max_backoff))
+
+
+@dataclass(frozen=True, slots=True)
+class DedupeWindow:
+    """How long message ids are remembered per entity for deduplication.
+
+    An id is remembered while it is among the entity's last `max_count` applied
+    messages AND younger than `max_age` seconds; None lifts that bound. The window lives
+    in its own table: it survives snapshots, journal truncation and continue-as-new.
+    Ids are forgotten only when the host snapshots the entity, and never before their
+    message was applied.
+
+    Example:
+        class Cart(corral.Entity):
+            dedupe_window = corral.DedupeWindow(max_count=10_000, max_age=7 * 86400)
+    """
+
+    max_count: int | None = 100_000
+    max_age: float | None = 30 * 86400.0
+
+    def __post_init__(self) -> None:
+        if self.max_count is not None and self.max_count < 1:
+            raise ValueError(f"DedupeWindow.max_count must be >= 1 or None, got {self.max_count}")
+        if self.max_age is not None and self.max_age <= 0:
+            raise ValueError(f"DedupeWindow.max_age must be > 0 or None, got {self.max_age}")

@@ -241,8 +241,10 @@ class SqliteStore:
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
-                             passivate: bool = False) -> int:
-        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate)
+                             passivate: bool = False, forget_seq: int = 0,
+                             forget_before: float = 0.0) -> int:
+        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate,
+                        forget_seq, forget_before)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,

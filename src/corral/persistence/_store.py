@@ -57,11 +57,14 @@ class Store(Protocol):
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
-                             passivate: bool = False) -> int:
+                             passivate: bool = False, forget_seq: int = 0,
+                             forget_before: float = 0.0) -> int:
         """Store a snapshot, keep the newest `keep`, delete the journal they cover.
 
-        With `passivate`, also mark the entity as evicted from memory (in the same
-        transaction). Returns the journal floor: entries up to it were deleted.
+        With `passivate`, also mark the entity as evicted from memory. Message ids of
+        applied entries with seq <= `forget_seq` or accepted before `forget_before`
+        leave the dedupe window. One transaction. Returns the journal floor: entries up
+        to it were deleted.
         """
         ...
 

@@ -333,6 +333,8 @@ class SnapshotOp:
     state: bytes
     keep: int
     passivate: bool = False
+    forget_seq: int = 0
+    forget_before: float = 0.0
 
     def apply(self, txn: Txn) -> int:
         """Returns the journal floor: entries up to it are covered and deleted."""
@@ -352,6 +354,10 @@ class SnapshotOp:
         db.execute("DELETE FROM snapshots WHERE etype=? AND key=? AND applied_seq<?",
                    (*ident, oldest))
         db.execute("DELETE FROM journal WHERE etype=? AND key=? AND seq<=?", (*ident, oldest))
+        # The dedupe window: forget applied ids that are too many messages or too old ago.
+        db.execute("DELETE FROM dedupe WHERE etype=? AND key=? AND seq<=? "
+                   "AND (seq<=? OR accepted_at<?)",
+                   (*ident, self.applied_seq, self.forget_seq, self.forget_before))
         if self.passivate:
             db.execute("UPDATE entities SET passivated_seq=? WHERE etype=? AND key=?",
                        (self.applied_seq, *ident))

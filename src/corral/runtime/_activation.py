@@ -331,10 +331,13 @@ class Activation:
         """
         assert self.entity is not None
         seq = self.applied_seq
+        window = self.definition.dedupe_window
         self._floor = await self._shard.store.write_snapshot(
             self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
             state=capture(self.entity), keep=self.definition.snapshots.keep,
             passivate=passivate,
+            forget_seq=seq - window.max_count if window.max_count is not None else 0,
+            forget_before=time.time() - window.max_age if window.max_age is not None else 0.0,
         )
         self._snapshot_seq = max(self._snapshot_seq, seq)
 

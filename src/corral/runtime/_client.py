@@ -329,7 +329,9 @@ async def open_runtime(
             first use; `host` is then ignored and `store` must be a file path that every
             shard actor can open. Ray is started (`ray.init(address=address,
             namespace=namespace)`) unless already initialized, and shut down on close
-            only if started here.
+            only if started here. The shard actors tail the journal at most every
+            50 ms (calls reach them directly; tailing only catches what a fenced-out
+            predecessor accepted).
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
         namespace: Ray backend: the deployment's name; clients of one namespace share

@@ -22,7 +22,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,8 @@ class RayHostSpec:
     namespace: str
     lease_ttl: float
     poll_interval: float
+    dedicated_idle_exit: float | None = 30.0
+    """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
 def actor_name(spec: RayHostSpec, index: int) -> str:
@@ -111,6 +113,10 @@ class ShardHost:
     Every method may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
     and the rest are reads.
+
+    A dedicated actor ends itself once no run of its pseudo-shard has been running for
+    `spec.dedicated_idle_exit` seconds, so a finished GPU entity gives its resources
+    back; the next message for it creates a fresh actor.
     """
 
     async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
@@ -121,8 +127,11 @@ class ShardHost:
         self.definitions: dict[str, EntityDefinition] = {}
         register(self.definitions, entities)
         self.router = PlacementRouter(spec.shards, self.definitions)
-        self.store: SqliteStore | None = None
-        self.store = await open_sqlite_store(spec.store, shards=spec.shards)
+        self._inflight = 0
+        self._open = asyncio.Event()  # cleared while deciding to exit: calls wait
+        self._open.set()
+        self._exit_task: asyncio.Task[None] | None = None
+        self.store: SqliteStore = await open_sqlite_store(spec.store, shards=spec.shards)
         try:
             self.host = LocalHost(
                 self.store, self.router, self.definitions, lease_ttl=spec.lease_ttl,
@@ -137,14 +146,35 @@ class ShardHost:
         shard = self.host.shard(index)
         log.info("%s: pid %d holds shard %d at epoch %s", actor_name(spec, index), os.getpid(),
                  index, shard.fence.epoch if shard else None)
+        if self.router.is_dedicated(index) and spec.dedicated_idle_exit is not None:
+            self._exit_task = asyncio.create_task(self._exit_when_idle(spec.dedicated_idle_exit))
+
+    @contextlib.asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
+        while not self._open.is_set():  # exiting: wait to die (the caller then retries)
+            await self._open.wait()
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
 
     # -- the Backend operations --------------------------------------------------------
 
     async def accept_many(self, accs: Sequence[Acceptance]
                           ) -> list[AcceptResult | BaseException]:
-        """Accept a batch (one group commit); each item's result or its error."""
-        return await asyncio.gather(*(self._accept(acc) for acc in accs),
-                                    return_exceptions=True)
+        """Accept a batch (one group commit); each item's result or its error.
+
+        An entity type this actor does not know fails the whole call before anything is
+        accepted: the client teaches the actor its types (`register`) and sends again.
+        """
+        async with self._serving():
+            for etype in {acc.entity_type for acc in accs} - set(self.definitions):
+                raise UnknownEntityTypeError(
+                    f"entity type {etype!r} is not registered in "
+                    f"{actor_name(self.spec, self.index)}")
+            return await asyncio.gather(*(self._accept(acc) for acc in accs),
+                                        return_exceptions=True)
 
     async def _accept(self, acc: Acceptance) -> AcceptResult:
         self._check(acc.entity_type, acc.key)
@@ -156,38 +186,45 @@ class ShardHost:
     async def wait_update(self, etype: str, key: str, message_id: str, timeout: float
                           ) -> UpdateOutcome | None:
         """The update's outcome once applied, or None after `timeout` seconds (ask again)."""
-        self._check(etype, key)
-        try:
-            return await asyncio.wait_for(self.backend.wait_update(etype, key, message_id),
-                                          timeout)
-        except TimeoutError:
-            return None
+        async with self._serving():
+            self._check(etype, key)
+            try:
+                return await asyncio.wait_for(
+                    self.backend.wait_update(etype, key, message_id), timeout)
+            except TimeoutError:
+                return None
 
     async def query(self, etype: str, key: str, name: str, payload: str | None,
                     activate: bool) -> str:
-        self._check(etype, key)
-        return await self.backend.query(etype, key, name, payload, activate=activate)
+        async with self._serving():
+            self._check(etype, key)
+            return await self.backend.query(etype, key, name, payload, activate=activate)
 
     async def describe(self, etype: str, key: str) -> EntityDescription:
-        self._check(etype, key)
-        return await self.backend.describe(etype, key)
+        async with self._serving():
+            self._check(etype, key)
+            return await self.backend.describe(etype, key)
 
     async def latest_run(self, etype: str, key: str) -> RunRecord | None:
-        return await self.backend.latest_run(etype, key)
+        async with self._serving():
+            return await self.backend.latest_run(etype, key)
 
     async def dead_letters(self, etype: str | None, key: str | None, limit: int
                            ) -> list[DeadLetter]:
         """Any shard actor answers for all: they share one store."""
-        return await self.backend.dead_letters(etype, key, limit)
+        async with self._serving():
+            return await self.backend.dead_letters(etype, key, limit)
 
     async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
                                  ) -> AcceptResult:
-        self._check(etype, key)
-        return await self.backend.replay_dead_letter(etype, key, dead_letter_id)
+        async with self._serving():
+            self._check(etype, key)
+            return await self.backend.replay_dead_letter(etype, key, dead_letter_id)
 
     async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        self._check(etype, key)
-        return await self.backend.discard_dead_letter(etype, key, dead_letter_id)
+        async with self._serving():
+            self._check(etype, key)
+            return await self.backend.discard_dead_letter(etype, key, dead_letter_id)
 
     def _check(self, etype: str, key: str) -> None:
         if etype not in self.definitions:
@@ -196,6 +233,45 @@ class ShardHost:
             )
         if self.router.shard_of(etype, key) != self.index:
             raise CorralError(f"{etype} {key!r} does not belong to shard {self.index}")
+
+    # -- a dedicated actor ends when its entity is done ----------------------------------
+
+    async def _running_here(self) -> int:
+        """Runs of this shard that are running (passivated ones included) or in memory."""
+        shard = self.host.shard(self.index)
+        if shard is not None and len(shard):
+            return len(shard)
+        return await self.store.read(lambda db: int(db.execute(
+            "SELECT count(*) FROM entities WHERE shard=? AND status='running'", (self.index,)
+        ).fetchone()[0]))
+
+    async def _exit_when_idle(self, grace: float) -> None:
+        import ray
+
+        idle_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(max(grace / 4, 0.05), 5.0))
+            if self._inflight or await self._running_here():
+                idle_since = None
+                continue
+            idle_since = idle_since or loop.time()
+            if loop.time() - idle_since < grace:
+                continue
+            self._open.clear()  # new calls wait; let the ones in flight finish
+            while self._inflight:
+                await asyncio.sleep(0.01)
+            if await self._running_here():  # a call started a run meanwhile: stay
+                self._open.set()
+                idle_since = None
+                continue
+            log.info("%s: no running entity for %.1f s; exiting", actor_name(self.spec,
+                     self.index), grace)
+            await self.host.close()
+            await self.store.close()
+            # Calls waiting in _serving die with the actor; their clients retry on a new one.
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+            return
 
     # -- administration ----------------------------------------------------------------
 
@@ -234,11 +310,13 @@ class ShardHost:
 
     async def shutdown(self) -> None:
         """Stop hosting, release the lease and close the store (`stop_hosts` then kills
-        the actor for good). Calls that arrive afterwards fail with `StoreError`."""
+        the actor for good). Calls that arrive afterwards wait until the actor is gone."""
+        self._open.clear()
+        if self._exit_task is not None:
+            self._exit_task.cancel()
         with contextlib.suppress(Exception):
             await self.host.close()
-        if self.store is not None:
-            await self.store.close()
+        await self.store.close()
 
 
 def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
