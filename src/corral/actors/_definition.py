@@ -204,7 +204,8 @@ def _policy(cls: type, attr: str, kind: type[P], default: P | None = None, *,
     value = getattr(cls, attr, default if default is not None else kind())
     if not isinstance(value, kind):
         raise EntityDefinitionError(
-            f"{cls.__name__}.{attr} must be a {kind.__name__}, got {value!r}{hint}"
+            f"{cls.__name__}.{attr} must be {'an' if kind.__name__[0] in 'AEIOU' else 'a'} "
+            f"{kind.__name__}, got {value!r}{hint}"
         )
     return value
 
