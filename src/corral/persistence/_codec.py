@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from corral.actors import InvalidPayloadError, PayloadTooLargeError
 
@@ -28,72 +28,70 @@ def payload_hash(name: str, payload: str) -> bytes:
 def encode_model(model_type: type[BaseModel], value: Any, *, max_bytes: int, what: str) -> str:
     """Validate `value` against `model_type` and return its canonical JSON.
 
-    Accepts an instance of exactly `model_type` or a JSON-like mapping. Unknown fields
-    are refused rather than dropped: a sender's data never silently disappears.
+    Accepts an instance of exactly `model_type` (validated when it was built) or a
+    JSON-like mapping (validated here). Unknown fields are refused rather than dropped,
+    and NaN or infinities are refused rather than turned into null: a sender's data
+    never silently disappears or changes.
 
     Raises:
         InvalidPayloadError: wrong type, failed validation, unknown fields, not JSON.
         PayloadTooLargeError: the canonical JSON exceeds `max_bytes`.
     """
+    raw: Any = None
     if isinstance(value, BaseModel):
         if type(value) is not model_type:
             raise InvalidPayloadError(
                 f"{what} expects {model_type.__name__}, got {type(value).__name__}"
             )
-        _refuse_non_finite(value, what)
-        raw: Any = _dump(value, what)
+        model = value
     elif isinstance(value, dict):
         raw = value
+        try:
+            model = model_type.model_validate(raw)
+        except ValidationError as err:
+            raise InvalidPayloadError(f"{what}: {err}") from None
     else:
         raise InvalidPayloadError(
             f"{what} expects {model_type.__name__} (or a dict of its fields), "
             f"got {type(value).__name__}"
         )
     try:
-        model = model_type.model_validate(raw)
-    except ValidationError as err:
-        raise InvalidPayloadError(f"{what}: {err}") from None
-    if not isinstance(value, BaseModel):
-        _refuse_non_finite(model, what)
-    data = _dump(model, what)
-    if not _same(raw, data):  # equal data has no unknown field: skip the (slower) walk
-        _refuse_unknown_fields(raw, data, what, path="")
-    try:
-        text = canonical_json(data)
-    except (TypeError, ValueError) as err:
+        # Python mode keeps NaN and infinities as floats, so json.dumps refuses them
+        # (JSON mode would have turned them into null); other values go through
+        # pydantic's JSON conversion.
+        data = model.model_dump(mode="python", by_alias=True)
+        _refuse_non_string_keys(data, what)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                          ensure_ascii=False, default=_jsonable)
+    except (TypeError, ValueError, PydanticSerializationError) as err:
         raise InvalidPayloadError(f"{what} is not JSON: {err}") from None
+    if raw is not None and not _same(raw, data):  # equal data has no unknown field
+        _refuse_unknown_fields(raw, data, what, path="")
     size = len(text.encode())
     if size > max_bytes:
         raise PayloadTooLargeError(f"{what} is {size} bytes; the limit is {max_bytes}")
     return text
 
 
-def _dump(model: BaseModel, what: str) -> Any:
-    try:
-        return model.model_dump(mode="json", by_alias=True)
-    except Exception as err:  # pydantic raises several types for unserialisable values
-        raise InvalidPayloadError(f"{what} is not JSON-serialisable: {err}") from None
+def _refuse_non_string_keys(data: Any, what: str) -> None:
+    """JSON object keys are strings; json.dumps would silently turn 1 into "1"."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for k, v in item.items():
+                if type(k) is not str:
+                    raise InvalidPayloadError(f"{what} is not JSON: key {k!r} is not a string")
+                if type(v) is dict or type(v) is list:
+                    stack.append(v)
+        elif type(item) is list:
+            stack.extend(v for v in item if type(v) is dict or type(v) is list)
 
 
-def _refuse_non_finite(model: BaseModel, what: str) -> None:
-    """Refuse NaN and infinities anywhere in `model`.
-
-    pydantic's JSON mode turns them into null in `Any`-typed fields (it keeps them in
-    `float` fields, which `canonical_json` then refuses): either way they are not JSON,
-    and a sender's value must never silently become another one.
-    """
-    try:
-        values = [model.model_dump(mode="python")]
-    except Exception as err:  # pydantic raises several types for unserialisable values
-        raise InvalidPayloadError(f"{what} is not JSON-serialisable: {err}") from None
-    while values:
-        item = values.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise InvalidPayloadError(f"{what} is not JSON: {item!r} is not a JSON number")
-        if isinstance(item, dict):
-            values.extend(item.values())
-        elif isinstance(item, list | tuple | set | frozenset):
-            values.extend(item)
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset):  # unordered: sort for a stable payload hash
+        return sorted(to_jsonable_python(list(value)), key=canonical_json)
+    return to_jsonable_python(value)
 
 
 def _same(raw: Any, data: Any) -> bool:

@@ -185,6 +185,8 @@ class SqliteStore:
         try:
             db.execute("BEGIN IMMEDIATE")
             for op in ops:
+                if not getattr(op, "buffered", False):
+                    txn.flush()  # other ops may read or change buffered rows
                 try:
                     results.append(op.apply(txn))
                 except CorralError as err:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from corral.actors import (
     DeadLetterNotFoundError,
@@ -63,12 +63,31 @@ class Fence:
     epoch: int
 
 
+_JOURNAL_INSERT = (
+    "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, payload, "
+    "sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_DEDUPE_INSERT = (
+    "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender, "
+    "accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
 @dataclass(slots=True)
 class Txn:
-    """One open transaction; caches entity rows so a batch updates each row once."""
+    """One open transaction.
+
+    Caches entity rows so a batch updates each row once, and buffers accepted journal
+    and dedupe rows for one `executemany` each (`flush`, before any other kind of op
+    reads or changes them). `accepted` answers dedupe lookups for ids accepted earlier
+    in this same batch.
+    """
 
     db: sqlite3.Connection
     entities: dict[tuple[str, str], _EntityRow | None] = field(default_factory=dict)
+    journal_rows: list[tuple[Any, ...]] = field(default_factory=list)
+    dedupe_rows: list[tuple[Any, ...]] = field(default_factory=list)
+    accepted: dict[tuple[str, str, str], tuple[Any, ...]] = field(default_factory=dict)
 
     def entity(self, etype: str, key: str) -> _EntityRow | None:
         ident = (etype, key)
@@ -96,6 +115,12 @@ class Txn:
             )
 
     def flush(self) -> None:
+        if self.journal_rows:
+            self.db.executemany(_JOURNAL_INSERT, self.journal_rows)
+            self.db.executemany(_DEDUPE_INSERT, self.dedupe_rows)
+            self.journal_rows.clear()
+            self.dedupe_rows.clear()
+            self.accepted.clear()
         dirty = [(k[0], k[1], r) for k, r in self.entities.items() if r is not None and r.dirty]
         if dirty:
             self.db.executemany(
@@ -115,14 +140,15 @@ class WriteOp(Protocol):
 @dataclass(frozen=True, slots=True)
 class AcceptOp:
     acc: Acceptance
+    buffered: ClassVar[bool] = True  # its journal/dedupe rows wait for Txn.flush
 
     def apply(self, txn: Txn) -> AcceptResult:
         a = self.acc
         db = txn.db
-        seen = db.execute(
+        ident = (a.entity_type, a.key, a.message_id)
+        seen = txn.accepted.get(ident) or db.execute(
             "SELECT seq, run_id, payload_hash, sender, accepted_at FROM dedupe "
-            "WHERE etype=? AND key=? AND message_id=?",
-            (a.entity_type, a.key, a.message_id),
+            "WHERE etype=? AND key=? AND message_id=?", ident,
         ).fetchone()
         if seen is not None:
             return self._duplicate(seen)
@@ -154,18 +180,16 @@ class AcceptOp:
             a.entity_type, a.key, row.next_seq, row.run_id, a.kind, a.name, a.message_id,
             a.payload, a.sender, a.accepted_at,
         )
-        db.execute(
-            "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "
-            "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (a.entity_type, a.key, entry.seq, entry.run_id, a.shard, a.kind.value, a.name,
-             a.message_id, a.payload, a.sender, a.accepted_at),
-        )
-        db.execute(
-            "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender, "
-            "accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (a.entity_type, a.key, a.message_id, entry.seq, entry.run_id, a.payload_hash,
-             a.sender, a.accepted_at),
-        )
+        txn.journal_rows.append((
+            a.entity_type, a.key, entry.seq, entry.run_id, a.shard, a.kind.value, a.name,
+            a.message_id, a.payload, a.sender, a.accepted_at,
+        ))
+        txn.dedupe_rows.append((
+            a.entity_type, a.key, a.message_id, entry.seq, entry.run_id, a.payload_hash,
+            a.sender, a.accepted_at,
+        ))
+        txn.accepted[ident] = (entry.seq, entry.run_id, a.payload_hash, a.sender,
+                               a.accepted_at)
         row.next_seq += 1
         if a.kind is EntryKind.TERMINATE:
             row.status = RunStatus.TERMINATED
