@@ -114,6 +114,7 @@ class Round:
     ops_committed: int
     applied_per_s: float | None
     prime_s: float
+    load1: float  # 1-minute load average at the end of the window (2 CPUs here)
 
 
 @dataclass
@@ -199,6 +200,7 @@ def summarize(window: float, latencies: list[float], commits: int, ops: int,
         ops_committed=ops,
         applied_per_s=None if applied is None else applied / window,
         prime_s=prime_s,
+        load1=os.getloadavg()[0],
     )
 
 
@@ -238,8 +240,8 @@ _DEDUPE_SQL = (
     "accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _RUNS_SQL = (
-    "INSERT INTO runs (etype, key, run_id, status, start_input, started_at) "
-    "VALUES (?, ?, ?, 'running', ?, ?)"
+    "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, first_seq) "
+    "VALUES (?, ?, ?, 'running', ?, ?, ?)"
 )
 _ENTITY_SQL = (
     "INSERT INTO entities (etype, key, shard, run_id, status, next_seq) VALUES (?, ?, ?, ?, ?, ?) "
@@ -303,11 +305,26 @@ class CeilingWriter:
             batch, self._batch = self._batch, None
             if batch is None:
                 continue
-            await conn._execute(self._apply, conn._conn, batch.items)
-            batch.future.set_result(None)
+            try:
+                await conn._execute(self._apply, conn._conn, batch.items)  # type: ignore[no-untyped-call]
+            except Exception as err:  # e.g. the schema changed under these statements
+                batch.future.set_exception(RuntimeError(f"ceiling writer failed: {err!r}"))
+            else:
+                batch.future.set_result(None)
 
     def _apply(self, db: sqlite3.Connection, items: list[_Item]) -> None:
         db.execute("BEGIN IMMEDIATE")
+        try:
+            self._insert(db, items)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        self.commits += 1
+        self.ops_committed += len(items)
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, items: list[_Item]) -> None:
         db.executemany(_JOURNAL_SQL, [i[0] for i in items])
         db.executemany(_DEDUPE_SQL, [i[1] for i in items])
         runs = [i[2] for i in items if i[2] is not None]
@@ -315,9 +332,6 @@ class CeilingWriter:
             db.executemany(_RUNS_SQL, runs)
         latest = {(i[3][0], i[3][1]): i[3] for i in items}  # one upsert per entity
         db.executemany(_ENTITY_SQL, list(latest.values()))
-        db.execute("COMMIT")
-        self.commits += 1
-        self.ops_committed += len(items)
 
 
 async def run_ceiling(path: str, *, entities: int, senders: int, warmup: float,
@@ -340,7 +354,7 @@ async def run_ceiling(path: str, *, entities: int, senders: int, warmup: float,
             runs_row = None
             if st is None:
                 st = state[i] = [1, router.shard_of(ETYPE, key)]
-                runs_row = (ETYPE, key, 1, start_text, now)
+                runs_row = (ETYPE, key, 1, start_text, now, 1)
             seq, shard = st
             st[0] = seq + 1
             mid = new_message_id()
@@ -472,7 +486,8 @@ def fmt_round(r: Round) -> str:
     applied = "" if r.applied_per_s is None else f", applied {r.applied_per_s:,.0f}/s"
     batch = r.ops_committed / r.commits if r.commits else 0.0
     return (f"{r.acks_per_s:>9,.0f} acks/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  "
-            f"{r.commits} commits, {batch:.1f} ops/commit{applied} (prime {r.prime_s:.1f} s)")
+            f"{r.commits} commits, {batch:.1f} ops/commit{applied} (prime {r.prime_s:.1f} s, "
+            f"load {r.load1:.1f})")
 
 
 async def run_plan(plan: Plan) -> list[Row]:
@@ -512,7 +527,8 @@ async def run_plan(plan: Plan) -> list[Row]:
 
 def table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
     """The side-by-side table and its JSON rows (median rounds)."""
-    ceilings = {(r.entities, r.senders): r.median for r in rows if r.system == "ceiling"}
+    ceiling_rows = {(r.entities, r.senders): r for r in rows if r.system == "ceiling"}
+    ceilings = {k: r.median for k, r in ceiling_rows.items()}
     header = (f"{'entities':>8} {'senders':>7} {'host':>5} | {'corral/s':>9} {'p50 ms':>7} "
               f"{'p99 ms':>7} {'commits':>7} {'ops':>7} {'ops/commit':>10} {'applied/s':>9} | "
               f"{'ceiling/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'ops/commit':>10} | {'ratio':>5}")
@@ -543,11 +559,12 @@ def table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
             "corral_mean_ops_per_commit": batch,
             "ceiling": asdict(c),
             "ceiling_rounds_acks_per_s": [
-                x.acks_per_s for x in next(
-                    y for y in rows if y.system == "ceiling" and y.entities == r.entities
-                    and y.senders == r.senders).rounds],
+                x.acks_per_s for x in ceiling_rows[(r.entities, r.senders)].rounds],
             "ceiling_mean_ops_per_commit": cbatch,
             "ratio": ratio,
+            "rounds_ratio": [x.acks_per_s / y.acks_per_s if y.acks_per_s else None
+                             for x, y in zip(r.rounds, ceiling_rows[(r.entities, r.senders)].rounds,
+                                             strict=True)],
         })
     return "\n".join(lines), out
 
