@@ -12,7 +12,7 @@ from ._records import (
 )
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import Store
-from ._writes import Fence
+from ._txn import Fence
 
 __all__ = [
     "AcceptResult",

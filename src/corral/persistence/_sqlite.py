@@ -22,6 +22,22 @@ import aiosqlite
 
 from corral.actors import CorralError, RunStatus, StoreError
 
+from ._accept import AcceptOp
+from ._dead_letters import (
+    DEAD_LETTER_COLUMNS,
+    DiscardDeadLetterOp,
+    RecordDeadLetterOp,
+    ReplayDeadLetterOp,
+)
+from ._leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._lifecycle import (
+    ActivatedOp,
+    CloseRunOp,
+    ContinueAsNewOp,
+    RecordUpdateOp,
+    SnapshotOp,
+    TimerOp,
+)
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -32,25 +48,7 @@ from ._records import (
     UpdateOutcome,
 )
 from ._schema import DDL, PRAGMAS, SCHEMA_VERSION
-from ._writes import (
-    _DEAD_LETTER_COLS,
-    AcceptOp,
-    AcquireLeasesOp,
-    ActivatedOp,
-    CloseRunOp,
-    ContinueAsNewOp,
-    DiscardDeadLetterOp,
-    Fence,
-    RecordDeadLetterOp,
-    RecordUpdateOp,
-    ReleaseLeasesOp,
-    RenewLeasesOp,
-    ReplayDeadLetterOp,
-    SnapshotOp,
-    TimerOp,
-    Txn,
-    WriteOp,
-)
+from ._txn import Fence, Txn, WriteOp
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -404,7 +402,7 @@ class SqliteStore:
                                  if v is not None)
             args = [v for v in (etype, key) if v is not None]
             rows = db.execute(
-                f"SELECT id, {_DEAD_LETTER_COLS} FROM dead_letters "
+                f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters "
                 f"{'WHERE ' + where if where else ''} ORDER BY id LIMIT ?", (*args, limit),
             ).fetchall()
             return [DeadLetter(*r) for r in rows]

@@ -15,7 +15,7 @@ from ._records import (
     RunRecord,
     UpdateOutcome,
 )
-from ._writes import Fence
+from ._txn import Fence
 
 __all__ = ["Store"]
 

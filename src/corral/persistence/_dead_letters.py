@@ -1,0 +1,149 @@
+"""Dead letters: signals whose handler kept raising, and the operator's replay/discard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.actors import DeadLetterNotFoundError, EntityNotRunningError, IdReusePolicy
+
+from ._accept import AcceptOp
+from ._codec import payload_hash
+from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
+from ._txn import Fence, Txn
+
+__all__ = [
+    "DEAD_LETTER_COLUMNS",
+    "DiscardDeadLetterOp",
+    "RecordDeadLetterOp",
+    "ReplayDeadLetterOp",
+    "replay_message_id",
+]
+
+
+DEAD_LETTER_COLUMNS = ("etype, key, run_id, seq, message_id, name, payload, sender, error, "
+                       "traceback, attempts, failed_at")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDeadLetterOp:
+    """Move a signal whose handler kept raising to the dead letters (fenced).
+
+    Idempotent per journal entry: a second record for the same run and seq returns the
+    first row's id. Returns the dead letter's id.
+    """
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    seq: int
+    message_id: str
+    name: str
+    payload: str
+    sender: str | None
+    error: str
+    traceback: str
+    attempts: int
+    failed_at: float
+
+    def apply(self, txn: Txn) -> int:
+        txn.check(self.fence)
+        found = txn.db.execute(
+            "SELECT id FROM dead_letters WHERE etype=? AND key=? AND run_id=? AND seq=?",
+            (self.entity_type, self.key, self.run_id, self.seq),
+        ).fetchone()
+        if found is not None:
+            return int(found[0])
+        cur = txn.db.execute(
+            f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (self.entity_type, self.key, self.run_id, self.seq, self.message_id, self.name,
+             self.payload, self.sender, self.error, self.traceback, self.attempts,
+             self.failed_at),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+
+def replay_message_id(dead_letter_id: int, message_id: str) -> str:
+    """The message id of a dead letter's replay: a retried replay is a duplicate."""
+    return f"replay:{dead_letter_id}:{message_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayDeadLetterOp:
+    """Accept a dead letter's payload again as a new signal of the running run, and delete
+    the dead letter, in one transaction (open to any process, like `AcceptOp`).
+
+    The new entry's message id is `replay_message_id(id, original id)`, so retrying a
+    replay whose answer was lost is answered `duplicate` (found through the dedupe
+    window once the dead letter is gone). The recorded sender stays the original one:
+    the payload is still that sender's message.
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    dead_letter_id: int
+    accepted_at: float
+
+    def apply(self, txn: Txn) -> AcceptResult:
+        db, ident = txn.db, (self.entity_type, self.key)
+        row = db.execute(
+            "SELECT message_id, name, payload, sender FROM dead_letters "
+            "WHERE id=? AND etype=? AND key=?", (self.dead_letter_id, *ident),
+        ).fetchone()
+        if row is None:
+            return self._replayed_before(txn)
+        message_id, name, payload, sender = row
+        acc = Acceptance(
+            self.entity_type, self.key, self.shard, EntryKind.SIGNAL, name,
+            replay_message_id(self.dead_letter_id, message_id), payload,
+            payload_hash(name, payload), sender, None, IdReusePolicy.ALLOW_DUPLICATE,
+            self.accepted_at,
+        )
+        try:
+            result = AcceptOp(acc).apply(txn)  # refuses before writing anything
+        except EntityNotRunningError as err:
+            raise EntityNotRunningError(
+                f"cannot replay dead letter {self.dead_letter_id}: {self.entity_type} "
+                f"{self.key!r} is not running ({err})"
+            ) from err
+        db.execute("DELETE FROM dead_letters WHERE id=?", (self.dead_letter_id,))
+        return result
+
+    def _replayed_before(self, txn: Txn) -> AcceptResult:
+        prefix = replay_message_id(self.dead_letter_id, "")
+        ident = (self.entity_type, self.key)
+        seen = txn.db.execute(  # a range scan of the dedupe key: ids starting with prefix
+            "SELECT message_id, seq, run_id, sender, accepted_at FROM dedupe "
+            "WHERE etype=? AND key=? AND message_id>=? AND message_id<? LIMIT 1",
+            (*ident, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)),
+        ).fetchone()
+        if seen is None:
+            raise DeadLetterNotFoundError(
+                f"{self.entity_type} {self.key!r} has no dead letter {self.dead_letter_id}"
+            )
+        message_id, seq, run_id, sender, accepted_at = seen
+        stored = txn.db.execute(
+            "SELECT name, payload FROM journal WHERE etype=? AND key=? AND seq=?", (*ident, seq)
+        ).fetchone()
+        # The entry may be covered by a snapshot by now; only run_id and seq matter then.
+        name, payload = stored if stored is not None else ("", "null")
+        entry = JournalEntry(self.entity_type, self.key, seq, run_id, EntryKind.SIGNAL, name,
+                             message_id, payload, sender, accepted_at)
+        return AcceptResult(duplicate=True, started=False, entry=entry)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardDeadLetterOp:
+    """Delete a dead letter; returns whether it existed."""
+
+    entity_type: str
+    key: str
+    dead_letter_id: int
+
+    def apply(self, txn: Txn) -> bool:
+        cur = txn.db.execute("DELETE FROM dead_letters WHERE id=? AND etype=? AND key=?",
+                             (self.dead_letter_id, self.entity_type, self.key))
+        return cur.rowcount == 1
