@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 import corral
 from corral.persistence import SqliteStore
+from procs import wait_until
 
 # -- recording -----------------------------------------------------------------------
 
@@ -224,19 +225,6 @@ ALL_ENTITIES: list[type[corral.Entity]] = [Ticket, Inbox, Job, JobFailedOnly, Jo
 # -- waiting and store inspection ----------------------------------------------------
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], *, what: str,
-                     timeout: float = 30.0) -> None:
-    """Poll `check` with backoff until it holds; fail the test after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    delay = 0.002
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
 async def wait_applied(ref: corral.EntityRef[Any], seq: int) -> None:
     """Wait until the live activation of `ref` has applied everything up to `seq`."""
 
@@ -244,7 +232,7 @@ async def wait_applied(ref: corral.EntityRef[Any], seq: int) -> None:
         info = await ref.describe()
         return info.applied_seq is not None and info.applied_seq >= seq
 
-    await wait_until(applied, what=f"{ref!r} to apply seq {seq}")
+    await wait_until(applied, f"{ref!r} applies seq {seq}")
 
 
 def store_rows(path: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -267,11 +255,6 @@ def row_counts(path: str) -> dict[str, int]:
     with contextlib.closing(sqlite3.connect(path)) as db:
         names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {n: db.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in names}
-
-
-def query_rows(path: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        return db.execute(sql, args).fetchall()
 
 
 # -- a store that can hold the host at chosen points ----------------------------------
@@ -345,10 +328,8 @@ __all__ = [
     "assert_init_first",
     "events_of",
     "fresh_key",
-    "query_rows",
     "record",
     "row_counts",
     "store_rows",
     "wait_applied",
-    "wait_until",
 ]

@@ -21,10 +21,10 @@ from entities import (
     Ticket,
     Unregistered,
     fresh_key,
-    query_rows,
     store_rows,
     wait_applied,
 )
+from procs import sql
 
 START = Start(tenant="acme")
 LIMITS = corral.Limits(max_payload_bytes=512, max_key_length=64)
@@ -247,11 +247,11 @@ async def test_a_spoofed_sender_is_replaced_by_the_authenticated_one(db_path: st
         ("root", "Ticket", key, "update", "assign"),
         ("mallory", "Ticket", key, "signal", "reply"),
     ]
-    assert query_rows(db_path, "SELECT message_id, sender FROM journal WHERE key=? ORDER BY seq",
-                      key) == [("m-1", "svc:webhook"), ("u-1", "svc:webhook")]
-    assert query_rows(db_path, "SELECT message_id, sender FROM dedupe WHERE key=? "
-                      "ORDER BY message_id", key) == [("m-1", "svc:webhook"),
-                                                      ("u-1", "svc:webhook")]
+    assert sql(db_path, "SELECT message_id, sender FROM journal WHERE key=? ORDER BY seq",
+               key) == [("m-1", "svc:webhook"), ("u-1", "svc:webhook")]
+    assert sql(db_path, "SELECT message_id, sender FROM dedupe WHERE key=? "
+               "ORDER BY message_id", key) == [("m-1", "svc:webhook"),
+                                               ("u-1", "svc:webhook")]
 
 
 async def test_authorize_returning_none_records_an_anonymous_sender(db_path: str) -> None:
@@ -260,7 +260,7 @@ async def test_authorize_returning_none_records_an_anonymous_sender(db_path: str
                                    authorize=lambda req: None) as rt:
         await rt.ref(Ticket, key).signal_with_start(Ticket.reply, Reply(text="x"), start=START,
                                                     sender="admin")
-    assert query_rows(db_path, "SELECT sender FROM journal WHERE key=?", key) == [(None,)]
+    assert sql(db_path, "SELECT sender FROM journal WHERE key=?", key) == [(None,)]
 
 
 async def test_an_async_authorize_works(db_path: str) -> None:
@@ -278,5 +278,5 @@ async def test_an_async_authorize_works(db_path: str) -> None:
         with pytest.raises(corral.UnauthorizedError):
             await ref.signal(Ticket.reply, Reply(text="y"), sender="bob")
         assert store_rows(db_path) == before
-    assert query_rows(db_path, "SELECT sender FROM journal WHERE key=?", key) == [
+    assert sql(db_path, "SELECT sender FROM journal WHERE key=?", key) == [
         ("verified:alice",)]

@@ -11,97 +11,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import random
-import signal
 import sqlite3
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import corral
 from bounded_entities import Applied, Chain, ChurnLedger, ChurnMailbox, Note, Sink, SinkInit, Tick
+from procs import Worker, spawner, sql, wait_until
 
-TESTS = Path(__file__).resolve().parent
-WORKER = TESTS / "mp_bounded_worker.py"
+WORKER = Path(__file__).resolve().parent / "mp_bounded_worker.py"
 CHURN: list[type[corral.Entity]] = [ChurnLedger, ChurnMailbox]
 TTL = 1.0
+WAIT = 40.0  # wait_until's timeout in this module where a call does not set one
 KILLS = 10  # hosts started and SIGKILLed in turn
 
 
 # -- helpers ---------------------------------------------------------------------------
 
 
-def sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return db.execute(query, params).fetchall()
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
-                     timeout: float = 40.0, alive: Sequence[Worker] = ()) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        for worker in alive:
-            worker.check_alive()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        await asyncio.sleep(0.01)
-
-
-class Worker:
-    """One `mp_bounded_worker.py` subprocess; its output goes to `<name>.log`."""
-
-    def __init__(self, tmp_path: Path, name: str, role: str, *args: str) -> None:
-        self.name = name
-        self.log = tmp_path / f"{name}.log"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, str(WORKER), role, *args], env=env,
-                                         cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
-
-    def check_alive(self) -> None:
-        code = self.proc.poll()
-        if code is not None:
-            raise AssertionError(f"worker {self.name} exited with {code}:\n"
-                                 f"{self.log.read_text(errors='replace')}")
-
-    def sigkill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(name: str, role: str, *args: str) -> Worker:
-        worker = Worker(tmp_path, name, role, *args)
-        started.append(worker)
-        return worker
-
-    try:
+    with spawner(tmp_path, WORKER) as start:
         yield start
-    finally:
-        for worker in started:
-            worker.stop()
 
 
 def lines(path: Path) -> list[str]:
@@ -125,11 +62,11 @@ async def test_sigkill_at_random_moments_of_snapshots_and_continue_as_new_loses_
         worker = spawn(f"churn{i}", "churn", "--db", db_path, "--lease-ttl", str(TTL),
                        "--acklog", str(acklog), "--status", str(status), "--prefix", f"it{i}")
         await wait_until(lambda: len(lines(status)) == i + 1,  # noqa: B023
-                         f"worker {i} hosts the entities", alive=[worker])
+                         f"worker {i} hosts the entities", timeout=WAIT, alive=[worker])
         kill_at = rng.randint(20, 400)
         tag = f" it{i}-"
         await wait_until(lambda: sum(tag in line for line in lines(acklog)) >= kill_at,  # noqa: B023
-                         f"worker {i} got {kill_at} acks", alive=[worker])
+                         f"worker {i} got {kill_at} acks", timeout=WAIT, alive=[worker])
         worker.sigkill()
     acked = [line.split() for line in lines(acklog)]
     print(f"{len(acked)} acknowledged signals over {KILLS} SIGKILLed hosts")
@@ -148,7 +85,8 @@ async def test_sigkill_at_random_moments_of_snapshots_and_continue_as_new_loses_
             return len(history) >= len(accepted[etype])
 
         for etype in refs:
-            await wait_until(lambda: settled(etype), f"{etype} applied its backlog")  # noqa: B023
+            await wait_until(lambda: settled(etype), f"{etype} applied its backlog",  # noqa: B023
+                             timeout=WAIT)
         history = {"ChurnLedger": await refs["ChurnLedger"].query(ChurnLedger.history),
                    "ChurnMailbox": await refs["ChurnMailbox"].query(ChurnMailbox.history)}
         carried = await refs["ChurnMailbox"].query(ChurnMailbox.carried_counts)
@@ -300,7 +238,8 @@ async def test_recovery_after_100000_signals_replays_only_the_tail_after_the_lat
     async with corral.open_runtime(db_path, entities=[Sink]) as rt:
         ref = rt.ref(Sink, "sink-3")
         await _pump(ref, 0, total)
-        await wait_until(lambda: _caught_up(ref), "the entity applied what was sent")
+        await wait_until(lambda: _caught_up(ref), "the entity applied what was sent",
+                         timeout=WAIT)
     ((latest,),) = sql(db_path, "SELECT max(applied_seq) FROM snapshots")
     assert latest == total // every * every
     Sink.handler_calls = 0

@@ -23,8 +23,8 @@ from entities import (
     events_of,
     fresh_key,
     row_counts,
-    wait_until,
 )
+from procs import wait_until
 
 START = Start(tenant="acme")
 
@@ -178,7 +178,7 @@ async def test_terminate_closes_a_running_entity_and_stops_its_run(db_path: str)
         async def gone() -> bool:
             return not (await ref.describe()).hosted_here
 
-        await wait_until(gone, what="the terminated activation to leave memory")
+        await wait_until(gone, "the terminated activation leaves memory")
         info = await ref.describe()
         # ALLOW_DUPLICATE: a new run may start after a termination.
         restarted = await ref.signal_with_start(Ticket.reply, Reply(text="c"), start=START)

@@ -8,39 +8,16 @@ that applied it; the journal seq of each message comes from its ack.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
-import sqlite3
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import corral
 from bounded_entities import Applied, Chain, Note, Rollover, StormLedger, StormMailbox
+from procs import sql, wait_until
 
 SENDERS, PER_SENDER = 4, 500
 TOTAL = SENDERS * PER_SENDER
-
-
-def sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return db.execute(query, params).fetchall()
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
-                     timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        await asyncio.sleep(0.01)
 
 
 async def storm(ref: corral.EntityRef[Any], handler: Any, expect: int

@@ -13,16 +13,10 @@ worker process that the SIGKILL test kills in the middle of its retries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +25,7 @@ from pydantic import BaseModel
 
 import corral
 from corral.persistence import Fence
+from procs import Worker, sql, wait_until
 
 
 class Init(BaseModel):
@@ -151,11 +146,6 @@ def _open(db_path: str, *entities: type[corral.Entity], **options: Any) -> Any:
                                **options)
 
 
-def _sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return db.execute(query, params).fetchall()
-
-
 async def _send_items(ref: corral.EntityRef[Any], values: list[int], *,
                       handler: Any = None) -> list[corral.Ack]:
     """Send one signal per value, one after another (message id `m-<value>`)."""
@@ -205,7 +195,7 @@ async def test_a_signal_whose_handler_always_raises_is_dead_lettered_after_max_a
         info = await ref.describe()
         assert (info.accepted_seq, info.applied_seq) == (4, 4)  # counted as applied
     # The row is in the store file itself.
-    assert _sql(db_path, "SELECT id, seq, message_id, attempts FROM dead_letters") == [
+    assert sql(db_path, "SELECT id, seq, message_id, attempts FROM dead_letters") == [
         (dead.id, 2, "m-2", 3)]
 
 
@@ -257,7 +247,7 @@ async def test_replaying_a_dead_letter_after_the_fix_applies_it_once_and_removes
         assert (again.status, again.run_id, again.seq) == ("duplicate", 1, 5)
         assert await ref.query(Fragile.values) == [1, 3, 4, 2]
         assert Fragile.calls[2] == 4
-    assert _sql(db_path, "SELECT seq, message_id FROM journal WHERE seq=5") == [
+    assert sql(db_path, "SELECT seq, message_id FROM journal WHERE seq=5") == [
         (5, f"replay:{dead.id}:m-2")]
 
 
@@ -284,7 +274,7 @@ async def test_discarding_a_dead_letter_removes_it_without_applying_it(db_path: 
         await _send_items(ref, [5])
         assert await ref.query(Fragile.values) == [1, 3, 4, 5]
         assert Fragile.calls[2] == 3
-    assert _sql(db_path, "SELECT count(*) FROM dead_letters") == [(0,)]
+    assert sql(db_path, "SELECT count(*) FROM dead_letters") == [(0,)]
     async with _open(db_path) as rt:  # a restart does not bring the discarded signal back
         ref = rt.ref(Fragile, "k")
         assert await ref.query(Fragile.values) == [1, 3, 4, 5]
@@ -377,8 +367,8 @@ async def test_recovery_replaying_the_journal_skips_an_entry_that_has_a_dead_let
         [dead] = await ref.dead_letters()
         assert (dead.seq, dead.attempts) == (2, 2)
     # No snapshot could be written: the whole journal is replayed on restart.
-    assert _sql(db_path, "SELECT count(*) FROM snapshots") == [(0,)]
-    assert _sql(db_path, "SELECT seq FROM journal ORDER BY seq") == [(1,), (2,), (3,)]
+    assert sql(db_path, "SELECT count(*) FROM snapshots") == [(0,)]
+    assert sql(db_path, "SELECT seq FROM journal ORDER BY seq") == [(1,), (2,), (3,)]
     Opaque.broken = set()  # fixed: applying entry 2 now would apply it a second time later
     async with _open(db_path, Opaque) as rt:
         ref = rt.ref(Opaque, "k")
@@ -389,42 +379,23 @@ async def test_recovery_replaying_the_journal_skips_an_entry_that_has_a_dead_let
         assert await ref.query(Opaque.values) == [1, 3, 2]
 
 
-async def _wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
-                      proc: subprocess.Popen[bytes] | None = None, log: Path | None = None,
-                      timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if proc is not None and proc.poll() is not None:
-            output = _read(log) if log else ""
-            raise AssertionError(f"worker exited with {proc.returncode}:\n{output}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixed-after-crash", "still-broken"])
 async def test_a_sigkill_during_retries_does_not_lose_the_signal(
     db_path: str, tmp_path: Path, fixed: bool,
 ) -> None:
-    attempts, ready, log = tmp_path / "attempts", tmp_path / "ready", tmp_path / "worker.log"
-    proc = _spawn_worker(db_path, attempts, ready, log)
+    attempts, ready = tmp_path / "attempts", tmp_path / "ready"
+    # This module is the worker's script (see `_worker`); its output goes to `worker.log`.
+    worker = Worker(tmp_path, "worker", db_path, str(attempts), str(ready),
+                    script=Path(__file__))
     try:
         # The worker accepted items 1, 2, 3 and is retrying item 2 (3 waits behind it).
-        await _wait_until(lambda: ready.exists() and len(_read(attempts).split()) >= 2,
-                          "the worker retries item 2", proc=proc, log=log)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        await wait_until(lambda: ready.exists() and len(_read(attempts).split()) >= 2,
+                         "the worker retries item 2", timeout=60.0, alive=[worker])
+        worker.sigkill()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    assert _sql(db_path, "SELECT count(*) FROM dead_letters") == [(0,)]
+        worker.stop()
+    assert sql(db_path, "SELECT count(*) FROM dead_letters") == [(0,)]
 
     Crashy.broken = set() if fixed else {2}
     async with _open(db_path, Crashy, lease_ttl=1.0) as rt:
@@ -433,7 +404,7 @@ async def test_a_sigkill_during_retries_does_not_lose_the_signal(
         async def recovered() -> bool:  # took the dead worker's shard, applied all three
             info = await ref.describe()
             return info.hosted_here and info.applied_seq == 3
-        await _wait_until(recovered, "this process recovers the entity")
+        await wait_until(recovered, "this process recovers the entity", timeout=60.0)
         dead = await ref.dead_letters()
         if fixed:
             assert await ref.query(Crashy.values) == [1, 2, 3]
@@ -443,14 +414,6 @@ async def test_a_sigkill_during_retries_does_not_lose_the_signal(
             assert await ref.query(Crashy.values) == [1, 3]
             assert Crashy.calls[2] == Crashy.retry.max_attempts == 3
             assert [(d.seq, d.message_id, d.attempts) for d in dead] == [(2, "m-2", 3)]
-
-
-def _spawn_worker(db_path: str, attempts: Path, ready: Path, log: Path
-                  ) -> subprocess.Popen[bytes]:
-    """Run this module as the worker process; its output goes to `log`."""
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, __file__, db_path, str(attempts), str(ready)],
-                                cwd=log.parent, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _read(path: Path) -> str:

@@ -19,10 +19,10 @@ from entities import (
     Ticket,
     assert_init_first,
     fresh_key,
-    query_rows,
     row_counts,
     wait_applied,
 )
+from procs import sql
 
 START = Start(tenant="acme")
 
@@ -48,8 +48,8 @@ async def test_the_same_message_id_100_times_concurrently_is_applied_once(db_pat
     assert {(a.run_id, a.seq) for a in acks} == {(1, 1)}  # the original acceptance
     assert status.inbox == ["acme:once", "acme:after"]
     assert list(assert_init_first(key).values()) == [["reply:once", "reply:after"]]
-    assert query_rows(db_path, "SELECT count(*) FROM journal WHERE key=?", key) == [(2,)]
-    assert query_rows(db_path, "SELECT count(*) FROM dedupe WHERE key=?", key) == [(2,)]
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key=?", key) == [(2,)]
+    assert sql(db_path, "SELECT count(*) FROM dedupe WHERE key=?", key) == [(2,)]
 
 
 async def test_the_same_message_id_100_times_in_sequence_is_applied_once(db_path: str) -> None:

@@ -9,17 +9,11 @@ dead host's shards within about a second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import inspect
 import json
-import os
-import signal
-import sqlite3
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,12 +30,13 @@ from corral.persistence import (
     payload_hash,
 )
 from mp_entities import Clocked, Job, Note, Pipeline, Recorder, Start
+from procs import Worker, spawner, sql, wait_until
 
-TESTS = Path(__file__).resolve().parent
-WORKER = TESTS / "mp_worker.py"
+WORKER = Path(__file__).resolve().parent / "mp_worker.py"
 ENTITIES: list[type[corral.Entity]] = [Clocked, Pipeline, Recorder]
 TTL = 1.0  # lease_ttl of every process in this module
 SHARDS = 16
+WAIT = 60.0  # wait_until's timeout in this module
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 
@@ -49,76 +44,11 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 # -- worker processes ------------------------------------------------------------------
 
 
-class Worker:
-    """One `mp_worker.py` subprocess; its stdout and stderr go to `<name>.log`."""
-
-    def __init__(self, tmp_path: Path, name: str, role: str, *args: str) -> None:
-        self.name = name
-        self.log = tmp_path / f"{name}.log"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(WORKER), role, *args],
-                env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def check_alive(self) -> None:
-        code = self.proc.poll()
-        if code is not None:
-            raise AssertionError(f"worker {self.name} exited with {code}:\n{self.output}")
-
-    def check_exited_cleanly(self) -> None:
-        code = self.proc.poll()
-        assert code == 0, f"worker {self.name} exited with {code}:\n{self.output}"
-
-    def sigkill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    """Start workers; every one still running is killed when the test ends."""
-    started: list[Worker] = []
-
-    def start(name: str, role: str, *args: str) -> Worker:
-        worker = Worker(tmp_path, name, role, *args)
-        started.append(worker)
-        return worker
-
-    try:
+    """Start `mp_worker.py` workers; every one still running is killed when the test ends."""
+    with spawner(tmp_path, WORKER) as start:
         yield start
-    finally:
-        for worker in started:
-            worker.stop()
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
-                     timeout: float = 60.0, alive: Sequence[Worker] = ()) -> None:
-    """Poll `predicate` until it holds; fail early if a worker in `alive` died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        for worker in alive:
-            worker.check_alive()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        await asyncio.sleep(0.01)
 
 
 async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = 90.0) -> None:
@@ -129,11 +59,6 @@ async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = 90.0) -> 
 
 
 # -- reading the store file directly ---------------------------------------------------
-
-
-def sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return db.execute(query, params).fetchall()
 
 
 def journal_ids(db_path: str, etype: str, key: str) -> list[str]:
@@ -170,7 +95,7 @@ async def test_500_concurrent_signal_with_start_from_4_processes_start_one_run_a
     ]
     go.touch()  # all open the fresh store file at once ...
     await wait_until(lambda: all((tmp_path / f"ready{i}.json").exists() for i in range(procs)),
-                     "every worker has opened the store", alive=workers)
+                     "every worker has opened the store", timeout=WAIT, alive=workers)
     fire.touch()  # ... then all send at once
     await wait_for_exit(workers)
 
@@ -191,7 +116,8 @@ async def test_500_concurrent_signal_with_start_from_4_processes_start_one_run_a
 
     async with corral.open_runtime(db_path, entities=ENTITIES, lease_ttl=TTL) as rt:
         ref = rt.ref(Recorder, key)
-        await wait_until(lambda: caught_up(ref), "the parent hosts the entity and caught up")
+        await wait_until(lambda: caught_up(ref), "the parent hosts the entity and caught up",
+                         timeout=WAIT)
         applied = await ref.query(Recorder.applied_ids)
     assert len(applied) == len(set(applied)) == procs * per_proc
     assert applied == in_journal
@@ -227,7 +153,7 @@ async def test_one_at_a_time_senders_in_3_processes_interleave_on_shared_keys_wi
     async with corral.open_runtime(db_path, entities=ENTITIES, lease_ttl=TTL) as rt:
         for key in keys:
             ref = rt.ref(Recorder, key)
-            await wait_until(partial(caught_up, ref), f"the parent hosts {key}")
+            await wait_until(partial(caught_up, ref), f"the parent hosts {key}", timeout=WAIT)
             assert await ref.query(Recorder.applied_ids) == journal_ids(db_path, "Recorder", key)
 
 
@@ -240,7 +166,7 @@ async def test_a_host_sigkilled_while_10000_signals_stream_in_applies_every_ackn
                    "--acklog", str(acklog), "--total", str(total), "--senders", "50",
                    "--keys", str(keys))
     await wait_until(lambda: acklog.read_bytes().count(b"\n") >= kill_at,
-                     f"{kill_at} signals are acknowledged", alive=[worker])
+                     f"{kill_at} signals are acknowledged", timeout=WAIT, alive=[worker])
     worker.sigkill()
 
     # Only whole lines count: each was written in one write() after its ack returned.
@@ -256,7 +182,8 @@ async def test_a_host_sigkilled_while_10000_signals_stream_in_applies_every_ackn
         async def all_caught_up() -> bool:
             return all([await caught_up(ref) for ref in refs.values()])
 
-        await wait_until(all_caught_up, "the parent took over and applied the backlog")
+        await wait_until(all_caught_up, "the parent took over and applied the backlog",
+                         timeout=WAIT)
         # Clients whose process died retry what they sent: each retry is a duplicate.
         again = await asyncio.gather(*(
             refs[key].signal_with_start(Recorder.note, Note(mid=mid), start=Start(),
@@ -293,7 +220,8 @@ async def test_signals_accepted_by_a_non_hosting_process_reach_the_owner_and_are
         assert [a["seq"] for a in acks] == list(range(1, count + 1))
 
         ref = rt.ref(Clocked, key)
-        await wait_until(lambda: caught_up(ref), "the owner applied the client's signals")
+        await wait_until(lambda: caught_up(ref), "the owner applied the client's signals",
+                         timeout=WAIT)
         stamps = (await ref.query(Clocked.applied)).items
         owners = sql(db_path, "SELECT DISTINCT owner FROM leases")
     assert [s.mid for s in stamps] == [a["mid"] for a in acks]
@@ -316,7 +244,8 @@ async def test_after_its_host_is_sigkilled_another_process_takes_its_shards_and_
     ready = tmp_path / "ready.json"
     host_a = spawn("host-a", "pipeline", "--db", db_path, "--lease-ttl", str(TTL),
                    "--ready", str(ready), "--keys", ",".join(keys), "--jobs", str(jobs))
-    await wait_until(ready.exists, "host A's entities processed their jobs", alive=[host_a])
+    await wait_until(ready.exists, "host A's entities processed their jobs", timeout=WAIT,
+                     alive=[host_a])
     a = json.loads(ready.read_text())
     host_a.sigkill()
 
@@ -325,10 +254,11 @@ async def test_after_its_host_is_sigkilled_another_process_takes_its_shards_and_
         refs = {key: rt.ref(Pipeline, key) for key in keys}
         for key, ref in refs.items():
             before = [f"{key}-j{n}" for n in range(1, jobs + 1)]
-            await wait_until(partial(caught_up, ref), f"{key} is hosted here again")
+            await wait_until(partial(caught_up, ref), f"{key} is hosted here again",
+                             timeout=WAIT)
             # `processed` is run()-made state: rebuilt only if run() continued here.
             await wait_until(partial(_done_is, ref, before),
-                             f"{key}'s run() processed its jobs again")
+                             f"{key}'s run() processed its jobs again", timeout=WAIT)
         for key, ref in refs.items():
             ack = await ref.signal(Pipeline.jobs, Job(mid=f"{key}-late"))
             assert (ack.run_id, ack.started) == (1, False)
@@ -379,7 +309,8 @@ async def test_a_zombie_host_writing_with_a_fence_from_an_older_epoch_gets_lease
             taken.update(await owner_b.acquire_leases("owner-b", [shard], 30.0))
             return shard in taken
 
-        await wait_until(b_takes_over, "the zombie's lease expires and B takes the shard")
+        await wait_until(b_takes_over, "the zombie's lease expires and B takes the shard",
+                         timeout=WAIT)
         assert taken[shard] == old_fence.epoch + 1
         new_fence = Fence(shard, "owner-b", taken[shard])
 

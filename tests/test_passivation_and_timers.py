@@ -6,12 +6,7 @@ through `describe().hosted_here` with a deadline, never by sleeping.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
-import sqlite3
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -27,27 +22,9 @@ from bounded_entities import (
     Start,
     Wake,
 )
+from procs import sql, wait_until
 
 ENTITIES: list[type[corral.Entity]] = [Patient, Reminder, Sleepy, SleepyReminder]
-
-
-def sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return db.execute(query, params).fetchall()
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
-                     timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        await asyncio.sleep(0.01)
 
 
 async def hosted(ref: corral.EntityRef[Any]) -> bool:

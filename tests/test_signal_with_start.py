@@ -22,9 +22,9 @@ from entities import (
     assert_init_first,
     events_of,
     fresh_key,
-    query_rows,
     wait_applied,
 )
+from procs import sql
 
 
 def no_corral_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -91,8 +91,8 @@ async def test_500_concurrent_signal_with_start_calls_on_a_fresh_key_start_one_r
     assert len(handled) == 1, "the run was instantiated more than once"
     assert sorted(handled.popitem()[1]) == sorted(f"reply:{i}" for i in range(n))
 
-    assert query_rows(db_path, "SELECT count(*) FROM runs WHERE key=?", key) == [(1,)]
-    assert query_rows(db_path, "SELECT count(*) FROM journal WHERE key=?", key) == [(n,)]
+    assert sql(db_path, "SELECT count(*) FROM runs WHERE key=?", key) == [(1,)]
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key=?", key) == [(n,)]
     assert no_corral_errors(caplog) == []
 
 

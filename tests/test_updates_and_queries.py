@@ -23,9 +23,9 @@ from entities import (
     assert_init_first,
     events_of,
     fresh_key,
-    query_rows,
     row_counts,
 )
+from procs import sql
 
 START = Start(tenant="acme")
 
@@ -56,8 +56,8 @@ async def test_updates_and_signals_apply_in_acceptance_order(db_path: str) -> No
         )
         await ref.query(Ticket.status)
     (handled,) = assert_init_first(key).values()
-    journal = query_rows(db_path, "SELECT name, payload FROM journal WHERE key=? ORDER BY seq",
-                         key)
+    journal = sql(db_path, "SELECT name, payload FROM journal WHERE key=? ORDER BY seq",
+                  key)
     expected = [f"{name}:{json.loads(payload).get('text') or json.loads(payload)['agent']}"
                 for name, payload in journal]
     assert handled == expected

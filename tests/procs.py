@@ -1,0 +1,102 @@
+"""Shared test helpers: reading the store file, polling, and worker subprocesses.
+
+A plain module (not a conftest): test modules import it by name, `from procs import ...`,
+as they do `entities` (pytest puts `tests/` on `sys.path`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent
+
+
+def sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run one query on the store file with plain sqlite3; all its rows."""
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        return db.execute(query, params).fetchall()
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
+                     timeout: float = 30.0, alive: Sequence[Worker] = ()) -> None:
+    """Poll `predicate` until it holds; fail early if a worker in `alive` died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        for worker in alive:
+            worker.check_alive()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
+        await asyncio.sleep(0.01)
+
+
+class Worker:
+    """One `python <script> <role> <args...>` subprocess, run in `tmp_path` with `tests/`
+    on its `PYTHONPATH`; its stdout and stderr go to `<tmp_path>/<name>.log`."""
+
+    def __init__(self, tmp_path: Path, name: str, role: str, *args: str, script: Path) -> None:
+        self.name = name
+        self.log = tmp_path / f"{name}.log"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), role, *args],
+                env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        code = self.proc.poll()
+        if code is not None:
+            raise AssertionError(f"worker {self.name} exited with {code}:\n{self.output}")
+
+    def check_exited_cleanly(self) -> None:
+        code = self.proc.poll()
+        assert code == 0, f"worker {self.name} exited with {code}:\n{self.output}"
+
+    def sigkill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def spawner(tmp_path: Path, script: Path) -> Iterator[Callable[..., Worker]]:
+    """Yield `start(name, role, *args) -> Worker` running `script`; every worker still
+    running is killed on exit. A module's `spawn` fixture wraps this."""
+    started: list[Worker] = []
+
+    def start(name: str, role: str, *args: str) -> Worker:
+        worker = Worker(tmp_path, name, role, *args, script=script)
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
