@@ -14,7 +14,7 @@ Recovery never applies a dead-lettered entry again, for two reasons:
 * should that snapshot be missing (a crash between the two writes, or state that does
   not pickle), a replayed entry whose run and seq have a dead letter row is skipped
   without calling the handler. The dead-lettered seqs of a run are read once per
-  shard epoch (only the lease holder writes dead letters) and cached.
+  `Shard` (one lease epoch: only the lease holder writes dead letters) and cached on it.
 
 An entry whose retries were cut short by a crash has no dead letter yet: recovery
 retries it from the first attempt, and it is dead-lettered then if it still fails.
@@ -30,13 +30,12 @@ import asyncio
 import logging
 import time
 import traceback
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from corral.actors import ContinueAsNew, Entity, HandlerDefinition, HandlerKind, StoreError
-from corral.persistence import EntryKind, Fence, JournalEntry, UpdateOutcome
+from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
 from ._apply import apply_entry
 
@@ -49,9 +48,6 @@ __all__ = ["apply_live"]
 log = logging.getLogger("corral.poison")
 
 _CACHE_SIZE = 4096
-_RunIdent = tuple[Fence, str, str, int]
-# (fence, etype, key, run_id) -> seqs with a dead letter; exact while the fence is ours.
-_dead_seqs: OrderedDict[_RunIdent, frozenset[int]] = OrderedDict()
 
 
 async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
@@ -110,9 +106,9 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: 
         shard.fence, entry, error=f"{type(err).__name__}: {err}", traceback=text,
         attempts=attempts, failed_at=time.time(),
     )
-    ident = (shard.fence, entry.entity_type, entry.key, entry.run_id)
-    if ident in _dead_seqs:
-        _dead_seqs[ident] = _dead_seqs[ident] | {entry.seq}
+    ident = (entry.entity_type, entry.key, entry.run_id)
+    if ident in shard.dead_seqs:
+        shard.dead_seqs[ident] = shard.dead_seqs[ident] | {entry.seq}
     log.error("%s %r: signal %r (seq %d) failed %d times; moved to dead letter %d:\n%s",
               entry.entity_type, entry.key, entry.name, entry.seq, attempts, dead_id, text)
     # Snapshot at this entry so that recovery starts after it (see the module docstring).
@@ -128,13 +124,14 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: 
 
 
 async def _dead_lettered(shard: Shard, entry: JournalEntry) -> frozenset[int]:
-    ident = (shard.fence, entry.entity_type, entry.key, entry.run_id)
-    seqs = _dead_seqs.get(ident)
+    ident = (entry.entity_type, entry.key, entry.run_id)
+    cache = shard.dead_seqs
+    seqs = cache.get(ident)
     if seqs is None:
-        seqs = await shard.store.dead_letter_seqs(entry.entity_type, entry.key, entry.run_id)
-        _dead_seqs[ident] = seqs
-        while len(_dead_seqs) > _CACHE_SIZE:
-            _dead_seqs.popitem(last=False)
+        seqs = await shard.store.dead_letter_seqs(*ident)
+        cache[ident] = seqs
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
     else:
-        _dead_seqs.move_to_end(ident)
+        cache.move_to_end(ident)
     return seqs

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from corral.actors import EntityDefinition, RunStatus
@@ -31,6 +32,8 @@ class Shard:
         self.store = store
         self._definitions = definitions
         self._activations: dict[_Ident, Activation] = {}
+        # (etype, key, run_id) -> seqs with a dead letter, read once per run (see _poison).
+        self.dead_seqs: OrderedDict[tuple[str, str, int], frozenset[int]] = OrderedDict()
         self._update_waiters: dict[tuple[str, str, str], list[asyncio.Future[UpdateOutcome]]] = {}
 
     @property
