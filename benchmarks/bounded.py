@@ -70,7 +70,27 @@ class Ping(BaseModel):
     text: str
 
 
-class WithSnapshots(corral.Entity):
+class _Counter(corral.Entity):
+    """Counts and sums its signals; the two sides differ only in their policies."""
+
+    handler_calls: ClassVar[int] = 0
+
+    def __init__(self, init: Carry) -> None:
+        self.count = init.count
+        self.total = init.total
+
+    @corral.signal
+    def ping(self, p: Ping) -> None:
+        type(self).handler_calls += 1
+        self.count += 1
+        self.total += p.n
+
+    @corral.query
+    def counted(self) -> int:
+        return self.count
+
+
+class WithSnapshots(_Counter):
     """Snapshots every 1,000 signals (keeps 2) and continues as new every 120,000."""
 
     snapshots = corral.SnapshotPolicy(every=1000, keep=2)
@@ -78,44 +98,16 @@ class WithSnapshots(corral.Entity):
         max_signals=120_000, max_journal_entries=None, max_journal_bytes=None)
     handler_calls: ClassVar[int] = 0
 
-    def __init__(self, init: Carry) -> None:
-        self.count = init.count
-        self.total = init.total
-
-    @corral.signal
-    def ping(self, p: Ping) -> None:
-        type(self).handler_calls += 1
-        self.count += 1
-        self.total += p.n
-
-    @corral.query
-    def counted(self) -> int:
-        return self.count
-
     async def run(self) -> None:
         await self.wait_for(lambda: self.continue_as_new_suggested)
         self.continue_as_new(Carry(count=self.count, total=self.total))
 
 
-class WithoutSnapshots(corral.Entity):
+class WithoutSnapshots(_Counter):
     """Never snapshots and never continues as new: recovery replays the whole journal."""
 
     snapshots = corral.SnapshotPolicy(every=None)
     handler_calls: ClassVar[int] = 0
-
-    def __init__(self, init: Carry) -> None:
-        self.count = init.count
-        self.total = init.total
-
-    @corral.signal
-    def ping(self, p: Ping) -> None:
-        type(self).handler_calls += 1
-        self.count += 1
-        self.total += p.n
-
-    @corral.query
-    def counted(self) -> int:
-        return self.count
 
 
 Bench = type[WithSnapshots] | type[WithoutSnapshots]

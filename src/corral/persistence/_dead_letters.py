@@ -33,14 +33,7 @@ class RecordDeadLetterOp:
     """
 
     fence: Fence
-    entity_type: str
-    key: str
-    run_id: int
-    seq: int
-    message_id: str
-    name: str
-    payload: str
-    sender: str | None
+    entry: JournalEntry
     error: str
     traceback: str
     attempts: int
@@ -48,18 +41,18 @@ class RecordDeadLetterOp:
 
     def apply(self, txn: Txn) -> int:
         txn.check(self.fence)
+        e = self.entry
         found = txn.db.execute(
             "SELECT id FROM dead_letters WHERE etype=? AND key=? AND run_id=? AND seq=?",
-            (self.entity_type, self.key, self.run_id, self.seq),
+            (e.entity_type, e.key, e.run_id, e.seq),
         ).fetchone()
         if found is not None:
             return int(found[0])
         cur = txn.db.execute(
             f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (self.entity_type, self.key, self.run_id, self.seq, self.message_id, self.name,
-             self.payload, self.sender, self.error, self.traceback, self.attempts,
-             self.failed_at),
+            (e.entity_type, e.key, e.run_id, e.seq, e.message_id, e.name, e.payload, e.sender,
+             self.error, self.traceback, self.attempts, self.failed_at),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid

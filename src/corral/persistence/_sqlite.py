@@ -381,9 +381,7 @@ class SqliteStore:
 
     async def record_dead_letter(self, fence: Fence, entry: JournalEntry, *, error: str,
                                  traceback: str, attempts: int, failed_at: float) -> int:
-        op = RecordDeadLetterOp(fence, entry.entity_type, entry.key, entry.run_id, entry.seq,
-                                entry.message_id, entry.name, entry.payload, entry.sender,
-                                error, traceback, attempts, failed_at)
+        op = RecordDeadLetterOp(fence, entry, error, traceback, attempts, failed_at)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
