@@ -36,7 +36,7 @@ from corral.persistence import EntryKind, JournalEntry
 from ._apply import encode_start, instantiate
 from ._poison import apply_live
 from ._results import decode_value, encode_value
-from ._snapshot import capture, restore
+from ._snapshot import capture, rebuild
 
 if TYPE_CHECKING:
     from ._shard import Shard
@@ -244,12 +244,8 @@ class Activation:
             self._run_id, self._first_seq = run.run_id, run.first_seq
             store = self._shard.store
             await store.mark_activated(self._shard.fence, self.entity_type, self.key)
-            snapshot = await store.latest_snapshot(self.entity_type, self.key, run.run_id)
-            if snapshot is None:
-                self.entity = instantiate(self.definition, run.start_input, self)
-            else:
-                self.applied_seq = self._snapshot_seq = self._floor = snapshot[0]
-                self.entity = restore(self.definition, self.key, snapshot[0], snapshot[1], self)
+            self.entity, covered = await rebuild(store, self.definition, run, self)
+            self.applied_seq = self._snapshot_seq = self._floor = covered
             await self._replay()
             # A run opened by continue-as-new starts after its predecessor's watermark; its
             # journal may hold only carried entries below that, or nothing: without this,

@@ -43,14 +43,15 @@ def instantiate(definition: EntityDefinition, start_input: str | None,
     return entity
 
 
-def encode_start(definition: EntityDefinition, value: object) -> str:
-    """Canonical JSON of a start input (as the boundary encodes it, without a size limit:
-    the runtime itself is the sender)."""
+def encode_start(definition: EntityDefinition, value: object, *,
+                 max_bytes: int = 2**62) -> str:
+    """Canonical JSON of a start input. The boundary passes its payload limit; the
+    runtime itself (continue-as-new) is a trusted sender and passes none."""
     if definition.start_type is None:
         if value is not None:
             raise InvalidPayloadError(f"{definition.name}.__init__ takes no start input")
         return "null"
-    return encode_model(definition.start_type, value, max_bytes=2**62,
+    return encode_model(definition.start_type, value, max_bytes=max_bytes,
                         what=f"{definition.name} start input")
 
 

@@ -25,11 +25,11 @@ from corral.persistence import (
     UpdateOutcome,
 )
 
-from ._apply import ReplicaContext, apply_entry, instantiate, run_query
+from ._apply import ReplicaContext, apply_entry, run_query
 from ._host import LocalHost
 from ._results import EntityDescription, RunSummary
 from ._shard import Shard
-from ._snapshot import restore
+from ._snapshot import rebuild
 
 __all__ = ["Backend", "LocalBackend", "ShardOf"]
 
@@ -148,12 +148,7 @@ class LocalBackend:
             raise EntityNotRunningError(f"{etype} {key!r} was never started")
         run = found[0]
         context = ReplicaContext(etype, key, run.run_id)
-        snapshot = await self.store.latest_snapshot(etype, key, run.run_id)
-        if snapshot is None:
-            entity, after = instantiate(definition, run.start_input, context), 0
-        else:
-            after = snapshot[0]
-            entity = restore(definition, key, after, snapshot[1], context)
+        entity, after = await rebuild(self.store, definition, run, context)
         for entry in await self.store.journal(etype, key, run_id=run.run_id, after_seq=after):
             if entry.kind is not EntryKind.TERMINATE:
                 await apply_entry(definition, entity, entry)

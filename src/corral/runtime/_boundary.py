@@ -27,6 +27,8 @@ from corral.actors import (
 )
 from corral.persistence import encode_model
 
+from ._apply import encode_start
+
 __all__ = ["AuthRequest", "Authorize", "Boundary", "Limits", "new_message_id"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -141,17 +143,11 @@ class Boundary:
                             what=f"{handler.kind.value} {handler.name!r} payload")
 
     def start_input(self, definition: EntityDefinition, start: object) -> str:
-        if definition.start_type is None:
-            if start is not None:
-                raise InvalidPayloadError(f"{definition.name}.__init__ takes no start input")
-            return "null"
-        if start is None:
+        if definition.start_type is not None and start is None:
             raise InvalidPayloadError(
                 f"{definition.name} needs a start input ({definition.start_type.__name__})"
             )
-        return encode_model(definition.start_type, start,
-                            max_bytes=self.limits.max_payload_bytes,
-                            what=f"{definition.name} start input")
+        return encode_start(definition, start, max_bytes=self.limits.max_payload_bytes)
 
     async def sender(self, claimed: object, definition: EntityDefinition, key: str, kind: str,
                      name: str) -> str | None:

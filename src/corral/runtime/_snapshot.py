@@ -13,8 +13,11 @@ from typing import Any
 import cloudpickle
 
 from corral.actors import Entity, EntityContext, EntityDefinition, Mailbox, SnapshotRestoreError
+from corral.persistence import RunRecord, Store
 
-__all__ = ["capture", "restore"]
+from ._apply import instantiate
+
+__all__ = ["capture", "rebuild", "restore"]
 
 
 def capture(entity: Entity) -> bytes:
@@ -48,3 +51,16 @@ def restore(definition: EntityDefinition, key: str, applied_seq: int, blob: byte
     else:
         entity.mailbox = Mailbox(context)
     return entity
+
+
+async def rebuild(store: Store, definition: EntityDefinition, run: RunRecord,
+                  context: EntityContext) -> tuple[Entity, int]:
+    """The run's entity from its latest snapshot, else from `__init__(start_input)`.
+
+    Returns the entity and the journal seq it covers (replay the journal after it).
+    """
+    snapshot = await store.latest_snapshot(definition.name, run.key, run.run_id)
+    if snapshot is None:
+        return instantiate(definition, run.start_input, context), 0
+    seq, blob = snapshot
+    return restore(definition, run.key, seq, blob, context), seq
