@@ -10,6 +10,7 @@ whole history, each item tagged with the run that applied it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import ClassVar
 
@@ -357,3 +358,71 @@ class SleepyReminder(Reminder):
 
     idle_timeout = 0.2
     starts: ClassVar[int] = 0
+
+
+class RollIn(BaseModel):
+    """What a counter run hands the next: its running total."""
+
+    total: int = 0
+    generation: int = 0
+
+
+class Bump(BaseModel):
+    pass
+
+
+class Count(BaseModel):
+    count: int
+    generation: int
+
+
+class RollingCounter(corral.Entity):
+    """An update counter that continues as new every 5 updates, carrying its total."""
+
+    def __init__(self, init: RollIn) -> None:
+        self.total = init.total
+        self.generation = init.generation
+        self.since = 0
+
+    @corral.update
+    def bump(self, req: Bump) -> Count:
+        self.total += 1
+        self.since += 1
+        return Count(count=self.total, generation=self.generation)
+
+    @corral.query
+    def count(self) -> int:
+        return self.total
+
+    async def run(self) -> None:
+        while True:
+            await self.wait_for(lambda: self.since >= 5)
+            self.continue_as_new(RollIn(total=self.total, generation=self.generation + 1))
+
+
+class ParkedCounter(corral.Entity):
+    """Generation 0's update handler parks in an await; run() continues as new meanwhile.
+
+    The parked handler must be abandoned with run 1 and its update applied, once, by
+    run 2 (where it does not park).
+    """
+
+    def __init__(self, init: RollIn) -> None:
+        self.total = init.total
+        self.generation = init.generation
+        self.parked = False
+
+    @corral.update
+    async def bump(self, req: Bump) -> Count:
+        if self.generation == 0:
+            self.parked = True
+            await asyncio.Event().wait()  # never set: only continue-as-new ends this
+        self.total += 1
+        return Count(count=self.total, generation=self.generation)
+
+    async def run(self) -> None:
+        if self.generation == 0:
+            while not self.parked:  # wakes on its timer: no message marks the parking
+                await self.wait_for(lambda: self.parked, timeout=0.01)
+            self.continue_as_new(RollIn(total=self.total, generation=1))
+        await self.wait_for(lambda: False)

@@ -78,6 +78,13 @@ class Blob(BaseModel):
     x: float = 0.0
 
 
+class Chain(BaseModel):
+    """A recursive model: deeply nested values must be refused, not crash the encoder."""
+
+    text: str
+    child: Chain | None = None
+
+
 class Status(BaseModel):
     tenant: str
     inbox: list[str]
@@ -118,6 +125,10 @@ class Ticket(corral.Entity):
     @corral.signal
     def attach(self, blob: Blob) -> None:
         record(self, "attach")
+
+    @corral.signal
+    def link(self, chain: Chain) -> None:
+        record(self, f"link:{chain.text}")
 
     @corral.update
     def assign(self, req: Assign) -> Assigned:

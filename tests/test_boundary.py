@@ -13,6 +13,7 @@ from entities import (
     ALL_ENTITIES,
     Assign,
     Blob,
+    Chain,
     Inbox,
     Job,
     Other,
@@ -40,6 +41,35 @@ def sws(payload: Any, *, handler: Any = Ticket.reply, start: Any = START, **kw: 
 def on_key(bad_key: Any) -> Call:
     return lambda rt, _: rt.ref(Ticket, bad_key).signal_with_start(Ticket.reply, Reply(text="x"),
                                                                    start=START)
+
+
+def nested_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def nested_dict(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def mutated(model: Any, **changes: Any) -> Any:
+    """A model instance changed after construction (pydantic does not validate this)."""
+    for field, value in changes.items():
+        setattr(model, field, value)
+    return model
+
+
+def deep_construct(depth: int, *, valid: bool = False) -> Chain:
+    """A `Chain` nested `depth` deep, built unvalidated (or, with `valid`, validated)."""
+    chain = Chain(text="end") if valid else Chain.model_construct(text=7)
+    for _ in range(depth):
+        chain = Chain.model_construct(text="x", child=chain)
+    return chain
 
 
 class Ticket2(corral.Entity):
@@ -130,7 +160,61 @@ BAD_INPUTS: list[tuple[str, Call, type[Exception]]] = [
      corral.InvalidKeyError),
     ("over-long message id", sws(Reply(text="x"), message_id="m" * 65), corral.InvalidKeyError),
     ("message id that is not a str", sws(Reply(text="x"), message_id=7), corral.InvalidKeyError),
-    ("sender that is not a str", sws(Reply(text="x"), sender=7), corral.InvalidPayloadError),
+    ("sender that is not a str", sws(Reply(text="x"), sender=7), corral.InvalidKeyError),
+    ("message id with a lone surrogate", sws(Reply(text="x"), message_id="m-\ud800"),
+     corral.InvalidKeyError),
+    ("message id with a C1 control character", sws(Reply(text="x"), message_id="m\x85"),
+     corral.InvalidKeyError),
+    ("sender with a lone surrogate", sws(Reply(text="x"), sender="\udfffbob"),
+     corral.InvalidKeyError),
+    ("sender with a control character", sws(Reply(text="x"), sender="bob\n"),
+     corral.InvalidKeyError),
+    ("empty sender", sws(Reply(text="x"), sender=""), corral.InvalidKeyError),
+    ("update id with a lone surrogate", lambda rt, key: rt.ref(Ticket, key).update_with_start(
+        Ticket.assign, Assign(agent="a"), start=START, update_id="\ud83d"),
+     corral.InvalidKeyError),
+    ("update timeout that is not a number", lambda rt, key: rt.ref(Ticket, key)
+     .update_with_start(Ticket.assign, Assign(agent="a"), start=START, timeout="soon"),
+     corral.InvalidArgumentError),
+    ("terminate reason with a lone surrogate", lambda rt, key: rt.ref(Ticket, key)
+     .terminate("bye \ud800"), corral.InvalidArgumentError),
+    ("terminate reason that is not a str", lambda rt, key: rt.ref(Ticket, key)
+     .terminate(42), corral.InvalidArgumentError),
+    ("handler name with a lone surrogate", sws(Reply(text="x"), handler="re\ud800ply"),
+     corral.UnknownHandlerError),
+    # strings inside payloads and start inputs: valid Unicode only
+    ("lone surrogate in a payload string", sws(Reply(text="a\ud800b")),
+     corral.InvalidPayloadError),
+    ("lone surrogate in a dict payload", sws({"text": "\udc00"}), corral.InvalidPayloadError),
+    ("lone surrogate in a nested dict key", sws({"value": {"k\ud800": 1}},
+                                                handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("lone surrogate in the start input", sws(Reply(text="x"), start=Start(tenant="\ud800")),
+     corral.InvalidPayloadError),
+    ("deeply nested list in an Any field", sws({"value": nested_list(5000)},
+                                               handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    ("deeply nested dict in an Any field", sws(Blob(value=nested_dict(5000)),
+                                               handler=Ticket.attach),
+     corral.InvalidPayloadError),
+    # model instances are validated like dicts
+    ("instance mutated to a wrong type", sws(mutated(Reply(text="x"), text=5)),
+     corral.InvalidPayloadError),
+    ("instance mutated to a NaN", sws(mutated(Blob(x=1.0), x=float("nan")),
+                                      handler=Ticket.attach), corral.InvalidPayloadError),
+    ("model_construct with a wrong type", sws(Reply.model_construct(text=5)),
+     corral.InvalidPayloadError),
+    ("model_construct missing a field", sws(Reply.model_construct()),
+     corral.InvalidPayloadError),
+    ("start input mutated to a wrong type", sws(Reply(text="x"),
+                                                start=mutated(Start(tenant="a"), tenant=None)),
+     corral.InvalidPayloadError),
+    ("start input from model_construct", sws(Reply(text="x"), start=Start.model_construct()),
+     corral.InvalidPayloadError),
+    ("deeply nested model_construct", sws(deep_construct(3000), handler=Ticket.link),
+     corral.InvalidPayloadError),
+    ("deeply nested model", sws(deep_construct(3000, valid=True), handler=Ticket.link),
+     corral.InvalidPayloadError),
 ]
 
 

@@ -13,7 +13,18 @@ from typing import Any
 import pytest
 
 import corral
-from bounded_entities import Applied, Chain, Note, Rollover, StormLedger, StormMailbox
+from bounded_entities import (
+    Applied,
+    Bump,
+    Chain,
+    Note,
+    ParkedCounter,
+    RollIn,
+    RollingCounter,
+    Rollover,
+    StormLedger,
+    StormMailbox,
+)
 from procs import sql, wait_until
 
 SENDERS, PER_SENDER = 4, 500
@@ -244,3 +255,42 @@ async def test_continue_as_new_is_suggested_once_a_policy_threshold_is_crossed(
     first = flags.index(True)
     assert flags == [False] * first + [True] * (40 - first)
     assert 25 <= first <= 35, flags
+
+
+@pytest.mark.parametrize(("callers", "per_caller"), [(10, 30), (50, 6)])
+async def test_updates_racing_continue_as_new_are_each_applied_once_and_answered_by_that_application(  # noqa: E501
+    db_path: str, callers: int, per_caller: int
+) -> None:
+    """An entity continuing as new every 5 updates, under many concurrent callers: each
+    update counts once in the total carried along the chain, and each caller is told
+    the count of its own application (so no two callers get the same count)."""
+    async with corral.open_runtime(db_path, entities=[RollingCounter]) as rt:
+        ref = rt.ref(RollingCounter, "counter")
+
+        async def caller(c: int) -> list[int]:
+            return [(await ref.update_with_start(RollingCounter.bump, Bump(), start=RollIn(),
+                                                 update_id=f"u-{c}-{i}")).count
+                    for i in range(per_caller)]
+
+        counts = [n for got in await asyncio.gather(*(caller(c) for c in range(callers)))
+                  for n in got]
+        total = callers * per_caller
+        assert sorted(counts) == list(range(1, total + 1))
+        assert await ref.query(RollingCounter.count, activate=True) == total
+        info = await ref.describe()
+    assert len(info.runs) > 1  # a run applies 5 or more before it continues
+
+
+async def test_an_async_update_handler_parked_when_run_continues_as_new_is_applied_once_by_the_next_run(  # noqa: E501
+    db_path: str,
+) -> None:
+    async with corral.open_runtime(db_path, entities=[ParkedCounter]) as rt:
+        ref = rt.ref(ParkedCounter, "parked")
+        got = await asyncio.wait_for(
+            ref.update_with_start(ParkedCounter.bump, Bump(), start=RollIn(), update_id="u-1"),
+            10)
+        assert (got.count, got.generation) == (1, 1)
+        again = await ref.update(ParkedCounter.bump, Bump(), update_id="u-1")
+        assert again == got
+        info = await ref.describe()
+    assert [r.status for r in info.runs] == [corral.RunStatus.CONTINUED, corral.RunStatus.RUNNING]

@@ -12,6 +12,7 @@ __all__ = [
     "EntityNotRunningError",
     "EntityTerminatedError",
     "IdempotencyConflictError",
+    "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidPayloadError",
     "LeaseLostError",
@@ -49,7 +50,16 @@ class PayloadTooLargeError(InvalidPayloadError):
 
 
 class InvalidKeyError(CorralError, ValueError):
-    """An entity key is empty, too long, or contains characters outside the allowed set."""
+    """An entity key, message id, update id or sender is not a usable identifier.
+
+    Empty, too long, not a str, or holding control characters, lone surrogates or (for
+    entity keys) characters outside `Limits.key_pattern`. Nothing was written.
+    """
+
+
+class InvalidArgumentError(CorralError, ValueError):
+    """An argument that is neither a payload nor an identifier is of the wrong type or
+    out of range: a `limit`, a dead letter id, a `timeout`, a termination reason."""
 
 
 class UnknownEntityTypeError(CorralError, LookupError):

@@ -28,33 +28,48 @@ def payload_hash(name: str, payload: str) -> bytes:
 def encode_model(model_type: type[BaseModel], value: Any, *, max_bytes: int, what: str) -> str:
     """Validate `value` against `model_type` and return its canonical JSON.
 
-    Accepts an instance of exactly `model_type` (validated when it was built) or a
-    JSON-like mapping (validated here). Unknown fields are refused rather than dropped,
-    and NaN or infinities are refused rather than turned into null: a sender's data
+    Accepts an instance of exactly `model_type` or a JSON-like mapping. Both are
+    validated here: an instance may have been changed after it was built (pydantic
+    does not validate assignment by default) or built unvalidated with
+    `model_construct`, so it is dumped and validated again like a dict. Unknown
+    fields are refused rather than dropped, and NaN or infinities rather than turned
+    into null; strings must be valid Unicode (no lone surrogates): a sender's data
     never silently disappears or changes.
 
     Raises:
-        InvalidPayloadError: wrong type, failed validation, unknown fields, not JSON.
+        InvalidPayloadError: wrong type, failed validation, unknown fields, not JSON,
+            not valid Unicode, nested too deeply.
         PayloadTooLargeError: the canonical JSON exceeds `max_bytes`.
     """
-    raw: Any = None
+    try:
+        return _encode(model_type, value, max_bytes, what)
+    except RecursionError:
+        raise InvalidPayloadError(f"{what} is nested too deeply") from None
+
+
+def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) -> str:
     if isinstance(value, BaseModel):
         if type(value) is not model_type:
             raise InvalidPayloadError(
                 f"{what} expects {model_type.__name__}, got {type(value).__name__}"
             )
-        model = value
+        try:  # round_trip leaves out computed fields, which are not input
+            raw = value.model_dump(mode="python", by_alias=True, round_trip=True,
+                                   warnings=False)
+        except (ValueError, TypeError, AttributeError, PydanticSerializationError) as err:
+            raise InvalidPayloadError(f"{what}: the instance cannot be read: {err}") from None
+        from_instance = True
     elif isinstance(value, dict):
-        raw = value
-        try:
-            model = model_type.model_validate(raw)
-        except ValidationError as err:
-            raise InvalidPayloadError(f"{what}: {err}") from None
+        raw, from_instance = value, False
     else:
         raise InvalidPayloadError(
             f"{what} expects {model_type.__name__} (or a dict of its fields), "
             f"got {type(value).__name__}"
         )
+    try:
+        model = model_type.model_validate(raw)
+    except ValidationError as err:
+        raise InvalidPayloadError(f"{what}: {err}") from None
     try:
         # Python mode keeps NaN and infinities as floats, so json.dumps refuses them
         # (JSON mode would have turned them into null); other values go through
@@ -65,9 +80,15 @@ def encode_model(model_type: type[BaseModel], value: Any, *, max_bytes: int, wha
                           ensure_ascii=False, default=_jsonable)
     except (TypeError, ValueError, PydanticSerializationError) as err:
         raise InvalidPayloadError(f"{what} is not JSON: {err}") from None
-    if raw is not None and not _same(raw, data):  # equal data has no unknown field
+    if not from_instance and not _same(raw, data):  # equal data has no unknown field
         _refuse_unknown_fields(raw, data, what, path="")
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as err:
+        raise InvalidPayloadError(
+            f"{what} is not valid Unicode: a lone surrogate {text[err.start:err.end]!r} "
+            f"at character {err.start} of its JSON"
+        ) from None
     if size > max_bytes:
         raise PayloadTooLargeError(f"{what} is {size} bytes; the limit is {max_bytes}")
     return text

@@ -45,7 +45,9 @@ class CloseRunOp:
     """Close a run, but only if every message accepted so far was applied.
 
     Returns False when newer messages exist: the host applies them and tries again, so
-    a message accepted before the close is never left unapplied.
+    a message accepted before the close is never left unapplied. With `force` (a run
+    whose activation cannot be built, closed as failed) it closes regardless: its
+    unapplied messages stay in the journal of a failed run, visible, never applied.
     """
 
     fence: Fence
@@ -56,13 +58,14 @@ class CloseRunOp:
     status: RunStatus
     result: str | None
     error: str | None
+    force: bool = False
 
     def apply(self, txn: Txn) -> bool:
         txn.check(self.fence)
         row = txn.entity(self.entity_type, self.key)
         if row is None or row.run_id != self.run_id or row.status is not RunStatus.RUNNING:
             return True  # already closed (terminated, or a retry of this close)
-        if row.next_seq - 1 > self.applied_seq:
+        if row.next_seq - 1 > self.applied_seq and not self.force:
             return False
         row.status = self.status
         txn.put_entity(self.entity_type, self.key, row)

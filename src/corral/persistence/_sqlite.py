@@ -57,6 +57,13 @@ _MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
 _JOURNAL_COLS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
 
 
+def _store_error(what: str, cause: Exception) -> StoreError:
+    """A `StoreError` of its own for one caller, with the driver's error as its cause."""
+    err = StoreError(f"{what}: {type(cause).__name__}: {cause}")
+    err.__cause__ = cause
+    return err
+
+
 def _entry(row: Sequence[Any]) -> JournalEntry:
     return JournalEntry(
         row[0], row[1], row[2], row[3], EntryKind(row[4]), row[5], row[6], row[7], row[8], row[9]
@@ -170,14 +177,37 @@ class SqliteStore:
             try:
                 results = await _in_thread(writer, self._apply_batch, batch.ops)
             except Exception as err:  # the writer thread or connection died
-                results = [StoreError(f"store write failed: {err}")] * len(batch.ops)
+                results = [_store_error("store write failed", err) for _ in batch.ops]
             for future, result in zip(batch.futures, results, strict=True):
                 if not future.done():  # done = its caller was cancelled
                     future.set_result(result)
 
     def _apply_batch(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
-        """Runs in the writer thread: one transaction, one sync, for the whole batch."""
+        """Runs in the writer thread: one transaction, one sync, for the whole batch.
+
+        An op refuses by raising a `CorralError` before it writes anything, and only its
+        caller gets that error. Any other failure (a driver error, a bug, a value the
+        driver cannot bind) rolls the whole transaction back; the batch is then run
+        again one op per transaction, so the op that fails fails alone and every other
+        op of its batch commits. Nothing of a failed attempt was committed, so running
+        the ops again is safe. Every path leaves the connection outside a transaction.
+        """
         self._note_data_version(db)
+        try:
+            results = self._commit(db, ops)
+        except Exception as err:
+            if len(ops) == 1:
+                return [_store_error("store write failed, nothing committed", err)]
+            results = []
+            for op in ops:  # isolate the failing op
+                try:
+                    results.extend(self._commit(db, [op]))
+                except Exception as one:
+                    results.append(_store_error("store write failed, nothing committed", one))
+        return results
+
+    def _commit(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
+        """Apply `ops` in one transaction and commit; on any failure roll back and raise."""
         txn = Txn(db)
         results: list[Any] = []
         try:
@@ -191,10 +221,10 @@ class SqliteStore:
                     results.append(err)
             txn.flush()
             db.execute("COMMIT")
-        except sqlite3.Error as err:
+        except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            return [StoreError(f"store write failed, nothing committed: {err}")] * len(ops)
+            raise
         self.commits += 1
         self.ops_committed += len(ops)
         return results
@@ -224,8 +254,8 @@ class SqliteStore:
 
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
-                        error: str | None) -> bool:
-        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error)
+                        error: str | None, force: bool = False) -> bool:
+        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
@@ -300,8 +330,10 @@ class SqliteStore:
             finally:
                 if own_txn:
                     db.execute("COMMIT")
-        except sqlite3.Error as err:
-            raise StoreError(f"store read failed: {err}") from err
+        except CorralError:
+            raise
+        except Exception as err:  # a driver error, or a value it cannot bind
+            raise _store_error("store read failed", err) from err
 
     async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
                       ) -> list[JournalEntry]:

@@ -43,8 +43,9 @@ class Store(Protocol):
 
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
-                        error: str | None) -> bool:
-        """Close the run unless messages after `applied_seq` exist (then return False)."""
+                        error: str | None, force: bool = False) -> bool:
+        """Close the run unless messages after `applied_seq` exist (then return False);
+        with `force`, close it regardless (a run failed because it cannot activate)."""
         ...
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,

@@ -18,18 +18,20 @@ import logging
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from corral.actors import (
     ContinueAsNew,
     Entity,
     EntityDefinition,
+    EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
     InvalidPayloadError,
     LeaseLostError,
     RunStatus,
+    StoreError,
 )
 from corral.persistence import EntryKind, JournalEntry
 
@@ -56,7 +58,7 @@ class Activation:
     """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`."""
 
     __slots__ = (
-        "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
+        "_applying", "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
         "_last_active", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
         "_state_waiters", "_switching", "_timers", "_waiting", "_worker", "applied_seq",
         "closed", "definition", "entity",
@@ -75,6 +77,7 @@ class Activation:
         self.closed = False
         self._evicted = False
         self._switching = False  # continue-as-new in progress: apply nothing more
+        self._applying = False  # a handler is running for the entry after applied_seq
         self._first_seq = 1  # this run's first journal seq
         self._floor = 0  # journal entries up to here are covered by kept snapshots
         self._bytes = 0  # payload bytes applied by this activation
@@ -82,7 +85,9 @@ class Activation:
         self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
         self._last_active = time.monotonic()
         self._state = _State.LOADING
-        self._inbox: deque[JournalEntry] | None = None
+        # A fresh run's first entry goes first: entries other callers deliver while
+        # the load task has not run yet would otherwise precede it and open a gap.
+        self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
         self._changed: asyncio.Event | None = None
         self._state_waiters: list[asyncio.Future[None]] | None = None
         self._run_task: asyncio.Task[None] | None = None
@@ -222,37 +227,88 @@ class Activation:
 
     async def _load(self, previous: Activation | None, fresh: JournalEntry | None,
                     start_input: str | None) -> None:
-        """Build the entity. `fresh` is the first entry of a run this process just started:
-        nothing else can precede it, so the store need not be read."""
+        """Build the entity, retrying with backoff; fail the run if it never builds.
+
+        `fresh` is the first entry of a run this process just started: nothing else
+        can precede it, so the first attempt need not read the store. A failure to
+        build (the start input no longer fits its model, `__init__` raising, a snapshot
+        that does not restore) is retried under the type's `RetryPolicy`; after the last
+        attempt the run is closed as failed with the error, so it never sits running
+        while accepting messages it cannot apply. Store errors are retried without a
+        limit (they say nothing about the entity); a lost lease stops at once.
+        """
         async def load() -> None:
             if previous is not None:
                 await previous.wait_finished()
-            if fresh is not None:
-                self._run_id = fresh.run_id
-                self._first_seq = fresh.seq
-                self.applied_seq = self._snapshot_seq = fresh.seq - 1
-                self.entity = instantiate(self.definition, start_input, self)
-                self.deliver(fresh)
-                await self._serve()
-                return
-            found = await self._shard.store.latest_run(self.entity_type, self.key)
-            if found is None or found[0].status is not RunStatus.RUNNING:
-                self._run_id = found[0].run_id if found else 0
-                self._finish()  # closed or terminated before we got here
-                return
-            run = found[0]
-            self._run_id, self._first_seq = run.run_id, run.first_seq
-            store = self._shard.store
-            await store.mark_activated(self._shard.fence, self.entity_type, self.key)
-            self.entity, covered = await rebuild(store, self.definition, run, self)
-            self.applied_seq = self._snapshot_seq = self._floor = covered
-            await self._replay()
-            # A run opened by continue-as-new starts after its predecessor's watermark; its
-            # journal may hold only carried entries below that, or nothing: without this,
-            # read-your-writes queries would wait for seqs that belong to the closed run.
-            self.applied_seq = max(self.applied_seq, run.first_seq - 1)
+            failures = 0
+            while True:
+                try:
+                    if fresh is not None and failures == 0:
+                        self._start_fresh(fresh, start_input)
+                    elif not await self._recover():
+                        return  # closed or terminated before we got here
+                    break
+                except (LeaseLostError, asyncio.CancelledError):
+                    raise
+                except Exception as err:
+                    failures += 1
+                    policy = self.definition.retry
+                    if not isinstance(err, StoreError) and failures >= policy.max_attempts:
+                        await self._fail_run(err, failures)
+                        return
+                    delay = policy.backoff(failures)
+                    log.warning("%s %r run %d: activation attempt %d failed (%s: %s); "
+                                "retrying in %.3fs", self.entity_type, self.key, self._run_id,
+                                failures, type(err).__name__, err, delay)
+                    await asyncio.sleep(delay)
             await self._serve()
         await self._work(load())
+
+    def _start_fresh(self, fresh: JournalEntry, start_input: str | None) -> None:
+        self._run_id = fresh.run_id
+        self._first_seq = fresh.seq
+        self.applied_seq = self._snapshot_seq = fresh.seq - 1
+        self.entity = instantiate(self.definition, start_input, self)
+
+    async def _recover(self) -> bool:
+        """Rebuild the running run from the store: latest snapshot + the journal after it.
+
+        Returns False if the entity has no running run.
+        """
+        found = await self._shard.store.latest_run(self.entity_type, self.key)
+        if found is None or found[0].status is not RunStatus.RUNNING:
+            self._run_id = found[0].run_id if found else 0
+            self._finish()
+            return False
+        run = found[0]
+        self._run_id, self._first_seq = run.run_id, run.first_seq
+        store = self._shard.store
+        await store.mark_activated(self._shard.fence, self.entity_type, self.key)
+        self.entity, covered = await rebuild(store, self.definition, run, self)
+        self.applied_seq = self._snapshot_seq = self._floor = covered
+        await self._replay()
+        # A run opened by continue-as-new starts after its predecessor's watermark; its
+        # journal may hold only carried entries below that, or nothing: without this,
+        # read-your-writes queries would wait for seqs that belong to the closed run.
+        self.applied_seq = max(self.applied_seq, run.first_seq - 1)
+        return True
+
+    async def _fail_run(self, err: Exception, attempts: int) -> None:
+        """Close the run as failed: its activation cannot be built."""
+        text = "".join(traceback.format_exception(err))
+        log.error("%s %r run %d: activation failed %d times; the run is failed:\n%s",
+                  self.entity_type, self.key, self._run_id, attempts, text)
+        await self._shard.store.close_run(
+            self._shard.fence, self.entity_type, self.key, self._run_id,
+            applied_seq=self.applied_seq, status=RunStatus.FAILED, result=None,
+            error=f"activation failed after {attempts} attempts: {type(err).__name__}: "
+                  f"{err}\n{text}", force=True,
+        )
+        self.closed = True
+        self._shard.fail_waiters(self, EntityFailedError(
+            f"{self.entity_type} {self.key!r}: run {self._run_id} failed: its activation "
+            f"could not be built ({type(err).__name__}: {err})"))
+        self._finish()
 
     async def _serve(self) -> None:
         self._set_state(_State.READY)
@@ -282,6 +338,8 @@ class Activation:
             self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
         )
         for entry in entries:
+            if self.closed or self._switching:
+                return  # continue-as-new carries the rest to the next run
             await self._apply(entry, replaying=True)
 
     async def _drain(self) -> None:
@@ -307,7 +365,11 @@ class Activation:
             self._terminated(entry.payload)
             return
         assert self.entity is not None
-        outcome = await apply_live(self._shard, self, entry, replaying=replaying)
+        self._applying = True
+        try:
+            outcome = await apply_live(self._shard, self, entry, replaying=replaying)
+        finally:
+            self._applying = False
         self.applied_seq = entry.seq
         self._bytes += len(entry.payload)
         self._last_active = time.monotonic()
@@ -382,21 +444,38 @@ class Activation:
         except asyncio.CancelledError:
             raise
         except ContinueAsNew as can:
-            await self._continue(can.next_input)
+            # No await between the raise and here: `applied_seq` is exactly what the
+            # state run() built `next_input` from had seen.
+            watermark, in_handler = self.applied_seq, self._applying
+            self._switching = True
+            await self._settle(self._continue(can.next_input, watermark,
+                                              abort_handler=in_handler))
             return
         except Exception:
             status = RunStatus.FAILED
             error = traceback.format_exc()
-            log.warning("%s %r: run() failed:\n%s", self.entity_type, self.key, error)
+            log.warning("%s %r run %d: run() failed:\n%s", self.entity_type, self.key,
+                        self._run_id, error)
         if self.entity.mailbox:
             log.warning("%s %r: run() ended with %d mailbox payloads not taken", self.entity_type,
                         self.key, len(self.entity.mailbox))
+        await self._settle(self._close(status, result, error))
+
+    async def _settle(self, closing: Coroutine[Any, Any, None]) -> None:
+        """Close or continue the run; if the store fails meanwhile, evict and let the
+        shard activate the entity again, whose `run()` then restarts from the top."""
         try:
-            await self._close(status, result, error)
+            await closing
         except LeaseLostError:
             log.warning("%s %r: lease lost while closing; the next host reruns run()",
                         self.entity_type, self.key)
             self._finish()
+        except StoreError as err:
+            log.warning("%s %r run %d: closing failed (%s); activating it again",
+                        self.entity_type, self.key, self._run_id, err)
+            self._finish()
+            self._shard.activate_later(self.entity_type, self.key,
+                                       self.definition.retry.max_backoff)
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
@@ -417,24 +496,33 @@ class Activation:
         if self._worker is None:
             self._finish()
 
-    async def _continue(self, next_input: object) -> None:
-        """Continue-as-new: stop applying, then close this run and open the next in one
-        transaction that carries every unconsumed message; the next run is loaded anew."""
+    async def _continue(self, next_input: object, watermark: int, *,
+                        abort_handler: bool) -> None:
+        """Continue-as-new at `watermark`: close this run and open the next in one
+        transaction that carries every entry after it; the next run is loaded anew.
+
+        `next_input` was built from state that had seen exactly the entries up to
+        `watermark`. A handler still running then (an async handler parked in an
+        await) is cancelled: its entry is after the watermark, so it is carried and
+        applied, from its start, by the next run; its caller gets that result.
+        """
         try:
             text = encode_start(self.definition, next_input)
         except InvalidPayloadError as err:
+            self._switching = False
             await self._close(RunStatus.FAILED, None, f"continue_as_new: {err}")
             return
-        self._switching = True
         worker = self._worker
         if worker is not None and worker is not asyncio.current_task():
-            await asyncio.wait([worker])  # it stops after the entry it is applying
+            if abort_handler:
+                worker.cancel()
+            await asyncio.wait([worker])  # otherwise it stops before its next entry
         assert self.entity is not None
         carried = [t for t in self.entity.mailbox.pending_tokens() if isinstance(t, JournalEntry)]
         try:
             await self._shard.store.continue_as_new(
                 self._shard.fence, self.entity_type, self.key, self._run_id,
-                applied_seq=self.applied_seq, next_input=text, carried=carried,
+                applied_seq=watermark, next_input=text, carried=carried,
             )
         except (EntityNotRunningError, LeaseLostError) as err:
             log.warning("%s %r: continue-as-new not done: %s", self.entity_type, self.key, err)

@@ -14,7 +14,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from corral.actors import EntityDefinition, EntityNotRunningError
+from corral.actors import (
+    EntityDefinition,
+    EntityFailedError,
+    EntityNotRunningError,
+    EntityTerminatedError,
+    RunStatus,
+)
 from corral.persistence import (
     Acceptance,
     AcceptResult,
@@ -104,12 +110,15 @@ class LocalBackend:
     async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
         shard = self._shard(etype, key)
         local = shard.wait_update(etype, key, message_id) if shard else None
-        delay = 0.002
+        delay, polls = 0.002, 0
         try:
             while True:
                 recorded = await self.store.update_outcome(etype, key, message_id)
                 if recorded is not None:
                     return recorded
+                if polls:  # not on the hot path: a hosting shard fails `local` itself
+                    await self._refuse_if_closed(etype, key, message_id)
+                polls += 1
                 if local is not None:
                     with contextlib.suppress(asyncio.TimeoutError):
                         return await asyncio.wait_for(asyncio.shield(local), 0.5)
@@ -119,6 +128,21 @@ class LocalBackend:
         finally:
             if local is not None:
                 local.cancel()
+
+    async def _refuse_if_closed(self, etype: str, key: str, message_id: str) -> None:
+        """An update whose run closed before applying it (terminated, or failed because
+        it could not activate) will never have an outcome: say so instead of waiting."""
+        found = await self.store.latest_run(etype, key)
+        if found is None or found[0].status is RunStatus.RUNNING:
+            return
+        if await self.store.update_outcome(etype, key, message_id) is not None:
+            return  # recorded just before the close: the next poll returns it
+        run = found[0]
+        closed = f"{etype} {key!r}: run {run.run_id} is {run.status.value}"
+        if run.status is RunStatus.FAILED:
+            raise EntityFailedError(f"{closed}; update {message_id!r} was not applied:\n"
+                                    f"{run.error}")
+        raise EntityTerminatedError(f"{closed}; update {message_id!r} was not applied")
 
     async def query(self, etype: str, key: str, name: str, payload: str | None, *,
                     activate: bool = False) -> str:

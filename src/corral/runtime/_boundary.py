@@ -19,6 +19,7 @@ from corral.actors import (
     EntityDefinition,
     HandlerDefinition,
     HandlerKind,
+    InvalidArgumentError,
     InvalidKeyError,
     InvalidPayloadError,
     UnauthorizedError,
@@ -32,6 +33,7 @@ from ._apply import encode_start
 __all__ = ["AuthRequest", "Authorize", "Boundary", "Limits", "new_message_id"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,8 @@ class Limits:
 
     Attributes:
         max_payload_bytes: largest canonical JSON payload or start input (256 KiB).
-        max_key_length: longest entity key or message id, in characters.
+        max_key_length: longest entity key, message id, update id or sender, in
+            characters.
         key_pattern: regular expression a whole entity key must match.
     """
 
@@ -95,34 +98,59 @@ class Boundary:
         return found
 
     def check_key(self, key: object) -> str:
-        if not isinstance(key, str):
-            raise InvalidKeyError(f"entity key must be a str, got {type(key).__name__}")
-        if not key:
-            raise InvalidKeyError("entity key is empty")
-        if len(key) > self.limits.max_key_length:
-            raise InvalidKeyError(
-                f"entity key is {len(key)} characters; the limit is {self.limits.max_key_length}"
-            )
+        key = self.check_identifier(key, "entity key")
         if not self._key_re.fullmatch(key):
             raise InvalidKeyError(
                 f"entity key {key!r} must match {self.limits.key_pattern!r}"
             )
         return key
 
-    def check_message_id(self, message_id: object) -> str:
+    def check_message_id(self, message_id: object, what: str = "message id") -> str:
+        """The caller's idempotency key, or a fresh one for None."""
         if message_id is None:
             return new_message_id()
-        if not isinstance(message_id, str) or not message_id or _CONTROL.search(message_id) \
-                or len(message_id) > self.limits.max_key_length:
+        return self.check_identifier(message_id, what)
+
+    def check_identifier(self, value: object, what: str) -> str:
+        """A key, id or sender: a non-empty str of at most `max_key_length` characters,
+        with no control characters and no lone surrogates (whatever `key_pattern` says).
+
+        Checked here so that a bad one never joins a group-commit batch.
+        """
+        limit = self.limits.max_key_length
+        if not isinstance(value, str):
+            raise InvalidKeyError(f"{what} must be a str, got {type(value).__name__}")
+        if not value:
+            raise InvalidKeyError(f"{what} is empty")
+        if len(value) > limit:
+            raise InvalidKeyError(f"{what} is {len(value)} characters; the limit is {limit}")
+        bad = _CONTROL.search(value) or _SURROGATE.search(value)
+        if bad is not None:
+            kind = "a control character" if _CONTROL.match(bad.group()) else "a lone surrogate"
             raise InvalidKeyError(
-                f"message id must be a non-empty str of at most {self.limits.max_key_length} "
-                f"characters without control characters, got {message_id!r}"
+                f"{what} {value!r} holds {kind} ({bad.group()!r} at {bad.start()})"
             )
-        return message_id
+        return value
+
+    def check_reason(self, reason: object) -> str:
+        """A termination reason: free text (newlines allowed) within the payload limit."""
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(f"reason must be a str, got {type(reason).__name__}")
+        bad = _SURROGATE.search(reason)
+        if bad is not None:
+            raise InvalidArgumentError(f"reason holds a lone surrogate at {bad.start()}")
+        if len(reason.encode()) > self.limits.max_payload_bytes:
+            raise InvalidArgumentError(
+                f"reason is longer than {self.limits.max_payload_bytes} bytes")
+        return reason
 
     def handler(self, definition: EntityDefinition, handler: object,
                 kinds: tuple[HandlerKind, ...]) -> HandlerDefinition:
-        name = handler if isinstance(handler, str) else getattr(handler, "_corral_handler", None)
+        try:
+            name = handler if isinstance(handler, str) else getattr(handler, "_corral_handler",
+                                                                     None)
+        except Exception:  # an object whose attribute access raises: not a handler
+            name = None
         if isinstance(name, HandlerDefinition):
             name = name.name
         found = definition.handler(name) if isinstance(name, str) else None
@@ -151,9 +179,13 @@ class Boundary:
 
     async def sender(self, claimed: object, definition: EntityDefinition, key: str, kind: str,
                      name: str) -> str | None:
-        """The sender to record: the hook's authenticated answer, or the claim if no hook."""
-        if claimed is not None and not isinstance(claimed, str):
-            raise InvalidPayloadError(f"sender must be a str or None, got {type(claimed).__name__}")
+        """The sender to record: the hook's authenticated answer, or the claim if no hook.
+
+        The claim is checked like an id (`check_identifier`), and so is the hook's
+        answer: both are recorded and compared for deduplication.
+        """
+        if claimed is not None:
+            claimed = self.check_identifier(claimed, "sender")
         if self._authorize is None:
             return claimed
         decision: Any = self._authorize(AuthRequest(claimed, definition.name, key, kind, name))
@@ -165,4 +197,5 @@ class Boundary:
             raise TypeError(
                 f"authorize must return the sender (str or None) or False, got {decision!r}"
             )
-        return decision
+        return None if decision is None else self.check_identifier(
+            decision, "the sender authorize returned")

@@ -17,6 +17,7 @@ from corral.actors import (
     EntityTerminatedError,
     HandlerDefinition,
     HandlerKind,
+    InvalidArgumentError,
     RunStatus,
     UpdateFailedError,
 )
@@ -154,6 +155,7 @@ class EntityRef(Generic[E]):
 
     async def _update(self, handler: Any, payload: Any, start: Any, with_start: bool,
                       update_id: str | None, sender: str | None, timeout: float | None) -> Any:
+        timeout = _check_timeout(timeout)
         _, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
                                      with_start=with_start, message_id=update_id, sender=sender)
         outcome = await asyncio.wait_for(
@@ -170,7 +172,8 @@ class EntityRef(Generic[E]):
         h = b.handler(self.definition, handler, (kind,))
         text = b.payload(h, payload)
         start_text = b.start_input(self.definition, start) if with_start else None
-        mid = b.check_message_id(message_id)
+        mid = b.check_message_id(message_id,
+                                 "update id" if kind is HandlerKind.UPDATE else "message id")
         who = await b.sender(sender, self.definition, self.key, kind.value, h.name)
         res = await self._rt._accept(self, EntryKind(kind.value), h.name, text, mid, who,
                                      start_text)
@@ -210,7 +213,7 @@ class EntityRef(Generic[E]):
             EntityFailedError: `run()` raised. EntityTerminatedError: it was terminated.
             TimeoutError: `timeout` seconds passed first.
         """
-        return await asyncio.wait_for(self._wait_result(), timeout)
+        return await asyncio.wait_for(self._wait_result(), _check_timeout(timeout))
 
     async def _wait_result(self) -> Any:
         delay = 0.002
@@ -233,10 +236,11 @@ class EntityRef(Generic[E]):
                         sender: str | None = None) -> Ack:
         """Close the running run as terminated; messages not yet applied are not applied."""
         b = self._rt.boundary
+        text = canonical_json(b.check_reason(reason))
         mid = b.check_message_id(message_id)
         who = await b.sender(sender, self.definition, self.key, "terminate", "terminate")
-        res = await self._rt._accept(self, EntryKind.TERMINATE, "terminate",
-                                     canonical_json(reason), mid, who, None)
+        res = await self._rt._accept(self, EntryKind.TERMINATE, "terminate", text, mid, who,
+                                     None)
         return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
                    False)
 
@@ -285,15 +289,26 @@ class EntityRef(Generic[E]):
 
 
 def _check_id(dead_letter_id: object) -> int:
-    if isinstance(dead_letter_id, bool) or not isinstance(dead_letter_id, int):
-        raise TypeError(f"a dead letter id is an int, got {dead_letter_id!r}")
+    if isinstance(dead_letter_id, bool) or not isinstance(dead_letter_id, int) \
+            or not 0 < dead_letter_id < 2**63:
+        raise InvalidArgumentError(f"a dead letter id is a positive int, got {dead_letter_id!r}")
     return dead_letter_id
 
 
 def _check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+        raise InvalidArgumentError(f"limit must be an int from 1 to 100000, got {limit!r}")
     return limit
+
+
+def _check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not 0 <= timeout < float("inf"):
+        raise InvalidArgumentError(
+            f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
 
 
 @contextlib.asynccontextmanager

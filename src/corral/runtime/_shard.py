@@ -35,6 +35,8 @@ class Shard:
         # (etype, key, run_id) -> seqs with a dead letter, read once per run (see _poison).
         self.dead_seqs: OrderedDict[tuple[str, str, int], frozenset[int]] = OrderedDict()
         self._update_waiters: dict[tuple[str, str, str], list[asyncio.Future[UpdateOutcome]]] = {}
+        self._later: set[asyncio.TimerHandle] = set()
+        self._stopped = False
 
     @property
     def index(self) -> int:
@@ -52,6 +54,10 @@ class Shard:
         return len(running)
 
     async def stop(self) -> None:
+        self._stopped = True
+        for handle in self._later:
+            handle.cancel()
+        self._later.clear()
         acts = list(self._activations.values())
         self._activations.clear()
         await asyncio.gather(*(a.stop() for a in acts))
@@ -100,6 +106,16 @@ class Shard:
     def activate(self, etype: str, key: str) -> Activation:
         """Bring the entity into memory (a due timer, the next run after continue-as-new)."""
         return self._get_or_create(etype, key)
+
+    def activate_later(self, etype: str, key: str, delay: float) -> None:
+        """Activate the entity after `delay` seconds unless it is in memory by then (an
+        activation evicted by a store failure, whose run is still running)."""
+        def fire() -> None:
+            self._later.discard(handle)
+            if not self._stopped and self.get(etype, key) is None:
+                self._get_or_create(etype, key)
+        handle = asyncio.get_running_loop().call_later(delay, fire)
+        self._later.add(handle)
 
     async def passivate_idle(self) -> int:
         """Passivate every activation idle for longer than its type's `idle_timeout`."""
