@@ -1,0 +1,105 @@
+"""Failures stay where they belong (guarantee 14): one op that fails inside a group
+commit fails only its own caller, and every error path leaves the connection clean."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import corral
+from corral.persistence import SqliteStore
+from entities import Reply, Start, Ticket, fresh_key, wait_applied
+from procs import sql
+
+START = Start(tenant="acme")
+
+
+@dataclass(frozen=True)
+class UnbindableOp:
+    """Writes a value the driver cannot encode (a lone surrogate): fails at bind time."""
+
+    def apply(self, txn: Any) -> None:
+        txn.db.execute("INSERT INTO timers (etype, key, run_id, timer_id, shard, due_at) "
+                       "VALUES (?, 'k', 1, 't', 0, 0)", ("\ud800",))
+
+
+@dataclass(frozen=True)
+class HalfWrittenOp:
+    """Writes a row, then fails with a bug that is not a refusal."""
+
+    def apply(self, txn: Any) -> None:
+        txn.db.execute("INSERT INTO timers (etype, key, run_id, timer_id, shard, due_at) "
+                       "VALUES ('Ghost', 'k', 1, 't', 0, 0)")
+        raise RuntimeError("op bug after a write")
+
+
+def store_of(rt: corral.Runtime) -> SqliteStore:
+    store = rt.store
+    assert isinstance(store, SqliteStore)
+    return store
+
+
+async def test_a_failing_op_in_a_batch_of_valid_sends_fails_alone_with_its_own_error(
+    db_path: str,
+) -> None:
+    keys = [fresh_key() for _ in range(20)]
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        store = store_of(rt)
+        sends = [rt.ref(Ticket, k).signal_with_start(Ticket.reply, Reply(text="ok"),
+                                                     start=START, message_id=f"m-{k}")
+                 for k in keys]
+        results = await asyncio.gather(
+            store.write(UnbindableOp()), *sends[:10], store.write(HalfWrittenOp()),
+            *sends[10:], return_exceptions=True)
+        bad = [results[0], results[11]]
+        acks = results[1:11] + results[12:]
+        assert all(isinstance(a, corral.Ack) and a.status == "accepted" for a in acks), acks
+        assert all(isinstance(e, corral.StoreError) for e in bad), bad
+        assert bad[0] is not bad[1]
+        assert isinstance(bad[0].__cause__, UnicodeEncodeError)
+        assert isinstance(bad[1].__cause__, RuntimeError)
+        # The connection is clean: the next send commits.
+        after = await rt.ref(Ticket, keys[0]).signal(Ticket.reply, Reply(text="next"))
+        assert after.status == "accepted"
+        await wait_applied(rt.ref(Ticket, keys[0]), 2)
+    assert sql(db_path, "SELECT count(*) FROM timers WHERE etype='Ghost'") == [(0,)]
+    assert sql(db_path, "SELECT count(*) FROM journal") == [(len(keys) + 1,)]
+
+
+async def test_a_batch_that_fails_whole_gives_each_caller_a_distinct_error_with_a_cause(
+    db_path: str,
+) -> None:
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        store = store_of(rt)
+        errors = await asyncio.gather(*(store.write(UnbindableOp()) for _ in range(5)),
+                                      return_exceptions=True)
+        assert all(isinstance(e, corral.StoreError) for e in errors)
+        assert len({id(e) for e in errors}) == 5
+        assert all(isinstance(e.__cause__, UnicodeEncodeError) for e in errors
+                   if isinstance(e, BaseException))
+        ack = await rt.ref(Ticket, fresh_key()).signal_with_start(
+            Ticket.reply, Reply(text="ok"), start=START)
+    assert ack.status == "accepted"
+
+
+@pytest.mark.parametrize("bad", [
+    {"message_id": "m-\ud800"}, {"sender": "\udc00"}, {"message_id": "m\x00"},
+], ids=["surrogate message id", "surrogate sender", "NUL message id"])
+async def test_a_bad_id_among_concurrent_valid_sends_is_refused_and_they_all_commit(
+    db_path: str, bad: dict[str, str],
+) -> None:
+    keys = [fresh_key() for _ in range(20)]
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        calls = [rt.ref(Ticket, k).signal_with_start(Ticket.reply, Reply(text="ok"),
+                                                     start=START) for k in keys]
+        calls.insert(7, rt.ref(Ticket, keys[0]).signal_with_start(
+            Ticket.reply, Reply(text="bad"), start=START, **bad))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(results.pop(7), corral.InvalidKeyError)
+        assert all(isinstance(a, corral.Ack) for a in results), results
+        ack = await rt.ref(Ticket, keys[1]).signal(Ticket.reply, Reply(text="next"))
+    assert ack.status == "accepted"
+    assert sql(db_path, "SELECT count(*) FROM journal") == [(len(keys) + 1,)]
