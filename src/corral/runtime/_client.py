@@ -266,8 +266,14 @@ class EntityRef(Generic[E]):
         answered `duplicate` and applied once. The recorded sender stays the original
         one; `sender` is the caller's claim for the `authorize` hook (kind "replay").
 
+        A replay retried after it succeeded (the dead letter is gone by then) answers
+        `Ack(status="duplicate")` with the first replay's acknowledgement, as long as
+        that replay's id is in the entity's dedupe window.
+
         Raises:
-            DeadLetterNotFoundError: this entity has no dead letter `dead_letter_id`.
+            DeadLetterNotFoundError: this entity has no dead letter `dead_letter_id`
+                (discarded, never there, or replayed so long ago that the replay's id
+                left the dedupe window).
             EntityNotRunningError: the entity is not running; the dead letter stays.
             UnauthorizedError: the `authorize` hook refused.
         """
