@@ -61,12 +61,21 @@ def test_only_subpackages_and_the_version_are_public_modules_of_corral() -> None
 
 
 def test_the_top_level_reexports_the_user_facing_objects_themselves() -> None:
+    import corral._common
+    import corral._errors
     import corral.actors
     import corral.runtime
 
+    sources = [corral._errors, corral._common, corral.actors, corral.runtime]
     for attr in corral.__all__:
-        source = corral.actors if attr in corral.actors.__all__ else corral.runtime
+        source = next(m for m in sources if attr in m.__all__)
         assert getattr(corral, attr) is getattr(source, attr), attr
+
+
+def test_the_internals_stay_out_of_the_runtime_surface() -> None:
+    import corral.runtime
+
+    assert not {"Activation", "LocalHost", "Router", "Shard"} & set(corral.runtime.__all__)
 
 
 # -- layering ----------------------------------------------------------------------------
@@ -90,16 +99,22 @@ def loaded_by(package: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
+@pytest.mark.parametrize("leaf", ["corral._errors", "corral._common"])
+def test_a_leaf_loads_nothing_else_of_corral(leaf: str) -> None:
+    assert loaded_by(leaf) == {leaf}
+
+
 def test_importing_corral_actors_loads_neither_runtime_nor_persistence() -> None:
     loaded = loaded_by("corral.actors")
     assert "corral.actors" in loaded
     assert not {m for m in loaded if m.startswith(("corral.runtime", "corral.persistence"))}
 
 
-def test_importing_corral_persistence_does_not_load_the_runtime() -> None:
+def test_importing_corral_persistence_loads_neither_the_runtime_nor_the_programming_model(
+) -> None:
     loaded = loaded_by("corral.persistence")
     assert "corral.persistence" in loaded
-    assert not {m for m in loaded if m.startswith("corral.runtime")}
+    assert not {m for m in loaded if m.startswith(("corral.runtime", "corral.actors"))}
 
 
 def imported_corral_modules(path: Path) -> set[str]:
@@ -122,7 +137,7 @@ def imported_corral_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(("layer", "forbidden"), [
     ("actors", ("corral.runtime", "corral.persistence")),
-    ("persistence", ("corral.runtime",)),
+    ("persistence", ("corral.runtime", "corral.actors")),
 ])
 def test_no_source_file_of_a_lower_layer_names_a_higher_one(
     layer: str, forbidden: tuple[str, ...]

@@ -30,9 +30,10 @@ import pytest
 import ray
 
 import corral
-from corral.actors import LeaseLostError, RunStatus
+from corral import LeaseLostError, RunStatus
 from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
-from corral.runtime import LocalHost, Router
+from corral.runtime._host import LocalHost
+from corral.runtime._router import Router
 from corral.runtime._backend import LocalBackend
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
 from corral.runtime._ray_host import actor_name

@@ -3,40 +3,46 @@
 Entities are addressed by business key; `signal_with_start` starts one if needed and
 delivers the message in one atomic, durable step. See README.md.
 
-Layering, bottom up: `corral.actors` (the programming model; imports nothing of
-corral), `corral.persistence` (the `Store` protocol and the SQLite store; imports only
-`actors`), `corral.runtime` (shards, activations, routing, client; uses storage only
-through `Store`). This module re-exports the user-facing surface.
+Layering, bottom up: the leaves `corral._errors` (the error hierarchy) and
+`corral._common` (run statuses and policies), which import nothing of corral; then
+`corral.actors` (the programming model) and `corral.persistence` (the `Store`
+protocol and the SQLite store), which import only the leaves and never each other;
+then `corral.runtime` (shards, activations, routing, the client), which uses storage
+only through `Store`. This module re-exports the user-facing surface.
 """
 
-from corral.actors import (
+from corral._common import (
     ContinueAsNewPolicy,
+    DedupeWindow,
+    IdReusePolicy,
+    RetryPolicy,
+    RunStatus,
+    SnapshotPolicy,
+)
+from corral._errors import (
     CorralError,
     DeadLetterNotFoundError,
-    DedupeWindow,
-    Entity,
     EntityClosedError,
     EntityDefinitionError,
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
     IdempotencyConflictError,
-    IdReusePolicy,
     InvalidArgumentError,
     InvalidKeyError,
     InvalidPayloadError,
     LeaseLostError,
-    Mailbox,
     PayloadTooLargeError,
-    RetryPolicy,
-    RunStatus,
-    SnapshotPolicy,
     SnapshotRestoreError,
     StoreError,
     UnauthorizedError,
     UnknownEntityTypeError,
     UnknownHandlerError,
     UpdateFailedError,
+)
+from corral.actors import (
+    Entity,
+    Mailbox,
     query,
     signal,
     update,

@@ -1,12 +1,14 @@
-"""The programming model: what entity authors import.
+"""The programming model: what entity authors import (through `corral`).
 
-Layering: `corral.actors` is the bottom layer and imports neither `corral.runtime` nor
-`corral.persistence`. The host (`corral.runtime`) implements `EntityContext` and talks
-to storage only through the `corral.persistence.Store` protocol. User code imports
-`corral` and never the host.
+Layering: `corral.actors` imports only the package's leaves (`corral._errors`, the
+error hierarchy, and `corral._common`, run statuses and policies), never
+`corral.runtime` or `corral.persistence`. The host (`corral.runtime`) implements
+`EntityContext` and talks to storage only through the `corral.persistence.Store`
+protocol. User code imports `corral` and never the host.
 """
 
 from ._context import EntityContext, Mailbox
+from ._control import ContinueAsNew
 from ._definition import (
     EntityDefinition,
     HandlerDefinition,
@@ -17,71 +19,16 @@ from ._definition import (
     update,
 )
 from ._entity import Entity
-from ._errors import (
-    ContinueAsNew,
-    CorralError,
-    DeadLetterNotFoundError,
-    EntityClosedError,
-    EntityDefinitionError,
-    EntityFailedError,
-    EntityNotRunningError,
-    EntityTerminatedError,
-    IdempotencyConflictError,
-    InvalidArgumentError,
-    InvalidKeyError,
-    InvalidPayloadError,
-    LeaseLostError,
-    PayloadTooLargeError,
-    SnapshotRestoreError,
-    StoreError,
-    UnauthorizedError,
-    UnknownEntityTypeError,
-    UnknownHandlerError,
-    UpdateFailedError,
-)
-from ._policy import (
-    ContinueAsNewPolicy,
-    DedupeWindow,
-    IdReusePolicy,
-    RetryPolicy,
-    RunStatus,
-    SnapshotPolicy,
-)
 
 __all__ = [
     "ContinueAsNew",
-    "ContinueAsNewPolicy",
-    "CorralError",
-    "DeadLetterNotFoundError",
-    "DedupeWindow",
     "Entity",
-    "EntityClosedError",
     "EntityContext",
     "EntityDefinition",
-    "EntityDefinitionError",
-    "EntityFailedError",
-    "EntityNotRunningError",
-    "EntityTerminatedError",
     "HandlerDefinition",
     "HandlerKind",
-    "IdReusePolicy",
-    "IdempotencyConflictError",
-    "InvalidArgumentError",
-    "InvalidKeyError",
-    "InvalidPayloadError",
-    "LeaseLostError",
     "Mailbox",
     "MailboxSignal",
-    "PayloadTooLargeError",
-    "RetryPolicy",
-    "RunStatus",
-    "SnapshotPolicy",
-    "SnapshotRestoreError",
-    "StoreError",
-    "UnauthorizedError",
-    "UnknownEntityTypeError",
-    "UnknownHandlerError",
-    "UpdateFailedError",
     "query",
     "signal",
     "update",

@@ -16,14 +16,14 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel
 
-from ._errors import EntityDefinitionError
-from ._policy import (
+from corral._common import (
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
     RetryPolicy,
     SnapshotPolicy,
 )
+from corral._errors import EntityDefinitionError
 
 __all__ = [
     "EntityDefinition",

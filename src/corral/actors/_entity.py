@@ -7,10 +7,17 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
+from corral._common import (
+    ContinueAsNewPolicy,
+    DedupeWindow,
+    IdReusePolicy,
+    RetryPolicy,
+    SnapshotPolicy,
+)
+
 from ._context import EntityContext, Mailbox
+from ._control import ContinueAsNew
 from ._definition import EntityDefinition, define_entity
-from ._errors import ContinueAsNew
-from ._policy import ContinueAsNewPolicy, DedupeWindow, IdReusePolicy, RetryPolicy, SnapshotPolicy
 
 __all__ = ["Entity"]
 

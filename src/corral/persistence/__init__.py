@@ -1,6 +1,6 @@
 """Durable storage behind the `Store` protocol; `SqliteStore` is the embedded default."""
 
-from ._codec import canonical_json, encode_model, payload_hash
+from ._codec import canonical_json, payload_hash
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -26,7 +26,6 @@ __all__ = [
     "Store",
     "UpdateOutcome",
     "canonical_json",
-    "encode_model",
     "open_sqlite_store",
     "payload_hash",
 ]

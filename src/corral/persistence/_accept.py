@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from corral.actors import (
+from corral._common import RunStatus
+from corral._errors import (
     EntityClosedError,
     EntityNotRunningError,
     IdempotencyConflictError,
-    RunStatus,
 )
 
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corral.actors import DeadLetterNotFoundError, EntityNotRunningError, IdReusePolicy
+from corral._common import IdReusePolicy
+from corral._errors import (
+    DeadLetterNotFoundError,
+    EntityNotRunningError,
+)
 
 from ._accept import AcceptOp
 from ._codec import payload_hash

@@ -6,10 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from corral.actors import (
-    EntityNotRunningError,
-    RunStatus,
-)
+from corral._common import RunStatus
+from corral._errors import EntityNotRunningError
 
 from ._records import JournalEntry
 from ._txn import Fence, Txn

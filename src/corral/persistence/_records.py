@@ -6,7 +6,10 @@ import enum
 import json
 from dataclasses import dataclass
 
-from corral.actors import IdReusePolicy, RunStatus
+from corral._common import (
+    IdReusePolicy,
+    RunStatus,
+)
 
 __all__ = [
     "AcceptResult",

@@ -20,7 +20,11 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from corral.actors import CorralError, RunStatus, StoreError
+from corral._common import RunStatus
+from corral._errors import (
+    CorralError,
+    StoreError,
+)
 
 from ._accept import AcceptOp
 from ._dead_letters import (

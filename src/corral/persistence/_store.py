@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from corral.actors import RunStatus
+from corral._common import RunStatus
 
 from ._records import (
     Acceptance,

@@ -11,10 +11,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from corral.actors import (
-    LeaseLostError,
-    RunStatus,
-)
+from corral._common import RunStatus
+from corral._errors import LeaseLostError
 
 __all__ = ["EntityRow", "Fence", "Txn", "WriteOp"]
 

@@ -21,17 +21,19 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from corral.actors import (
-    ContinueAsNew,
-    Entity,
-    EntityDefinition,
+from corral._common import RunStatus
+from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
     InvalidPayloadError,
     LeaseLostError,
-    RunStatus,
     StoreError,
+)
+from corral.actors import (
+    ContinueAsNew,
+    Entity,
+    EntityDefinition,
 )
 from corral.persistence import EntryKind, JournalEntry
 
@@ -145,7 +147,7 @@ class Activation:
                     return False
                 try:
                     await asyncio.wait_for(changed.wait(), remaining)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin before 3.11
                     return bool(predicate())
             return True
         finally:

@@ -11,17 +11,18 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from corral._errors import InvalidPayloadError
 from corral.actors import (
     ContinueAsNew,
     Entity,
     EntityContext,
     EntityDefinition,
     HandlerKind,
-    InvalidPayloadError,
     Mailbox,
 )
-from corral.persistence import JournalEntry, UpdateOutcome, encode_model
+from corral.persistence import JournalEntry, UpdateOutcome
 
+from ._codec import encode_model
 from ._results import encode_value
 
 __all__ = ["ReplicaContext", "apply_entry", "encode_start", "instantiate", "run_query"]

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from corral.actors import (
-    EntityDefinition,
+from corral._common import RunStatus
+from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
-    RunStatus,
 )
+from corral.actors import EntityDefinition
 from corral.persistence import (
     Acceptance,
     AcceptResult,

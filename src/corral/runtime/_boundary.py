@@ -15,10 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.actors import (
-    EntityDefinition,
-    HandlerDefinition,
-    HandlerKind,
+from corral._errors import (
     InvalidArgumentError,
     InvalidKeyError,
     InvalidPayloadError,
@@ -26,9 +23,14 @@ from corral.actors import (
     UnknownEntityTypeError,
     UnknownHandlerError,
 )
-from corral.persistence import encode_model
+from corral.actors import (
+    EntityDefinition,
+    HandlerDefinition,
+    HandlerKind,
+)
 
 from ._apply import encode_start
+from ._codec import encode_model
 
 __all__ = ["AuthRequest", "Authorize", "Boundary", "Limits", "new_message_id"]
 

@@ -8,18 +8,20 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from corral.actors import (
+from corral._common import RunStatus
+from corral._errors import (
     CorralError,
-    Entity,
-    EntityDefinition,
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
+    InvalidArgumentError,
+    UpdateFailedError,
+)
+from corral.actors import (
+    Entity,
+    EntityDefinition,
     HandlerDefinition,
     HandlerKind,
-    InvalidArgumentError,
-    RunStatus,
-    UpdateFailedError,
 )
 from corral.persistence import (
     Acceptance,

@@ -16,7 +16,8 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from corral.actors import EntityDefinition, StoreError
+from corral._errors import StoreError
+from corral.actors import EntityDefinition
 from corral.persistence import Fence, Store
 
 from ._router import Router

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from corral.actors import ContinueAsNew, Entity, HandlerDefinition, HandlerKind, StoreError
+from corral._errors import StoreError
+from corral.actors import (
+    ContinueAsNew,
+    Entity,
+    HandlerDefinition,
+    HandlerKind,
+)
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
 from ._apply import apply_entry

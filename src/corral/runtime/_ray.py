@@ -35,7 +35,11 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
-from corral.actors import CorralError, EntityDefinition, UnknownEntityTypeError
+from corral._errors import (
+    CorralError,
+    UnknownEntityTypeError,
+)
+from corral.actors import EntityDefinition
 from corral.persistence import Acceptance, AcceptResult, DeadLetter, RunRecord, UpdateOutcome
 
 from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name

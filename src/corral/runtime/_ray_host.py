@@ -26,7 +26,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral.actors import CorralError, Entity, EntityDefinition, UnknownEntityTypeError
+from corral._errors import (
+    CorralError,
+    UnknownEntityTypeError,
+)
+from corral.actors import (
+    Entity,
+    EntityDefinition,
+)
 from corral.persistence import (
     Acceptance,
     AcceptResult,
@@ -191,7 +198,7 @@ class ShardHost:
             try:
                 return await asyncio.wait_for(
                     self.backend.wait_update(etype, key, message_id), timeout)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin before 3.11
                 return None
 
     async def query(self, etype: str, key: str, name: str, payload: str | None,

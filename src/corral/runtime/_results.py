@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from corral.actors import RunStatus
+from corral._common import RunStatus
 from corral.persistence import canonical_json
 
 __all__ = ["Ack", "EntityDescription", "RunSummary", "decode_value", "encode_value"]

@@ -12,7 +12,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from corral.actors import EntityDefinition, RunStatus
+from corral._common import RunStatus
+from corral.actors import EntityDefinition
 from corral.persistence import Fence, JournalEntry, Store, UpdateOutcome
 
 from ._activation import Activation

@@ -12,7 +12,13 @@ from typing import Any
 
 import cloudpickle
 
-from corral.actors import Entity, EntityContext, EntityDefinition, Mailbox, SnapshotRestoreError
+from corral._errors import SnapshotRestoreError
+from corral.actors import (
+    Entity,
+    EntityContext,
+    EntityDefinition,
+    Mailbox,
+)
 from corral.persistence import RunRecord, Store
 
 from ._apply import instantiate

@@ -1,4 +1,8 @@
-"""Per-type policies."""
+"""Run statuses and the per-type policies.
+
+A leaf of the package (it imports nothing of corral): the programming model declares
+these, the store records them and the host follows them.
+"""
 
 from __future__ import annotations
 

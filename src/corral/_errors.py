@@ -1,9 +1,12 @@
-"""The error hierarchy: every error corral raises on purpose derives from `CorralError`."""
+"""The error hierarchy: every error corral raises on purpose derives from `CorralError`.
+
+A leaf of the package (it imports nothing of corral): the programming model, the
+store and the host all raise and catch these.
+"""
 
 from __future__ import annotations
 
 __all__ = [
-    "ContinueAsNew",
     "CorralError",
     "DeadLetterNotFoundError",
     "EntityClosedError",
@@ -118,17 +121,6 @@ class SnapshotRestoreError(CorralError):
 
     Never a silent reset: the message names the entity and the snapshot's sequence.
     """
-
-
-class ContinueAsNew(BaseException):
-    """Raised by `Entity.continue_as_new`; the host closes the run and starts the next.
-
-    A `BaseException`, so `except Exception` in user code cannot swallow it.
-    """
-
-    def __init__(self, next_input: object) -> None:
-        super().__init__("continue-as-new")
-        self.next_input = next_input
 
 
 class DeadLetterNotFoundError(CorralError, LookupError):

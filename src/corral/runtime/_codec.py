@@ -1,0 +1,126 @@
+"""Validating a caller's payload against its model and encoding it canonically.
+
+The boundary and continue-as-new encode through `encode_model`; the stored form
+(`canonical_json`, `payload_hash`) belongs to the store.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from corral._errors import InvalidPayloadError, PayloadTooLargeError
+from corral.persistence import canonical_json
+
+__all__ = ["encode_model"]
+
+
+def encode_model(model_type: type[BaseModel], value: Any, *, max_bytes: int, what: str) -> str:
+    """Validate `value` against `model_type` and return its canonical JSON.
+
+    Accepts an instance of exactly `model_type` or a JSON-like mapping. Both are
+    validated here: an instance may have been changed after it was built (pydantic
+    does not validate assignment by default) or built unvalidated with
+    `model_construct`, so it is dumped and validated again like a dict. Unknown
+    fields are refused rather than dropped, and NaN or infinities rather than turned
+    into null; strings must be valid Unicode (no lone surrogates): a sender's data
+    never silently disappears or changes.
+
+    Raises:
+        InvalidPayloadError: wrong type, failed validation, unknown fields, not JSON,
+            not valid Unicode, nested too deeply.
+        PayloadTooLargeError: the canonical JSON exceeds `max_bytes`.
+    """
+    try:
+        return _encode(model_type, value, max_bytes, what)
+    except RecursionError:
+        raise InvalidPayloadError(f"{what} is nested too deeply") from None
+
+
+def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) -> str:
+    if isinstance(value, BaseModel):
+        if type(value) is not model_type:
+            raise InvalidPayloadError(
+                f"{what} expects {model_type.__name__}, got {type(value).__name__}"
+            )
+        try:  # round_trip leaves out computed fields, which are not input
+            raw = value.model_dump(mode="python", by_alias=True, round_trip=True,
+                                   warnings=False)
+        except (ValueError, TypeError, AttributeError, PydanticSerializationError) as err:
+            raise InvalidPayloadError(f"{what}: the instance cannot be read: {err}") from None
+        from_instance = True
+    elif isinstance(value, dict):
+        raw, from_instance = value, False
+    else:
+        raise InvalidPayloadError(
+            f"{what} expects {model_type.__name__} (or a dict of its fields), "
+            f"got {type(value).__name__}"
+        )
+    try:
+        model = model_type.model_validate(raw)
+    except ValidationError as err:
+        raise InvalidPayloadError(f"{what}: {err}") from None
+    try:
+        # Python mode keeps NaN and infinities as floats, so json.dumps refuses them
+        # (JSON mode would have turned them into null); other values go through
+        # pydantic's JSON conversion.
+        data = model.model_dump(mode="python", by_alias=True)
+        _refuse_non_string_keys(data, what)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                          ensure_ascii=False, default=_jsonable)
+    except (TypeError, ValueError, PydanticSerializationError) as err:
+        raise InvalidPayloadError(f"{what} is not JSON: {err}") from None
+    if not from_instance and not _same(raw, data):  # equal data has no unknown field
+        _refuse_unknown_fields(raw, data, what, path="")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as err:
+        raise InvalidPayloadError(
+            f"{what} is not valid Unicode: a lone surrogate {text[err.start:err.end]!r} "
+            f"at character {err.start} of its JSON"
+        ) from None
+    if size > max_bytes:
+        raise PayloadTooLargeError(f"{what} is {size} bytes; the limit is {max_bytes}")
+    return text
+
+
+def _refuse_non_string_keys(data: Any, what: str) -> None:
+    """JSON object keys are strings; json.dumps would silently turn 1 into "1"."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for k, v in item.items():
+                if type(k) is not str:
+                    raise InvalidPayloadError(f"{what} is not JSON: key {k!r} is not a string")
+                if type(v) is dict or type(v) is list:
+                    stack.append(v)
+        elif type(item) is list:
+            stack.extend(v for v in item if type(v) is dict or type(v) is list)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset):  # unordered: sort for a stable payload hash
+        return sorted(to_jsonable_python(list(value)), key=canonical_json)
+    return to_jsonable_python(value)
+
+
+def _same(raw: Any, data: Any) -> bool:
+    try:
+        return bool(raw == data)
+    except Exception:  # a caller's object whose == is not a plain bool
+        return False
+
+
+def _refuse_unknown_fields(raw: Any, data: Any, what: str, path: str) -> None:
+    if isinstance(raw, dict) and isinstance(data, dict):
+        for field, value in raw.items():
+            if field not in data:
+                raise InvalidPayloadError(f"{what}: unknown field {path}{field!s}")
+            _refuse_unknown_fields(value, data[field], what, f"{path}{field}.")
+    elif isinstance(raw, list | tuple) and isinstance(data, list) and len(raw) == len(data):
+        for i, (r, d) in enumerate(zip(raw, data, strict=True)):
+            _refuse_unknown_fields(r, d, what, f"{path}{i}.")
