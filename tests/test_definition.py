@@ -210,3 +210,104 @@ def test_a_mailbox_signal_needs_a_pydantic_model() -> None:
 def test_definition_errors_are_type_errors_and_corral_errors() -> None:
     assert issubclass(corral.EntityDefinitionError, TypeError)
     assert issubclass(corral.EntityDefinitionError, corral.CorralError)
+
+
+# -- subclasses and overrides ------------------------------------------------------------
+
+
+class Replying(corral.Entity):
+    inbox = corral.signal(Msg)
+
+    @corral.signal
+    def reply(self, msg: Msg) -> None:
+        pass
+
+    @corral.update
+    def ask(self, msg: Msg) -> Answer:
+        return Answer(value=1)
+
+
+def test_an_override_that_keeps_its_decorator_replaces_the_base_handler() -> None:
+    class Child(Replying):
+        @corral.update
+        def ask(self, msg: Msg) -> Answer:
+            return Answer(value=2)
+
+    handler = Child._corral_definition.handlers["ask"]
+    assert handler.fn is Child.__dict__["ask"]
+    assert handler.kind is HandlerKind.UPDATE
+    assert Replying._corral_definition.handlers["ask"].fn is Replying.__dict__["ask"]
+
+
+def test_an_override_without_its_decorator_is_refused_saying_what_to_write() -> None:
+    with pytest.raises(corral.EntityDefinitionError) as caught:
+
+        class Child(Replying):
+            def reply(self, msg: Msg) -> None:
+                pass
+
+    text = str(caught.value)
+    assert "Child.reply overrides the signal handler Replying.reply without its decorator" in text
+    assert "never be called" in text
+    assert "declare it with @corral.signal as well" in text
+
+
+def test_an_override_of_a_mailbox_signal_without_a_declaration_is_refused() -> None:
+    with pytest.raises(corral.EntityDefinitionError,
+                       match=r"declare it with corral\.signal\(Msg\) as well"):
+
+        class Child(Replying):
+            inbox = None
+
+
+def test_an_override_that_changes_the_kind_of_a_handler_is_refused() -> None:
+    with pytest.raises(corral.EntityDefinitionError) as caught:
+
+        class Child(Replying):
+            @corral.signal
+            def ask(self, msg: Msg) -> None:
+                pass
+
+    assert ("Child.ask is a signal handler, but it overrides the update handler Replying.ask"
+            in str(caught.value))
+
+
+def test_a_handler_named_after_an_entity_member_is_refused() -> None:
+    with pytest.raises(corral.EntityDefinitionError, match="cannot be named `checkpoint`"):
+
+        class Bad(corral.Entity):
+            @corral.signal
+            def checkpoint(self, msg: Msg) -> None:  # type: ignore[override]
+                pass
+
+
+def test_every_problem_of_a_class_is_reported_at_once() -> None:
+    with pytest.raises(corral.EntityDefinitionError) as caught:
+
+        class Bad(Replying):
+            id_reuse = "never"  # type: ignore[assignment]
+            idle_timeout = -1
+
+            def reply(self, msg: Msg) -> None:
+                pass
+
+            @corral.signal
+            def poke(self, a: Msg, b: Msg) -> None:
+                pass
+
+            @corral.query
+            async def peek(self) -> Answer:
+                return Answer(value=1)
+
+            def run(self) -> None:  # type: ignore[override]
+                pass
+
+    text = str(caught.value)
+    assert text.startswith("Bad has 6 problems:")
+    for problem in ("Bad.id_reuse must be an IdReusePolicy",
+                    "Bad.idle_timeout must be a positive number",
+                    "Bad.reply overrides the signal handler",
+                    "signal handler `poke` of Bad must take one pydantic model",
+                    "query handler `peek` must be a plain `def`",
+                    "Bad.run must be `async def run(self)`"):
+        assert f"\n  - {problem}" in text, problem

@@ -152,16 +152,49 @@ class EntityDefinition:
         return self.handlers.get(name)
 
 
+RESERVED_NAMES = frozenset({
+    "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
+    "run_id", "sleep", "sleep_until", "wait_for",
+})
+"""`Entity` members a handler may not be named after (they would be shadowed)."""
+
+
+class _Issues:
+    """The problems found in one class, reported together (as temporalio's definition
+    check does), so a user fixes them in one pass rather than one per import."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.found: list[str] = []
+
+    def add(self, problem: str) -> None:
+        if problem not in self.found:
+            self.found.append(problem)
+
+    def raise_if_any(self) -> None:
+        if len(self.found) == 1:
+            raise EntityDefinitionError(self.found[0])
+        if self.found:
+            listed = "".join(f"\n  - {p}" for p in self.found)
+            raise EntityDefinitionError(
+                f"{self.cls.__name__} has {len(self.found)} problems:{listed}")
+
+
 def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> EntityDefinition:
-    """Validate an entity class and build its definition (called by `__init_subclass__`)."""
+    """Validate an entity class and build its definition (called by `__init_subclass__`).
+
+    Every problem of the class is collected and raised at once as one
+    `EntityDefinitionError`.
+    """
+    issues = _Issues(cls)
     name = cls.__dict__.get("name", cls.__name__)
     if not isinstance(name, str) or not name.isidentifier():
-        raise EntityDefinitionError(f"{cls.__name__}.name must be an identifier, got {name!r}")
-    snapshots = _policy(cls, "snapshots", SnapshotPolicy)
-    can_policy = _policy(cls, "continue_as_new_policy", ContinueAsNewPolicy)
-    dedupe = _policy(cls, "dedupe_window", DedupeWindow)
-    id_reuse = _policy(cls, "id_reuse", IdReusePolicy, IdReusePolicy.ALLOW_DUPLICATE)
-    retry = _policy(cls, "retry", RetryPolicy, hint=(
+        issues.add(f"{cls.__name__}.name must be an identifier, got {name!r}")
+    snapshots = _policy(issues, "snapshots", SnapshotPolicy)
+    can_policy = _policy(issues, "continue_as_new_policy", ContinueAsNewPolicy)
+    dedupe = _policy(issues, "dedupe_window", DedupeWindow)
+    id_reuse = _policy(issues, "id_reuse", IdReusePolicy, IdReusePolicy.ALLOW_DUPLICATE)
+    retry = _policy(issues, "retry", RetryPolicy, hint=(
         " (the class attribute `retry` is reserved for the retry policy; rename a handler "
         "called so)"))
     idle_timeout = getattr(cls, "idle_timeout", None)
@@ -169,25 +202,22 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float)
         or idle_timeout <= 0
     ):
-        raise EntityDefinitionError(
-            f"{cls.__name__}.idle_timeout must be a positive number of seconds or None, "
-            f"got {idle_timeout!r}"
-        )
-    placement, ray_options = _placement(cls)
-    handlers: dict[str, HandlerDefinition] = {}
-    for klass in reversed(cls.__mro__):
-        for attr, value in vars(klass).items():
-            marked = getattr(value, _ATTR, None)
-            if isinstance(marked, HandlerDefinition):
-                handlers[attr] = _resolve(cls, marked, localns)
+        issues.add(f"{cls.__name__}.idle_timeout must be a positive number of seconds or None, "
+                   f"got {idle_timeout!r}")
+        idle_timeout = None
+    placement, ray_options = _placement(cls, issues)
+    handlers = _handlers(cls, localns, issues)
     init = cls.__init__  # type: ignore[misc]
     start_type = None if init is object.__init__ else _single_model(
-        cls, init, "__init__", localns, what="__init__ (the start input)"
+        cls, init, "__init__", localns, issues, what="__init__ (the start input)"
     )
     run = cls.run  # type: ignore[attr-defined]
+    result_type = None
     if not inspect.iscoroutinefunction(run):
-        raise EntityDefinitionError(f"{cls.__name__}.run must be `async def run(self)`")
-    result_type = _hints(cls, run, localns).get("return")
+        issues.add(f"{cls.__name__}.run must be `async def run(self)`")
+    else:
+        result_type = (_hints(cls, run, localns, issues) or {}).get("return")
+    issues.raise_if_any()
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
@@ -195,18 +225,58 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     )
 
 
+def _handlers(cls: type, localns: Mapping[str, Any], issues: _Issues
+              ) -> dict[str, HandlerDefinition]:
+    """The handlers of `cls` and its bases, the most derived declaration winning.
+
+    An override must say what it is: a subclass method that replaces a handler without
+    its decorator would otherwise keep the base handler and never be called, so it is
+    refused, and so is an override that changes the handler's kind.
+    """
+    handlers: dict[str, HandlerDefinition] = {}
+    declared_in: dict[str, type] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            marked = getattr(value, _ATTR, None)
+            base = handlers.get(attr)
+            if isinstance(marked, HandlerDefinition):
+                if base is not None and base.kind is not marked.kind:
+                    issues.add(
+                        f"{klass.__name__}.{attr} is a {marked.kind.value} handler, but it "
+                        f"overrides the {base.kind.value} handler "
+                        f"{declared_in[attr].__name__}.{attr}: a handler keeps its kind in "
+                        "subclasses (rename one of them)")
+                    continue
+                if attr in RESERVED_NAMES:
+                    issues.add(f"{klass.__name__}.{attr}: a handler cannot be named `{attr}`, "
+                               "which `corral.Entity` uses; rename it")
+                    continue
+                handlers[attr] = _resolve(cls, marked, localns, issues)
+                declared_in[attr] = klass
+            elif base is not None:
+                decorator = (f"corral.signal({base.input_type.__name__})"
+                             if base.fn is None and base.input_type is not None
+                             else f"@corral.{base.kind.value}")
+                issues.add(
+                    f"{klass.__name__}.{attr} overrides the {base.kind.value} handler "
+                    f"{declared_in[attr].__name__}.{attr} without its decorator, so it would "
+                    f"never be called: declare it with {decorator} as well")
+    return handlers
+
+
 P = TypeVar("P")
 
 
-def _policy(cls: type, attr: str, kind: type[P], default: P | None = None, *,
+def _policy(issues: _Issues, attr: str, kind: type[P], default: P | None = None, *,
             hint: str = "") -> P:
     """The class's policy attribute `attr`, checked to be a `kind` (default: `kind()`)."""
-    value = getattr(cls, attr, default if default is not None else kind())
+    value = getattr(issues.cls, attr, default if default is not None else kind())
     if not isinstance(value, kind):
-        raise EntityDefinitionError(
-            f"{cls.__name__}.{attr} must be {'an' if kind.__name__[0] in 'AEIOU' else 'a'} "
-            f"{kind.__name__}, got {value!r}{hint}"
+        issues.add(
+            f"{issues.cls.__name__}.{attr} must be "
+            f"{'an' if kind.__name__[0] in 'AEIOU' else 'a'} {kind.__name__}, got {value!r}{hint}"
         )
+        return default if default is not None else kind()
     return value
 
 
@@ -216,7 +286,15 @@ RAY_OPTION_KEYS = frozenset(
 """The Ray actor options an entity type may set in `ray_options` (dedicated placement)."""
 
 
-def _placement(cls: type) -> tuple[str, dict[str, Any]]:
+def _placement(cls: type, issues: _Issues) -> tuple[str, dict[str, Any]]:
+    try:
+        return _check_placement(cls)
+    except EntityDefinitionError as err:
+        issues.add(str(err))
+        return "shared", {}
+
+
+def _check_placement(cls: type) -> tuple[str, dict[str, Any]]:
     placement = getattr(cls, "placement", "shared")
     if placement not in ("shared", "dedicated"):
         raise EntityDefinitionError(
@@ -260,22 +338,24 @@ def _placement(cls: type) -> tuple[str, dict[str, Any]]:
     return placement, dict(options)
 
 
-def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any]) -> HandlerDefinition:
+def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any],
+             issues: _Issues) -> HandlerDefinition:
     if h.fn is None:  # mailbox signal: the model was given explicitly
         return h
     kind = h.kind.value
     is_async = inspect.iscoroutinefunction(h.fn)
     if h.kind is HandlerKind.QUERY and is_async:
-        raise EntityDefinitionError(
-            f"query handler `{h.name}` must be a plain `def`: a query reads state and never waits"
-        )
-    input_type = _single_model(cls, h.fn, h.name, localns, what=f"{kind} handler `{h.name}`")
-    output = _hints(cls, h.fn, localns).get("return")
+        issues.add(f"query handler `{h.name}` must be a plain `def`: a query reads state and "
+                   "never waits")
+    input_type = _single_model(cls, h.fn, h.name, localns, issues,
+                               what=f"{kind} handler `{h.name}`")
+    output = (_hints(cls, h.fn, localns, issues) or {}).get("return")
     return HandlerDefinition(h.kind, h.name, h.fn, input_type, output, is_async)
 
 
 def _single_model(
-    cls: type, fn: Callable[..., Any], name: str, localns: Mapping[str, Any], *, what: str
+    cls: type, fn: Callable[..., Any], name: str, localns: Mapping[str, Any], issues: _Issues,
+    *, what: str
 ) -> type[BaseModel] | None:
     params = list(inspect.signature(fn).parameters.values())[1:]  # drop self
     if not params:
@@ -283,26 +363,34 @@ def _single_model(
     if len(params) > 1 or params[0].kind not in (
         inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
     ):
-        raise EntityDefinitionError(
+        issues.add(
             f"{what} of {cls.__name__} must take one pydantic model or nothing, "
             f"got {len(params)} args ({', '.join(p.name for p in params)}); "
             "put the fields in one model so senders can evolve without breaking"
         )
-    hint = _hints(cls, fn, localns).get(params[0].name)
+        return None
+    hints = _hints(cls, fn, localns, issues)
+    if hints is None:  # an unresolvable annotation, reported already
+        return None
+    hint = hints.get(params[0].name)
     if not (isinstance(hint, type) and issubclass(hint, BaseModel)):
-        raise EntityDefinitionError(
-            f"{what} of {cls.__name__}: parameter `{params[0].name}` must be annotated with "
-            f"a pydantic BaseModel subclass, got {hint!r}"
+        issues.add(
+            f"{what} of {cls.__name__}: parameter `{params[0].name}` must be annotated "
+            f"with a pydantic BaseModel subclass, got {hint!r}"
         )
+        return None
     return hint
 
 
-def _hints(cls: type, fn: Callable[..., Any], localns: Mapping[str, Any]) -> dict[str, Any]:
+def _hints(cls: type, fn: Callable[..., Any], localns: Mapping[str, Any],
+           issues: _Issues) -> dict[str, Any] | None:
+    """`fn`'s resolved annotations; None (and an issue) if one cannot be resolved."""
     ns = {**localns, cls.__name__: cls}
     try:
         return typing.get_type_hints(fn, localns=ns)
     except NameError as err:
-        raise EntityDefinitionError(
+        issues.add(
             f"{cls.__name__}.{fn.__name__}: cannot resolve annotation ({err}); define the "
             "model before the entity class, at module level"
-        ) from err
+        )
+        return None
