@@ -39,6 +39,7 @@ from corral._errors import (
     UnknownEntityTypeError,
     UnknownHandlerError,
     UpdateFailedError,
+    WaitTimeoutError,
 )
 from corral.actors import (
     Entity,
@@ -95,6 +96,7 @@ __all__ = [
     "UnknownEntityTypeError",
     "UnknownHandlerError",
     "UpdateFailedError",
+    "WaitTimeoutError",
     "open_runtime",
     "query",
     "signal",

@@ -6,6 +6,8 @@ store and the host all raise and catch these.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CorralError",
     "DeadLetterNotFoundError",
@@ -26,11 +28,37 @@ __all__ = [
     "UnknownEntityTypeError",
     "UnknownHandlerError",
     "UpdateFailedError",
+    "WaitTimeoutError",
 ]
 
 
 class CorralError(Exception):
-    """Base class of every error corral raises deliberately."""
+    """Base class of every error corral raises deliberately.
+
+    Besides its message, an error carries what a program can act on, where it applies
+    (None where it does not): the entity's `entity_type` and `key`, the `run_id` it is
+    about, and the `message_id` (or update id) of the message concerned.
+
+    Example:
+        try:
+            await ref.signal(Ticket.reply, reply, message_id=mid)
+        except corral.EntityNotRunningError as err:
+            log.info("%s %s is not running; starting it", err.entity_type, err.key)
+    """
+
+    def __init__(self, message: str = "", *, entity_type: str | None = None,
+                 key: str | None = None, run_id: int | None = None,
+                 message_id: str | None = None) -> None:
+        super().__init__(message)
+        self.entity_type = entity_type
+        self.key = key
+        self.run_id = run_id
+        self.message_id = message_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the fields across pickling (the Ray backend carries errors between
+        # processes): rebuild from the message, then restore the attributes.
+        return (type(self), self.args, self.__dict__)
 
 
 class EntityDefinitionError(CorralError, TypeError):
@@ -106,6 +134,14 @@ class EntityTerminatedError(CorralError):
 
 class UpdateFailedError(CorralError):
     """The update handler raised; the error text was recorded and is returned to every retry."""
+
+
+class WaitTimeoutError(CorralError, TimeoutError):
+    """`result(timeout=...)` or `update(..., timeout=...)` ran out of time.
+
+    Nothing was lost: an update stays accepted and is applied; ask again (the same
+    update id returns its recorded result) or wait longer. A `TimeoutError`, too.
+    """
 
 
 class StoreError(CorralError):

@@ -41,12 +41,16 @@ class AcceptOp:
                 raise EntityNotRunningError(
                     f"{a.entity_type} {a.key!r} {state}; use {a.kind.value}_with_start"
                     if a.kind is not EntryKind.TERMINATE
-                    else f"{a.entity_type} {a.key!r} {state}; nothing to terminate"
+                    else f"{a.entity_type} {a.key!r} {state}; nothing to terminate",
+                    entity_type=a.entity_type, key=a.key, message_id=a.message_id,
+                    run_id=None if row is None else row.run_id,
                 )
             if row is not None and not a.id_reuse.allows_after(row.status):
                 raise EntityClosedError(
                     f"{a.entity_type} {a.key!r}: run {row.run_id} is {row.status.value} and "
-                    f"the id reuse policy is {a.id_reuse.name}"
+                    f"the id reuse policy is {a.id_reuse.name}",
+                    entity_type=a.entity_type, key=a.key, run_id=row.run_id,
+                    message_id=a.message_id,
                 )
             run_id = 1 if row is None else row.run_id + 1
             next_seq = 1 if row is None else row.next_seq
@@ -89,12 +93,14 @@ class AcceptOp:
         if bytes(stored_hash) != a.payload_hash:
             raise IdempotencyConflictError(
                 f"message id {a.message_id!r} for {a.entity_type} {a.key!r} was accepted "
-                "before with a different payload"
+                "before with a different payload",
+                entity_type=a.entity_type, key=a.key, run_id=run_id, message_id=a.message_id,
             )
         if sender != a.sender:
             raise IdempotencyConflictError(
                 f"message id {a.message_id!r} for {a.entity_type} {a.key!r} was accepted "
-                f"before from sender {sender!r}, not {a.sender!r}"
+                f"before from sender {sender!r}, not {a.sender!r}",
+                entity_type=a.entity_type, key=a.key, run_id=run_id, message_id=a.message_id,
             )
         entry = JournalEntry(
             a.entity_type, a.key, seq, run_id, a.kind, a.name, a.message_id, a.payload,

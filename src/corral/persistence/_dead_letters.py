@@ -104,7 +104,9 @@ class ReplayDeadLetterOp:
         except EntityNotRunningError as err:
             raise EntityNotRunningError(
                 f"cannot replay dead letter {self.dead_letter_id}: {self.entity_type} "
-                f"{self.key!r} is not running ({err})"
+                f"{self.key!r} is not running ({err})",
+                entity_type=self.entity_type, key=self.key, run_id=err.run_id,
+                message_id=acc.message_id,
             ) from err
         db.execute("DELETE FROM dead_letters WHERE id=?", (self.dead_letter_id,))
         return result
@@ -119,7 +121,8 @@ class ReplayDeadLetterOp:
         ).fetchone()
         if seen is None:
             raise DeadLetterNotFoundError(
-                f"{self.entity_type} {self.key!r} has no dead letter {self.dead_letter_id}"
+                f"{self.entity_type} {self.key!r} has no dead letter {self.dead_letter_id}",
+                entity_type=self.entity_type, key=self.key,
             )
         message_id, seq, run_id, sender, accepted_at = seen
         stored = txn.db.execute(

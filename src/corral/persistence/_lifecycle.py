@@ -147,7 +147,8 @@ class ContinueAsNewOp:
         row = txn.entity(*ident)
         if row is None or row.run_id != self.run_id or row.status is not RunStatus.RUNNING:
             raise EntityNotRunningError(
-                f"{self.entity_type} {self.key!r}: run {self.run_id} is no longer running"
+                f"{self.entity_type} {self.key!r}: run {self.run_id} is no longer running",
+                entity_type=self.entity_type, key=self.key, run_id=self.run_id,
             )
         new, now = self.run_id + 1, time.time()
         db.execute("UPDATE runs SET status='continued', closed_at=? "

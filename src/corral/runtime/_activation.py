@@ -307,9 +307,9 @@ class Activation:
                   f"{err}\n{text}", force=True,
         )
         self.closed = True
-        self._shard.fail_waiters(self, EntityFailedError(
+        self._shard.fail_waiters(self, EntityFailedError,
             f"{self.entity_type} {self.key!r}: run {self._run_id} failed: its activation "
-            f"could not be built ({type(err).__name__}: {err})"))
+            f"could not be built ({type(err).__name__}: {err})")
         self._finish()
 
     async def _serve(self) -> None:
@@ -493,8 +493,8 @@ class Activation:
             if self.closed:  # terminated while we waited
                 return
         self.closed = True
-        self._shard.fail_waiters(self, EntityTerminatedError(
-            f"{self.entity_type} {self.key!r}: run {self._run_id} closed as {status.value}"))
+        self._shard.fail_waiters(self, EntityTerminatedError,
+            f"{self.entity_type} {self.key!r}: run {self._run_id} closed as {status.value}")
         if self._worker is None:
             self._finish()
 
@@ -544,8 +544,8 @@ class Activation:
         self.closed = True
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
-        self._shard.fail_waiters(self, EntityTerminatedError(
-            f"{self.entity_type} {self.key!r} terminated: {decode_value(reason, str)}"))
+        self._shard.fail_waiters(self, EntityTerminatedError,
+            f"{self.entity_type} {self.key!r} terminated: {decode_value(reason, str)}")
 
     def _finish(self, *, forward_all: bool = False) -> None:
         if self._state is _State.FINISHED:

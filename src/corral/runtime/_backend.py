@@ -9,10 +9,9 @@ hosts (if any).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from corral._common import RunStatus
 from corral._errors import (
@@ -120,8 +119,16 @@ class LocalBackend:
                     await self._refuse_if_closed(etype, key, message_id)
                 polls += 1
                 if local is not None:
-                    with contextlib.suppress(asyncio.TimeoutError):
+                    try:
                         return await asyncio.wait_for(asyncio.shield(local), 0.5)
+                    except asyncio.TimeoutError:
+                        pass
+                    except asyncio.CancelledError:
+                        if not local.cancelled():
+                            raise  # our caller was cancelled
+                        # The shard stopped here (lease lost, host closing): the next
+                        # owner applies the update and records it; poll for it.
+                        local = None
                 else:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.1)
@@ -139,10 +146,13 @@ class LocalBackend:
             return  # recorded just before the close: the next poll returns it
         run = found[0]
         closed = f"{etype} {key!r}: run {run.run_id} is {run.status.value}"
+        fields: dict[str, Any] = {"entity_type": etype, "key": key, "run_id": run.run_id,
+                                  "message_id": message_id}
         if run.status is RunStatus.FAILED:
             raise EntityFailedError(f"{closed}; update {message_id!r} was not applied:\n"
-                                    f"{run.error}")
-        raise EntityTerminatedError(f"{closed}; update {message_id!r} was not applied")
+                                    f"{run.error}", **fields)
+        raise EntityTerminatedError(f"{closed}; update {message_id!r} was not applied",
+                                    **fields)
 
     async def query(self, etype: str, key: str, name: str, payload: str | None, *,
                     activate: bool = False) -> str:
@@ -169,7 +179,8 @@ class LocalBackend:
         etype = definition.name
         found = await self.store.latest_run(etype, key)
         if found is None:
-            raise EntityNotRunningError(f"{etype} {key!r} was never started")
+            raise EntityNotRunningError(f"{etype} {key!r} was never started",
+                                        entity_type=etype, key=key)
         run = found[0]
         context = ReplicaContext(etype, key, run.run_id)
         entity, after = await rebuild(self.store, definition, run, context)
@@ -181,7 +192,8 @@ class LocalBackend:
     async def describe(self, etype: str, key: str) -> EntityDescription:
         found = await self.store.latest_run(etype, key)
         if found is None:
-            raise EntityNotRunningError(f"{etype} {key!r} was never started")
+            raise EntityNotRunningError(f"{etype} {key!r} was never started",
+                                        entity_type=etype, key=key)
         run, next_seq = found
         shard = self._shard(etype, key)
         act = shard.get(etype, key) if shard else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from corral._common import RunStatus
@@ -16,6 +16,7 @@ from corral._errors import (
     EntityTerminatedError,
     InvalidArgumentError,
     UpdateFailedError,
+    WaitTimeoutError,
 )
 from corral.actors import (
     Entity,
@@ -158,18 +159,47 @@ class EntityRef(Generic[E]):
     async def _update(self, handler: Any, payload: Any, start: Any, with_start: bool,
                       update_id: str | None, sender: str | None, timeout: float | None) -> Any:
         timeout = _check_timeout(timeout)
-        _, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
-                                     with_start=with_start, message_id=update_id, sender=sender)
-        outcome = await asyncio.wait_for(
-            self._rt.backend.wait_update(self.definition.name, self.key, mid), timeout
-        )
+        ack, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
+                                       with_start=with_start, message_id=update_id,
+                                       sender=sender)
+        try:
+            outcome = await asyncio.wait_for(
+                self._rt.backend.wait_update(self.definition.name, self.key, mid), timeout)
+        except asyncio.TimeoutError:
+            raise WaitTimeoutError(
+                f"update {h.name!r} {mid!r} of {self!r} was accepted but not applied within "
+                f"{timeout:g} s; it stays accepted: ask again with the same update id",
+                entity_type=self.definition.name, key=self.key, run_id=ack.run_id,
+                message_id=mid) from None
         if outcome.error is not None:
-            raise UpdateFailedError(f"update {h.name!r} of {self!r} failed: {outcome.error}")
+            raise UpdateFailedError(f"update {h.name!r} of {self!r} failed: {outcome.error}",
+                                    entity_type=self.definition.name, key=self.key,
+                                    run_id=ack.run_id, message_id=mid)
         return decode_value(outcome.result, h.output_type)
 
     async def _send(self, kind: HandlerKind, handler: Any, payload: Any, *, start: Any,
                     with_start: bool, message_id: str | None, sender: str | None
                     ) -> tuple[Ack, HandlerDefinition, str]:
+        with self._about(message_id):
+            return await self._send_checked(kind, handler, payload, start=start,
+                                            with_start=with_start, message_id=message_id,
+                                            sender=sender)
+
+    @contextlib.contextmanager
+    def _about(self, message_id: object = None) -> Iterator[None]:
+        """Fill in what a `CorralError` raised below leaves out: this entity and id."""
+        try:
+            yield
+        except CorralError as err:
+            err.entity_type = err.entity_type or self.definition.name
+            err.key = err.key or self.key
+            if err.message_id is None and isinstance(message_id, str):
+                err.message_id = message_id
+            raise
+
+    async def _send_checked(self, kind: HandlerKind, handler: Any, payload: Any, *,
+                            start: Any, with_start: bool, message_id: str | None,
+                            sender: str | None) -> tuple[Ack, HandlerDefinition, str]:
         b = self._rt.boundary
         h = b.handler(self.definition, handler, (kind,))
         text = b.payload(h, payload)
@@ -179,8 +209,7 @@ class EntityRef(Generic[E]):
         who = await b.sender(sender, self.definition, self.key, kind.value, h.name)
         res = await self._rt._accept(self, EntryKind(kind.value), h.name, text, mid, who,
                                      start_text)
-        ack = Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
-                  res.started)
+        ack = _ack(res)
         return ack, h, mid
 
     # -- reads ---------------------------------------------------------------------------
@@ -196,13 +225,14 @@ class EntityRef(Generic[E]):
         that only `run()` changed since that snapshot is not visible there. Pass
         `activate=True` to bring a passivated entity back and answer from live state.
         """
-        b = self._rt.boundary
-        h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
-        text = b.payload(h, payload) if h.input_type is not None else None
-        await b.sender(sender, self.definition, self.key, "query", h.name)
-        text = await self._rt.backend.query(self.definition.name, self.key, h.name, text,
-                                            activate=activate)
-        return decode_value(text, h.output_type)
+        with self._about():
+            b = self._rt.boundary
+            h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
+            text = b.payload(h, payload) if h.input_type is not None else None
+            await b.sender(sender, self.definition, self.key, "query", h.name)
+            text = await self._rt.backend.query(self.definition.name, self.key, h.name, text,
+                                                activate=activate)
+            return decode_value(text, h.output_type)
 
     async def describe(self) -> EntityDescription:
         """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
@@ -215,36 +245,50 @@ class EntityRef(Generic[E]):
             EntityFailedError: `run()` raised. EntityTerminatedError: it was terminated.
             TimeoutError: `timeout` seconds passed first.
         """
-        return await asyncio.wait_for(self._wait_result(), _check_timeout(timeout))
+        waited = _check_timeout(timeout)
+        seen: list[int] = []
+        try:
+            return await asyncio.wait_for(self._wait_result(seen), waited)
+        except asyncio.TimeoutError:
+            run = f"run {seen[-1]}" if seen else "its run"
+            raise WaitTimeoutError(
+                f"{self!r}: {run} did not close within {waited:g} s",
+                entity_type=self.definition.name, key=self.key,
+                run_id=seen[-1] if seen else None) from None
 
-    async def _wait_result(self) -> Any:
+    async def _wait_result(self, seen: list[int]) -> Any:
         delay = 0.002
+        ident: dict[str, Any] = {"entity_type": self.definition.name, "key": self.key}
         while True:
             run = await self._rt.backend.latest_run(self.definition.name, self.key)
             if run is None:
                 raise EntityNotRunningError(
-                    f"{self.definition.name} {self.key!r} was never started")
+                    f"{self.definition.name} {self.key!r} was never started", **ident)
+            seen.append(run.run_id)
+            del seen[:-1]
             if run.status is RunStatus.COMPLETED:
                 return decode_value(run.result, self.definition.result_type)
             if run.status is RunStatus.FAILED:
-                raise EntityFailedError(f"{self!r} run {run.run_id} failed:\n{run.error}")
+                raise EntityFailedError(f"{self!r} run {run.run_id} failed:\n{run.error}",
+                                        run_id=run.run_id, **ident)
             if run.status is RunStatus.TERMINATED:
                 raise EntityTerminatedError(
-                    f"{self!r} run {run.run_id} was terminated: {decode_value(run.error, str)}")
+                    f"{self!r} run {run.run_id} was terminated: {decode_value(run.error, str)}",
+                    run_id=run.run_id, **ident)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
     async def terminate(self, reason: str = "", *, message_id: str | None = None,
                         sender: str | None = None) -> Ack:
         """Close the running run as terminated; messages not yet applied are not applied."""
-        b = self._rt.boundary
-        text = canonical_json(b.check_reason(reason))
-        mid = b.check_message_id(message_id)
-        who = await b.sender(sender, self.definition, self.key, "terminate", "terminate")
-        res = await self._rt._accept(self, EntryKind.TERMINATE, "terminate", text, mid, who,
-                                     None)
-        return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
-                   False)
+        with self._about(message_id):
+            b = self._rt.boundary
+            text = canonical_json(b.check_reason(reason))
+            mid = b.check_message_id(message_id)
+            who = await b.sender(sender, self.definition, self.key, "terminate", "terminate")
+            res = await self._rt._accept(self, EntryKind.TERMINATE, "terminate", text, mid, who,
+                                         None)
+            return _ack(res)
 
     # -- dead letters (operators) ------------------------------------------------------
 
@@ -282,8 +326,7 @@ class EntityRef(Generic[E]):
         ident = _check_id(dead_letter_id)
         await self._rt.boundary.sender(sender, self.definition, self.key, "replay", "replay")
         res = await self._rt.backend.replay_dead_letter(self.definition.name, self.key, ident)
-        return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
-                   False)
+        return _ack(res)
 
     async def discard_dead_letter(self, dead_letter_id: int, *,
                                   sender: str | None = None) -> bool:
@@ -294,6 +337,11 @@ class EntityRef(Generic[E]):
         ident = _check_id(dead_letter_id)
         await self._rt.boundary.sender(sender, self.definition, self.key, "discard", "discard")
         return await self._rt.backend.discard_dead_letter(self.definition.name, self.key, ident)
+
+
+def _ack(res: AcceptResult) -> Ack:
+    return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
+               res.started)
 
 
 def _check_id(dead_letter_id: object) -> int:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 
 from corral._common import RunStatus
+from corral._errors import CorralError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, JournalEntry, Store, UpdateOutcome
 
@@ -172,8 +173,13 @@ class Shard:
         self._update_waiters.setdefault((etype, key, message_id), []).append(fut)
         return fut
 
-    def fail_waiters(self, act: Activation, error: Exception) -> None:
+    def fail_waiters(self, act: Activation, error: type[CorralError], message: str) -> None:
+        """Fail every update waiting on `act`'s entity: each waiter gets its own `error`
+        (never one exception object raised in several tasks), naming its update."""
         for ident in [w for w in self._update_waiters if w[:2] == (act.entity_type, act.key)]:
             for fut in self._update_waiters.pop(ident):
                 if not fut.done():
-                    fut.set_exception(error)
+                    fut.set_exception(error(
+                        f"{message}; update {ident[2]!r} was not applied",
+                        entity_type=act.entity_type, key=act.key, run_id=act.run_id,
+                        message_id=ident[2]))
