@@ -110,7 +110,11 @@ BAD_INPUTS: list[tuple[str, Call, type[Exception]]] = [
     ("non-string dict key", sws({"value": {1: "a"}}, handler=Ticket.attach),
      corral.InvalidPayloadError),
     # handlers
-    ("unknown signal name", sws(Reply(text="x"), handler="nope"), corral.UnknownHandlerError),
+    ("handler given by name", sws(Reply(text="x"), handler="reply"),
+     corral.UnknownHandlerError),
+    ("unknown handler name", sws(Reply(text="x"), handler="nope"), corral.UnknownHandlerError),
+    ("a look-alike's handler of the same name", sws(Reply(text="x"), handler=Ticket2.reply),
+     corral.UnknownHandlerError),
     ("query used as a signal", sws(Reply(text="x"), handler=Ticket.status),
      corral.UnknownHandlerError),
     ("update used as a signal", sws(Assign(agent="a"), handler=Ticket.assign),
@@ -153,7 +157,7 @@ BAD_INPUTS: list[tuple[str, Call, type[Exception]]] = [
     ("start input not JSON", sws(Reply(text="x"), start={"tenant": object()}),
      corral.InvalidPayloadError),
     ("start input for a type without one", lambda rt, key: rt.ref(Inbox, key)
-     .signal_with_start("note", {"text": "x"}, start=START), corral.InvalidPayloadError),
+     .signal_with_start(Inbox.note, {"text": "x"}, start=START), corral.InvalidPayloadError),
     # message ids and senders
     ("empty message id", sws(Reply(text="x"), message_id=""), corral.InvalidKeyError),
     ("message id with a control character", sws(Reply(text="x"), message_id="m\x00"),

@@ -32,11 +32,11 @@ import ray
 import corral
 from corral import LeaseLostError, RunStatus
 from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
-from corral.runtime._host import LocalHost
-from corral.runtime._router import Router
 from corral.runtime._backend import LocalBackend
+from corral.runtime._host import LocalHost
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
 from corral.runtime._ray_host import actor_name
+from corral.runtime._router import Router
 from ray_workers import (
     ENTITIES,
     TESTS_DIR,
@@ -329,7 +329,13 @@ async def stream_through_a_kill(rt: corral.Runtime, entity: type[Counter] | type
 
 
 async def kill_with_ray(actor: Any, before: dict[str, Any]) -> None:
-    ray.kill(actor, no_restart=False)
+    ray.kill(actor, no_restart=False)  # asynchronous: the old process may serve a while
+
+    async def restarted() -> bool:  # so the restart lands mid-stream even on a slow machine
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            return bool((await actor.info.remote())["pid"] != before["pid"])
+        return False
+    await until(restarted, "the killed actor to come back in a new process")
 
 
 async def exit_inside(actor: Any, before: dict[str, Any]) -> None:

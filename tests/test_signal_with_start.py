@@ -52,7 +52,7 @@ async def test_a_start_input_given_as_a_dict_is_validated_and_used(db_path: str)
     key = fresh_key()
     async with corral.open_runtime(db_path, entities=ALL_ENTITIES) as rt:
         ref = rt.ref(Ticket, key)
-        await ref.signal_with_start("reply", {"text": "hi"}, start={"tenant": "globex"})
+        await ref.signal_with_start(Ticket.reply, {"text": "hi"}, start={"tenant": "globex"})
         await wait_applied(ref, 1)
         assert (await ref.query(Ticket.status)).inbox == ["globex:hi"]
 

@@ -136,7 +136,7 @@ async def test_a_query_reads_state_without_changing_it(db_path: str) -> None:
         counts = row_counts(db_path)
         info = await ref.describe()
         first.inbox.append("tampered")  # the answer is a copy, not the live state
-        again = [await ref.query("status") for _ in range(5)]
+        again = [await ref.query(Ticket.status) for _ in range(5)]
         assert row_counts(db_path) == counts
         assert (await ref.describe()).applied_seq == info.applied_seq
     assert again == [Status(tenant="acme", inbox=["acme:a"], assignments=[])] * 5

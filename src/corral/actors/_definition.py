@@ -12,7 +12,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -29,6 +29,7 @@ __all__ = [
     "EntityDefinition",
     "HandlerDefinition",
     "HandlerKind",
+    "MailboxHandler",
     "MailboxSignal",
     "query",
     "signal",
@@ -58,6 +59,18 @@ class HandlerDefinition:
     is_async: bool = False
 
 
+Owner = TypeVar("Owner")
+Owner_contra = TypeVar("Owner_contra", contravariant=True)
+
+
+class MailboxHandler(Protocol[Owner_contra, M]):
+    """How the type checker sees a mailbox signal read off its class (`Ticket.inbox`):
+    bound to that entity type `Owner_contra` and its payload model `M`, so `EntityRef`
+    accepts it only for that type with that model. Never instantiated."""
+
+    def _corral_deliver(self, owner: Owner_contra, payload: M, /) -> M: ...
+
+
 class MailboxSignal(Generic[M]):
     """A signal without a handler body: each payload is appended to `self.mailbox`.
 
@@ -68,10 +81,19 @@ class MailboxSignal(Generic[M]):
 
     def __init__(self, model: type[M]) -> None:
         self.model = model
+        self.owner: type | None = None
         self._corral_handler: HandlerDefinition | None = None
 
     def __set_name__(self, owner: type, name: str) -> None:
+        self.owner = owner
         self._corral_handler = HandlerDefinition(HandlerKind.SIGNAL, name, None, self.model)
+
+    @overload
+    def __get__(self, instance: None, owner: type[Owner]) -> MailboxHandler[Owner, M]: ...
+    @overload
+    def __get__(self, instance: Owner, owner: type[Owner]) -> MailboxHandler[Owner, M]: ...
+    def __get__(self, instance: object, owner: type) -> Any:
+        return self  # the declaration itself, on the class and on instances alike
 
     def __repr__(self) -> str:
         name = self._corral_handler.name if self._corral_handler else "?"

@@ -11,8 +11,9 @@ through the `corral.persistence.Store` protocol.
 from corral.persistence import DeadLetter
 
 from ._boundary import Authorize, AuthRequest, Limits
-from ._client import EntityRef, Runtime, open_runtime
+from ._client import Runtime, open_runtime
 from ._ray_host import stop_ray_hosts
+from ._ref import EntityRef
 from ._results import Ack, EntityDescription, RunSummary
 
 __all__ = [

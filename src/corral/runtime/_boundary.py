@@ -32,7 +32,16 @@ from corral.actors import (
 from ._apply import encode_start
 from ._codec import encode_model
 
-__all__ = ["AuthRequest", "Authorize", "Boundary", "Limits", "new_message_id"]
+__all__ = [
+    "AuthRequest",
+    "Authorize",
+    "Boundary",
+    "Limits",
+    "check_dead_letter_id",
+    "check_limit",
+    "check_timeout",
+    "new_message_id",
+]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -148,20 +157,33 @@ class Boundary:
 
     def handler(self, definition: EntityDefinition, handler: object,
                 kinds: tuple[HandlerKind, ...]) -> HandlerDefinition:
-        try:
-            name = handler if isinstance(handler, str) else getattr(handler, "_corral_handler",
-                                                                     None)
-        except Exception:  # an object whose attribute access raises: not a handler
-            name = None
-        if isinstance(name, HandlerDefinition):
-            name = name.name
-        found = definition.handler(name) if isinstance(name, str) else None
-        if found is None or found.kind not in kinds:
-            wanted = " or ".join(k.value for k in kinds)
-            known = sorted(h.name for h in definition.handlers.values() if h.kind in kinds)
+        """The declared handler `handler` is, checked to belong to `definition`'s type
+        (itself or inherited) and to be of one of `kinds`."""
+        wanted = " or ".join(k.value for k in kinds)
+        known = sorted(h.name for h in definition.handlers.values() if h.kind in kinds)
+        if isinstance(handler, str):
             raise UnknownHandlerError(
-                f"{definition.name} has no {wanted} {name or handler!r} (its {wanted}s: {known})"
-            )
+                f"pass the handler itself, not its name: {definition.name}.{handler} "
+                f"rather than {handler!r} (its {wanted}s: {known})",
+                entity_type=definition.name)
+        try:
+            marked = getattr(handler, "_corral_handler", None)
+        except Exception:  # an object whose attribute access raises: not a handler
+            marked = None
+        if not isinstance(marked, HandlerDefinition):
+            raise UnknownHandlerError(
+                f"{handler!r} is not a corral handler; pass one of {definition.name}'s "
+                f"{wanted}s {known}", entity_type=definition.name)
+        found = definition.handler(marked.name)
+        own = _declared(definition.cls, marked.name)
+        if found is None or own is not handler:
+            raise UnknownHandlerError(
+                f"{_owner_name(handler)}.{marked.name} is not a handler of "
+                f"{definition.name} (its {wanted}s: {known})", entity_type=definition.name)
+        if found.kind not in kinds:
+            raise UnknownHandlerError(
+                f"{definition.name}.{found.name} is a {found.kind.value}, not a {wanted} "
+                f"(its {wanted}s: {known})", entity_type=definition.name)
         return found
 
     def payload(self, handler: HandlerDefinition, payload: object) -> str:
@@ -201,3 +223,42 @@ class Boundary:
             )
         return None if decision is None else self.check_identifier(
             decision, "the sender authorize returned")
+
+
+def _declared(cls: type, name: str) -> object:
+    """What `cls` (or the base it inherits it from) declares under `name`."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return None
+
+
+def _owner_name(handler: object) -> str:
+    owner = getattr(handler, "owner", None)  # a mailbox signal knows its class
+    if isinstance(owner, type):
+        return owner.__name__
+    qualname = getattr(handler, "__qualname__", "")
+    return qualname.rpartition(".")[0] or "?"
+
+
+def check_dead_letter_id(dead_letter_id: object) -> int:
+    if isinstance(dead_letter_id, bool) or not isinstance(dead_letter_id, int) \
+            or not 0 < dead_letter_id < 2**63:
+        raise InvalidArgumentError(f"a dead letter id is a positive int, got {dead_letter_id!r}")
+    return dead_letter_id
+
+
+def check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+        raise InvalidArgumentError(f"limit must be an int from 1 to 100000, got {limit!r}")
+    return limit
+
+
+def check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not 0 <= timeout < float("inf"):
+        raise InvalidArgumentError(
+            f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
+    return float(timeout)

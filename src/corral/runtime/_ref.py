@@ -1,0 +1,376 @@
+"""`EntityRef`: the typed address of one entity, and every call a caller makes on it.
+
+Each send validates at the boundary, then goes to the `Backend` in plain records and
+JSON. The overloads follow temporalio's `WorkflowHandle.signal` / `execute_update` /
+`query`: a handler is matched as a method of the ref's entity type taking no payload or
+one model, sync or async, so a handler of another type, a payload of the wrong model or
+a start input of the wrong type is a type error at the call site.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar, overload
+
+from pydantic import BaseModel
+
+from corral._common import RunStatus
+from corral._errors import (
+    CorralError,
+    EntityFailedError,
+    EntityNotRunningError,
+    EntityTerminatedError,
+    UpdateFailedError,
+    WaitTimeoutError,
+)
+from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind
+from corral.actors._definition import MailboxHandler
+from corral.persistence import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    EntryKind,
+    canonical_json,
+    payload_hash,
+)
+
+from ._backend import Backend
+from ._boundary import Boundary, check_dead_letter_id, check_limit, check_timeout
+from ._results import Ack, EntityDescription, decode_value
+
+__all__ = ["EntityRef"]
+
+E_co = TypeVar("E_co", covariant=True)
+"""The entity class a ref addresses."""
+S = TypeVar("S")
+"""Its start input model (None for an `__init__` without one)."""
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class _Runs(Protocol[R_co]):
+    """An entity whose `run()` returns `R_co` (what `result()` returns)."""
+
+    def run(self) -> Awaitable[R_co]: ...
+
+
+class EntityRef(Generic[E_co, S]):
+    """The address of one entity. Every send is durable when it returns.
+
+    Typed by the entity class `E_co` and its start input `S` (`rt.ref(Ticket, key)` is
+    an `EntityRef[Ticket, TicketInput]`): the type checker accepts only `E_co`'s own
+    handlers, each with its own payload model (or a dict of its fields), a start input
+    of `S`, and types `update`, `query` and `result` by what the handler or `run()`
+    returns.
+
+    Example:
+        ref = rt.ref(TicketAgent, "ticket-9104")
+        ack = await ref.signal_with_start(TicketAgent.customer_reply, reply,
+                                          start=TicketInput(tenant="acme"), message_id="m-1")
+    """
+
+    def __init__(self, boundary: Boundary, backend: Backend, definition: EntityDefinition,
+                 key: str, shard: int) -> None:
+        self._boundary = boundary
+        self._backend = backend
+        self.definition = definition
+        self.key = key
+        self.shard = shard
+
+    def __repr__(self) -> str:
+        return f"EntityRef({self.definition.name}, {self.key!r})"
+
+    # -- signals -------------------------------------------------------------------------
+
+    @overload
+    async def signal_with_start(self, handler: Callable[[E_co], object], payload: None = None, *,
+                                start: S | dict[str, Any], message_id: str | None = None,
+                                sender: str | None = None) -> Ack: ...
+    @overload
+    async def signal_with_start(self, handler: Callable[[E_co, P], object],
+                                payload: P | dict[str, Any], *, start: S | dict[str, Any],
+                                message_id: str | None = None,
+                                sender: str | None = None) -> Ack: ...
+    @overload
+    async def signal_with_start(self, handler: MailboxHandler[E_co, P], payload: P | dict[str, Any],
+                                *, start: S | dict[str, Any], message_id: str | None = None,
+                                sender: str | None = None) -> Ack: ...
+    async def signal_with_start(self, handler: Any, payload: Any = None, *, start: Any,
+                                message_id: str | None = None, sender: str | None = None) -> Ack:
+        """Deliver a signal, starting the entity first if it is not running (atomically).
+
+        `start` is validated and sent every time; it is used only when a run starts.
+        """
+        return (await self._send(HandlerKind.SIGNAL, handler, payload, start=start,
+                                 with_start=True, message_id=message_id, sender=sender))[0]
+
+    @overload
+    async def signal(self, handler: Callable[[E_co], object], payload: None = None, *,
+                     message_id: str | None = None, sender: str | None = None) -> Ack: ...
+    @overload
+    async def signal(self, handler: Callable[[E_co, P], object], payload: P | dict[str, Any], *,
+                     message_id: str | None = None, sender: str | None = None) -> Ack: ...
+    @overload
+    async def signal(self, handler: MailboxHandler[E_co, P], payload: P | dict[str, Any], *,
+                     message_id: str | None = None, sender: str | None = None) -> Ack: ...
+    async def signal(self, handler: Any, payload: Any = None, *,
+                     message_id: str | None = None, sender: str | None = None) -> Ack:
+        """Deliver a signal to the running entity; `EntityNotRunningError` if it is not."""
+        return (await self._send(HandlerKind.SIGNAL, handler, payload, start=None,
+                                 with_start=False, message_id=message_id, sender=sender))[0]
+
+    # -- updates -------------------------------------------------------------------------
+
+    @overload
+    async def update(self, handler: Callable[[E_co], Awaitable[R]], payload: None = None, *,
+                     update_id: str | None = None, sender: str | None = None,
+                     timeout: float | None = None) -> R: ...
+    @overload
+    async def update(self, handler: Callable[[E_co], R], payload: None = None, *,
+                     update_id: str | None = None, sender: str | None = None,
+                     timeout: float | None = None) -> R: ...
+    @overload
+    async def update(self, handler: Callable[[E_co, P], Awaitable[R]], payload: P | dict[str, Any],
+                     *, update_id: str | None = None, sender: str | None = None,
+                     timeout: float | None = None) -> R: ...
+    @overload
+    async def update(self, handler: Callable[[E_co, P], R], payload: P | dict[str, Any], *,
+                     update_id: str | None = None, sender: str | None = None,
+                     timeout: float | None = None) -> R: ...
+    async def update(self, handler: Any, payload: Any = None, *, update_id: str | None = None,
+                     sender: str | None = None, timeout: float | None = None) -> Any:
+        """Deliver an update and return the handler's result (deduplicated by `update_id`).
+
+        Raises:
+            UpdateFailedError: the handler raised. Updates are not retried and never
+                dead-lettered (unlike signals, see `RetryPolicy`); the error is recorded,
+                so retrying the same `update_id` raises it again.
+        """
+        return await self._update(handler, payload, None, False, update_id, sender, timeout)
+
+    @overload
+    async def update_with_start(self, handler: Callable[[E_co], Awaitable[R]], payload: None = None,
+                                *, start: S | dict[str, Any], update_id: str | None = None,
+                                sender: str | None = None, timeout: float | None = None) -> R: ...
+    @overload
+    async def update_with_start(self, handler: Callable[[E_co], R], payload: None = None, *,
+                                start: S | dict[str, Any], update_id: str | None = None,
+                                sender: str | None = None, timeout: float | None = None) -> R: ...
+    @overload
+    async def update_with_start(self, handler: Callable[[E_co, P], Awaitable[R]],
+                                payload: P | dict[str, Any], *, start: S | dict[str, Any],
+                                update_id: str | None = None, sender: str | None = None,
+                                timeout: float | None = None) -> R: ...
+    @overload
+    async def update_with_start(self, handler: Callable[[E_co, P], R], payload: P | dict[str, Any],
+                                *, start: S | dict[str, Any], update_id: str | None = None,
+                                sender: str | None = None, timeout: float | None = None) -> R: ...
+    async def update_with_start(self, handler: Any, payload: Any = None, *, start: Any,
+                                update_id: str | None = None, sender: str | None = None,
+                                timeout: float | None = None) -> Any:
+        """`update`, starting the entity first if it is not running (atomically)."""
+        return await self._update(handler, payload, start, True, update_id, sender, timeout)
+
+    async def _update(self, handler: Any, payload: Any, start: Any, with_start: bool,
+                      update_id: str | None, sender: str | None, timeout: float | None) -> Any:
+        timeout = check_timeout(timeout)
+        ack, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
+                                       with_start=with_start, message_id=update_id,
+                                       sender=sender)
+        try:
+            outcome = await asyncio.wait_for(
+                self._backend.wait_update(self.definition.name, self.key, mid), timeout)
+        except asyncio.TimeoutError:
+            raise WaitTimeoutError(
+                f"update {h.name!r} {mid!r} of {self!r} was accepted but not applied within "
+                f"{timeout:g} s; it stays accepted: ask again with the same update id",
+                entity_type=self.definition.name, key=self.key, run_id=ack.run_id,
+                message_id=mid) from None
+        if outcome.error is not None:
+            raise UpdateFailedError(f"update {h.name!r} of {self!r} failed: {outcome.error}",
+                                    entity_type=self.definition.name, key=self.key,
+                                    run_id=ack.run_id, message_id=mid)
+        return decode_value(outcome.result, h.output_type)
+
+    async def _send(self, kind: HandlerKind, handler: Any, payload: Any, *, start: Any,
+                    with_start: bool, message_id: str | None, sender: str | None
+                    ) -> tuple[Ack, HandlerDefinition, str]:
+        with self._about(message_id):
+            return await self._send_checked(kind, handler, payload, start=start,
+                                            with_start=with_start, message_id=message_id,
+                                            sender=sender)
+
+    @contextlib.contextmanager
+    def _about(self, message_id: object = None) -> Iterator[None]:
+        """Fill in what a `CorralError` raised below leaves out: this entity and id."""
+        try:
+            yield
+        except CorralError as err:
+            err.entity_type = err.entity_type or self.definition.name
+            err.key = err.key or self.key
+            if err.message_id is None and isinstance(message_id, str):
+                err.message_id = message_id
+            raise
+
+    async def _send_checked(self, kind: HandlerKind, handler: Any, payload: Any, *,
+                            start: Any, with_start: bool, message_id: str | None,
+                            sender: str | None) -> tuple[Ack, HandlerDefinition, str]:
+        b = self._boundary
+        h = b.handler(self.definition, handler, (kind,))
+        text = b.payload(h, payload)
+        start_text = b.start_input(self.definition, start) if with_start else None
+        mid = b.check_message_id(message_id,
+                                 "update id" if kind is HandlerKind.UPDATE else "message id")
+        who = await b.sender(sender, self.definition, self.key, kind.value, h.name)
+        res = await self._accept(EntryKind(kind.value), h.name, text, mid, who,
+                                     start_text)
+        ack = _ack(res)
+        return ack, h, mid
+
+    async def _accept(self, kind: EntryKind, name: str, payload: str, message_id: str,
+                      sender: str | None, start: str | None) -> AcceptResult:
+        d = self.definition
+        acc = Acceptance(d.name, self.key, self.shard, kind, name, message_id, payload,
+                         payload_hash(name, payload), sender, start, d.id_reuse, time.time())
+        return await self._backend.accept(acc)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    @overload
+    async def query(self, handler: Callable[[E_co], R], payload: None = None, *,
+                    sender: str | None = None, activate: bool = False) -> R: ...
+    @overload
+    async def query(self, handler: Callable[[E_co, P], R], payload: P | dict[str, Any], *,
+                    sender: str | None = None, activate: bool = False) -> R: ...
+    async def query(self, handler: Any, payload: Any = None, *, sender: str | None = None,
+                    activate: bool = False) -> Any:
+        """Read state through a query handler.
+
+        Answered by the live activation once everything accepted before the query is
+        applied (read-your-writes). Where no activation is in memory (passivated,
+        hosted by another process, or closed) a read-only replica is rebuilt from the
+        latest snapshot and the journal after it, without activating the entity; state
+        that only `run()` changed since that snapshot is not visible there. Pass
+        `activate=True` to bring a passivated entity back and answer from live state.
+        """
+        with self._about():
+            b = self._boundary
+            h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
+            text = b.payload(h, payload) if h.input_type is not None else None
+            await b.sender(sender, self.definition, self.key, "query", h.name)
+            text = await self._backend.query(self.definition.name, self.key, h.name, text,
+                                                activate=activate)
+            return decode_value(text, h.output_type)
+
+    async def describe(self) -> EntityDescription:
+        """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
+        return await self._backend.describe(self.definition.name, self.key)
+
+    async def result(self: EntityRef[_Runs[R], Any], *, timeout: float | None = None) -> R:
+        """Wait for the latest run to close and return `run()`'s result.
+
+        Raises:
+            EntityFailedError: `run()` raised. EntityTerminatedError: it was terminated.
+            TimeoutError: `timeout` seconds passed first.
+        """
+        waited = check_timeout(timeout)
+        seen: list[int] = []
+        try:
+            return await asyncio.wait_for(self._wait_result(seen), waited)
+        except asyncio.TimeoutError:
+            run = f"run {seen[-1]}" if seen else "its run"
+            raise WaitTimeoutError(
+                f"{self!r}: {run} did not close within {waited:g} s",
+                entity_type=self.definition.name, key=self.key,
+                run_id=seen[-1] if seen else None) from None
+
+    async def _wait_result(self, seen: list[int]) -> Any:
+        delay = 0.002
+        ident: dict[str, Any] = {"entity_type": self.definition.name, "key": self.key}
+        while True:
+            run = await self._backend.latest_run(self.definition.name, self.key)
+            if run is None:
+                raise EntityNotRunningError(
+                    f"{self.definition.name} {self.key!r} was never started", **ident)
+            seen.append(run.run_id)
+            del seen[:-1]
+            if run.status is RunStatus.COMPLETED:
+                return decode_value(run.result, self.definition.result_type)
+            if run.status is RunStatus.FAILED:
+                raise EntityFailedError(f"{self!r} run {run.run_id} failed:\n{run.error}",
+                                        run_id=run.run_id, **ident)
+            if run.status is RunStatus.TERMINATED:
+                raise EntityTerminatedError(
+                    f"{self!r} run {run.run_id} was terminated: {decode_value(run.error, str)}",
+                    run_id=run.run_id, **ident)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def terminate(self, reason: str = "", *, message_id: str | None = None,
+                        sender: str | None = None) -> Ack:
+        """Close the running run as terminated; messages not yet applied are not applied."""
+        with self._about(message_id):
+            b = self._boundary
+            text = canonical_json(b.check_reason(reason))
+            mid = b.check_message_id(message_id)
+            who = await b.sender(sender, self.definition, self.key, "terminate", "terminate")
+            res = await self._accept(EntryKind.TERMINATE, "terminate", text, mid, who,
+                                         None)
+            return _ack(res)
+
+    # -- dead letters (operators) ------------------------------------------------------
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """This entity's dead letters, oldest first.
+
+        A dead letter is a signal whose handler still raised after the type's
+        `RetryPolicy` ran out; the entity went on with its next message. Updates are
+        never dead-lettered (their caller gets `UpdateFailedError`).
+        """
+        return await self._backend.dead_letters(self.definition.name, self.key,
+                                                   check_limit(limit))
+
+    async def replay_dead_letter(self, dead_letter_id: int, *,
+                                 sender: str | None = None) -> Ack:
+        """Deliver a dead letter's payload again as a new signal, and delete the dead letter.
+
+        Both happen in one transaction; use it after fixing the handler. The signal goes
+        to the running run (as a plain `signal`) with the message id
+        `replay:<id>:<original message id>`, so a replay retried after a lost answer is
+        answered `duplicate` and applied once. The recorded sender stays the original
+        one; `sender` is the caller's claim for the `authorize` hook (kind "replay").
+
+        A replay retried after it succeeded (the dead letter is gone by then) answers
+        `Ack(status="duplicate")` with the first replay's acknowledgement, as long as
+        that replay's id is in the entity's dedupe window.
+
+        Raises:
+            DeadLetterNotFoundError: this entity has no dead letter `dead_letter_id`
+                (discarded, never there, or replayed so long ago that the replay's id
+                left the dedupe window).
+            EntityNotRunningError: the entity is not running; the dead letter stays.
+            UnauthorizedError: the `authorize` hook refused.
+        """
+        ident = check_dead_letter_id(dead_letter_id)
+        await self._boundary.sender(sender, self.definition, self.key, "replay", "replay")
+        res = await self._backend.replay_dead_letter(self.definition.name, self.key, ident)
+        return _ack(res)
+
+    async def discard_dead_letter(self, dead_letter_id: int, *,
+                                  sender: str | None = None) -> bool:
+        """Delete a dead letter without delivering it; False if it was already gone.
+
+        The `authorize` hook sees it as kind "discard".
+        """
+        ident = check_dead_letter_id(dead_letter_id)
+        await self._boundary.sender(sender, self.definition, self.key, "discard", "discard")
+        return await self._backend.discard_dead_letter(self.definition.name, self.key, ident)
+
+
+def _ack(res: AcceptResult) -> Ack:
+    return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
+               res.started)
