@@ -56,7 +56,7 @@ def test_every_user_facing_class_and_function_has_its_own_docstring() -> None:
 def test_only_subpackages_and_the_version_are_public_modules_of_corral() -> None:
     modules = {n for n, v in vars(corral).items()
                if isinstance(v, types.ModuleType) and not n.startswith("_")}
-    assert modules <= {"actors", "persistence", "runtime", "cli"}
+    assert modules <= {"actors", "persistence", "runtime", "cli", "testing"}
     assert isinstance(corral.__version__, str)
 
 

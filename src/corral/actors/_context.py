@@ -42,6 +42,10 @@ class EntityContext(Protocol):
     @property
     def continue_as_new_suggested(self) -> bool: ...
 
+    def now(self) -> float:
+        """The host clock's wall time (virtual under `corral.testing`)."""
+        ...
+
 
 class Mailbox:
     """Payloads of mailbox signals, in acceptance order, waiting for `run()`.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
 
@@ -111,12 +110,20 @@ class Entity:
         Example:
             async def run(self) -> None:
                 if self.reminder_at is None:
-                    self.reminder_at = time.time() + 3600
+                    self.reminder_at = self.now() + 3600
                     await self.checkpoint()
                 await self.sleep_until(self.reminder_at)  # the remainder after a restart
                 ...
         """
-        await self._corral_context.sleep_until(time.time() + seconds)
+        await self._corral_context.sleep_until(self.now() + seconds)
+
+    def now(self) -> float:
+        """The current wall-clock time, in seconds since the epoch, as the host sees it.
+
+        Use it rather than `time.time()` for deadlines kept in state: under
+        `corral.testing` it is the virtual clock that `advance()` moves.
+        """
+        return self._corral_context.now()
 
     async def sleep_until(self, deadline: float) -> None:
         """Sleep until the wall-clock time `deadline` (seconds since the epoch), durably."""

@@ -108,6 +108,7 @@ class SqliteStore:
         self._writer_task: asyncio.Task[None] | None = None
         self._data_version: int | None = None
         self._foreign_commit = False
+        self._committing = False
         self._closed = False
         self.commits = 0
         self.ops_committed = 0
@@ -178,10 +179,13 @@ class SqliteStore:
             batch, self._batch = self._batch, None
             if batch is None:
                 continue
+            self._committing = True
             try:
                 results = await _in_thread(writer, self._apply_batch, batch.ops)
             except Exception as err:  # the writer thread or connection died
                 results = [_store_error("store write failed", err) for _ in batch.ops]
+            finally:
+                self._committing = False
             for future, result in zip(batch.futures, results, strict=True):
                 if not future.done():  # done = its caller was cancelled
                     future.set_result(result)
@@ -303,6 +307,22 @@ class SqliteStore:
             ).fetchall()
             return [(r[0], r[1]) for r in rows if r[2] in shards]
         return await self.read(q)
+
+    async def next_timer(self, shards: frozenset[int]) -> float | None:
+        """When the earliest durable timer of `shards` is due (None: no timer)."""
+        if not shards:
+            return None
+        marks = ",".join("?" * len(shards))
+        def q(db: sqlite3.Connection) -> float | None:
+            row = db.execute(f"SELECT min(due_at) FROM timers WHERE shard IN ({marks})",
+                             tuple(shards)).fetchone()
+            return None if row[0] is None else float(row[0])
+        return await self.read(q)
+
+    @property
+    def idle(self) -> bool:
+        """No write is queued or committing (`corral.testing` waits for this)."""
+        return self._batch is None and not self._committing
 
     async def latest_snapshot(self, etype: str, key: str, run_id: int
                               ) -> tuple[int, bytes] | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -85,7 +84,7 @@ class Activation:
         self._bytes = 0  # payload bytes applied by this activation
         self._timers = 0
         self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
-        self._last_active = time.monotonic()
+        self._last_active = self._shard.clock.monotonic()
         self._state = _State.LOADING
         # A fresh run's first entry goes first: entries other callers deliver while
         # the load task has not run yet would otherwise precede it and open a gap.
@@ -116,7 +115,7 @@ class Activation:
             return True
         if timeout is None:
             return await self._wait(predicate, None)
-        return await self._timed(predicate, time.time() + timeout)
+        return await self._timed(predicate, self.now() + timeout)
 
     async def sleep_until(self, deadline: float) -> None:
         await self._timed(lambda: False, deadline)
@@ -129,29 +128,29 @@ class Activation:
         store, fence = self._shard.store, self._shard.fence
         await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id,
                               deadline)
-        result = await self._wait(predicate, max(0.0, deadline - time.time()))
+        result = await self._wait(predicate, max(0.0, deadline - self.now()))
         await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id, None)
         return result
 
     async def _wait(self, predicate: Callable[[], object], timeout: float | None) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        clock = self._shard.clock
+        deadline = None if timeout is None else clock.monotonic() + timeout
         self._waiting += 1
         try:
             while not predicate():
                 if self._changed is None:
                     self._changed = asyncio.Event()
-                changed = self._changed
-                remaining = None if deadline is None else deadline - loop.time()
+                remaining = None if deadline is None else deadline - clock.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                try:
-                    await asyncio.wait_for(changed.wait(), remaining)
-                except asyncio.TimeoutError:  # not the builtin before 3.11
+                if not await clock.wait(self._changed, remaining):
                     return bool(predicate())
             return True
         finally:
             self._waiting -= 1
+
+    def now(self) -> float:
+        return self._shard.clock.time()
 
     @property
     def continue_as_new_suggested(self) -> bool:
@@ -374,7 +373,7 @@ class Activation:
             self._applying = False
         self.applied_seq = entry.seq
         self._bytes += len(entry.payload)
-        self._last_active = time.monotonic()
+        self._last_active = self._shard.clock.monotonic()
         self.notify()
         if outcome is not None:
             await self._shard.record_update(self, entry, outcome, replaying=replaying)
@@ -397,7 +396,7 @@ class Activation:
             state=capture(self.entity), keep=self.definition.snapshots.keep,
             passivate=passivate,
             forget_seq=seq - window.max_count if window.max_count is not None else 0,
-            forget_before=time.time() - window.max_age if window.max_age is not None else 0.0,
+            forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,
         )
         self._snapshot_seq = max(self._snapshot_seq, seq)
 
@@ -411,10 +410,23 @@ class Activation:
             return 0.0
         if self._run_task is not None and not self._run_task.done() and not self._waiting:
             return 0.0
-        return time.monotonic() - self._last_active
+        return self._shard.clock.monotonic() - self._last_active
+
+    @property
+    def busy(self) -> bool:
+        """Loading, applying, or `run()` working rather than waiting."""
+        return (self._state is _State.LOADING or self._worker is not None
+                or (self._run_task is not None and not self._run_task.done()
+                    and not self._waiting))
+
+    @property
+    def idle_deadline(self) -> float | None:
+        """When (on the clock's monotonic time) this entity may be passivated."""
+        timeout = self.definition.idle_timeout
+        return None if timeout is None or self.busy else self._last_active + timeout
 
     def touch(self) -> None:
-        self._last_active = time.monotonic()
+        self._last_active = self._shard.clock.monotonic()
 
     async def passivate(self) -> None:
         """Snapshot, mark passivated and evict; the run stays running in the store.

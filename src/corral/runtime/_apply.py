@@ -6,6 +6,7 @@ Shared by live activations and by read-only replicas (queries answered from the 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 
@@ -135,6 +136,9 @@ class ReplicaContext:
     @property
     def continue_as_new_suggested(self) -> bool:
         return False
+
+    def now(self) -> float:
+        return time.time()
 
     def notify(self) -> None:
         pass

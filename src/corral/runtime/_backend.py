@@ -9,7 +9,6 @@ hosts (if any).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -31,6 +30,7 @@ from corral.persistence import (
 )
 
 from ._apply import ReplicaContext, apply_entry, run_query
+from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._results import EntityDescription, RunSummary
 from ._shard import Shard
@@ -84,9 +84,10 @@ class LocalBackend:
     """Serves `EntityRef` calls from this process's store and hosted shards."""
 
     def __init__(self, store: Store, definitions: Mapping[str, EntityDefinition],
-                 host: LocalHost | None, shard_of: ShardOf) -> None:
+                 host: LocalHost | None, shard_of: ShardOf, clock: Clock | None = None) -> None:
         self.store = store
         self.host = host
+        self._clock: Clock = clock or SystemClock()
         self._definitions = definitions
         self._shard_of = shard_of
 
@@ -218,7 +219,7 @@ class LocalBackend:
     async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
                                  ) -> AcceptResult:
         result = await self.store.replay_dead_letter(
-            etype, key, self._shard_of(etype, key), dead_letter_id, accepted_at=time.time()
+            etype, key, self._shard_of(etype, key), dead_letter_id, accepted_at=self._clock.time()
         )
         shard = self._shard(etype, key)
         if shard is not None and not result.duplicate:

@@ -21,6 +21,7 @@ from corral.persistence import (
 
 from ._backend import Backend, LocalBackend
 from ._boundary import Authorize, Boundary, Limits, check_limit
+from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._ref import EntityRef
 from ._router import Router
@@ -38,10 +39,12 @@ class Runtime:
     existence check happens until you send.
     """
 
-    def __init__(self, backend: Backend, router: Router, boundary: Boundary) -> None:
+    def __init__(self, backend: Backend, router: Router, boundary: Boundary,
+                 clock: Clock | None = None) -> None:
         self.backend = backend
         self.router = router
         self.boundary = boundary
+        self.clock: Clock = clock or SystemClock()
 
     @property
     def store(self) -> Store:
@@ -66,7 +69,7 @@ class Runtime:
         """
         definition = self.boundary.definition(entity_type)
         key = self.boundary.check_key(key)
-        return EntityRef(self.boundary, self.backend, definition, key,
+        return EntityRef(self.boundary, self.backend, self.clock, definition, key,
                          self.router.shard_of(definition.name, key))
 
     async def dead_letters(self, entity_type: type[Entity] | str | None = None,
@@ -103,6 +106,7 @@ async def open_runtime(
     address: str | None = None,
     namespace: str = "corral",
     ray_options: Mapping[str, Any] | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
 
@@ -130,6 +134,8 @@ async def open_runtime(
             its shard actors.
         ray_options: Ray backend: extra Ray actor options for the shard actors, such as
             `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
+        clock: local backend: the clock entities see (timers, deadlines, idle time,
+            `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 
     Example:
         async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
@@ -143,6 +149,8 @@ async def open_runtime(
     if backend == "ray":
         from ._ray import connect_ray  # imports Ray only when asked for
 
+        if clock is not None:
+            raise ValueError("a clock is for the local backend (corral.testing)")
         if not isinstance(store, str):
             raise TypeError("the Ray backend takes the store as a path (each shard actor "
                             "opens it), not a Store object")
@@ -158,6 +166,7 @@ async def open_runtime(
     if backend != "local":
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     router = Router(shards)
+    clock = clock or SystemClock()
     owned_store = isinstance(store, str)
     the_store: Store = await open_sqlite_store(store, shards=shards) if isinstance(store, str) \
         else store
@@ -166,12 +175,12 @@ async def open_runtime(
     try:
         if host:
             local = LocalHost(the_store, router, definitions, lease_ttl=lease_ttl,
-                              poll_interval=poll_interval)
+                              poll_interval=poll_interval, clock=clock)
             await local.start()
-        local_backend = LocalBackend(the_store, definitions, local, router.shard_of)
+        local_backend = LocalBackend(the_store, definitions, local, router.shard_of, clock)
         local = None  # the backend owns the host now
         yield Runtime(local_backend, router,
-                      Boundary(definitions, limits or Limits(), authorize))
+                      Boundary(definitions, limits or Limits(), authorize), clock)
     finally:
         if local is not None:
             await local.close()

@@ -20,6 +20,7 @@ from corral._errors import StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, Store
 
+from ._clock import Clock, SystemClock
 from ._router import Router
 from ._shard import Shard
 
@@ -34,7 +35,8 @@ class LocalHost:
     def __init__(self, store: Store, router: Router,
                  definitions: Mapping[str, EntityDefinition], *, lease_ttl: float,
                  poll_interval: float, timer_interval: float = 0.25,
-                 indices: Sequence[int] | None = None, takeover: bool = False) -> None:
+                 indices: Sequence[int] | None = None, takeover: bool = False,
+                 clock: Clock | None = None) -> None:
         """`indices`: the shards this host may hold (default: all of `router.shards`).
         `takeover`: take them at start even if another holder's lease is live (a new
         epoch fences it out); a restarted Ray shard actor starts this way."""
@@ -47,6 +49,7 @@ class LocalHost:
         self._timer_interval = timer_interval
         self._indices = tuple(range(router.shards) if indices is None else indices)
         self._takeover = takeover
+        self.clock: Clock = clock or SystemClock()
         self.shards: dict[int, Shard] = {}
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -80,7 +83,8 @@ class LocalHost:
             return
         taken = await self.store.acquire_leases(self.owner, free, self._ttl, force=force)
         for index, epoch in sorted(taken.items()):
-            shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions)
+            shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
+                          self.clock)
             self.shards[index] = shard
             recovered = await shard.start()
             log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
@@ -108,18 +112,31 @@ class LocalHost:
         while True:
             await asyncio.sleep(min(self._timer_interval, sweep_every or self._timer_interval))
             try:
-                due = await self.store.due_timers(frozenset(self.shards), time.time())
-                for etype, key in due:
-                    shard = self.shards.get(self.router.shard_of(etype, key))
-                    if shard is not None and etype in self._definitions \
-                            and shard.get(etype, key) is None:
-                        shard.activate(etype, key)
+                await self.fire_due_timers()
                 if sweep_every is not None and time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + sweep_every
-                    for shard in list(self.shards.values()):
-                        await shard.passivate_idle()
+                    await self.passivate_idle()
             except StoreError:
                 log.exception("host %s: housekeeping failed; retrying", self.owner)
+
+    async def fire_due_timers(self) -> int:
+        """Activate the entities of our shards, not in memory, with a durable timer due."""
+        due = await self.store.due_timers(frozenset(self.shards), self.clock.time())
+        fired = 0
+        for etype, key in due:
+            shard = self.shards.get(self.router.shard_of(etype, key))
+            if shard is not None and etype in self._definitions \
+                    and shard.get(etype, key) is None:
+                shard.activate(etype, key)
+                fired += 1
+        return fired
+
+    async def passivate_idle(self) -> int:
+        """Passivate every resident entity idle past its type's `idle_timeout`."""
+        passivated = 0
+        for shard in list(self.shards.values()):
+            passivated += await shard.passivate_idle()
+        return passivated
 
     async def _tail_journal(self) -> None:
         """Deliver entries other processes accepted for our shards (pickup latency ~ interval)."""

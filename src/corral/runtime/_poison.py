@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
 from typing import TYPE_CHECKING
 
@@ -110,7 +109,7 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: 
     text = "".join(traceback.format_exception(err))
     dead_id = await shard.store.record_dead_letter(
         shard.fence, entry, error=f"{type(err).__name__}: {err}", traceback=text,
-        attempts=attempts, failed_at=time.time(),
+        attempts=attempts, failed_at=shard.clock.time(),
     )
     ident = (entry.entity_type, entry.key, entry.run_id)
     if ident in shard.dead_seqs:

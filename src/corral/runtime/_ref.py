@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar, overload
 
@@ -39,6 +38,7 @@ from corral.persistence import (
 
 from ._backend import Backend
 from ._boundary import Boundary, check_dead_letter_id, check_limit, check_timeout
+from ._clock import Clock
 from ._results import Ack, EntityDescription, decode_value
 
 __all__ = ["EntityRef"]
@@ -73,10 +73,11 @@ class EntityRef(Generic[E_co, S]):
                                           start=TicketInput(tenant="acme"), message_id="m-1")
     """
 
-    def __init__(self, boundary: Boundary, backend: Backend, definition: EntityDefinition,
-                 key: str, shard: int) -> None:
+    def __init__(self, boundary: Boundary, backend: Backend, clock: Clock,
+                 definition: EntityDefinition, key: str, shard: int) -> None:
         self._boundary = boundary
         self._backend = backend
+        self._clock = clock
         self.definition = definition
         self.key = key
         self.shard = shard
@@ -235,7 +236,8 @@ class EntityRef(Generic[E_co, S]):
                       sender: str | None, start: str | None) -> AcceptResult:
         d = self.definition
         acc = Acceptance(d.name, self.key, self.shard, kind, name, message_id, payload,
-                         payload_hash(name, payload), sender, start, d.id_reuse, time.time())
+                         payload_hash(name, payload), sender, start, d.id_reuse,
+                         self._clock.time())
         return await self._backend.accept(acc)
 
     # -- reads ---------------------------------------------------------------------------

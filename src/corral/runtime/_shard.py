@@ -18,6 +18,7 @@ from corral.actors import EntityDefinition
 from corral.persistence import Fence, JournalEntry, Store, UpdateOutcome
 
 from ._activation import Activation
+from ._clock import Clock
 
 __all__ = ["Shard"]
 
@@ -29,9 +30,10 @@ class Shard:
     """Hosts the activations of one shard for as long as this process holds its lease."""
 
     def __init__(self, fence: Fence, store: Store,
-                 definitions: Mapping[str, EntityDefinition]) -> None:
+                 definitions: Mapping[str, EntityDefinition], clock: Clock) -> None:
         self.fence = fence
         self.store = store
+        self.clock = clock
         self._definitions = definitions
         self._activations: dict[_Ident, Activation] = {}
         # (etype, key, run_id) -> seqs with a dead letter, read once per run (see _poison).
@@ -127,6 +129,10 @@ class Shard:
         for act in idle:
             await act.passivate()
         return len(idle)
+
+    def resident(self) -> list[Activation]:
+        """The activations in memory."""
+        return list(self._activations.values())
 
     def get(self, etype: str, key: str) -> Activation | None:
         act = self._activations.get((etype, key))
