@@ -368,3 +368,13 @@ async def test_an_async_authorize_works(db_path: str) -> None:
         assert store_rows(db_path) == before
     assert sql(db_path, "SELECT sender FROM journal WHERE key=?", key) == [
         ("verified:alice",)]
+
+
+async def test_a_misspelt_field_is_named_along_with_the_missing_one(db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=ALL_ENTITIES) as rt:
+        with pytest.raises(corral.InvalidPayloadError) as caught:
+            await rt.ref(Ticket, fresh_key()).signal_with_start(
+                Ticket.reply, {"txet": "hi"}, start=START)
+    text = str(caught.value)
+    assert "unknown field(s) 'txet'" in text
+    assert "text\n  Field required" in text

@@ -117,8 +117,10 @@ async def test_a_plain_signal_to_a_never_started_entity_is_refused(db_path: str)
             await ref.terminate()
         with pytest.raises(corral.EntityNotRunningError):
             await ref.result(timeout=5)
-        with pytest.raises(corral.EntityNotRunningError):
-            await ref.describe()
+        info = await ref.describe()
+        assert (info.status, info.run_id, info.accepted_seq, info.runs) == (
+            corral.RunStatus.NEVER_STARTED, 0, 0, ())
+        assert not info.status.is_closed
         assert row_counts(db_path) == counts
 
 

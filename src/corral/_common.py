@@ -50,10 +50,13 @@ class RunStatus(str, enum.Enum):
     FAILED = "failed"
     TERMINATED = "terminated"
     CONTINUED = "continued"
+    NEVER_STARTED = "never_started"
+    """Only in `describe()` of an entity that has no run yet; never stored."""
 
     @property
     def is_closed(self) -> bool:
-        return self is not RunStatus.RUNNING
+        """Whether a run with this status has ended."""
+        return self not in (RunStatus.RUNNING, RunStatus.NEVER_STARTED)
 
 
 @dataclass(frozen=True, slots=True)

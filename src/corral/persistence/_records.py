@@ -23,9 +23,13 @@ __all__ = [
 
 
 class EntryKind(str, enum.Enum):
+    """What a journal entry is. `START` is the mark `EntityRef.start` leaves: applied as
+    nothing, it holds the start id in the dedupe window like any message."""
+
     SIGNAL = "signal"
     UPDATE = "update"
     TERMINATE = "terminate"
+    START = "start"
 
 
 @dataclass(frozen=True, slots=True)

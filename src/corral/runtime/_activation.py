@@ -365,6 +365,9 @@ class Activation:
             self.applied_seq = entry.seq
             self._terminated(entry.payload)
             return
+        if entry.kind is EntryKind.START:  # a start mark: nothing to apply
+            self.applied_seq = entry.seq
+            return
         assert self.entity is not None
         self._applying = True
         try:

@@ -186,15 +186,15 @@ class LocalBackend:
         context = ReplicaContext(etype, key, run.run_id)
         entity, after = await rebuild(self.store, definition, run, context)
         for entry in await self.store.journal(etype, key, run_id=run.run_id, after_seq=after):
-            if entry.kind is not EntryKind.TERMINATE:
+            if entry.kind in (EntryKind.SIGNAL, EntryKind.UPDATE):
                 await apply_entry(definition, entity, entry)
         return run_query(definition, entity, name, payload)
 
     async def describe(self, etype: str, key: str) -> EntityDescription:
         found = await self.store.latest_run(etype, key)
         if found is None:
-            raise EntityNotRunningError(f"{etype} {key!r} was never started",
-                                        entity_type=etype, key=key)
+            return EntityDescription(etype, key, self._shard_of(etype, key),
+                                     RunStatus.NEVER_STARTED, 0, 0, None, None, False, ())
         run, next_seq = found
         shard = self._shard(etype, key)
         act = shard.get(etype, key) if shard else None

@@ -62,7 +62,9 @@ def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) 
     try:
         model = model_type.model_validate(raw)
     except ValidationError as err:
-        raise InvalidPayloadError(f"{what}: {err}") from None
+        unknown = [] if from_instance else _unknown_keys(model_type, raw)
+        also = f"unknown field(s) {', '.join(map(repr, unknown))}; " if unknown else ""
+        raise InvalidPayloadError(f"{what}: {also}{err}") from None
     try:
         # Python mode keeps NaN and infinities as floats, so json.dumps refuses them
         # (JSON mode would have turned them into null); other values go through
@@ -85,6 +87,17 @@ def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) 
     if size > max_bytes:
         raise PayloadTooLargeError(f"{what} is {size} bytes; the limit is {max_bytes}")
     return text
+
+
+def _unknown_keys(model_type: type[BaseModel], raw: dict[Any, Any]) -> list[Any]:
+    """Top-level keys of `raw` that name no field of `model_type` (a misspelt field
+    shows up as "missing" in pydantic's error; this names the misspelling too)."""
+    if model_type.model_config.get("extra") == "allow":
+        return []
+    known: set[Any] = set()
+    for name, field in model_type.model_fields.items():
+        known |= {name, field.alias, field.validation_alias}
+    return [k for k in raw if k not in known]
 
 
 def _refuse_non_string_keys(data: Any, what: str) -> None:

@@ -85,6 +85,30 @@ class EntityRef(Generic[E_co, S]):
     def __repr__(self) -> str:
         return f"EntityRef({self.definition.name}, {self.key!r})"
 
+    # -- starting ------------------------------------------------------------------------
+
+    async def start(self, *, start: S | dict[str, Any], start_id: str | None = None,
+                    sender: str | None = None) -> Ack:
+        """Start a run if none is running, without delivering any message.
+
+        For entities driven by `run()` alone (a reminder, a scheduled job). Idempotent by
+        `start_id` like a message id (a retried start is answered `duplicate`; the same
+        id with another start input raises `IdempotencyConflictError`), and it
+        follows the type's `IdReusePolicy` like every start. `Ack.started` says whether
+        this call started a run; a running entity is left as it is (the start input is
+        ignored). The `authorize` hook sees it as kind "start".
+
+        Example:
+            ack = await rt.ref(Reminder, "invoice-77").start(
+                start=ReminderInput(text="pay", delay=86400), start_id="invoice-77-created")
+        """
+        with self._about(start_id):
+            b = self._boundary
+            start_text = b.start_input(self.definition, start)
+            mid = b.check_message_id(start_id, "start id")
+            who = await b.sender(sender, self.definition, self.key, "start", "start")
+            return _ack(await self._accept(EntryKind.START, "", start_text, mid, who, start_text))
+
     # -- signals -------------------------------------------------------------------------
 
     @overload

@@ -50,7 +50,13 @@ class RunSummary:
 class EntityDescription:
     """A snapshot of an entity's state as the store and (if hosted here) its host see it.
 
-    `applied_seq` and `mailbox_depth` are None when no activation lives in this process.
+    `status` is `RunStatus.NEVER_STARTED` (with `run_id` 0 and no runs) for an entity
+    that never ran. `hosted_here` says whether the process answering holds a live
+    activation of the entity: this process on the local backend, the entity's shard (or
+    dedicated) actor on the Ray backend, which answers `describe`. `applied_seq` and
+    `mailbox_depth` come from that live activation and are None without one (a
+    passivated entity, one hosted by another process, or a run that has closed: a
+    completed run applied everything accepted before it closed).
     """
 
     entity_type: str
