@@ -18,12 +18,15 @@ class AcquireLeasesOp:
     that makes the previous holder's writes fail. With `force`, every listed shard is
     taken at a new epoch even if its lease is live: a restarted Ray shard actor (whose
     name maps to exactly one live incarnation) fences out its predecessor at once.
+    `orphaned` shards are taken the same way: their holder is known to be dead (the
+    store obtained the shard's OS lock, see `_locks`).
     """
 
     owner: str
     shards: tuple[int, ...]
     ttl: float
     force: bool = False
+    orphaned: frozenset[int] = frozenset()
 
     def apply(self, txn: Txn) -> dict[int, int]:
         now = time.time()
@@ -34,7 +37,7 @@ class AcquireLeasesOp:
             ).fetchone()
             if row is not None and row[0] == self.owner and not self.force:
                 epoch = row[1]
-            elif row is None or row[2] < now or self.force:
+            elif row is None or row[2] < now or self.force or shard in self.orphaned:
                 epoch = (row[1] if row else 0) + 1
             else:
                 continue

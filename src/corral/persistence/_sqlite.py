@@ -42,6 +42,7 @@ from ._lifecycle import (
     SnapshotOp,
     TimerOp,
 )
+from ._locks import LeaseLocks
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -110,6 +111,7 @@ class SqliteStore:
         self._foreign_commit = False
         self._committing = False
         self._closed = False
+        self._locks = LeaseLocks(path) if self.durable else None
         self.commits = 0
         self.ops_committed = 0
 
@@ -268,14 +270,40 @@ class SqliteStore:
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
                              force: bool = False) -> dict[int, int]:
-        op = AcquireLeasesOp(owner, tuple(shards), ttl, force)
-        return await self.write(op)  # type: ignore[no-any-return]
+        """Take the free or expired `shards`, and at once those whose OS lock this
+        store obtains (their holder died: see `_locks`)."""
+        locks = self._locks
+        orphaned = frozenset(s for s in shards if locks is not None and locks.try_lock(s))
+        op = AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned)
+        try:
+            taken: dict[int, int] = await self.write(op)
+        except BaseException:
+            for shard in orphaned:
+                self._unlock(shard)
+            raise
+        for shard in orphaned - set(taken):
+            self._unlock(shard)
+        return taken
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]:
-        return await self.write(RenewLeasesOp(owner, tuple(held.items()), ttl))  # type: ignore[no-any-return]
+        kept: set[int] = await self.write(RenewLeasesOp(owner, tuple(held.items()), ttl))
+        for shard in held:
+            if shard not in kept:
+                self._unlock(shard)
+            elif self._locks is not None:  # a lease taken on expiry: lock it once we can
+                self._locks.try_lock(shard)
+        return kept
 
     async def release_leases(self, owner: str) -> None:
-        await self.write(ReleaseLeasesOp(owner))
+        try:
+            await self.write(ReleaseLeasesOp(owner))
+        finally:
+            if self._locks is not None:
+                self._locks.unlock_all()
+
+    def _unlock(self, shard: int) -> None:
+        if self._locks is not None:
+            self._locks.unlock(shard)
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
@@ -484,6 +512,8 @@ class SqliteStore:
             await self._writer_task
         for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
             await conn.close()
+        if self._locks is not None:
+            self._locks.unlock_all()
         self._reader = self._writer = None
 
     def __del__(self) -> None:
