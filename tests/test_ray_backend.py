@@ -37,6 +37,7 @@ from corral.runtime._host import LocalHost
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
 from corral.runtime._ray_host import actor_name
 from corral.runtime._router import Router
+from procs import sql
 from ray_workers import (
     ENTITIES,
     TESTS_DIR,
@@ -616,3 +617,34 @@ def test_a_dedicated_entity_type_keeps_its_ray_options() -> None:
     assert definition.placement == "dedicated"
     assert dict(definition.ray_options) == {"num_cpus": 0, "memory": 1024 * 1024}
     assert Counter._corral_definition.placement == "shared"
+
+
+# -- stale entity code -------------------------------------------------------------------
+
+
+async def test_a_client_with_new_entity_code_is_refused_by_actors_running_the_old_code(
+        db_path: str, namespace: str) -> None:
+    import ray_workers_v2
+
+    key = fresh_key()
+    async with ray_runtime(db_path, namespace) as rt:
+        await rt.ref(Counter, key).signal_with_start(Counter.add, Item(id="a"),
+                                                     start=Start(tenant="t"))
+    new = ray_workers_v2.Counter
+    assert new._corral_definition.fingerprint != Counter._corral_definition.fingerprint
+    async with ray_runtime(db_path, namespace, entities=[new]) as rt:
+        ref = rt.ref(new, key)
+        with pytest.raises(corral.DefinitionMismatchError) as caught:
+            await ref.signal(new.add, Item(id="b"))
+        err = caught.value
+        assert err.entity_type == "Counter"
+        assert err.client_fingerprint == new._corral_definition.fingerprint
+        assert err.host_fingerprint == Counter._corral_definition.fingerprint
+        assert f"stop_ray_hosts({namespace!r})" in str(err)
+        with pytest.raises(corral.DefinitionMismatchError):
+            await ref.query(new.how_many)
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key=?", key) == [(1,)]
+    stop_hosts(namespace)  # the documented fix: new actors run the new code
+    async with ray_runtime(db_path, namespace, entities=[new]) as rt:
+        await rt.ref(new, key).signal(new.add, Item(id="b"))
+        assert await rt.ref(new, key).query(new.how_many) == 2

@@ -22,6 +22,7 @@ from corral._common import (
 from corral._errors import (
     CorralError,
     DeadLetterNotFoundError,
+    DefinitionMismatchError,
     EntityClosedError,
     EntityDefinitionError,
     EntityFailedError,
@@ -68,6 +69,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterNotFoundError",
     "DedupeWindow",
+    "DefinitionMismatchError",
     "Entity",
     "EntityClosedError",
     "EntityDefinitionError",

@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "CorralError",
     "DeadLetterNotFoundError",
+    "DefinitionMismatchError",
     "EntityClosedError",
     "EntityDefinitionError",
     "EntityFailedError",
@@ -142,6 +143,23 @@ class WaitTimeoutError(CorralError, TimeoutError):
     Nothing was lost: an update stays accepted and is applied; ask again (the same
     update id returns its recorded result) or wait longer. A `TimeoutError`, too.
     """
+
+
+class DefinitionMismatchError(CorralError):
+    """A shard host runs another definition of an entity type than this client.
+
+    Raised by the Ray backend before anything is accepted, when the detached shard
+    actors were started with older (or newer) entity code: its handlers, their models
+    or its policies differ. `client_fingerprint` and `host_fingerprint` tell the two
+    apart. The fix after a deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next
+    call starts actors with the new code, which recover every entity from the store.
+    """
+
+    def __init__(self, message: str = "", *, client_fingerprint: str = "",
+                 host_fingerprint: str = "", **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.client_fingerprint = client_fingerprint
+        self.host_fingerprint = host_fingerprint
 
 
 class StoreError(CorralError):

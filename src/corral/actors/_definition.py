@@ -8,7 +8,10 @@ Decorators attach a frozen `HandlerDefinition` under one private attribute
 from __future__ import annotations
 
 import enum
+import functools
+import hashlib
 import inspect
+import json
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -172,6 +175,41 @@ class EntityDefinition:
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of what callers and hosts must agree on: the type's name, its
+        start and result types, each handler (name, kind, models, sync or async) and
+        its policies. Handler bodies are not part of it."""
+        return _fingerprint(self.cls)
+
+
+@functools.cache
+def _fingerprint(cls: type) -> str:
+    d: EntityDefinition = cls._corral_definition  # type: ignore[attr-defined]
+    parts = [
+        f"name={d.name}", f"start={_describe(d.start_type)}", f"result={_describe(d.result_type)}",
+        *(f"handler={h.name}:{h.kind.value}:{_describe(h.input_type)}:"
+          f"{_describe(h.output_type)}:{'async' if h.is_async else 'sync'}:"
+          f"{'mailbox' if h.fn is None else 'body'}"
+          for h in sorted(d.handlers.values(), key=lambda h: h.name)),
+        *(f"{attr}={getattr(d, attr)!r}" for attr in (
+            "id_reuse", "snapshots", "continue_as_new", "idle_timeout", "retry",
+            "placement", "dedupe_window")),
+        f"ray_options={sorted(d.ray_options.items())!r}",
+    ]
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def _describe(annotation: Any) -> str:
+    """A stable text for a model (its JSON schema) or another annotation."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        try:
+            schema = annotation.model_json_schema()
+        except Exception:  # a type without a JSON schema: its fields, as Python sees them
+            return f"{annotation.__qualname__}{sorted(annotation.model_fields.items())!r}"
+        return json.dumps(schema, sort_keys=True)
+    return repr(annotation)
 
 
 RESERVED_NAMES = frozenset({

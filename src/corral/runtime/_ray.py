@@ -134,12 +134,29 @@ class RayBackend:
         try:
             # get-or-create asks the GCS synchronously: keep it off the event loop.
             handle = await asyncio.to_thread(self._create, index, etype)
+            await self._check_definitions(handle, index, etype)
         finally:
             del self._creating[index]
         self._handles[index] = handle
         while len(self._handles) > _MAX_HANDLES:
             self._handles.popitem(last=False)
         return handle
+
+    async def _check_definitions(self, handle: Any, index: int, etype: str) -> None:
+        """Before the first call through a handle: the actor must run the entity code
+        this client has (an actor started with older code raises
+        `DefinitionMismatchError`). Once per handle, so once per actor incarnation
+        name; a restarted actor re-runs the code it was created with."""
+        ours = [self._definitions[etype]] if self.router.is_dedicated(index) \
+            else self._definitions.values()
+        try:
+            await handle.check_definitions.remote({d.name: d.fingerprint for d in ours})
+        except rex.RayTaskError as err:
+            if isinstance(err.cause, CorralError):
+                raise err.cause from None
+            raise
+        except _RETRYABLE:
+            pass  # the call itself will find the actor unavailable and retry
 
     async def call(self, index: int, etype: str, method: str, *args: Any) -> Any:
         """Call `method` on shard `index`'s actor: get-or-create, retry, unwrap errors."""

@@ -26,10 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral._errors import (
-    CorralError,
-    UnknownEntityTypeError,
-)
+from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
 from corral.actors import (
     Entity,
     EntityDefinition,
@@ -292,6 +289,25 @@ class ShardHost:
             for shard in self.host.shards.values():
                 await shard.start()
         return added
+
+    async def check_definitions(self, fingerprints: dict[str, str]) -> None:
+        """Refuse a client whose entity definitions differ from the ones this actor runs.
+
+        Raises:
+            DefinitionMismatchError: for the first type whose fingerprints differ.
+        """
+        for etype, theirs in sorted(fingerprints.items()):
+            mine = self.definitions.get(etype)
+            if mine is not None and mine.fingerprint != theirs:
+                name = actor_name(self.spec, self.index)
+                raise DefinitionMismatchError(
+                    f"{name} runs another definition of {etype} (fingerprint "
+                    f"{mine.fingerprint}) than this client ({theirs}): it was started with "
+                    f"other entity code. After deploying new code, stop the old actors with "
+                    f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
+                    f"starts new ones, which recover every entity from the store.",
+                    entity_type=etype, client_fingerprint=theirs,
+                    host_fingerprint=mine.fingerprint)
 
     async def info(self) -> dict[str, Any]:
         """Where and as what this incarnation runs (for operators and tests)."""
