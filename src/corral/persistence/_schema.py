@@ -3,11 +3,27 @@
 Key choices (see SQLITE_NOTES.md): the journal is a rowid table whose `pos` grows in
 commit order, so a host can tail it cheaply for entries other processes accepted;
 dedupe and run lookups are narrow WITHOUT ROWID tables keyed by (etype, key, ...).
+
+Versions: `DDL` is schema 1, the first one released; each later version is one entry
+of `MIGRATIONS`, the statements that upgrade a store from the version before it. A
+store records its version in `meta`; opening applies the missing migrations in one
+transaction, and a store written by a newer corral is refused (see `SqliteStore`).
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "1"
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (
+        # Durable timers are looked up per shard (due ones, and the next one).
+        "CREATE INDEX IF NOT EXISTS timers_shard_due ON timers (shard, due_at)",
+        # Operators list entities by status, type and key.
+        "CREATE INDEX IF NOT EXISTS entities_status ON entities (status, etype, key)",
+    ),
+}
+"""Schema version -> the statements that upgrade a store from the version before it."""
+
+SCHEMA_VERSION = max(MIGRATIONS)
+"""The schema this corral writes."""
 
 PRAGMAS = (
     "PRAGMA journal_mode=WAL",

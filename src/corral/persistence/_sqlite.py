@@ -52,7 +52,7 @@ from ._records import (
     RunRecord,
     UpdateOutcome,
 )
-from ._schema import DDL, PRAGMAS, SCHEMA_VERSION
+from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION
 from ._txn import Fence, Txn, WriteOp
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
@@ -121,6 +121,7 @@ class SqliteStore:
             self._writer = await aiosqlite.connect(target, isolation_level=None)
             for pragma in PRAGMAS:
                 await self._writer.execute(pragma)
+            self._refuse_newer(await self._stored_version())  # before any DDL
             await self._writer.executescript(DDL)
             await self._check_meta(shards)
             if self.durable:
@@ -131,30 +132,55 @@ class SqliteStore:
         except sqlite3.Error as err:
             await self.close()
             raise StoreError(f"cannot open store {self.path!r}: {err}") from err
+        except BaseException:  # refused (newer schema, other shard count): close, re-raise
+            await self.close()
+            raise
         self._writer_task = asyncio.create_task(self._write_loop(), name="corral-store-writer")
 
-    async def _check_meta(self, shards: int) -> None:
+    async def _stored_version(self) -> int:
+        """The schema version recorded in the file (0 for a new file)."""
         assert self._writer is not None
-        await self._writer.execute("BEGIN IMMEDIATE")
         try:
-            for k, v in (("schema_version", SCHEMA_VERSION), ("shards", str(shards))):
-                await self._writer.execute(
-                    "INSERT OR IGNORE INTO meta (k, v) VALUES (?, ?)", (k, v)
-                )
-                async with self._writer.execute("SELECT v FROM meta WHERE k=?", (k,)) as cur:
-                    row = await cur.fetchone()
-                if row is None or row[0] != v:
-                    found = row[0] if row else None
-                    raise StoreError(
-                        f"store {self.path!r} was created with {k}={found}, this runtime "
-                        f"uses {v}; the shard count is fixed when a store is created"
-                    )
-            await self._writer.execute("COMMIT")
-        except BaseException:
-            await self._writer.execute("ROLLBACK")
-            raise
+            async with self._writer.execute(
+                    "SELECT v FROM meta WHERE k='schema_version'") as cur:
+                row = await cur.fetchone()
+        except sqlite3.OperationalError:  # no meta table: a new store
+            return 0
+        return 1 if row is None else int(row[0])
 
-    # -- writes -------------------------------------------------------------------
+    def _refuse_newer(self, found: int) -> None:
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"store {self.path!r} has schema version {found}, written by a newer "
+                f"corral; this corral knows versions up to {SCHEMA_VERSION}: upgrade corral "
+                "to open it")
+
+    async def _check_meta(self, shards: int) -> None:
+        """Pin the shard count and bring the schema to `SCHEMA_VERSION` (one transaction).
+
+        A new store gets every migration; an older one the ones it lacks; a store of a
+        newer corral is refused, naming both versions, and left untouched.
+        """
+        assert self._writer is not None
+        db = self._writer
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            meta = {k: v async for k, v in await db.execute("SELECT k, v FROM meta")}
+            found = int(meta.get("schema_version", "1" if meta else "0"))
+            self._refuse_newer(found)
+            if meta.get("shards", str(shards)) != str(shards):
+                raise StoreError(
+                    f"store {self.path!r} was created with shards={meta['shards']}, this "
+                    f"runtime uses {shards}; the shard count is fixed when a store is created")
+            for version in range(max(found, 1) + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    await db.execute(statement)
+            await db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?), "
+                             "('shards', ?)", (str(SCHEMA_VERSION), str(shards)))
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
 
     async def write(self, op: WriteOp) -> Any:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
@@ -328,12 +354,16 @@ class SqliteStore:
         await self.write(TimerOp(fence, etype, key, run_id, timer_id, due_at))
 
     async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]:
-        """Entities of `shards` with a timer due at `now`."""
+        """Entities of `shards` with a timer due at `now`, the earliest due first."""
+        if not shards:
+            return []
+        marks = ",".join("?" * len(shards))
         def q(db: sqlite3.Connection) -> list[tuple[str, str]]:
             rows = db.execute(
-                "SELECT DISTINCT etype, key, shard FROM timers WHERE due_at<=?", (now,)
+                f"SELECT etype, key, min(due_at) AS due FROM timers WHERE shard IN ({marks}) "
+                "AND due_at<=? GROUP BY etype, key ORDER BY due", (*shards, now),
             ).fetchall()
-            return [(r[0], r[1]) for r in rows if r[2] in shards]
+            return [(r[0], r[1]) for r in rows]
         return await self.read(q)
 
     async def next_timer(self, shards: frozenset[int]) -> float | None:

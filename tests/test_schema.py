@@ -1,0 +1,76 @@
+"""Versioned schema: a store made by an earlier corral is upgraded when opened; a store
+written by a newer corral is refused, naming both versions."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.persistence import open_sqlite_store
+from corral.persistence._schema import SCHEMA_VERSION
+from entities import Job, Reply, Start, Ticket, wait_applied
+from procs import sql
+
+SCHEMA_1 = Path(__file__).parent / "data" / "store-schema-1.db"
+"""Made by corral at schema 1: Ticket 'ticket-1' running with replies r0-r2, Job
+'job-1' completed."""
+
+
+def indexes(path: str) -> set[str]:
+    return {r[0] for r in sql(path, "SELECT name FROM sqlite_master WHERE type='index'")}
+
+
+async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    shutil.copy(SCHEMA_1, path)
+    assert sql(path, "SELECT v FROM meta WHERE k='schema_version'") == [("1",)]
+    assert "timers_shard_due" not in indexes(path)
+    async with corral.open_runtime(path, entities=[Ticket, Job]) as rt:
+        ref = rt.ref(Ticket, "ticket-1")
+        ack = await ref.signal(Ticket.reply, Reply(text="r3"), message_id="m-3")
+        assert ack.seq == 4
+        dup = await ref.signal(Ticket.reply, Reply(text="r0"), message_id="m-0")
+        assert dup.status == "duplicate"  # the old dedupe window carried over
+        await wait_applied(ref, 4)
+        assert (await ref.query(Ticket.status)).inbox == [f"acme:r{i}" for i in range(4)]
+        assert (await rt.ref(Job, "job-1").result()).tenant == "acme"
+    assert sql(path, "SELECT v FROM meta WHERE k='schema_version'") == [(str(SCHEMA_VERSION),)]
+    assert {"timers_shard_due", "entities_status"} <= indexes(path)
+
+
+async def test_a_new_store_is_created_at_the_current_version(db_path: str) -> None:
+    store = await open_sqlite_store(db_path, shards=4)
+    await store.close()
+    assert sql(db_path, "SELECT v FROM meta WHERE k='schema_version'") == [(str(SCHEMA_VERSION),)]
+    assert {"timers_shard_due", "entities_status"} <= indexes(db_path)
+
+
+async def test_a_store_written_by_a_newer_corral_is_refused_and_left_untouched(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "newer.db")
+    shutil.copy(SCHEMA_1, path)
+    future = SCHEMA_VERSION + 7
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE meta SET v=? WHERE k='schema_version'", (str(future),))
+    with pytest.raises(corral.StoreError) as caught:
+        await open_sqlite_store(path, shards=16)
+    assert f"schema version {future}" in str(caught.value)
+    assert f"versions up to {SCHEMA_VERSION}" in str(caught.value)
+    assert sql(path, "SELECT v FROM meta WHERE k='schema_version'") == [(str(future),)]
+    assert "timers_shard_due" not in indexes(path)
+
+
+async def test_a_store_is_refused_with_another_shard_count(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    shutil.copy(SCHEMA_1, path)
+    with pytest.raises(corral.StoreError, match="shards=16, this runtime uses 4"):
+        await open_sqlite_store(path, shards=4)
+
+
+_ = Start
