@@ -215,6 +215,12 @@ BAD_INPUTS: list[tuple[str, Call, type[Exception]]] = [
      corral.InvalidPayloadError),
     ("start input from model_construct", sws(Reply(text="x"), start=Start.model_construct()),
      corral.InvalidPayloadError),
+    ("unvalidated instance inside a dict payload",
+     sws({"text": "x", "child": Chain.model_construct(text=["not", "a", "str"])},
+         handler=Ticket.link), corral.InvalidPayloadError),
+    ("mutated instance two levels inside a dict", sws(
+        {"text": "x", "child": {"text": "y", "child": mutated(Chain(text="z"), text=7)}},
+        handler=Ticket.link), corral.InvalidPayloadError),
     ("deeply nested model_construct", sws(deep_construct(3000), handler=Ticket.link),
      corral.InvalidPayloadError),
     ("deeply nested model", sws(deep_construct(3000, valid=True), handler=Ticket.link),

@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import corral
 from bounded_entities import (
@@ -294,3 +295,42 @@ async def test_an_async_update_handler_parked_when_run_continues_as_new_is_appli
         assert again == got
         info = await ref.describe()
     assert [r.status for r in info.runs] == [corral.RunStatus.CONTINUED, corral.RunStatus.RUNNING]
+
+
+class Tick(BaseModel):
+    n: int
+
+
+class Roll(BaseModel):
+    total: int = 0
+
+
+class Snappy(corral.Entity):
+    """Snapshots every 2 applied signals and continues as new after 3."""
+
+    snapshots = corral.SnapshotPolicy(every=2, keep=1)
+
+    def __init__(self, init: Roll) -> None:
+        self.total, self.since = init.total, 0
+
+    @corral.signal
+    def add(self, tick: Tick) -> None:
+        self.total += tick.n
+        self.since += 1
+
+    @corral.query
+    def current(self) -> int:
+        return self.total
+
+    async def run(self) -> None:
+        await self.wait_for(lambda: self.since >= 3)
+        self.continue_as_new(Roll(total=self.total))
+
+
+async def test_a_query_during_continue_as_new_is_answered_by_the_next_run(db_path: str) -> None:
+    """A query parked on the closing run's activation used to wait forever."""
+    async with corral.open_runtime(db_path, entities=[Snappy]) as rt:
+        ref = rt.ref(Snappy, "snappy")
+        for n in range(1, 13):
+            await ref.signal_with_start(Snappy.add, Tick(n=1), start=Roll())
+            assert await asyncio.wait_for(ref.query(Snappy.current), 10) == n

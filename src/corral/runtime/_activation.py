@@ -568,6 +568,7 @@ class Activation:
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
         self._set_state(_State.FINISHED)
+        self.notify()  # waits that hold for a finished activation (wait_applied) return
         self._shard.forget(self)
         if not self._evicted and self._inbox:  # entries of a newer run go to its activation
             for entry in self._inbox:

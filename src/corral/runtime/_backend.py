@@ -162,10 +162,12 @@ class LocalBackend:
         by a read-only replica rebuilt from the store (latest snapshot + journal)."""
         definition = self._definitions[etype]
         shard = self._shard(etype, key)
-        act = shard.get(etype, key) if shard else None
-        if act is None and activate and shard is not None:
-            act = shard.activate(etype, key)
-        if act is not None:
+        for _ in range(3):  # an activation may finish meanwhile (continue-as-new): its next
+            act = shard.get(etype, key) if shard else None
+            if act is None and activate and shard is not None:
+                act = shard.activate(etype, key)
+            if act is None:
+                break
             act.touch()
             found = await self.store.latest_run(etype, key)
             await act.wait_settled()

@@ -46,14 +46,9 @@ def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) 
             raise InvalidPayloadError(
                 f"{what} expects {model_type.__name__}, got {type(value).__name__}"
             )
-        try:  # round_trip leaves out computed fields, which are not input
-            raw = value.model_dump(mode="python", by_alias=True, round_trip=True,
-                                   warnings=False)
-        except (ValueError, TypeError, AttributeError, PydanticSerializationError) as err:
-            raise InvalidPayloadError(f"{what}: the instance cannot be read: {err}") from None
-        from_instance = True
+        raw, from_instance = _dump(value, what), True
     elif isinstance(value, dict):
-        raw, from_instance = value, False
+        raw, from_instance = _plain(value, what), False
     else:
         raise InvalidPayloadError(
             f"{what} expects {model_type.__name__} (or a dict of its fields), "
@@ -87,6 +82,32 @@ def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) 
     if size > max_bytes:
         raise PayloadTooLargeError(f"{what} is {size} bytes; the limit is {max_bytes}")
     return text
+
+
+def _dump(model: BaseModel, what: str) -> Any:
+    """An instance's fields as plain data, to validate again: it may have been changed
+    after it was built, or built with `model_construct` (round_trip leaves out computed
+    fields, which are not input)."""
+    try:
+        return model.model_dump(mode="python", by_alias=True, round_trip=True,
+                                warnings=False)
+    except (ValueError, TypeError, AttributeError, PydanticSerializationError) as err:
+        raise InvalidPayloadError(f"{what}: the instance cannot be read: {err}") from None
+
+
+def _plain(value: Any, what: str) -> Any:
+    """`value` with every model instance inside it dumped (pydantic would take a nested
+    instance as it is, unvalidated); containers without one are returned as they are."""
+    if isinstance(value, BaseModel):
+        return _dump(value, what)
+    if isinstance(value, dict):
+        changed = {k: p for k, v in value.items() if (p := _plain(v, what)) is not v}
+        return {**value, **changed} if changed else value
+    if isinstance(value, list | tuple):
+        items = [_plain(v, what) for v in value]
+        if any(p is not v for p, v in zip(items, value, strict=True)):
+            return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def _unknown_keys(model_type: type[BaseModel], raw: dict[Any, Any]) -> list[Any]:
