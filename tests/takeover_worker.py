@@ -7,6 +7,7 @@ timer is stored writes its due time to STATUS; then idles until SIGKILLed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import sys
 import time
@@ -21,7 +22,7 @@ async def host(db: str, status: str) -> None:
         due = time.time() + 2.5
         await rt.ref(Alarm, "alarm").start(start=AlarmInput(due_at=due))
         while True:  # until run() has stored its timer
-            with sqlite3.connect(db) as conn:
+            with contextlib.closing(sqlite3.connect(db)) as conn:
                 if conn.execute("SELECT count(*) FROM timers").fetchone()[0]:
                     break
             await asyncio.sleep(0.01)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 
 import pytest
@@ -44,7 +45,7 @@ async def _send(ref: corral.EntityRef[Windowed], ids: range) -> list[corral.Ack]
 
 
 def _remembered(db_path: str, etype: str) -> int:
-    with sqlite3.connect(db_path) as db:
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
         return int(db.execute("SELECT count(*) FROM dedupe WHERE etype=?", (etype,)).fetchone()[0])
 
 

@@ -655,7 +655,7 @@ class LedgerMachine(RuleBasedStateMachine):
         timeout = Patience.seconds()
         try:
             return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before 3.11
             Patience.lost()
             raise AssertionError(f"{coro.__qualname__} got no answer in {timeout} s (a call "
                                  "got stuck before, so no longer 10 s); the ledger: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from typing import Any, ClassVar
 
@@ -68,7 +69,7 @@ class Custom(corral.Entity):
 
 
 def _rows(db_path: str, table: str) -> int:
-    with sqlite3.connect(db_path) as db:
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
         return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
@@ -112,7 +113,7 @@ async def test_journal_and_snapshot_rows_stay_bounded_by_the_policy(db_path: str
 async def test_a_message_id_seen_before_truncation_is_still_a_duplicate(db_path: str) -> None:
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         await _send(rt, 500)
-        with sqlite3.connect(db_path) as db:
+        with contextlib.closing(sqlite3.connect(db_path)) as db:
             gone = db.execute("SELECT count(*) FROM journal WHERE message_id='m-3'").fetchone()
         assert gone == (0,)  # truncated away
         ack = await rt.ref(Counter, "c-1").signal(Counter.ping, Ping(v=3), message_id="m-3")
@@ -141,7 +142,7 @@ async def test_a_snapshot_that_does_not_restore_is_an_error_naming_the_entity(
 ) -> None:
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         await _send(rt, 150)
-    with sqlite3.connect(db_path) as db:
+    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
         db.execute("UPDATE snapshots SET state=x'00010203'")
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         with pytest.raises(corral.SnapshotRestoreError, match=r"Counter 'c-1'.*seq 100"):
