@@ -25,6 +25,7 @@ __all__ = [
     "PayloadTooLargeError",
     "SnapshotRestoreError",
     "StoreError",
+    "StoreUnavailableError",
     "UnauthorizedError",
     "UnknownEntityTypeError",
     "UnknownHandlerError",
@@ -164,6 +165,24 @@ class DefinitionMismatchError(CorralError):
 
 class StoreError(CorralError):
     """The store failed (I/O, corruption, lock timeout). The operation was not committed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached, or the connection was lost or timed out while
+    serving the call (PostgreSQL restarted, a connection killed, the network down).
+
+    Retryable: the store reconnects by itself, so the same call may simply be made
+    again; a send retried with the same message id is answered `duplicate` if the first
+    attempt did commit. `committed` is False when nothing can have been written and
+    None when the commit itself was in flight (its outcome unknown).
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, committed: bool | None = False,
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.committed = committed
 
 
 class LeaseLostError(StoreError):

@@ -1,6 +1,9 @@
-"""Durable storage behind the `Store` protocol; `SqliteStore` is the embedded default."""
+"""Durable storage behind the `Store` protocol: `SqliteStore` (the embedded default) and
+`PostgresStore` (`corral.persistence._postgres`, a shared database for clusters of
+several machines; imported only when a `postgresql://` store is opened)."""
 
 from ._codec import canonical_json, payload_hash
+from ._open import is_postgres_url, open_store
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -26,6 +29,8 @@ __all__ = [
     "Store",
     "UpdateOutcome",
     "canonical_json",
+    "is_postgres_url",
     "open_sqlite_store",
+    "open_store",
     "payload_hash",
 ]

@@ -479,6 +479,13 @@ class SqliteStore:
             return [(r[0], r[1]) for r in rows]
         return await self.read(q)
 
+    async def count_running(self, shard: int) -> int:
+        """Entities of `shard` whose run is running (passivated ones included)."""
+        def q(db: sqlite3.Connection) -> int:
+            return int(db.execute("SELECT count(*) FROM entities WHERE shard=? AND "
+                                  "status='running'", (shard,)).fetchone()[0])
+        return await self.read(q)
+
     async def update_outcome(self, etype: str, key: str, message_id: str
                              ) -> UpdateOutcome | None:
         def q(db: sqlite3.Connection) -> UpdateOutcome | None:

@@ -16,7 +16,7 @@ from corral.actors import (
 from corral.persistence import (
     DeadLetter,
     Store,
-    open_sqlite_store,
+    open_store,
 )
 
 from ._backend import Backend, LocalBackend
@@ -111,7 +111,9 @@ async def open_runtime(
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
 
     Args:
-        store: a SQLite path, `"sqlite:///path"`, `":memory:"` (non-durable), or a `Store`.
+        store: a SQLite path, `"sqlite:///path"`, `":memory:"` (non-durable), a
+            PostgreSQL URL `"postgresql://user:pw@host:port/db"` (the `postgres` extra;
+            for deployments on several machines), or a `Store`.
         entities: every entity type this process may address or host.
         shards: fixed for the life of a store (checked against it).
         host: whether this process takes shard leases and runs entities. Pure clients
@@ -122,9 +124,10 @@ async def open_runtime(
         poll_interval: how often a host checks for messages other processes accepted.
         backend: `"local"` (this process hosts) or `"ray"`: every shard is a named,
             detached Ray actor (`corral/<namespace>/shard-<k>`) hosting it, created on
-            first use; `host` is then ignored and `store` must be a file path that every
-            shard actor can open. Ray is started (`ray.init(address=address,
-            namespace=namespace)`) unless already initialized, and shut down on close
+            first use; `host` is then ignored and `store` must be a PostgreSQL URL or a
+            file path that every shard actor can open (so one machine). Ray is started
+            (`ray.init(address=address, namespace=namespace)`) unless already
+            initialized, and shut down on close
             only if started here. The shard actors tail the journal at most every
             50 ms (calls reach them directly; tailing only catches what a fenced-out
             predecessor accepted).
@@ -168,7 +171,7 @@ async def open_runtime(
     router = Router(shards)
     clock = clock or SystemClock()
     owned_store = isinstance(store, str)
-    the_store: Store = await open_sqlite_store(store, shards=shards) if isinstance(store, str) \
+    the_store: Store = await open_store(store, shards=shards) if isinstance(store, str) \
         else store
     local: LocalHost | None = None
     local_backend: LocalBackend | None = None

@@ -40,7 +40,14 @@ from corral._errors import (
     UnknownEntityTypeError,
 )
 from corral.actors import EntityDefinition
-from corral.persistence import Acceptance, AcceptResult, DeadLetter, RunRecord, UpdateOutcome
+from corral.persistence import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    RunRecord,
+    UpdateOutcome,
+    is_postgres_url,
+)
 
 from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name
 from ._results import EntityDescription
@@ -303,12 +310,16 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
                       poll_interval: float, actor_options: Mapping[str, Any] | None
                       ) -> tuple[RayBackend, PlacementRouter]:
     """Connect to (or start) Ray and build the client of the deployment `namespace`."""
-    if store.startswith("sqlite:///"):
-        store = store[len("sqlite:///"):]
-    if store in (":memory:", "sqlite://:memory:", ""):
-        raise ValueError("the Ray backend needs a store file every shard actor can open, "
-                         "not an in-memory store")
-    path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
+    if is_postgres_url(store):
+        path = store  # every actor, on any node, connects to the same database
+    else:
+        if store.startswith("sqlite:///"):
+            store = store[len("sqlite:///"):]
+        if store in (":memory:", "sqlite://:memory:", ""):
+            raise ValueError("the Ray backend needs a store every shard actor can open (a "
+                             "PostgreSQL URL, or a file on this machine), not an in-memory "
+                             "store")
+        path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         ray.init(address=address, namespace=namespace, log_to_driver=False)

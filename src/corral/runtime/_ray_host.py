@@ -1,7 +1,8 @@
 """The Ray side of the Ray backend: `ShardHost`, the body of every corral shard actor.
 
 A shard actor runs the same pieces as a local host, in its own worker process: it opens
-its own `SqliteStore` on the deployment's store file, runs a `LocalHost` restricted to
+its own store (the deployment's PostgreSQL database, or its SQLite file on a one-machine
+cluster), runs a `LocalHost` restricted to
 its one shard index, and serves the `Backend` operations through a `LocalBackend`.
 Its `__init__` takes the shard's lease with `takeover=True` before the actor serves a
 single call: Ray maps an actor name to one live incarnation, so a restarted actor fences
@@ -36,9 +37,9 @@ from corral.persistence import (
     AcceptResult,
     DeadLetter,
     RunRecord,
-    SqliteStore,
+    Store,
     UpdateOutcome,
-    open_sqlite_store,
+    open_store,
 )
 
 from ._backend import LocalBackend
@@ -135,7 +136,7 @@ class ShardHost:
         self._open = asyncio.Event()  # cleared while deciding to exit: calls wait
         self._open.set()
         self._exit_task: asyncio.Task[None] | None = None
-        self.store: SqliteStore = await open_sqlite_store(spec.store, shards=spec.shards)
+        self.store: Store = await open_store(spec.store, shards=spec.shards)
         try:
             self.host = LocalHost(
                 self.store, self.router, self.definitions, lease_ttl=spec.lease_ttl,
@@ -245,9 +246,7 @@ class ShardHost:
         shard = self.host.shard(self.index)
         if shard is not None and len(shard):
             return len(shard)
-        return await self.store.read(lambda db: int(db.execute(
-            "SELECT count(*) FROM entities WHERE shard=? AND status='running'", (self.index,)
-        ).fetchone()[0]))
+        return await self.store.count_running(self.index)
 
     async def _exit_when_idle(self, grace: float) -> None:
         import ray

@@ -1,0 +1,31 @@
+"""Choosing the store from where it lives: a SQLite file, or a PostgreSQL URL."""
+
+from __future__ import annotations
+
+from ._sqlite import open_sqlite_store
+from ._store import Store
+
+__all__ = ["is_postgres_url", "open_store"]
+
+_POSTGRES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(location: str) -> bool:
+    """Whether `location` names a PostgreSQL database (`postgresql://` or `postgres://`)."""
+    return location.startswith(_POSTGRES)
+
+
+async def open_store(location: str, *, shards: int) -> Store:
+    """Open the store at `location`: `postgresql://user:pw@host:port/db` (also
+    `postgres://`; needs the `postgres` extra, asyncpg), else a SQLite path,
+    `sqlite:///path` or `":memory:"`.
+
+    Raises:
+        StoreError: the store cannot be opened, was written by a newer corral, or has
+            another shard count.
+    """
+    if is_postgres_url(location):
+        from ._postgres import open_postgres_store  # asyncpg only when asked for
+
+        return await open_postgres_store(location, shards=shards)
+    return await open_sqlite_store(location, shards=shards)

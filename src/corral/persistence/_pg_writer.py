@@ -1,0 +1,211 @@
+"""`GroupCommit`: the one writer of a `PostgresStore`, group-committing queued ops.
+
+Every op queued while the previous batch was committing goes into the next
+transaction, on one connection held across batches, with no timer: light load gives
+one commit per op, heavy load batches by itself. Each caller awaits its own future,
+resolved only after its batch committed; a cancelled caller cancels only its own
+future (its op still commits).
+
+An op refuses by raising a `CorralError` before it writes, and only its caller gets
+that error. Any other failure (a driver error, a bug, a value the driver cannot bind)
+rolls the whole transaction back, and the batch runs again one op per transaction, so
+the op that fails fails alone, each caller with its own `StoreError` whose `__cause__`
+is the driver's error. A lost or timed-out connection fails every op of its batch with
+a `StoreUnavailableError` (retryable) and is dropped; the next batch takes a new one
+from the pool. Every path leaves the connection outside a transaction, or drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from corral._errors import CorralError, StoreError
+
+from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error
+
+__all__ = ["GroupCommit"]
+
+
+class _Batch:
+    __slots__ = ("futures", "ops")
+
+    def __init__(self) -> None:
+        self.ops: list[PgOp] = []
+        self.futures: list[asyncio.Future[Any]] = []  # one per op, same order
+
+
+class GroupCommit:
+    """Commits queued write ops in batches on one connection of `pool`.
+
+    `held` is the store's live set of shards it holds or is acquiring: acceptances for
+    them send no commit notification (this process hosts them and delivers its own).
+
+    Attributes:
+        commits: transactions committed (one per batch when all goes well).
+        ops_committed: write ops those transactions carried.
+    """
+
+    def __init__(self, pool: Any, token: str, held: set[int], *, timeout: float) -> None:
+        self._pool = pool
+        self._token = token  # the store's identity in commit notifications
+        self._held = held  # the store's shards: accepted for them, nobody is notified
+        self._timeout = timeout
+        self._conn: Any = None  # held across batches
+        self._batch: _Batch | None = None
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._committing = False
+        self._closed = False
+        self.commits = 0
+        self.ops_committed = 0
+
+    @property
+    def conn(self) -> Any:
+        """The connection the writer holds now (None between connections)."""
+        return self._conn
+
+    @property
+    def idle(self) -> bool:
+        """No write is queued or committing."""
+        return self._batch is None and not self._committing
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="corral-pg-writer")
+
+    async def write(self, op: PgOp) -> Any:
+        """Apply `op` in the next group-commit transaction; return its result once durable."""
+        if self._closed:
+            raise StoreError("store is closed")
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
+            self._wakeup.set()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        batch.ops.append(op)
+        batch.futures.append(future)
+        result = await future  # cancelling the caller cancels only this future
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def close(self) -> None:
+        """Commit what is queued, then give the connection back to the pool."""
+        self._closed = True
+        if self._task is not None:
+            self._wakeup.set()  # the loop commits what is queued, then returns
+            await self._task
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn, timeout=self._timeout)
+
+    async def _loop(self) -> None:
+        while not (self._closed and self._batch is None):
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch, self._batch = self._batch, None
+            if batch is None:
+                continue
+            self._committing = True
+            try:
+                results = await self._apply_batch(batch.ops)
+            except Exception as err:  # a bug here must not leave callers waiting
+                results = [store_error("store write failed", err) for _ in batch.ops]
+            finally:
+                self._committing = False
+            for future, result in zip(batch.futures, results, strict=True):
+                if not future.done():  # done = its caller was cancelled
+                    future.set_result(result)
+
+    async def _apply_batch(self, ops: list[PgOp]) -> list[Any]:
+        """One transaction for the batch; on failure, one per op (see the module doc)."""
+        try:
+            return await self._commit(ops)
+        except _CommitFailed as failed:
+            if failed.connection_lost or len(ops) == 1:
+                return [failed.error_for(len(ops) > 1) for _ in ops]
+        results: list[Any] = []
+        for op in ops:  # isolate the failing op: nothing of the batch was committed
+            try:
+                results.extend(await self._commit([op]))
+            except _CommitFailed as one:
+                results.append(one.error_for(False))
+        return results
+
+    async def _commit(self, ops: list[PgOp]) -> list[Any]:
+        """Apply `ops` in one transaction and commit; on any failure roll back (or drop
+        the connection) and raise `_CommitFailed`."""
+        sent_commit = False
+        try:
+            conn = await self._connection()
+            txn, plan = PgTxn(conn, self._token, frozenset(self._held)), LockPlan()
+            for op in ops:
+                op.plan(plan)
+            await conn.execute("BEGIN")
+            await txn.lock(plan)
+            results = [await self._apply(txn, op) for op in ops]
+            await txn.flush()
+            sent_commit = True
+            await conn.execute("COMMIT")
+        except Exception as err:
+            lost = is_connection_error(err) or self._conn is None or self._conn.is_closed()
+            await (self._drop() if lost else self._rollback())
+            raise _CommitFailed(err, lost, committed=None if sent_commit else False) from err
+        except BaseException:  # cancelled mid-transaction (the loop is closing)
+            await self._drop()
+            raise
+        self.commits += 1
+        self.ops_committed += len(ops)
+        return results
+
+    @staticmethod
+    async def _apply(txn: PgTxn, op: PgOp) -> Any:
+        if not op.buffered:
+            await txn.flush()  # other ops may read or change buffered rows
+        try:
+            return await op.apply(txn)
+        except CorralError as err:  # a refusal: raised before the op wrote anything
+            return err
+
+    async def _connection(self) -> Any:
+        if self._conn is None or self._conn.is_closed():
+            await self._drop()
+            self._conn = await self._pool.acquire(timeout=self._timeout)
+        return self._conn
+
+    async def _rollback(self) -> None:
+        conn = self._conn
+        if conn is None or conn.is_closed() or not conn.is_in_transaction():
+            return
+        try:
+            await conn.execute("ROLLBACK", timeout=self._timeout)
+        except Exception:  # a connection that cannot even roll back is not reused
+            await self._drop()
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if not conn.is_closed():
+            conn.terminate()
+        with contextlib.suppress(Exception):
+            await self._pool.release(conn)
+
+
+class _CommitFailed(Exception):
+    """A batch's transaction failed (rolled back, or its connection dropped)."""
+
+    def __init__(self, cause: Exception, connection_lost: bool, *,
+                 committed: bool | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.connection_lost = connection_lost
+        self.committed = committed
+
+    def error_for(self, in_batch: bool) -> StoreError:
+        """A fresh error for one caller (each caller gets its own object)."""
+        what = "store write failed" if self.connection_lost or in_batch else \
+            "store write failed, nothing committed"
+        return store_error(what, self.cause, committed=self.committed)
