@@ -39,6 +39,7 @@ from corral.persistence import (
     RunRecord,
     Store,
     UpdateOutcome,
+    is_postgres_url,
     open_store,
 )
 
@@ -319,6 +320,7 @@ class ShardHost:
             "node_id": ctx.get_node_id(), "owner": self.host.owner,
             "epoch": shard.fence.epoch if shard else None, "hosted": len(shard) if shard else 0,
             "entity_types": sorted(self.definitions),
+            "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
         }
 
     async def crash(self, owner: str) -> None:
