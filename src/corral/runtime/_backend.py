@@ -33,7 +33,7 @@ from ._apply import ReplicaContext, apply_entry, run_query
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._results import EntityDescription, RunSummary
-from ._shard import Shard
+from ._shard import Shard, ShardStopped
 from ._snapshot import rebuild
 
 __all__ = ["Backend", "LocalBackend", "ShardOf"]
@@ -124,17 +124,18 @@ class LocalBackend:
                         return await asyncio.wait_for(asyncio.shield(local), 0.5)
                     except asyncio.TimeoutError:
                         pass
-                    except asyncio.CancelledError:
-                        if not local.cancelled():
-                            raise  # our caller was cancelled
-                        # The shard stopped here (lease lost, host closing): the next
-                        # owner applies the update and records it; poll for it.
+                    except ShardStopped:
+                        # Lease lost or host closing: the next owner applies the update
+                        # and records it; poll the store for it. (Never a cancellation
+                        # swallowed: a cancelled caller stays cancelled.)
                         local = None
                 else:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.1)
         finally:
             if local is not None:
+                if local.done() and not local.cancelled():
+                    local.exception()  # retrieved: no "never retrieved" log
                 local.cancel()
 
     async def _refuse_if_closed(self, etype: str, key: str, message_id: str) -> None:

@@ -20,10 +20,15 @@ from corral.persistence import Fence, JournalEntry, Store, UpdateOutcome
 from ._activation import Activation
 from ._clock import Clock
 
-__all__ = ["Shard"]
+__all__ = ["Shard", "ShardStopped"]
 
 log = logging.getLogger("corral.shard")
 _Ident = tuple[str, str]
+
+
+class ShardStopped(Exception):
+    """Set on the update waiters of a shard that stops here (lease lost, host closing):
+    the update is still durable, and the next owner applies and records it."""
 
 
 class Shard:
@@ -68,7 +73,7 @@ class Shard:
         for waiters in self._update_waiters.values():
             for fut in waiters:
                 if not fut.done():
-                    fut.cancel()
+                    fut.set_exception(ShardStopped(f"shard {self.index} stopped here"))
         self._update_waiters.clear()
 
     # -- routing entries to activations ----------------------------------------------
