@@ -9,9 +9,7 @@ of different tests never mix.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -19,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 import corral
-from corral.persistence import SqliteStore
+from corral.persistence import Store
 from procs import wait_until
 
 # -- recording -----------------------------------------------------------------------
@@ -233,7 +231,7 @@ class Unregistered(corral.Entity):
 ALL_ENTITIES: list[type[corral.Entity]] = [Ticket, Inbox, Job, JobFailedOnly, JobReject]
 
 
-# -- waiting and store inspection ----------------------------------------------------
+# -- waiting -------------------------------------------------------------------------
 
 
 async def wait_applied(ref: corral.EntityRef[Any], seq: int) -> None:
@@ -246,36 +244,14 @@ async def wait_applied(ref: corral.EntityRef[Any], seq: int) -> None:
     await wait_until(applied, f"{ref!r} applies seq {seq}")
 
 
-def store_rows(path: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, read with plain sqlite3 (leases only counted: renewals
-    move their expiry)."""
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        names = [r[0] for r in db.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
-        rows: dict[str, list[tuple[Any, ...]]] = {}
-        for name in names:
-            if name == "leases":
-                rows[name] = [db.execute('SELECT count(*) FROM "leases"').fetchone()]
-            else:
-                rows[name] = sorted(db.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
-        return rows
-
-
-def row_counts(path: str) -> dict[str, int]:
-    """Row count of every table in the store file."""
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {n: db.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in names}
-
-
 # -- a store that can hold the host at chosen points ----------------------------------
 
 
 class GatedStore:
-    """Wraps a `SqliteStore`; can hold `latest_run`/`journal` reads or run a hook before
+    """Wraps a store (either kind); can hold `latest_run`/`journal` reads or run a hook before
     `close_run`, to open the windows the guarantees are about."""
 
-    def __init__(self, inner: SqliteStore) -> None:
+    def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.gated: set[str] = set()
         self.gate = asyncio.Event()
@@ -340,7 +316,5 @@ __all__ = [
     "events_of",
     "fresh_key",
     "record",
-    "row_counts",
-    "store_rows",
     "wait_applied",
 ]

@@ -2,13 +2,13 @@
 
 Roles:
 
-- `churn`: open the store as a host, wait until this process holds the shards of the
-  `ChurnLedger` and `ChurnMailbox` entities (after a SIGKILLed predecessor's lease
-  expired), append `hosting` to `--status`, then stream signals to both from
-  `--senders` concurrent senders until killed. Each acknowledged signal is appended to
-  `--acklog` as one line `etype key mid seq run_id`, in one `write()` after its ack.
-  The entities snapshot every 5 signals and continue as new every ~40, so a SIGKILL at
-  any moment lands near a snapshot or a continue-as-new.
+- `churn`: open the store (`--db`: a SQLite file or a PostgreSQL URL) as a host, wait
+  until this process holds the shards of the `ChurnLedger` and `ChurnMailbox` entities
+  (taken from a SIGKILLed predecessor), append `hosting` to `--status`, then stream
+  signals to both from `--senders` concurrent senders until killed. Each acknowledged
+  signal is appended to `--acklog` as one line `etype key mid seq run_id`, in one
+  `write()` after its ack. The entities snapshot every 5 signals and continue as new
+  every ~40, so a SIGKILL at any moment lands near a snapshot or a continue-as-new.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Worker process for tests/test_multiprocess.py: `python mp_worker.py ROLE --db PATH ...`.
+"""Worker process for tests/test_multiprocess.py: `python mp_worker.py ROLE --db STORE ...`.
 
-Each role opens a corral runtime on the shared store file and reports what it saw
+Each role opens a corral runtime on the shared store (`--db`: a SQLite file or a
+PostgreSQL URL, as the test's `db_path`) and reports what it saw
 through files the test reads (acks as JSON or one line per ack). Roles:
 
 - `swarm`: wait for a go file, open the runtime, report ready, wait for a fire file,

@@ -1,4 +1,4 @@
-"""Shared test helpers: reading the store file, polling, and worker subprocesses.
+"""Shared test helpers: polling, and worker subprocesses (and `sql`, from `stores`).
 
 A plain module (not a conftest): test modules import it by name, `from procs import ...`,
 as they do `entities` (pytest puts `tests/` on `sys.path`).
@@ -11,21 +11,17 @@ import contextlib
 import inspect
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+
+from stores import sql
+
+__all__ = ["TESTS", "Worker", "spawner", "sql", "wait_until"]
 
 TESTS = Path(__file__).resolve().parent
-
-
-def sql(db_path: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Run one query on the store file with plain sqlite3; all its rows."""
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return db.execute(query, params).fetchall()
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,

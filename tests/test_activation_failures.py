@@ -3,16 +3,15 @@ messages (guarantee 14): it is retried with backoff, then the run fails visibly.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sqlite3
 
 import pytest
 from pydantic import BaseModel
 
 import corral
 from entities import Reply, fresh_key
-from procs import sql, wait_until
+from procs import wait_until
+from stores import sql
 
 FAST_RETRY = corral.RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.05)
 
@@ -159,8 +158,7 @@ async def test_a_snapshot_that_does_not_restore_fails_the_run_with_the_restore_e
         await rt.ref(Snappy, key).signal_with_start(Snappy.reply, Reply(text="a"), start=None)
         await wait_until(lambda: sql(db_path, "SELECT count(*) FROM snapshots") == [(1,)],
                          "the snapshot is written")
-    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
-        db.execute("UPDATE snapshots SET state=x'00010203'")
+    sql(db_path, "UPDATE snapshots SET state=?", b"\x00\x01\x02\x03")
     async with corral.open_runtime(db_path, entities=[Snappy]) as rt:
         with pytest.raises(corral.EntityFailedError, match="SnapshotRestoreError"):
             await rt.ref(Snappy, key).result(timeout=10)

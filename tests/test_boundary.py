@@ -22,10 +22,9 @@ from entities import (
     Ticket,
     Unregistered,
     fresh_key,
-    store_rows,
     wait_applied,
 )
-from procs import sql
+from stores import sql, store_rows
 
 START = Start(tenant="acme")
 LIMITS = corral.Limits(max_payload_bytes=512, max_key_length=64)

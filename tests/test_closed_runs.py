@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import corral
-from corral.persistence import open_sqlite_store
+from corral.persistence import open_store
 from entities import (
     ALL_ENTITIES,
     Finish,
@@ -22,9 +22,9 @@ from entities import (
     Ticket,
     events_of,
     fresh_key,
-    row_counts,
 )
 from procs import wait_until
+from stores import row_counts
 
 START = Start(tenant="acme")
 
@@ -196,7 +196,7 @@ async def test_a_signal_accepted_just_before_run_returns_is_applied_before_the_r
     """Another process accepts a signal after `run()` returned but before the close
     committed, and this host has not seen it yet: the close must wait for it."""
     key = fresh_key("job")
-    store = GatedStore(await open_sqlite_store(db_path, shards=16))
+    store = GatedStore(await open_store(db_path, shards=16))
     late: list[corral.Ack] = []
     try:
         # A long poll interval: only the close itself can find the late signal.

@@ -26,7 +26,8 @@ from bounded_entities import (
     StormLedger,
     StormMailbox,
 )
-from procs import sql, wait_until
+from procs import wait_until
+from stores import sql
 
 SENDERS, PER_SENDER = 4, 500
 TOTAL = SENDERS * PER_SENDER

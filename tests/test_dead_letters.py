@@ -25,7 +25,8 @@ from pydantic import BaseModel
 
 import corral
 from corral.persistence import Fence
-from procs import Worker, sql, wait_until
+from procs import Worker, wait_until
+from stores import sql
 
 
 class Init(BaseModel):

@@ -19,10 +19,9 @@ from entities import (
     Ticket,
     assert_init_first,
     fresh_key,
-    row_counts,
     wait_applied,
 )
-from procs import sql
+from stores import row_counts, sql
 
 START = Start(tenant="acme")
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 
 import pytest
 from pydantic import BaseModel
 
 import corral
+from stores import sql
 
 
 class Note(BaseModel):
@@ -45,8 +44,7 @@ async def _send(ref: corral.EntityRef[Windowed], ids: range) -> list[corral.Ack]
 
 
 def _remembered(db_path: str, etype: str) -> int:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return int(db.execute("SELECT count(*) FROM dedupe WHERE etype=?", (etype,)).fetchone()[0])
+    return int(sql(db_path, "SELECT count(*) FROM dedupe WHERE etype=?", etype)[0][0])
 
 
 async def test_ids_beyond_the_count_window_are_forgotten_and_recent_ones_still_dedupe(

@@ -4,16 +4,14 @@ caller, and never a bare cancellation for a caller whose shard moved."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import pickle
-import sqlite3
 
 import pytest
 from pydantic import BaseModel
 
 import corral
 from entities import Assign, Job, Reply, Start, Ticket, fresh_key
-from procs import sql
+from stores import sql
 
 START = Start(tenant="acme")
 
@@ -91,9 +89,8 @@ async def test_an_update_in_flight_across_a_lease_loss_gets_its_result_from_the_
                                                             update_id="u-1"))
         await asyncio.wait_for(Gated.PARKED.wait(), 10)
         # Another process fences the first out: a newer epoch, and an expired lease.
-        with contextlib.closing(sqlite3.connect(db_path)) as db, db:
-            db.execute("UPDATE leases SET owner='thief', epoch=epoch+1, expires_at=0 "
-                       "WHERE shard=?", (ref.shard,))
+        sql(db_path, "UPDATE leases SET owner='thief', epoch=epoch+1, expires_at=0 "
+                     "WHERE shard=?", ref.shard)
         Gated.OPEN.set()  # the next owner's replay does not park
         async with corral.open_runtime(db_path, entities=[Gated], lease_ttl=0.6) as second:
             assert await asyncio.wait_for(waiting, 20) == 40

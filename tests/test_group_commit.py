@@ -1,18 +1,20 @@
 """Failures stay where they belong (guarantee 14): one op that fails inside a group
-commit fails only its own caller, and every error path leaves the connection clean."""
+commit fails only its own caller, and every error path leaves the connection clean.
+
+The injected failing ops are written against each store's own transaction (`txn.db`,
+a sqlite3 connection; `txn.conn`, an asyncpg one), and fail the same two ways on both."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 import corral
-from corral.persistence import SqliteStore
 from entities import Reply, Start, Ticket, fresh_key, wait_applied
-from procs import sql
+from stores import is_postgres, sql
 
 START = Start(tenant="acme")
 
@@ -36,10 +38,49 @@ class HalfWrittenOp:
         raise RuntimeError("op bug after a write")
 
 
-def store_of(rt: corral.Runtime) -> SqliteStore:
-    store = rt.store
-    assert isinstance(store, SqliteStore)
-    return store
+@dataclass(frozen=True)
+class PgUnbindableOp:
+    """`UnbindableOp` in a `PostgresStore` batch: asyncpg cannot encode the value."""
+
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: Any) -> None:
+        pass
+
+    async def apply(self, txn: Any) -> None:
+        await txn.conn.execute("INSERT INTO timers (etype, key, run_id, timer_id, shard, "
+                               "due_at) VALUES ($1, 'k', 1, 't', 0, 0)", "\ud800")
+
+
+@dataclass(frozen=True)
+class PgHalfWrittenOp:
+    """`HalfWrittenOp` in a `PostgresStore` batch."""
+
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: Any) -> None:
+        pass
+
+    async def apply(self, txn: Any) -> None:
+        await txn.conn.execute("INSERT INTO timers (etype, key, run_id, timer_id, shard, "
+                               "due_at) VALUES ('Ghost', 'k', 1, 't', 0, 0)")
+        raise RuntimeError("op bug after a write")
+
+
+def caused_by(err: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `err`'s chain of causes holds a `kind` (asyncpg wraps the encoding error
+    that sqlite3 raises bare)."""
+    cause = err.__cause__
+    while cause is not None and not isinstance(cause, kind):
+        cause = cause.__cause__ or cause.__context__
+    return cause is not None
+
+
+def failing_ops(db_path: str) -> tuple[Any, Any]:
+    """(an op that fails at bind time, an op that fails after a write), for this store."""
+    if is_postgres(db_path):
+        return PgUnbindableOp(), PgHalfWrittenOp()
+    return UnbindableOp(), HalfWrittenOp()
 
 
 async def test_a_failing_op_in_a_batch_of_valid_sends_fails_alone_with_its_own_error(
@@ -47,19 +88,20 @@ async def test_a_failing_op_in_a_batch_of_valid_sends_fails_alone_with_its_own_e
 ) -> None:
     keys = [fresh_key() for _ in range(20)]
     async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
-        store = store_of(rt)
+        store: Any = rt.store
+        unbindable, half_written = failing_ops(db_path)
         sends = [rt.ref(Ticket, k).signal_with_start(Ticket.reply, Reply(text="ok"),
                                                      start=START, message_id=f"m-{k}")
                  for k in keys]
         results = await asyncio.gather(
-            store.write(UnbindableOp()), *sends[:10], store.write(HalfWrittenOp()),
+            store.write(unbindable), *sends[:10], store.write(half_written),
             *sends[10:], return_exceptions=True)
         bad = [results[0], results[11]]
         acks = results[1:11] + results[12:]
         assert all(isinstance(a, corral.Ack) and a.status == "accepted" for a in acks), acks
         assert all(isinstance(e, corral.StoreError) for e in bad), bad
         assert bad[0] is not bad[1]
-        assert isinstance(bad[0].__cause__, UnicodeEncodeError)
+        assert caused_by(bad[0], UnicodeEncodeError)
         assert isinstance(bad[1].__cause__, RuntimeError)
         # The connection is clean: the next send commits.
         after = await rt.ref(Ticket, keys[0]).signal(Ticket.reply, Reply(text="next"))
@@ -73,12 +115,13 @@ async def test_a_batch_that_fails_whole_gives_each_caller_a_distinct_error_with_
     db_path: str,
 ) -> None:
     async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
-        store = store_of(rt)
-        errors = await asyncio.gather(*(store.write(UnbindableOp()) for _ in range(5)),
+        store: Any = rt.store
+        unbindable, _ = failing_ops(db_path)
+        errors = await asyncio.gather(*(store.write(unbindable) for _ in range(5)),
                                       return_exceptions=True)
         assert all(isinstance(e, corral.StoreError) for e in errors)
         assert len({id(e) for e in errors}) == 5
-        assert all(isinstance(e.__cause__, UnicodeEncodeError) for e in errors
+        assert all(caused_by(e, UnicodeEncodeError) for e in errors
                    if isinstance(e, BaseException))
         ack = await rt.ref(Ticket, fresh_key()).signal_with_start(
             Ticket.reply, Reply(text="ok"), start=START)

@@ -1,5 +1,6 @@
-"""Several OS processes on one store file: atomic start, durable acks, takeover, fencing.
+"""Several OS processes on one store: atomic start, durable acks, takeover, fencing.
 
+Every test runs on both stores (`db_path`: one SQLite file, or one PostgreSQL database).
 Workers are real processes (`tests/mp_worker.py`, run with `sys.executable`) sharing the
 entity classes of `tests/mp_entities.py`; they report through files under `tmp_path`.
 Crashes are real `SIGKILL`s. Leases are short (`lease_ttl=1.0`) so a survivor takes a
@@ -26,11 +27,12 @@ from corral.persistence import (
     EntryKind,
     Fence,
     UpdateOutcome,
-    open_sqlite_store,
+    open_store,
     payload_hash,
 )
 from mp_entities import Clocked, Job, Note, Pipeline, Recorder, Start
-from procs import Worker, spawner, sql, wait_until
+from procs import Worker, spawner, wait_until
+from stores import leased_owners, sql, tables
 
 WORKER = Path(__file__).resolve().parent / "mp_worker.py"
 ENTITIES: list[type[corral.Entity]] = [Clocked, Pipeline, Recorder]
@@ -58,7 +60,7 @@ async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = 90.0) -> 
         worker.check_exited_cleanly()
 
 
-# -- reading the store file directly ---------------------------------------------------
+# -- reading the store directly --------------------------------------------------------
 
 
 def journal_ids(db_path: str, etype: str, key: str) -> list[str]:
@@ -69,9 +71,7 @@ def journal_ids(db_path: str, etype: str, key: str) -> list[str]:
 
 def dump(db_path: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, for comparing the whole store before and after."""
-    tables = [r[0] for r in sql(db_path, "SELECT name FROM sqlite_master WHERE type='table' "
-                                         "ORDER BY name")]
-    return {t: sorted(sql(db_path, f"SELECT * FROM {t}"), key=repr) for t in tables}
+    return {t: sorted(sql(db_path, f"SELECT * FROM {t}"), key=repr) for t in tables(db_path)}
 
 
 async def caught_up(ref: corral.EntityRef[Any]) -> bool:
@@ -223,9 +223,9 @@ async def test_signals_accepted_by_a_non_hosting_process_reach_the_owner_and_are
         await wait_until(lambda: caught_up(ref), "the owner applied the client's signals",
                          timeout=WAIT)
         stamps = (await ref.query(Clocked.applied)).items
-        owners = sql(db_path, "SELECT DISTINCT owner FROM leases")
+        owners = leased_owners(db_path)
     assert [s.mid for s in stamps] == [a["mid"] for a in acks]
-    assert owners == [(rt.host.owner,)], "the pure client took a lease"
+    assert owners == {rt.host.owner}, "the pure client took a lease"
 
     accepted_at = dict(sql(db_path, "SELECT message_id, accepted_at FROM journal WHERE key=?",
                            key))
@@ -291,8 +291,8 @@ async def test_a_zombie_host_writing_with_a_fence_from_an_older_epoch_gets_lease
         await ref.signal_with_start(Recorder.note, Note(mid="n-1"), start=Start(),
                                     message_id="n-1")
         shard = ref.shard
-    zombie = await open_sqlite_store(db_path, shards=SHARDS)
-    owner_b = await open_sqlite_store(db_path, shards=SHARDS)
+    zombie = await open_store(db_path, shards=SHARDS)
+    owner_b = await open_store(db_path, shards=SHARDS)
     try:
         update = "u-1"
         await zombie.accept(Acceptance(

@@ -22,7 +22,8 @@ from bounded_entities import (
     Start,
     Wake,
 )
-from procs import sql, wait_until
+from procs import wait_until
+from stores import sql
 
 ENTITIES: list[type[corral.Entity]] = [Patient, Reminder, Sleepy, SleepyReminder]
 

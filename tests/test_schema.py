@@ -1,5 +1,9 @@
 """Versioned schema: a store made by an earlier corral is upgraded when opened; a store
-written by a newer corral is refused, naming both versions."""
+written by a newer corral is refused, naming both versions.
+
+The upgrade and refusal tests are about SQLite files (a schema-1 file made by an earlier
+corral, edited with sqlite3); `test_postgres_store.py` refuses a newer or re-sharded
+PostgreSQL store. A new store is created at the current version on both stores."""
 
 from __future__ import annotations
 
@@ -11,18 +15,23 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.persistence import open_sqlite_store
+from corral.persistence import open_sqlite_store, open_store
+from corral.persistence._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from corral.persistence._schema import SCHEMA_VERSION
 from entities import Job, Reply, Start, Ticket, wait_applied
-from procs import sql
+from stores import is_postgres, sql
 
 SCHEMA_1 = Path(__file__).parent / "data" / "store-schema-1.db"
 """Made by corral at schema 1: Ticket 'ticket-1' running with replies r0-r2, Job
 'job-1' completed."""
 
 
-def indexes(path: str) -> set[str]:
-    return {r[0] for r in sql(path, "SELECT name FROM sqlite_master WHERE type='index'")}
+def indexes(location: str) -> set[str]:
+    if is_postgres(location):
+        query = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    else:
+        query = "SELECT name FROM sqlite_master WHERE type='index'"
+    return {r[0] for r in sql(location, query)}
 
 
 async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path: Path) -> None:
@@ -44,9 +53,11 @@ async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path
 
 
 async def test_a_new_store_is_created_at_the_current_version(db_path: str) -> None:
-    store = await open_sqlite_store(db_path, shards=4)
+    store = await open_store(db_path, shards=4)
     await store.close()
-    assert sql(db_path, "SELECT v FROM meta WHERE k='schema_version'") == [(str(SCHEMA_VERSION),)]
+    version = PG_SCHEMA_VERSION if is_postgres(db_path) else SCHEMA_VERSION
+    assert sql(db_path, "SELECT k, v FROM meta ORDER BY k") == [
+        ("schema_version", str(version)), ("shards", "4")]
     assert {"timers_shard_due", "entities_status"} <= indexes(db_path)
 
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 import corral
-from corral.persistence import open_sqlite_store
+from corral.persistence import open_store
 from entities import (
     ALL_ENTITIES,
     GatedStore,
@@ -24,7 +24,7 @@ from entities import (
     fresh_key,
     wait_applied,
 )
-from procs import sql
+from stores import sql
 
 
 def no_corral_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -142,7 +142,7 @@ async def test_messages_arriving_while_an_activation_loads_are_buffered_not_run_
         await wait_applied(ref, 5)
     before = len(events_of(key))
 
-    store = GatedStore(await open_sqlite_store(db_path, shards=16))
+    store = GatedStore(await open_store(db_path, shards=16))
     store.hold(held)
     try:
         async with corral.open_runtime(store, entities=ALL_ENTITIES, shards=16) as rt:

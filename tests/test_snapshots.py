@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel
 
 import corral
+from stores import sql
 
 
 class Init(BaseModel):
@@ -69,8 +68,7 @@ class Custom(corral.Entity):
 
 
 def _rows(db_path: str, table: str) -> int:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    return int(sql(db_path, f"SELECT count(*) FROM {table}")[0][0])
 
 
 async def _send(rt: corral.Runtime, n: int, start: int = 0) -> None:
@@ -113,9 +111,8 @@ async def test_journal_and_snapshot_rows_stay_bounded_by_the_policy(db_path: str
 async def test_a_message_id_seen_before_truncation_is_still_a_duplicate(db_path: str) -> None:
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         await _send(rt, 500)
-        with contextlib.closing(sqlite3.connect(db_path)) as db:
-            gone = db.execute("SELECT count(*) FROM journal WHERE message_id='m-3'").fetchone()
-        assert gone == (0,)  # truncated away
+        gone = sql(db_path, "SELECT count(*) FROM journal WHERE message_id='m-3'")
+        assert gone == [(0,)]  # truncated away
         ack = await rt.ref(Counter, "c-1").signal(Counter.ping, Ping(v=3), message_id="m-3")
         assert ack.status == "duplicate"
         with pytest.raises(corral.IdempotencyConflictError):
@@ -142,8 +139,7 @@ async def test_a_snapshot_that_does_not_restore_is_an_error_naming_the_entity(
 ) -> None:
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         await _send(rt, 150)
-    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
-        db.execute("UPDATE snapshots SET state=x'00010203'")
+    sql(db_path, "UPDATE snapshots SET state=?", b"\x00\x01\x02\x03")
     async with corral.open_runtime(db_path, entities=[Counter]) as rt:
         with pytest.raises(corral.SnapshotRestoreError, match=r"Counter 'c-1'.*seq 100"):
             await rt.ref(Counter, "c-1").query(Counter.values)

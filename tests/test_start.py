@@ -8,7 +8,7 @@ import pytest
 import corral
 import corral.testing
 from entities import Job, JobReject, Start, fresh_key
-from procs import sql
+from stores import sql
 from test_testing import DAY, Reminder
 
 

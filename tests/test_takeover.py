@@ -1,5 +1,7 @@
 """A SIGKILLed host's shards are taken over at once, not after its lease expires: the
-kernel drops the host's OS lock on each shard lease when the process dies."""
+kernel drops the host's OS lock on each shard lease when the process dies (SQLite), and
+the server drops its session's advisory lock on each shard when the connection ends
+(PostgreSQL). While the holder lives, nobody takes its shards before they expire."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import corral
-from procs import TESTS, Worker, spawner, sql, wait_until
+from procs import TESTS, Worker, spawner, wait_until
+from stores import leased_owners, sql
 from takeover_entities import Alarm
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL and flock")
@@ -56,4 +59,4 @@ async def test_a_live_holder_keeps_its_shards_however_often_another_process_star
             assert second.host is not None
             assert second.host.shards == {}  # locks held by a live process: no takeover
         assert len(first.host.shards) == 4
-        assert {o for (o,) in sql(db_path, "SELECT owner FROM leases")} == {first.host.owner}
+        assert leased_owners(db_path) == {first.host.owner}

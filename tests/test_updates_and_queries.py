@@ -23,9 +23,8 @@ from entities import (
     assert_init_first,
     events_of,
     fresh_key,
-    row_counts,
 )
-from procs import sql
+from stores import row_counts, sql
 
 START = Start(tenant="acme")
 
