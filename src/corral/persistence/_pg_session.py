@@ -59,6 +59,7 @@ class HostSession:
         self._busy = asyncio.Lock()  # one query at a time on the session
         self._locked: set[int] = set()  # shards whose advisory lock this session holds
         self._hit = False
+        self._heard = asyncio.Event()  # set with _hit: a waiting tail wakes at once
         self._last = time.monotonic()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closed = False
@@ -78,6 +79,16 @@ class HostSession:
         self._conn = conn
 
     # -- commits ------------------------------------------------------------------
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a foreign commit; then answer as `seen`."""
+        if not self._hit and self._up():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), timeout)
+        elif not self._hit:
+            await asyncio.sleep(timeout)  # reconnecting: `seen` polls meanwhile
+        self._heard.clear()
+        return self.seen()
 
     def seen(self) -> bool:
         """Whether to tail now: a foreign commit was heard (or may have been missed)."""
@@ -103,10 +114,12 @@ class HostSession:
             return  # our own commit: this process delivered those entries itself
         if shards == "*" or not self._held:
             self._hit = True
+            self._heard.set()
             return
         with contextlib.suppress(ValueError):
             if not self._held.isdisjoint(int(s) for s in shards.split(",") if s):
                 self._hit = True
+                self._heard.set()
 
     # -- shard locks ----------------------------------------------------------------
 

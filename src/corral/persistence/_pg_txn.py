@@ -45,9 +45,12 @@ Seen = tuple[int, int, bytes, str | None, float]  # seq, run_id, hash, sender, a
 
 
 def is_connection_error(err: BaseException) -> bool:
-    """Whether `err` means the connection (not the op) failed: lost, closed, timed out."""
+    """Whether `err` means the connection (not the op) failed: lost, closed, timed out,
+    or caught mid-reconnect (asyncpg's "another operation is in progress" while a
+    server restarts)."""
     return isinstance(err, OSError | asyncio.TimeoutError | asyncpg.PostgresConnectionError
-                      | asyncpg.InterfaceError | asyncpg.exceptions.OperatorInterventionError)
+                      | asyncpg.InterfaceError | asyncpg.exceptions.OperatorInterventionError
+                      | asyncpg.exceptions.InternalClientError)
 
 
 def store_error(what: str, cause: BaseException, *, committed: bool | None = False

@@ -252,6 +252,11 @@ class PostgresStore:
         except Exception as err:  # a driver error, a lost connection, a value it cannot bind
             raise store_error("store read failed", err) from err
 
+    async def wait_foreign_commit(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for another process's commit for a shard held
+        here; woken at once by its NOTIFY."""
+        return await self._session.wait(timeout)
+
     async def foreign_commit_seen(self) -> bool:
         """Whether another process accepted entries (for a shard held here) since the
         last call: at once through LISTEN/NOTIFY, else at least every `poll_fallback`."""

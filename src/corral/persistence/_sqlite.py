@@ -62,6 +62,24 @@ _MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
 _JOURNAL_COLS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
 
 
+async def _busy_retry(execute: Callable[[str], Awaitable[Any]], statement: str, *,
+                      wait: float = 30.0) -> None:
+    """Execute `statement`, retrying while the file is locked. Switching a new file to
+    WAL answers "database is locked" at once, without the busy timeout, when several
+    processes open it at the same moment."""
+    deadline = asyncio.get_running_loop().time() + wait
+    delay = 0.005
+    while True:
+        try:
+            await execute(statement)
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
 def _store_error(what: str, cause: Exception) -> StoreError:
     """A `StoreError` of its own for one caller, with the driver's error as its cause."""
     err = StoreError(f"{what}: {type(cause).__name__}: {cause}")
@@ -119,8 +137,9 @@ class SqliteStore:
         target = self.path if self.durable else ":memory:"
         try:
             self._writer = await aiosqlite.connect(target, isolation_level=None)
+            writer = self._writer
             for pragma in PRAGMAS:
-                await self._writer.execute(pragma)
+                await _busy_retry(writer.execute, pragma)
             self._refuse_newer(await self._stored_version())  # before any DDL
             await self._writer.executescript(DDL)
             await self._check_meta(shards)
@@ -272,6 +291,12 @@ class SqliteStore:
         if self._data_version is not None and version != self._data_version:
             self._foreign_commit = True
         self._data_version = version
+
+    async def wait_foreign_commit(self, timeout: float) -> bool:
+        """Sleep `timeout` seconds, then say whether another process committed (SQLite
+        has no notification: this is the poll)."""
+        await asyncio.sleep(timeout)
+        return await self.foreign_commit_seen()
 
     async def foreign_commit_seen(self) -> bool:
         """Whether another process committed since the last call (cheap; no transaction)."""

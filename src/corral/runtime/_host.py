@@ -141,9 +141,8 @@ class LocalHost:
     async def _tail_journal(self) -> None:
         """Deliver entries other processes accepted for our shards (pickup latency ~ interval)."""
         while True:
-            await asyncio.sleep(self._poll_interval)
             try:
-                if not await self.store.foreign_commit_seen():
+                if not await self.store.wait_foreign_commit(self._poll_interval):
                     continue
                 before = -1
                 while self._cursor != before:  # until a read returns nothing new
