@@ -1,9 +1,10 @@
-"""Durable acceptance benchmark: corral `signal_with_start` against the SQLite ceiling.
+"""Durable acceptance benchmark: corral `signal_with_start` against the store ceilings.
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/accept.py           # full run (~6-10 min on 2 cores)
-    .venv/bin/python benchmarks/accept.py --quick   # smoke run (< 60 s)
+    .venv/bin/python benchmarks/accept.py                # full run (~11-15 min on 2 cores)
+    .venv/bin/python benchmarks/accept.py --quick        # smoke run (< 90 s)
+    .venv/bin/python benchmarks/accept.py --no-postgres  # the SQLite rows only
 
 Workloads (see benchmarks/README.md for the columns):
 
@@ -16,8 +17,15 @@ Workloads (see benchmarks/README.md for the columns):
    commit, one aiosqlite call per batch, one shared future), driven the same way.
 3. Resident memory per hosted entity, minus the entity's own state (in a subprocess).
 4. The store's `commits` / `ops_committed` counters, so the mean batch size is visible.
+5. The same rows on PostgreSQL (a throwaway server this script starts and stops, `_pg.py`:
+   fsync=on, synchronous_commit=on): corral on `open_runtime("postgresql://...")` against
+   a plain asyncpg ceiling writing the same rows with the same group commit
+   (`_pg_ceiling.py`).
+6. Sequential `signal_with_start` latency (one sender, a fresh key per call) on both stores.
+7. Pickup latency of a signal accepted by a `host=False` process, on both stores
+   (`pickup.py`: polling on SQLite, LISTEN/NOTIFY on PostgreSQL).
 
-Results are printed as a table and written to benchmarks/results/accept.json.
+Results are printed as tables and written to benchmarks/results/accept.json.
 """
 
 from __future__ import annotations
@@ -36,17 +44,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import _pg
 import aiosqlite
+import asyncpg
+import pickup
 import psutil
+from _pg_ceiling import PgCeilingWriter
 from pydantic import BaseModel
 
 import corral
-from corral.persistence import canonical_json, payload_hash
+from corral.persistence import canonical_json, is_postgres_url, payload_hash
 from corral.persistence._schema import DDL, PRAGMAS
 from corral.runtime._boundary import new_message_id
 from corral.runtime._router import Router
@@ -56,6 +68,7 @@ RESULTS = HERE / "results" / "accept.json"
 QUICK_RESULTS = HERE / "results" / "accept-quick.json"  # a smoke run never overwrites the full one
 SHARDS = 16
 PRIME_SENDERS = 1000
+STORES = ("sqlite", "postgres")
 TEXT = "The customer replied: the replacement part arrived, but the fan still rattles. " * 2
 
 
@@ -121,6 +134,7 @@ class Round:
 class Row:
     """A configuration and its rounds; the reported numbers are the median round's."""
 
+    store: str  # "sqlite" or "postgres"
     system: str
     entities: int
     senders: int
@@ -207,13 +221,15 @@ def summarize(window: float, latencies: list[float], commits: int, ops: int,
 # -- workload 1: corral ----------------------------------------------------------------------
 
 
-async def run_corral(path: str, *, entities: int, senders: int, host: bool, warmup: float,
-                     duration: float) -> Round:
-    """signal_with_start through the public API into `entities` entities."""
+async def run_corral(location: str, *, entities: int, senders: int, host: bool,
+                     warmup: float, duration: float) -> Round:
+    """signal_with_start through the public API into `entities` entities, on the store at
+    `location` (a SQLite path or a PostgreSQL URL)."""
     keys = [f"ticket-{i}" for i in range(entities)]
     start = Start(tenant="acme")
     counter = [0]
-    async with corral.open_runtime(path, entities=[Counter], shards=SHARDS, host=host) as rt:
+    async with corral.open_runtime(location, entities=[Counter], shards=SHARDS,
+                                   host=host) as rt:
         store: Any = rt.store
 
         async def send(i: int) -> None:
@@ -334,15 +350,18 @@ class CeilingWriter:
         db.executemany(_ENTITY_SQL, list(latest.values()))
 
 
-async def run_ceiling(path: str, *, entities: int, senders: int, warmup: float,
+async def run_ceiling(location: str, *, entities: int, senders: int, warmup: float,
                       duration: float) -> Round:
-    """The same rows, schema, pragmas and group commit, with no runtime around them."""
+    """The same rows, schema, pragmas and group commit, with no runtime around them: the
+    aiosqlite writer for a SQLite path, the asyncpg one (`_pg_ceiling`) for a URL."""
     keys = [f"ticket-{i}" for i in range(entities)]
     router = Router(SHARDS)
     start_text = canonical_json(Start(tenant="acme").model_dump(mode="json"))
     state: dict[int, list[int]] = {}  # entity index -> [next_seq, shard]
     counter = [0]
-    writer = CeilingWriter(path)
+    writer: CeilingWriter | PgCeilingWriter = (
+        PgCeilingWriter(location, shards=SHARDS) if is_postgres_url(location)
+        else CeilingWriter(location))
     await writer.open()
     try:
         async def send(i: int) -> None:
@@ -372,6 +391,32 @@ async def run_ceiling(path: str, *, entities: int, senders: int, warmup: float,
     finally:
         await writer.close()
     return summarize(window, lat, grew.commits, grew.ops_committed, None, prime_s)
+
+
+# -- workload 6: sequential signal_with_start latency --------------------------------------
+
+
+async def run_sequential(location: str, *, host: bool, warmup: float, duration: float
+                         ) -> Round:
+    """One sender in a closed loop, a fresh key per call: every call starts an entity
+    (runs row, entities row, journal and dedupe rows), so this is the latency of one
+    `signal_with_start` that waits for its own commit alone."""
+    start = Start(tenant="acme")
+    counter = [0]
+    async with corral.open_runtime(location, entities=[Counter], shards=SHARDS,
+                                   host=host) as rt:
+        store: Any = rt.store
+
+        async def send(_: int) -> None:
+            counter[0] += 1
+            await rt.ref(Counter, f"fresh-{counter[0]}").signal_with_start(
+                Counter.ping, Ping(n=counter[0], text=TEXT), start=start)
+
+        window, lat, grew = await closed_loop(
+            send, lambda: Counters(store.commits, store.ops_committed, APPLIED),
+            entities=1, senders=1, warmup=warmup, duration=duration)
+    return summarize(window, lat, grew.commits, grew.ops_committed,
+                     grew.applied if host else None, 0.0)
 
 
 # -- workload 3: memory per entity (run in a fresh subprocess) -------------------------------
@@ -470,12 +515,16 @@ class Plan:
     warmup: float
     duration: float
     memory_entities: int
+    pickup_seconds: float  # per side and store (pickup.py)
 
 
 FULL = Plan((1, 10_000), (1, 100, 1000), (1000,), rounds=3, warmup=1.0, duration=5.0,
-            memory_entities=100_000)
+            memory_entities=100_000, pickup_seconds=5.0)
 QUICK = Plan((1, 1000), (1, 100, 1000), (1000,), rounds=1, warmup=0.3, duration=1.0,
-             memory_entities=10_000)
+             memory_entities=10_000, pickup_seconds=1.0)
+PG_GOAL_SENDERS = (100, 1000)  # where the PostgreSQL ratio goal applies (issue 9)
+
+Config = tuple[str, str, int, int, "bool | None"]  # store, system, entities, senders, host
 
 
 def log(msg: str) -> None:
@@ -490,15 +539,36 @@ def fmt_round(r: Round) -> str:
             f"load {r.load1:.1f})")
 
 
-async def run_plan(plan: Plan) -> list[Row]:
-    rows: dict[tuple[str, int, int, bool | None], Row] = {}
-    configs: list[tuple[str, int, int, bool | None]] = []
+@contextlib.asynccontextmanager
+async def fresh_store(store: str, tmp: str, name: str,
+                      server: _pg.Server | None) -> AsyncIterator[str]:
+    """A fresh SQLite file in `tmp`, or a fresh database on `server`; removed after."""
+    if store == "postgres":
+        assert server is not None
+        async with server.database(name.lower().replace("-", "_")) as url:
+            yield url
+        return
+    path = os.path.join(tmp, f"{name}.db")
+    try:
+        yield path
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path + suffix)
+
+
+async def run_plan(plan: Plan, server: _pg.Server | None) -> list[Row]:
+    """Every configuration on every store, `plan.rounds` times, interleaved."""
+    stores = STORES if server is not None else STORES[:1]
+    rows: dict[Config, Row] = {}
+    configs: list[Config] = []
     for entities in plan.entity_counts:
         for senders in plan.sender_counts:
-            configs.append(("corral", entities, senders, True))
-            if senders in plan.host_false_senders:
-                configs.append(("corral", entities, senders, False))
-            configs.append(("ceiling", entities, senders, None))
+            for store in stores:  # each store's corral next to its own ceiling
+                configs.append((store, "corral", entities, senders, True))
+                if senders in plan.host_false_senders:
+                    configs.append((store, "corral", entities, senders, False))
+                configs.append((store, "ceiling", entities, senders, None))
     for cfg in configs:
         rows[cfg] = Row(*cfg)
     total = len(configs) * plan.rounds
@@ -506,27 +576,48 @@ async def run_plan(plan: Plan) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
         for rnd in range(plan.rounds):
             for cfg in configs:  # interleaved, so load from elsewhere hits both sides alike
-                system, entities, senders, host = cfg
-                path = os.path.join(tmp, f"r{rnd}-{system}-{entities}-{senders}-{host}.db")
+                store, system, entities, senders, host = cfg
                 kw: dict[str, Any] = {"entities": entities, "senders": senders,
                                       "warmup": plan.warmup, "duration": plan.duration}
-                if system == "corral":
-                    result = await run_corral(path, host=bool(host), **kw)
-                else:
-                    result = await run_ceiling(path, **kw)
-                for suffix in ("", "-wal", "-shm"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(path + suffix)
+                name = f"r{rnd}-{system}-{entities}-{senders}-{host}"
+                async with fresh_store(store, tmp, name, server) as location:
+                    if system == "corral":
+                        result = await run_corral(location, host=bool(host), **kw)
+                    else:
+                        result = await run_ceiling(location, **kw)
                 rows[cfg].rounds.append(result)
                 done += 1
                 label = f"{system}{'' if host is None else f' host={host}'}"
+                if store == "postgres":
+                    label = f"pg {label}"
                 log(f"[{done:>2}/{total}] round {rnd + 1} {label:<18} {entities:>6} entities "
                     f"{senders:>5} senders: {fmt_round(result)}")
     return list(rows.values())
 
 
-def table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
-    """The side-by-side table and its JSON rows (median rounds)."""
+async def run_latency(plan: Plan, server: _pg.Server | None) -> list[Row]:
+    """Sequential signal_with_start (fresh keys) per store and host flag, interleaved."""
+    stores = STORES if server is not None else STORES[:1]
+    rows = {(store, host): Row(store, "sequential", 0, 1, host)
+            for host in (True, False) for store in stores}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        for rnd in range(plan.rounds):
+            for (store, host), row in rows.items():
+                async with fresh_store(store, tmp, f"r{rnd}-sequential-{host}",
+                                       server) as location:
+                    result = await run_sequential(location, host=bool(host),
+                                                  warmup=plan.warmup, duration=plan.duration)
+                row.rounds.append(result)
+                log(f"sequential round {rnd + 1} {store:<8} host={host!s:<5}: "
+                    f"{fmt_round(result)}")
+    return list(rows.values())
+
+
+def table(rows: list[Row], store: str = "sqlite", goal_senders: tuple[int, ...] | None = None
+          ) -> tuple[str, list[dict[str, Any]]]:
+    """The side-by-side table of `store` and its JSON rows (median rounds); the ratio
+    goal is marked on every row, or only at `goal_senders`."""
+    rows = [r for r in rows if r.store == store]
     ceiling_rows = {(r.entities, r.senders): r for r in rows if r.system == "ceiling"}
     ceilings = {k: r.median for k, r in ceiling_rows.items()}
     header = (f"{'entities':>8} {'senders':>7} {'host':>5} | {'corral/s':>9} {'p50 ms':>7} "
@@ -542,7 +633,8 @@ def table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
         batch = m.ops_committed / m.commits if m.commits else 0.0
         cbatch = c.ops_committed / c.commits if c.commits else 0.0
         applied = "-" if m.applied_per_s is None else f"{m.applied_per_s:,.0f}"
-        goal = "" if ratio >= 0.5 else " <0.5"
+        in_goal = goal_senders is None or r.senders in goal_senders
+        goal = "" if ratio >= 0.5 or not in_goal else " <0.5"
         lines.append(
             f"{r.entities:>8,} {r.senders:>7,} {r.host!s:>5} | {m.acks_per_s:>9,.0f} "
             f"{m.p50_ms:>7.2f} {m.p99_ms:>7.2f} {m.commits:>7,} {m.ops_committed:>7,} "
@@ -569,6 +661,22 @@ def table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(lines), out
 
 
+def latency_table(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
+    """Sequential latency, the stores side by side per host flag (median rounds)."""
+    header = (f"{'store':<8} {'host':>5} | {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'ops/commit':>10}")
+    lines = [header, "-" * len(header)]
+    out: list[dict[str, Any]] = []
+    for r in sorted(rows, key=lambda r: (not r.host, STORES.index(r.store))):
+        m = r.median
+        batch = m.ops_committed / m.commits if m.commits else 0.0
+        lines.append(f"{r.store:<8} {r.host!s:>5} | {m.acks_per_s:>8,.0f} {m.p50_ms:>7.2f} "
+                     f"{m.p99_ms:>7.2f} {batch:>10.2f}")
+        out.append({"store": r.store, "host": r.host, "median": asdict(m),
+                    "rounds": [asdict(x) for x in r.rounds]})
+    return "\n".join(lines), out
+
+
 def memory_text(mem: dict[str, Any]) -> str:
     return (
         f"memory: {mem['entities']:,} entities hosted ({mem['hosted']:,} live, "
@@ -587,16 +695,31 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-async def amain(args: argparse.Namespace) -> None:
+def pg_header(settings: dict[str, str]) -> str:
+    return (f"PostgreSQL {settings['server_version'].split()[0]} (fsync={settings['fsync']}, "
+            f"synchronous_commit={settings['synchronous_commit']}, "
+            f"wal_sync_method={settings['wal_sync_method']}, "
+            f"full_page_writes={settings['full_page_writes']})")
+
+
+async def amain(args: argparse.Namespace, server: _pg.Server | None) -> dict[str, Any]:
     plan = QUICK if args.quick else FULL
     started = time.time()
     load0 = os.getloadavg()
     log(f"corral acceptance benchmark ({'quick' if args.quick else 'full'}): "
         f"{plan.rounds} round(s) of {plan.warmup:g} s warm-up + {plan.duration:g} s per row, "
         f"{os.cpu_count()} CPUs, load {load0[0]:.2f}, SQLite {sqlite3.sqlite_version}")
-    rows = await run_plan(plan)
+    settings: dict[str, str] = {}
+    if server is not None:
+        settings = await server.settings()
+        log(f"postgres: a throwaway server on 127.0.0.1:{server.port} ({server.temp}): "
+            + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    rows = await run_plan(plan, server)
+    latency = await run_latency(plan, server)
+    log(f"pickup: {pickup.RATE:.0f} signals/s for {plan.pickup_seconds:g} s per side ...")
+    picked = await pickup.measure_stores(plan.pickup_seconds, server, log=log)
     log(f"memory: hosting {plan.memory_entities:,} entities in a fresh process ...")
-    mem = memory_in_subprocess(plan.memory_entities, PRIME_SENDERS)
+    mem = await asyncio.to_thread(memory_in_subprocess, plan.memory_entities, PRIME_SENDERS)
     text, out = table(rows)
     log("")
     log("durable acceptance, signal_with_start, closed loop (median of "
@@ -604,19 +727,19 @@ async def amain(args: argparse.Namespace) -> None:
     log(text)
     log("")
     log(memory_text(mem))
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "accept",
         "mode": "quick" if args.quick else "full",
         "started_at": started,
-        "elapsed_s": time.time() - started,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version,
             "aiosqlite": aiosqlite.__version__,
+            "postgresql": settings.get("server_version"),
+            "asyncpg": asyncpg.__version__,
             "platform": platform.platform(),
             "loadavg_start": load0,
-            "loadavg_end": os.getloadavg(),
         },
         "plan": asdict(plan),
         "settings": {"shards": SHARDS, "pragmas": list(PRAGMAS), "prime_senders": PRIME_SENDERS,
@@ -625,14 +748,42 @@ async def amain(args: argparse.Namespace) -> None:
         "memory": mem,
         "table": text,
     }
-    out_path = Path(args.out or (QUICK_RESULTS if args.quick else RESULTS))
-    write_json(out_path, result)
-    log(f"\nwrote {out_path} in {time.time() - started:.0f} s")
+    if server is not None:
+        pg_text, pg_out = table(rows, "postgres", PG_GOAL_SENDERS)
+        log("")
+        log(f"{pg_header(settings)}: the same closed loop, corral on PostgreSQL vs plain "
+            f"asyncpg (median of {plan.rounds} round(s); ratio = corral / ceiling, goal >= 0.5 "
+            "at 100 and 1,000 senders)")
+        log(pg_text)
+        result["postgres"] = {"server": settings, "goal_senders": list(PG_GOAL_SENDERS),
+                              "rows": pg_out, "table": pg_text}
+    lat_text, lat_out = latency_table(latency)
+    log("")
+    log("sequential signal_with_start: 1 sender, a fresh key per call (each starts an entity), "
+        f"median of {plan.rounds} round(s)")
+    log(lat_text)
+    pick_text = pickup.table(picked)
+    log("")
+    log(f"pickup: a signal accepted by another process, until the owner's handler applied it "
+        f"({pickup.RATE:.0f}/s for {plan.pickup_seconds:g} s per side)")
+    log(pick_text)
+    log(pickup.verdict(picked))
+    result["sequential"] = lat_out
+    result["sequential_table"] = lat_text
+    result["pickup"] = {"rate_per_s": pickup.RATE, "seconds_per_side": plan.pickup_seconds,
+                        "poll_interval_s": pickup.POLL_INTERVAL,
+                        "goal_postgres_remote_p50_ms": pickup.GOAL_PG_REMOTE_P50_MS,
+                        "stores": picked, "table": pick_text}
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    result["elapsed_s"] = time.time() - started
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (< 60 s)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run (< 90 s)")
+    parser.add_argument("--no-postgres", action="store_true",
+                        help="the SQLite rows only (no PostgreSQL server is started)")
     parser.add_argument("--out", help="where to write the JSON results (default: "
                         "results/accept.json, or results/accept-quick.json with --quick)")
     parser.add_argument("--memory-child", type=int, metavar="N", help=argparse.SUPPRESS)
@@ -641,7 +792,15 @@ def main() -> None:
     if args.memory_child:
         print(json.dumps(asyncio.run(measure_memory(args.memory_child, args.senders))))
         return
-    asyncio.run(amain(args))
+    try:  # the server is stopped on the way out, Ctrl-C and SIGTERM included
+        with contextlib.nullcontext(None) if args.no_postgres else _pg.throwaway_server() \
+                as server:
+            result = _pg.run(amain(args, server))
+    except _pg.ServerUnavailable as err:
+        raise SystemExit(f"{err}; or pass --no-postgres for the SQLite rows only") from None
+    out_path = Path(args.out or (QUICK_RESULTS if args.quick else RESULTS))
+    write_json(out_path, result)
+    log(f"\nwrote {out_path} in {result['elapsed_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,26 +1,33 @@
 """Pickup latency: how soon a signal accepted by a non-hosting process is applied.
 
-Several processes may share one store file; only the lease holder of a shard applies its
-messages, and it learns of messages other processes accepted by tailing the journal
-(every `poll_interval`). This measures, side by side in one run:
+Several processes may share one store; only the lease holder of a shard applies its
+messages, and it learns of messages other processes accepted by tailing the journal.
+On SQLite the host checks the file's data version every `poll_interval` (5 ms); on
+PostgreSQL the accepting transaction sends a NOTIFY that the host's session hears, and
+the host tails when its next check (also every `poll_interval`) finds one heard. This
+measures, side by side in one run, on each store:
 
 * **local**: the sender is the hosting process (the entry is handed over in memory);
 * **remote**: the sender is another process with `host=False` (journal tailing).
 
 Latency is from the moment the sender's ack returned (the message is committed) to the
 moment the owner's handler applied it; both processes read the same wall clock. Senders
-send at a steady rate (open loop), one message at a time.
+send at a steady rate (open loop), one message at a time. The PostgreSQL side runs on a
+throwaway server this script starts (`_pg.py`: fsync=on, synchronous_commit=on) and
+stops at the end.
 
-    .venv/bin/python benchmarks/pickup.py            # 5 s per side
-    .venv/bin/python benchmarks/pickup.py --quick    # 1 s per side
+    .venv/bin/python benchmarks/pickup.py                # 5 s per side
+    .venv/bin/python benchmarks/pickup.py --quick        # 1 s per side
+    .venv/bin/python benchmarks/pickup.py --no-postgres  # SQLite only
 
-Prints a table and writes benchmarks/results/pickup.json.
+Prints a table and writes benchmarks/results/pickup.json (`--quick`: pickup-quick.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -29,15 +36,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import _pg
 from pydantic import BaseModel
 
 import corral
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "pickup.json"
+QUICK_RESULTS = HERE / "results" / "pickup-quick.json"
 RATE = 200.0  # messages per second, per side
 KEY = "ticket-1"
+POLL_INTERVAL = 0.005  # open_runtime's default, passed explicitly so the table can say it
+GOAL_PG_REMOTE_P50_MS = 2.0
 
 
 class Ping(BaseModel):
@@ -90,20 +102,27 @@ def summarize(acked: dict[str, float], applied: dict[str, float]) -> Row:
     return {"messages": len(lat), "p50_ms": q[49], "p99_ms": q[98], "max_ms": lat[-1]}
 
 
-async def run(duration: float) -> tuple[Row, Row]:
+async def measure(store: str, duration: float, *, log: Any = print) -> tuple[Row, Row]:
+    """Local, then remote pickup latency on the (empty) store at `store`."""
     with tempfile.TemporaryDirectory() as tmp:
-        store = str(Path(tmp) / "pickup.db")
-        async with corral.open_runtime(store, entities=[Probe]) as rt:
-            print(f"local : sending {RATE:.0f}/s for {duration:.0f} s from the hosting process")
+        async with corral.open_runtime(store, entities=[Probe],
+                                       poll_interval=POLL_INTERVAL) as rt:
+            log(f"local : sending {RATE:.0f}/s for {duration:g} s from the hosting process")
             local = await send(rt, "1", duration)
             out = str(Path(tmp) / "acked.json")
-            print(f"remote: sending {RATE:.0f}/s for {duration:.0f} s from a host=False process")
+            log(f"remote: sending {RATE:.0f}/s for {duration:g} s from a host=False process")
             child = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--sender", store, "2", str(duration), out,
                 env={**os.environ, "PYTHONPATH": str(HERE)},
             )
-            if await child.wait() != 0:
-                raise SystemExit("the sender process failed")
+            try:
+                if await child.wait() != 0:
+                    raise SystemExit("the sender process failed")
+            except BaseException:  # interrupted: do not leave the sender running
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+                raise
             remote = json.loads(await asyncio.to_thread(Path(out).read_text))
             deadline = time.monotonic() + 10
             applied: dict[str, float] = {}
@@ -115,9 +134,86 @@ async def run(duration: float) -> tuple[Row, Row]:
         return summarize(local, applied), summarize(remote, applied)
 
 
+async def measure_stores(duration: float, server: Any, *, log: Any = print
+                         ) -> dict[str, dict[str, Any]]:
+    """`measure` on a fresh SQLite file, then (with a `_pg.Server`) a fresh database."""
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="corral-pickup-") as tmp:
+        log("sqlite (polling the file's data version):")
+        local, remote = await measure(str(Path(tmp) / "pickup.db"), duration, log=log)
+        results["sqlite"] = {"mechanism": "polling", "local": local, "remote": remote}
+    if server is not None:
+        log("postgres (LISTEN/NOTIFY):")
+        async with server.database("pickup") as url:
+            local, remote = await measure(url, duration, log=log)
+        results["postgres"] = {"mechanism": "LISTEN/NOTIFY", "local": local,
+                               "remote": remote}
+    for r in results.values():
+        r["remote_over_local_p50"] = r["remote"]["p50_ms"] / r["local"]["p50_ms"]
+    return results
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """One line per store and sender."""
+    header = (f"{'store':<26}{'sender':<29}{'messages':>9}{'p50 ms':>9}{'p99 ms':>9}"
+              f"{'max ms':>9}")
+    lines = [header, "-" * len(header)]
+    for store, r in results.items():
+        label = f"{store} ({r['mechanism']})"
+        for name, side in (("hosting process (local)", "local"),
+                           ("host=False process (remote)", "remote")):
+            row = r[side]
+            lines.append(f"{label:<26}{name:<29}{row['messages']:>9.0f}{row['p50_ms']:>9.2f}"
+                         f"{row['p99_ms']:>9.2f}{row['max_ms']:>9.2f}")
+    return "\n".join(lines)
+
+
+def verdict(results: dict[str, dict[str, Any]]) -> str:
+    """The remote p50 of each store, and PostgreSQL's against its goal."""
+    ratios = ", ".join(f"{store} {r['remote_over_local_p50']:.1f}x"
+                       for store, r in results.items())
+    parts = [f"remote / local p50: {ratios} (poll_interval {POLL_INTERVAL * 1000:g} ms)"]
+    pg = results.get("postgres")
+    if pg is not None:
+        p50 = pg["remote"]["p50_ms"]
+        met = "met" if p50 <= GOAL_PG_REMOTE_P50_MS else "MISSED"
+        parts.append(f"postgres remote p50 {p50:.2f} ms: goal <= {GOAL_PG_REMOTE_P50_MS:g} ms "
+                     f"{met} (sqlite remote p50 {results['sqlite']['remote']['p50_ms']:.2f} ms)")
+    return "\n".join(parts)
+
+
+async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
+    duration = 1.0 if args.quick else 5.0
+    if server is not None:
+        settings = await server.settings()
+        print("postgres: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    results = await measure_stores(duration, server)
+    print()
+    print(table(results))
+    print(verdict(results))
+    sqlite = results["sqlite"]
+    data: dict[str, Any] = {
+        "benchmark": "pickup", "rate_per_s": RATE, "seconds_per_side": duration,
+        "poll_interval_s": POLL_INTERVAL,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg": os.getloadavg()},
+        # The SQLite side keeps the keys it always had; the PostgreSQL side is beside it.
+        "local": sqlite["local"], "remote": sqlite["remote"],
+        "remote_over_local_p50": sqlite["remote_over_local_p50"],
+    }
+    if server is not None:
+        data["postgres"] = {**results["postgres"], "server": settings,
+                            "goal_remote_p50_ms": GOAL_PG_REMOTE_P50_MS}
+    return data
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 s per side instead of 5 s")
+    parser.add_argument("--no-postgres", action="store_true",
+                        help="SQLite only (no PostgreSQL server is started)")
+    parser.add_argument("--out", help="where to write the JSON results (default: "
+                        "results/pickup.json, or results/pickup-quick.json with --quick)")
     parser.add_argument("--sender", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sender:
@@ -125,24 +221,17 @@ def main() -> None:
         acked = asyncio.run(sender_child(store, prefix, float(duration)))
         Path(out).write_text(json.dumps(acked))
         return
-    duration = 1.0 if args.quick else 5.0
-    local, remote = asyncio.run(run(duration))
-    print(f"\n{'sender':<28}{'messages':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
-    for name, row in (("hosting process (local)", local), ("host=False process (remote)",
-                                                           remote)):
-        print(f"{name:<28}{row['messages']:>9.0f}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}"
-              f"{row['max_ms']:>9.2f}")
-    print(f"remote / local p50: {remote['p50_ms'] / local['p50_ms']:.1f}x "
-          f"(poll_interval 5 ms; the remote side waits for the owner's next journal poll)")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "pickup", "rate_per_s": RATE, "seconds_per_side": duration,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg": os.getloadavg()},
-        "local": local, "remote": remote,
-        "remote_over_local_p50": remote["p50_ms"] / local["p50_ms"],
-    }, indent=1))
-    print(f"wrote {RESULTS.relative_to(HERE.parent)}")
+    try:
+        server_cm = contextlib.nullcontext(None) if args.no_postgres else \
+            _pg.throwaway_server()
+        with server_cm as server:
+            data = _pg.run(amain(args, server))
+    except _pg.ServerUnavailable as err:
+        raise SystemExit(f"{err}; or pass --no-postgres") from None
+    out = Path(args.out or (QUICK_RESULTS if args.quick else RESULTS))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
