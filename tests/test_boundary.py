@@ -194,6 +194,9 @@ BAD_INPUTS: list[tuple[str, Call, type[Exception]]] = [
      corral.InvalidPayloadError),
     ("lone surrogate in the start input", sws(Reply(text="x"), start=Start(tenant="\ud800")),
      corral.InvalidPayloadError),
+    ("list nested past what the host can parse back", sws({"value": nested_list(150)},
+                                                          handler=Ticket.attach),
+     corral.InvalidPayloadError),
     ("deeply nested list in an Any field", sws({"value": nested_list(5000)},
                                                handler=Ticket.attach),
      corral.InvalidPayloadError),
@@ -257,6 +260,7 @@ async def test_the_limits_themselves_are_accepted(db_path: str) -> None:
         ack = await ref.signal_with_start(Ticket.reply, Reply(text=text), start=START,
                                           message_id="m" * 64)
         ack2 = await ref.signal(Ticket.attach, Blob(value={"a": [1, 2.5, None, "é"]}, x=1.5))
+        await ref.signal(Ticket.attach, Blob(value=nested_list(90)))  # deep, within the limit
         for odd in ("a.b", "user@example.com", "tenant/ticket:9104", "A-1_2+3=4#5"):
             await rt.ref(Ticket, odd).signal_with_start(Ticket.reply, {"text": "x"}, start=START)
         with pytest.raises(corral.PayloadTooLargeError):

@@ -72,9 +72,9 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
         log.error("%s %r: no handler %r for seq %d; skipped", definition.name, entity.key,
                   entry.name, entry.seq)
         return None
-    arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
-        handler.input_type.model_validate_json(entry.payload),)
     try:
+        arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
+            handler.input_type.model_validate_json(entry.payload),)
         if handler.fn is None:
             entity.mailbox.put(arg[0] if arg else None, entry)
             result = None

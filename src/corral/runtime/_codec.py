@@ -121,19 +121,28 @@ def _unknown_keys(model_type: type[BaseModel], raw: dict[Any, Any]) -> list[Any]
     return [k for k in raw if k not in known]
 
 
+MAX_DEPTH = 100
+"""Deepest nesting of objects and arrays a payload may have. The host parses stored
+payloads with pydantic's JSON parser, which stops at about 200 levels: a payload it
+could not read back must be refused here, not fail when it is applied."""
+
+
 def _refuse_non_string_keys(data: Any, what: str) -> None:
-    """JSON object keys are strings; json.dumps would silently turn 1 into "1"."""
-    stack = [data]
+    """JSON object keys are strings (json.dumps would silently turn 1 into "1"), and
+    nesting stays within `MAX_DEPTH`."""
+    stack = [(data, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidPayloadError(f"{what} is nested more than {MAX_DEPTH} levels deep")
         if type(item) is dict:
             for k, v in item.items():
                 if type(k) is not str:
                     raise InvalidPayloadError(f"{what} is not JSON: key {k!r} is not a string")
                 if type(v) is dict or type(v) is list:
-                    stack.append(v)
+                    stack.append((v, depth + 1))
         elif type(item) is list:
-            stack.extend(v for v in item if type(v) is dict or type(v) is list)
+            stack.extend((v, depth + 1) for v in item if type(v) is dict or type(v) is list)
 
 
 def _jsonable(value: Any) -> Any:
