@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import corral
+import stacks
 from mp_entities import Clocked, Job, Note, Pipeline, Recorder, Start
 
 ENTITIES: list[type[corral.Entity]] = [Clocked, Pipeline, Recorder]
@@ -150,6 +151,7 @@ async def pipeline(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> None:
+    stacks.install()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     for name in ("swarm", "interleave", "stream", "send", "pipeline"):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import corral
+import stacks
 from corral.persistence._postgres import open_postgres_store
 from mp_entities import Note, Recorder, Start
 
@@ -106,6 +107,7 @@ async def host(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> None:
+    stacks.install()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     for name in ("swarm", "stream", "host"):

@@ -70,6 +70,16 @@ class Worker:
         code = self.proc.poll()
         assert code == 0, f"worker {self.name} exited with {code}:\n{self.output}"
 
+    def stacks(self) -> str:
+        """The worker's log after asking it to dump its stacks (`stacks.install()`):
+        for a failure message about a worker that hangs."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while "--- end of stacks ---" not in self.output and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return self.output
+
     def sigkill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)

@@ -54,8 +54,13 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
 
 
 async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = 90.0) -> None:
-    await wait_until(lambda: all(w.proc.poll() is not None for w in workers),
-                     "the workers exit", timeout=timeout)
+    try:
+        await wait_until(lambda: all(w.proc.poll() is not None for w in workers),
+                         "the workers exit", timeout=timeout)
+    except AssertionError as err:
+        hung = [w for w in workers if w.proc.poll() is None]
+        raise AssertionError("\n".join([str(err)] + [f"== {w.name} (still running):\n"
+                                                      f"{w.stacks()}" for w in hung])) from None
     for worker in workers:
         worker.check_exited_cleanly()
 
