@@ -18,6 +18,7 @@ from corral._common import (
     RetryPolicy,
     RunStatus,
     SnapshotPolicy,
+    WaitStatus,
 )
 from corral._errors import (
     CorralError,
@@ -34,6 +35,7 @@ from corral._errors import (
     InvalidPayloadError,
     LeaseLostError,
     PayloadTooLargeError,
+    SignalTimeoutError,
     SnapshotRestoreError,
     StoreError,
     StoreUnavailableError,
@@ -46,19 +48,24 @@ from corral._errors import (
 from corral.actors import (
     Entity,
     Mailbox,
+    SignalWait,
     query,
     signal,
     update,
+    wait,
 )
 from corral.runtime import (
     Ack,
     AuthRequest,
     DeadLetter,
+    Delivery,
     EntityDescription,
     EntityRef,
     Limits,
+    Page,
     RunSummary,
     Runtime,
+    SignalWaitInfo,
     open_runtime,
 )
 
@@ -71,6 +78,7 @@ __all__ = [
     "DeadLetterNotFoundError",
     "DedupeWindow",
     "DefinitionMismatchError",
+    "Delivery",
     "Entity",
     "EntityClosedError",
     "EntityDefinitionError",
@@ -87,11 +95,15 @@ __all__ = [
     "LeaseLostError",
     "Limits",
     "Mailbox",
+    "Page",
     "PayloadTooLargeError",
     "RetryPolicy",
     "RunStatus",
     "RunSummary",
     "Runtime",
+    "SignalTimeoutError",
+    "SignalWait",
+    "SignalWaitInfo",
     "SnapshotPolicy",
     "SnapshotRestoreError",
     "StoreError",
@@ -100,10 +112,12 @@ __all__ = [
     "UnknownEntityTypeError",
     "UnknownHandlerError",
     "UpdateFailedError",
+    "WaitStatus",
     "WaitTimeoutError",
     "open_runtime",
     "query",
     "signal",
     "update",
+    "wait",
 ]
 __version__ = "0.1.0"

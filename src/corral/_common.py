@@ -16,6 +16,7 @@ __all__ = [
     "RetryPolicy",
     "RunStatus",
     "SnapshotPolicy",
+    "WaitStatus",
 ]
 
 
@@ -57,6 +58,25 @@ class RunStatus(str, enum.Enum):
     def is_closed(self) -> bool:
         """Whether a run with this status has ended."""
         return self not in (RunStatus.RUNNING, RunStatus.NEVER_STARTED)
+
+
+class WaitStatus(str, enum.Enum):
+    """The state of one durable signal wait (`Entity.wait_for_signal`) of one run."""
+
+    BUFFERED = "buffered"
+    """Delivered before `run()` reached the wait; it wins when `run()` gets there."""
+    OPEN = "open"
+    """`run()` is waiting; nothing was delivered yet."""
+    DELIVERED = "delivered"
+    """Closed by a delivery, whose payload `run()` gets (again after every restart)."""
+    TIMED_OUT = "timed_out"
+    """Closed by its timeout."""
+    CLOSED = "closed"
+    """Closed because its run ended (completed, failed, terminated, continued as new)."""
+
+    @property
+    def has_delivery(self) -> bool:
+        return self in (WaitStatus.BUFFERED, WaitStatus.DELIVERED)
 
 
 @dataclass(frozen=True, slots=True)

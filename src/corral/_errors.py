@@ -23,6 +23,7 @@ __all__ = [
     "InvalidPayloadError",
     "LeaseLostError",
     "PayloadTooLargeError",
+    "SignalTimeoutError",
     "SnapshotRestoreError",
     "StoreError",
     "StoreUnavailableError",
@@ -144,6 +145,11 @@ class WaitTimeoutError(CorralError, TimeoutError):
     Nothing was lost: an update stays accepted and is applied; ask again (the same
     update id returns its recorded result) or wait longer. A `TimeoutError`, too.
     """
+
+
+class SignalTimeoutError(CorralError, TimeoutError):
+    """`wait_for_signal(..., timeout=...)` ran out of time: the boundary is closed for
+    good in this run (waiting on it again raises again; a late `deliver` is `stale`)."""
 
 
 class DefinitionMismatchError(CorralError):

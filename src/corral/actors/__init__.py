@@ -19,6 +19,7 @@ from ._definition import (
     update,
 )
 from ._entity import Entity
+from ._waits import SignalWait, WaitDefinition, wait
 
 __all__ = [
     "ContinueAsNew",
@@ -29,7 +30,10 @@ __all__ = [
     "HandlerKind",
     "Mailbox",
     "MailboxSignal",
+    "SignalWait",
+    "WaitDefinition",
     "query",
     "signal",
     "update",
+    "wait",
 ]

@@ -39,6 +39,11 @@ class EntityContext(Protocol):
         """Sleep until wall-clock `deadline` under a durable timer."""
         ...
 
+    async def wait_signal(self, name: str, timeout: float | None) -> str:
+        """Wait for the durable signal wait `name` of this run to be delivered; the
+        payload's JSON. Raises `SignalTimeoutError` once it timed out (or its run ended)."""
+        ...
+
     @property
     def continue_as_new_suggested(self) -> bool: ...
 

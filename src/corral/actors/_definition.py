@@ -28,6 +28,8 @@ from corral._common import (
 )
 from corral._errors import EntityDefinitionError
 
+from ._waits import EARLY_SIGNALS, SignalWait, WaitDefinition
+
 __all__ = [
     "EntityDefinition",
     "HandlerDefinition",
@@ -172,6 +174,11 @@ class EntityDefinition:
     ray_options: Mapping[str, Any] = field(default_factory=dict)
     """Ray resources of a dedicated entity's actor (`num_cpus`, `num_gpus`, ...)."""
     dedupe_window: DedupeWindow = field(default_factory=DedupeWindow)
+    waits: Mapping[str, WaitDefinition] = field(default_factory=dict)
+    """Declared durable signal waits (`corral.wait`), by name."""
+    early_signals: str = "buffer"
+    """A delivery before `run()` waits: `"buffer"` it (it wins when `run()` gets there)
+    or `"reject"` it (answered `not_waiting`, nothing kept)."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
@@ -193,9 +200,11 @@ def _fingerprint(cls: type) -> str:
           f"{_describe(h.output_type)}:{'async' if h.is_async else 'sync'}:"
           f"{'mailbox' if h.fn is None else 'body'}"
           for h in sorted(d.handlers.values(), key=lambda h: h.name)),
+        *(f"wait={w.name}:{_describe(w.model)}:{w.max_timeout!r}"
+          for w in sorted(d.waits.values(), key=lambda w: w.name)),
         *(f"{attr}={getattr(d, attr)!r}" for attr in (
             "id_reuse", "snapshots", "continue_as_new", "idle_timeout", "retry",
-            "placement", "dedupe_window")),
+            "placement", "dedupe_window", "early_signals")),
         f"ray_options={sorted(d.ray_options.items())!r}",
     ]
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
@@ -214,7 +223,7 @@ def _describe(annotation: Any) -> str:
 
 RESERVED_NAMES = frozenset({
     "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
-    "run_id", "sleep", "sleep_until", "wait_for",
+    "run_id", "sleep", "sleep_until", "wait_for", "wait_for_signal", "now", "early_signals",
 })
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
@@ -267,6 +276,11 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         idle_timeout = None
     placement, ray_options = _placement(cls, issues)
     handlers = _handlers(cls, localns, issues)
+    waits = _waits(cls, issues)
+    early = getattr(cls, "early_signals", "buffer")
+    if early not in EARLY_SIGNALS:
+        issues.add(f"{cls.__name__}.early_signals must be 'buffer' or 'reject', got {early!r}")
+        early = "buffer"
     init = cls.__init__  # type: ignore[misc]
     start_type = None if init is object.__init__ else _single_model(
         cls, init, "__init__", localns, issues, what="__init__ (the start input)"
@@ -282,7 +296,30 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
+        waits=waits, early_signals=early,
     )
+
+
+def _waits(cls: type, issues: _Issues) -> dict[str, WaitDefinition]:
+    """The waits declared on `cls` and its bases (`corral.wait`), by name."""
+    waits: dict[str, WaitDefinition] = {}
+    attrs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            if not isinstance(value, SignalWait):
+                continue
+            if attr in RESERVED_NAMES:
+                issues.add(f"{klass.__name__}.{attr}: a wait cannot be named `{attr}`, which "
+                           "`corral.Entity` uses; rename it")
+                continue
+            other = attrs.get(value.name)
+            if other is not None and other != attr:
+                issues.add(f"{klass.__name__}.{attr} and .{other} both declare the wait "
+                           f"{value.name!r}; a wait name is unique in its entity type")
+                continue
+            waits[value.name] = value.definition
+            attrs[value.name] = attr
+    return waits
 
 
 def _handlers(cls: type, localns: Mapping[str, Any], issues: _Issues

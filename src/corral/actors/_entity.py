@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, TypeVar
+
+from pydantic import BaseModel
 
 from corral._common import (
     ContinueAsNewPolicy,
@@ -13,12 +15,16 @@ from corral._common import (
     RetryPolicy,
     SnapshotPolicy,
 )
+from corral._errors import InvalidArgumentError
 
 from ._context import EntityContext, Mailbox
 from ._control import ContinueAsNew
 from ._definition import EntityDefinition, define_entity
+from ._waits import SignalWait, check_wait_timeout
 
 __all__ = ["Entity"]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Entity:
@@ -68,6 +74,11 @@ class Entity:
     Its run stays running; the next message, update, query or due timer brings it back.
     """
 
+    early_signals: ClassVar[str] = "buffer"
+    """A `deliver` made before `run()` reaches its wait: `"buffer"` keeps it (answered
+    `buffered`; it wins when `run()` gets there) or `"reject"` refuses it (answered
+    `not_waiting`; nothing is kept)."""
+
     placement: ClassVar[str] = "shared"
     """Ray backend only: `"shared"` hosts the entity with many others in its key's shard
     actor; `"dedicated"` gives each entity of the type its own Ray actor (for entities
@@ -116,6 +127,39 @@ class Entity:
                 ...
         """
         await self._corral_context.sleep_until(self.now() + seconds)
+
+    async def wait_for_signal(self, wait: SignalWait[M], *, timeout: float | None = None
+                              ) -> M:
+        """Wait for the delivery that closes the durable signal wait `wait` of this run.
+
+        `wait` is declared on the class (`approval = corral.wait(Decision)`); a caller
+        closes it with `ref.deliver(Order.approval, payload, key=...)`, once. Durable:
+        it survives passivation, crashes and restarts; the timeout is a durable timer
+        whose deadline is fixed when `run()` first reaches the wait. Because `run()`
+        restarts from the top, waiting again on a wait already delivered in this run
+        returns the same payload at once. A wait belongs to its run: the run's end
+        (including continue-as-new) closes it.
+
+        Raises:
+            SignalTimeoutError: `timeout` seconds passed first; the wait is closed for
+                good in this run (waiting on it again raises again).
+            InvalidArgumentError: `wait` is not declared on this type, or `timeout` is
+                not None nor between 1 ms and the wait's `max_timeout` (7 days).
+
+        Example:
+            async def run(self) -> Outcome:
+                decision = await self.wait_for_signal(Order.approval, timeout=86400)
+                return Outcome(approved=decision.approved)
+        """
+        declared = self._corral_definition.waits.get(getattr(wait, "name", None) or "")
+        if not isinstance(wait, SignalWait) or declared is None or declared.model is not wait.model:
+            raise InvalidArgumentError(
+                f"{wait!r} is not a wait of {type(self).__name__} (its waits: "
+                f"{sorted(self._corral_definition.waits)}); declare it on the class with "
+                "corral.wait(Model)")
+        seconds = check_wait_timeout(declared, timeout)
+        text = await self._corral_context.wait_signal(declared.name, seconds)
+        return wait.model.model_validate_json(text)
 
     def now(self) -> float:
         """The current wall-clock time, in seconds since the epoch, as the host sees it.

@@ -8,19 +8,25 @@ from ._records import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     EntryKind,
     JournalEntry,
     RunRecord,
     UpdateOutcome,
+    WaitRecord,
 )
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import Store
 from ._txn import Fence
+from ._waits import WaitPosition, delivery_run
 
 __all__ = [
     "AcceptResult",
     "Acceptance",
     "DeadLetter",
+    "DeliveryRequest",
+    "DeliveryResult",
     "EntryKind",
     "Fence",
     "JournalEntry",
@@ -28,7 +34,10 @@ __all__ = [
     "SqliteStore",
     "Store",
     "UpdateOutcome",
+    "WaitPosition",
+    "WaitRecord",
     "canonical_json",
+    "delivery_run",
     "is_postgres_url",
     "open_sqlite_store",
     "open_store",

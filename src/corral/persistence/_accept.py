@@ -14,6 +14,7 @@ from corral._errors import (
 
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 from ._txn import EntityRow, Txn
+from ._wait_ops import close_waits
 
 __all__ = ["AcceptOp"]
 
@@ -79,6 +80,7 @@ class AcceptOp:
         if a.kind is EntryKind.TERMINATE:
             row.status = RunStatus.TERMINATED
             db.execute("DELETE FROM timers WHERE etype=? AND key=?", (a.entity_type, a.key))
+            close_waits(db, a.entity_type, a.key, row.run_id)
             db.execute(
                 "UPDATE runs SET status='terminated', error=?, closed_at=? "
                 "WHERE etype=? AND key=? AND run_id=?",

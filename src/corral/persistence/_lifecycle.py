@@ -11,6 +11,7 @@ from corral._errors import EntityNotRunningError
 
 from ._records import JournalEntry
 from ._txn import Fence, Txn
+from ._wait_ops import close_waits
 
 __all__ = [
     "ActivatedOp",
@@ -68,6 +69,7 @@ class CloseRunOp:
         row.status = self.status
         txn.put_entity(self.entity_type, self.key, row)
         txn.db.execute("DELETE FROM timers WHERE etype=? AND key=?", (self.entity_type, self.key))
+        close_waits(txn.db, self.entity_type, self.key, self.run_id)
         txn.db.execute(
             "UPDATE runs SET status=?, result=?, error=?, closed_at=? "
             "WHERE etype=? AND key=? AND run_id=?",
@@ -166,6 +168,7 @@ class ContinueAsNewOp:
                    (*ident, self.run_id))
         db.execute("DELETE FROM snapshots WHERE etype=? AND key=?", ident)
         db.execute("DELETE FROM timers WHERE etype=? AND key=?", ident)
+        close_waits(db, *ident, self.run_id)
         db.execute("UPDATE entities SET passivated_seq=NULL WHERE etype=? AND key=?", ident)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         db.execute(

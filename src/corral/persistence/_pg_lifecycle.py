@@ -14,6 +14,7 @@ from corral._errors import EntityNotRunningError
 
 from ._dead_letters import DEAD_LETTER_COLUMNS
 from ._pg_txn import LockPlan, PgTxn
+from ._pg_waits import close_waits
 from ._records import JournalEntry
 from ._txn import Fence
 
@@ -78,6 +79,7 @@ class CloseRunOp:
         txn.put_entity(self.entity_type, self.key, row)
         await txn.conn.execute("DELETE FROM timers WHERE etype = $1 AND key = $2",
                                self.entity_type, self.key)
+        await close_waits(txn.conn, self.entity_type, self.key, self.run_id)
         await txn.conn.execute(
             "UPDATE runs SET status = $1, result = $2, error = $3, closed_at = $4 "
             "WHERE etype = $5 AND key = $6 AND run_id = $7",
@@ -180,6 +182,7 @@ class ContinueAsNewOp:
                           "UPDATE entities SET passivated_seq = NULL "
                           "WHERE etype = $1 AND key = $2"):
             await conn.execute(statement, *ident)
+        await close_waits(conn, *ident, self.run_id)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         await conn.execute(
             "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "

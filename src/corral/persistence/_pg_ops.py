@@ -18,6 +18,7 @@ from corral._errors import (
 from ._codec import payload_hash
 from ._dead_letters import replay_message_id
 from ._pg_txn import LockPlan, PgTxn, Seen
+from ._pg_waits import close_waits
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 from ._txn import EntityRow
 
@@ -65,6 +66,7 @@ class AcceptOp:
             await txn.flush()  # the run may have started earlier in this batch
             await txn.conn.execute("DELETE FROM timers WHERE etype = $1 AND key = $2",
                                    a.entity_type, a.key)
+            await close_waits(txn.conn, a.entity_type, a.key, row.run_id)
             await txn.conn.execute(
                 "UPDATE runs SET status = 'terminated', error = $1, closed_at = $2 "
                 "WHERE etype = $3 AND key = $4 AND run_id = $5",

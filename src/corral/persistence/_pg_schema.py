@@ -26,12 +26,39 @@ from corral._errors import StoreError
 
 __all__ = ["NOTIFY_CHANNEL", "SCHEMA_VERSION", "ensure_schema"]
 
-SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "corral_journal"  # payload: "<store token> <shard>,<shard>,..."
 _LOCK_KEY = 0x636F7272616C  # "corral": serialises schema creation across processes
 
 # {version: statements that take a store from the version before it to this one}.
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+# `DDL` below is version 1; a new store runs it and then every migration.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (
+        # Durable signal waits (`wait_for_signal` / `deliver`): one row per wait of a
+        # run, retaining the one delivery that won it (see `_waits`).
+        """CREATE TABLE IF NOT EXISTS signal_waits (
+            etype text NOT NULL,
+            key text NOT NULL,
+            run_id bigint NOT NULL,
+            name text NOT NULL,
+            shard integer NOT NULL,
+            status text NOT NULL,
+            opened_at double precision,
+            deadline double precision,
+            delivery_key text,
+            payload text,
+            sender text,
+            delivered_at double precision,
+            PRIMARY KEY (etype, key, run_id, name))""",
+        # A delivery's key is looked up across the entity's retained runs.
+        "CREATE INDEX IF NOT EXISTS signal_waits_key ON signal_waits "
+        "(etype, key, name, delivery_key)",
+        # Operators list open waits oldest first.
+        "CREATE INDEX IF NOT EXISTS signal_waits_open ON signal_waits "
+        "(status, opened_at, etype, key, run_id, name)",
+    ),
+}
+SCHEMA_VERSION = max(MIGRATIONS)
+"""The schema this corral writes."""
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -148,7 +175,7 @@ async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
         found = None
         if await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
             found = await conn.fetchval("SELECT v FROM meta WHERE k = 'schema_version'")
-        version = SCHEMA_VERSION if found is None else _parse_version(found, where)
+        version = 0 if found is None else _parse_version(found, where)
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"store {where} has schema version {version}, written by a newer corral; "
@@ -157,9 +184,9 @@ async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
         if found is None or version < SCHEMA_VERSION:
             # DDL only when needed: even `CREATE INDEX IF NOT EXISTS` takes a table lock,
             # which would deadlock against other processes already writing.
-            for statement in DDL:
+            for statement in DDL:  # version 1 (a no-op where it exists)
                 await conn.execute(statement)
-            for step in range(version + 1, SCHEMA_VERSION + 1):
+            for step in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[step]:
                     await conn.execute(statement)
         await conn.execute(

@@ -51,16 +51,21 @@ from ._pg_ops import (
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
 from ._pg_txn import PgOp, is_connection_error, store_error
+from ._pg_waits import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
 from ._pg_writer import GroupCommit
 from ._records import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     JournalEntry,
     RunRecord,
     UpdateOutcome,
+    WaitRecord,
 )
 from ._txn import Fence
+from ._waits import WaitPosition
 
 __all__ = ["PostgresStore", "open_postgres_store"]
 
@@ -159,6 +164,23 @@ class PostgresStore:
 
     async def accept(self, acc: Acceptance) -> AcceptResult:
         return await self.write(AcceptOp(acc))  # type: ignore[no-any-return]
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        return await self.write(DeliverOp(req))  # type: ignore[no-any-return]
+
+    async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
+                        deadline: float | None, now: float) -> WaitRecord:
+        op = OpenWaitOp(fence, etype, key, run_id, name, deadline, now)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,
+                          *, now: float) -> WaitRecord:
+        op = ExpireWaitOp(fence, etype, key, run_id, name, now)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def signal_waits(self, etype: str | None, *, limit: int,
+                           after: WaitPosition | None = None) -> list[WaitRecord]:
+        return await self.read(open_waits, etype, limit, after)
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
                             outcome: UpdateOutcome) -> None:

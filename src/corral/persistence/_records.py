@@ -9,27 +9,34 @@ from dataclasses import dataclass
 from corral._common import (
     IdReusePolicy,
     RunStatus,
+    WaitStatus,
 )
 
 __all__ = [
     "AcceptResult",
     "Acceptance",
     "DeadLetter",
+    "DeliveryRequest",
+    "DeliveryResult",
     "EntryKind",
     "JournalEntry",
     "RunRecord",
     "UpdateOutcome",
+    "WaitRecord",
 ]
 
 
 class EntryKind(str, enum.Enum):
     """What a journal entry is. `START` is the mark `EntityRef.start` leaves: applied as
-    nothing, it holds the start id in the dedupe window like any message."""
+    nothing, it holds the start id in the dedupe window like any message. `DELIVER`
+    carries the delivery that closed an open signal wait (`name` is the wait's) to the
+    run waiting on it."""
 
     SIGNAL = "signal"
     UPDATE = "update"
     TERMINATE = "terminate"
     START = "start"
+    DELIVER = "deliver"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,3 +154,60 @@ class DeadLetter:
     traceback: str
     attempts: int
     failed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """One durable signal wait of one run, as stored.
+
+    `opened_at` is when `run()` first reached it (None while a delivery is buffered),
+    `deadline` when it times out (None: never). The delivery fields are those of the
+    one delivery the wait retains (the winner), or None.
+    """
+
+    entity_type: str
+    key: str
+    run_id: int
+    name: str
+    status: WaitStatus
+    opened_at: float | None = None
+    deadline: float | None = None
+    delivery_key: str | None = None
+    payload: str | None = None
+    sender: str | None = None
+    delivered_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRequest:
+    """A `deliver` call, validated: close the wait `name` of the entity's current run
+    (or of run `run_id`) with `payload`, idempotently by `delivery_key`.
+
+    `early` is the type's `early_signals` ("buffer" or "reject").
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    name: str
+    delivery_key: str
+    payload: str
+    sender: str | None
+    early: str
+    delivered_at: float
+    run_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """What the store decided about a delivery.
+
+    `status` is one of "delivered", "duplicate", "already_delivered", "stale",
+    "buffered", "not_waiting". `wait` is the wait as it stands after the decision (None
+    for "not_waiting"); `entry` the journal entry that wakes the waiting run (only for
+    "delivered").
+    """
+
+    status: str
+    wait: WaitRecord | None
+    entry: JournalEntry | None = None

@@ -19,6 +19,31 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Operators list entities by status, type and key.
         "CREATE INDEX IF NOT EXISTS entities_status ON entities (status, etype, key)",
     ),
+    3: (
+        # Durable signal waits (`wait_for_signal` / `deliver`): one row per wait of a
+        # run, retaining the one delivery that won it (see `_waits`).
+        """CREATE TABLE IF NOT EXISTS signal_waits (
+            etype TEXT NOT NULL,
+            key TEXT NOT NULL,
+            run_id INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            shard INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            opened_at REAL,
+            deadline REAL,
+            delivery_key TEXT,
+            payload TEXT,
+            sender TEXT,
+            delivered_at REAL,
+            PRIMARY KEY (etype, key, run_id, name)
+        ) WITHOUT ROWID""",
+        # A delivery's key is looked up across the entity's retained runs.
+        "CREATE INDEX IF NOT EXISTS signal_waits_key ON signal_waits "
+        "(etype, key, name, delivery_key)",
+        # Operators list open waits oldest first.
+        "CREATE INDEX IF NOT EXISTS signal_waits_open ON signal_waits "
+        "(status, opened_at, etype, key, run_id, name)",
+    ),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

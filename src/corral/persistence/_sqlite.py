@@ -47,13 +47,18 @@ from ._records import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     EntryKind,
     JournalEntry,
     RunRecord,
     UpdateOutcome,
+    WaitRecord,
 )
 from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION
 from ._txn import Fence, Txn, WriteOp
+from ._wait_ops import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
+from ._waits import WaitPosition
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -308,6 +313,23 @@ class SqliteStore:
 
     async def accept(self, acc: Acceptance) -> AcceptResult:
         return await self.write(AcceptOp(acc))  # type: ignore[no-any-return]
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        return await self.write(DeliverOp(req))  # type: ignore[no-any-return]
+
+    async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
+                        deadline: float | None, now: float) -> WaitRecord:
+        op = OpenWaitOp(fence, etype, key, run_id, name, deadline, now)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,
+                          *, now: float) -> WaitRecord:
+        op = ExpireWaitOp(fence, etype, key, run_id, name, now)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def signal_waits(self, etype: str | None, *, limit: int,
+                           after: WaitPosition | None = None) -> list[WaitRecord]:
+        return await self.read(lambda db: open_waits(db, etype, limit, after))
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
                             outcome: UpdateOutcome) -> None:

@@ -11,11 +11,15 @@ from ._records import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     JournalEntry,
     RunRecord,
     UpdateOutcome,
+    WaitRecord,
 )
 from ._txn import Fence
+from ._waits import WaitPosition
 
 __all__ = ["Store"]
 
@@ -36,6 +40,29 @@ class Store(Protocol):
         Returns only after commit. Raises `IdempotencyConflictError`,
         `EntityNotRunningError`, `EntityClosedError` or `StoreError`.
         """
+        ...
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        """Decide a delivery to a durable signal wait and record it, in one transaction
+        (see `_waits`); a delivery that closes an open wait also appends the `DELIVER`
+        entry that wakes the run. Raises `EntityNotRunningError`,
+        `IdempotencyConflictError` or `StoreError`."""
+        ...
+
+    async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
+                        deadline: float | None, now: float) -> WaitRecord:
+        """`run()` reached the wait: open it with `deadline` (kept from the first time it
+        was opened) and arm its durable timer, or take its buffered delivery (fenced)."""
+        ...
+
+    async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,
+                          *, now: float) -> WaitRecord:
+        """Time the wait out if it is still open and its deadline passed (fenced)."""
+        ...
+
+    async def signal_waits(self, etype: str | None, *, limit: int,
+                           after: WaitPosition | None = None) -> list[WaitRecord]:
+        """Open waits (of one type, or all), oldest first, after position `after`."""
         ...
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,

@@ -14,18 +14,30 @@ from ._boundary import Authorize, AuthRequest, Limits
 from ._client import Runtime, open_runtime
 from ._ray_host import stop_ray_hosts
 from ._ref import EntityRef
-from ._results import Ack, EntityDescription, RunSummary
+from ._results import (
+    Ack,
+    Delivery,
+    DeliveryStatus,
+    EntityDescription,
+    Page,
+    RunSummary,
+    SignalWaitInfo,
+)
 
 __all__ = [
     "Ack",
     "AuthRequest",
     "Authorize",
     "DeadLetter",
+    "Delivery",
+    "DeliveryStatus",
     "EntityDescription",
     "EntityRef",
     "Limits",
+    "Page",
     "RunSummary",
     "Runtime",
+    "SignalWaitInfo",
     "open_runtime",
     "stop_ray_hosts",
 ]

@@ -20,13 +20,14 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from corral._common import RunStatus
+from corral._common import RunStatus, WaitStatus
 from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
     InvalidPayloadError,
     LeaseLostError,
+    SignalTimeoutError,
     StoreError,
 )
 from corral.actors import (
@@ -34,7 +35,7 @@ from corral.actors import (
     Entity,
     EntityDefinition,
 )
-from corral.persistence import EntryKind, JournalEntry
+from corral.persistence import EntryKind, JournalEntry, WaitRecord, delivery_run
 
 from ._apply import encode_start, instantiate
 from ._poison import apply_live
@@ -61,7 +62,7 @@ class Activation:
     __slots__ = (
         "_applying", "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
         "_last_active", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
-        "_state_waiters", "_switching", "_timers", "_waiting", "_worker", "applied_seq",
+        "_state_waiters", "_switching", "_timers", "_waiting", "_waits", "_worker", "applied_seq",
         "closed", "definition", "entity",
     )
 
@@ -84,6 +85,7 @@ class Activation:
         self._bytes = 0  # payload bytes applied by this activation
         self._timers = 0
         self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
+        self._waits: dict[str, WaitRecord] | None = None  # this run's signal waits seen
         self._last_active = self._shard.clock.monotonic()
         self._state = _State.LOADING
         # A fresh run's first entry goes first: entries other callers deliver while
@@ -148,6 +150,41 @@ class Activation:
             return True
         finally:
             self._waiting -= 1
+
+    async def wait_signal(self, name: str, timeout: float | None) -> str:
+        """The durable signal wait `name` of this run: opened in the store the first time
+        this activation reaches it (the deadline is kept from the first time ever), then
+        resolved by a `DELIVER` entry or by its deadline (see `persistence._waits`)."""
+        waits = self._waits = self._waits if self._waits is not None else {}
+        store, fence = self._shard.store, self._shard.fence
+        if name not in waits:
+            now = self.now()
+            opened = await store.open_wait(
+                fence, self.entity_type, self.key, self._run_id, name,
+                deadline=None if timeout is None else now + timeout, now=now)
+            self._learn(name, opened)
+        while waits[name].status is WaitStatus.OPEN:
+            deadline = waits[name].deadline
+            remaining = None if deadline is None else deadline - self.now()
+            if remaining is not None and remaining <= 0:
+                self._learn(name, await store.expire_wait(
+                    fence, self.entity_type, self.key, self._run_id, name, now=self.now()))
+                break
+            await self._wait(lambda: waits[name].status is not WaitStatus.OPEN, remaining)
+        found = waits[name]
+        if found.status.has_delivery and found.payload is not None:
+            return found.payload
+        why = "timed out" if found.status is WaitStatus.TIMED_OUT else "was closed"
+        raise SignalTimeoutError(
+            f"{self.entity_type} {self.key!r} run {self._run_id}: wait {name!r} {why}",
+            entity_type=self.entity_type, key=self.key, run_id=self._run_id)
+
+    def _learn(self, name: str, record: WaitRecord) -> None:
+        """What the store said of a wait, unless a delivery applied meanwhile is newer."""
+        assert self._waits is not None
+        known = self._waits.get(name)
+        if known is None or not known.status.has_delivery:
+            self._waits[name] = record
 
     def now(self) -> float:
         return self._shard.clock.time()
@@ -367,6 +404,16 @@ class Activation:
             return
         if entry.kind is EntryKind.START:  # a start mark: nothing to apply
             self.applied_seq = entry.seq
+            return
+        if entry.kind is EntryKind.DELIVER:  # wakes run() waiting on its signal wait
+            self.applied_seq = entry.seq
+            if delivery_run(entry.message_id) == self._run_id:
+                if self._waits is None:
+                    self._waits = {}
+                self._waits[entry.name] = WaitRecord(
+                    self.entity_type, self.key, self._run_id, entry.name, WaitStatus.DELIVERED,
+                    payload=entry.payload, sender=entry.sender, delivered_at=entry.accepted_at)
+                self.notify()
             return
         assert self.entity is not None
         self._applying = True

@@ -133,6 +133,9 @@ class ReplicaContext:
     async def sleep_until(self, deadline: float) -> None:
         raise RuntimeError("a read-only replica cannot sleep")
 
+    async def wait_signal(self, name: str, timeout: float | None) -> str:
+        raise RuntimeError("a read-only replica cannot wait for a signal")
+
     @property
     def continue_as_new_suggested(self) -> bool:
         return False

@@ -23,10 +23,14 @@ from corral.persistence import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     EntryKind,
     RunRecord,
     Store,
     UpdateOutcome,
+    WaitPosition,
+    WaitRecord,
 )
 
 from ._apply import ReplicaContext, apply_entry, run_query
@@ -50,6 +54,15 @@ class Backend(Protocol):
 
     async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
         """Wait until the update `message_id` is applied; its recorded outcome."""
+        ...
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        """Decide and record a delivery to a signal wait; wake the waiting run's host."""
+        ...
+
+    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
+                           ) -> list[WaitRecord]:
+        """Open signal waits, oldest first, after position `after`."""
         ...
 
     async def query(self, etype: str, key: str, name: str, payload: str | None, *,
@@ -106,6 +119,17 @@ class LocalBackend:
         elif shard is not None and not result.duplicate:
             shard.deliver(result.entry)  # the fast path; other hosts tail the journal
         return result
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        result = await self.store.deliver(req)
+        shard = self._shard(req.entity_type, req.key)
+        if shard is not None and result.entry is not None:
+            shard.deliver(result.entry)  # the fast path; other hosts tail the journal
+        return result
+
+    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
+                           ) -> list[WaitRecord]:
+        return await self.store.signal_waits(etype, limit=limit, after=after)
 
     async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
         shard = self._shard(etype, key)

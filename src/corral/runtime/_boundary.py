@@ -27,6 +27,8 @@ from corral.actors import (
     EntityDefinition,
     HandlerDefinition,
     HandlerKind,
+    SignalWait,
+    WaitDefinition,
 )
 
 from ._apply import encode_start
@@ -56,11 +58,13 @@ class Limits:
         max_key_length: longest entity key, message id, update id or sender, in
             characters.
         key_pattern: regular expression a whole entity key must match.
+        max_delivery_key_bytes: longest idempotency key of a `deliver`, in UTF-8 bytes.
     """
 
     max_payload_bytes: int = 256 * 1024
     max_key_length: int = 256
     key_pattern: str = r"[A-Za-z0-9][A-Za-z0-9_.:@/+=#-]*"
+    max_delivery_key_bytes: int = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,41 @@ class Boundary:
                 f"{what} {value!r} holds {kind} ({bad.group()!r} at {bad.start()})"
             )
         return value
+
+    def check_delivery_key(self, key: object) -> str:
+        """A delivery's idempotency key: 1 to `max_delivery_key_bytes` UTF-8 bytes, with
+        no control characters and no lone surrogates."""
+        if not isinstance(key, str):
+            raise InvalidKeyError(f"delivery key must be a str, got {type(key).__name__}")
+        bad = _CONTROL.search(key) or _SURROGATE.search(key)
+        if bad is not None:
+            kind = "a control character" if _CONTROL.match(bad.group()) else "a lone surrogate"
+            raise InvalidKeyError(
+                f"delivery key {key!r:.80} holds {kind} ({bad.group()!r} at {bad.start()})")
+        size, limit = len(key.encode()), self.limits.max_delivery_key_bytes
+        if not 1 <= size <= limit:
+            raise InvalidKeyError(
+                f"delivery key is {size} UTF-8 bytes; it must be 1 to {limit}")
+        return key
+
+    def wait(self, definition: EntityDefinition, wait: object) -> WaitDefinition:
+        """The declared wait `wait` is (`Order.approval`), checked to be `definition`'s."""
+        if isinstance(wait, str):
+            raise UnknownHandlerError(
+                f"pass the wait itself, not its name: {definition.name}.{wait} rather than "
+                f"{wait!r} (its waits: {sorted(definition.waits)})",
+                entity_type=definition.name)
+        found = definition.waits.get(wait.name) if isinstance(wait, SignalWait) else None
+        if not isinstance(wait, SignalWait) or found is None or found.model is not wait.model:
+            raise UnknownHandlerError(
+                f"{wait!r} is not a wait of {definition.name} (its waits: "
+                f"{sorted(definition.waits)}); declare it with corral.wait(Model)",
+                entity_type=definition.name)
+        return found
+
+    def wait_payload(self, wait: WaitDefinition, payload: object) -> str:
+        return encode_model(wait.model, payload, max_bytes=self.limits.max_payload_bytes,
+                            what=f"delivery to wait {wait.name!r}")
 
     def check_reason(self, reason: object) -> str:
         """A termination reason: free text (newlines allowed) within the payload limit."""
@@ -246,6 +285,12 @@ def check_dead_letter_id(dead_letter_id: object) -> int:
             or not 0 < dead_letter_id < 2**63:
         raise InvalidArgumentError(f"a dead letter id is a positive int, got {dead_letter_id!r}")
     return dead_letter_id
+
+
+def check_run_id(run_id: object) -> int:
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**62:
+        raise InvalidArgumentError(f"run id must be a positive int, got {run_id!r}")
+    return run_id
 
 
 def check_limit(limit: object) -> int:

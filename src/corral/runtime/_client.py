@@ -24,6 +24,7 @@ from ._boundary import Authorize, Boundary, Limits, check_limit
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._ref import EntityRef
+from ._results import Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
 
 __all__ = ["Runtime", "open_runtime"]
@@ -89,6 +90,31 @@ class Runtime:
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         checked = None if key is None else self.boundary.check_key(key)
         return await self.backend.dead_letters(etype, checked, check_limit(limit))
+
+
+    async def signal_waits(self, entity_type: type[Entity] | str | None = None, *,
+                           limit: int = 100, after: str | None = None
+                           ) -> Page[SignalWaitInfo]:
+        """Open durable signal waits, oldest first, paged (payloads are never shown).
+
+        Args:
+            entity_type: only this type (a registered class or its name).
+            limit: at most this many per page.
+            after: the `next_cursor` of the previous page.
+
+        Example:
+            page = await rt.signal_waits(Order)
+            for w in page.items:
+                print(w.key, w.name, "since", w.waiting_since, "until", w.deadline)
+        """
+        etype = None if entity_type is None else self.boundary.definition(entity_type).name
+        limit = check_limit(limit)
+        rows = await self.backend.signal_waits(etype, limit + 1, decode_cursor(after))
+        items = [SignalWaitInfo.of(w) for w in rows[:limit]]
+        last = rows[limit - 1] if len(rows) > limit else None
+        cursor = None if last is None else encode_cursor(
+            (last.opened_at or 0.0, last.entity_type, last.key, last.run_id, last.name))
+        return Page(items, cursor)
 
 
 @contextlib.asynccontextmanager

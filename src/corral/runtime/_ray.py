@@ -44,8 +44,12 @@ from corral.persistence import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     RunRecord,
     UpdateOutcome,
+    WaitPosition,
+    WaitRecord,
     is_postgres_url,
 )
 
@@ -250,6 +254,17 @@ class RayBackend:
                 index, etype, "wait_update", etype, key, message_id, _WAIT_SLICE)
             if outcome is not None:
                 return outcome
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        result: DeliveryResult = await self.call(req.shard, req.entity_type, "deliver", req)
+        return result
+
+    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
+                           ) -> list[WaitRecord]:
+        # Every shard actor reads the same store: ask shard 0.
+        result: list[WaitRecord] = await self.call(0, etype or next(iter(self._definitions)),
+                                                   "signal_waits", etype, limit, after)
+        return result
 
     async def query(self, etype: str, key: str, name: str, payload: str | None, *,
                     activate: bool = False) -> str:

@@ -36,9 +36,13 @@ from corral.persistence import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
     RunRecord,
     Store,
     UpdateOutcome,
+    WaitPosition,
+    WaitRecord,
     is_postgres_url,
     open_store,
 )
@@ -199,6 +203,17 @@ class ShardHost:
                     self.backend.wait_update(etype, key, message_id), timeout)
             except asyncio.TimeoutError:  # not the builtin before 3.11
                 return None
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        async with self._serving():
+            self._check(req.entity_type, req.key)
+            return await self.backend.deliver(req)
+
+    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
+                           ) -> list[WaitRecord]:
+        """Any shard actor answers for all: they share one store."""
+        async with self._serving():
+            return await self.backend.signal_waits(etype, limit, after)
 
     async def query(self, etype: str, key: str, name: str, payload: str | None,
                     activate: bool) -> str:

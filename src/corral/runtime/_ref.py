@@ -25,21 +25,28 @@ from corral._errors import (
     UpdateFailedError,
     WaitTimeoutError,
 )
-from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind
+from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind, SignalWait
 from corral.actors._definition import MailboxHandler
 from corral.persistence import (
     Acceptance,
     AcceptResult,
     DeadLetter,
+    DeliveryRequest,
     EntryKind,
     canonical_json,
     payload_hash,
 )
 
 from ._backend import Backend
-from ._boundary import Boundary, check_dead_letter_id, check_limit, check_timeout
+from ._boundary import (
+    Boundary,
+    check_dead_letter_id,
+    check_limit,
+    check_run_id,
+    check_timeout,
+)
 from ._clock import Clock
-from ._results import Ack, EntityDescription, decode_value
+from ._results import Ack, Delivery, EntityDescription, decode_value
 
 __all__ = ["EntityRef"]
 
@@ -263,6 +270,50 @@ class EntityRef(Generic[E_co, S]):
                          payload_hash(name, payload), sender, start, d.id_reuse,
                          self._clock.time())
         return await self._backend.accept(acc)
+
+    # -- durable signal waits ------------------------------------------------------------
+
+    async def deliver(self, wait: SignalWait[P], payload: P | dict[str, Any], *, key: str,
+                      sender: str | None = None, run_id: int | None = None) -> Delivery[P]:
+        """Close the durable signal wait `wait` of the entity's current run, once.
+
+        `key` is the delivery's idempotency key (1-512 UTF-8 bytes): a retry with the same
+        key, payload and sender is answered `duplicate` with the retained delivery, also
+        after the entity moved on to its next run. Exactly one delivery wins a wait,
+        across every process and node; see `Delivery.status` for every answer. The
+        payload is validated against the wait's model before anything is stored. Pass
+        `run_id` to address one run (a delivery meant for a run that continued as new
+        is then `stale`, rather than buffered for the next run). The `authorize` hook
+        sees it as kind "deliver"; the recorded sender is the one it returns.
+
+        Raises:
+            IdempotencyConflictError: `key` was delivered with another payload or sender.
+            EntityNotRunningError: the entity is not running (and its last run never
+                reached or buffered this wait).
+
+        Example:
+            outcome = await rt.ref(Order, "order-17").deliver(
+                Order.approval, Decision(approved=True), key="click-8f2", sender="ana")
+            if outcome.status == "already_delivered":
+                print("decided already by", outcome.sender)
+        """
+        with self._about(key):
+            b, d = self._boundary, self.definition
+            w = b.wait(d, wait)
+            text = b.wait_payload(w, payload)
+            delivery_key = b.check_delivery_key(key)
+            if run_id is not None:
+                run_id = check_run_id(run_id)
+            who = await b.sender(sender, d, self.key, "deliver", w.name)
+            res = await self._backend.deliver(DeliveryRequest(
+                d.name, self.key, self.shard, w.name, delivery_key, text, who,
+                d.early_signals, self._clock.time(), run_id))
+            kept = res.wait
+            if kept is None:
+                return Delivery(res.status, None, None, None, None)  # type: ignore[arg-type]
+            value = None if kept.payload is None else wait.model.model_validate_json(kept.payload)
+            return Delivery(res.status, value, kept.sender, kept.delivered_at,  # type: ignore[arg-type]
+                            kept.run_id)
 
     # -- reads ---------------------------------------------------------------------------
 

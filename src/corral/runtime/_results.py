@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from corral._common import RunStatus
-from corral.persistence import canonical_json
+from corral._errors import InvalidArgumentError
+from corral.persistence import WaitPosition, WaitRecord, canonical_json
 
-__all__ = ["Ack", "EntityDescription", "RunSummary", "decode_value", "encode_value"]
+__all__ = [
+    "Ack",
+    "Delivery",
+    "DeliveryStatus",
+    "EntityDescription",
+    "Page",
+    "RunSummary",
+    "SignalWaitInfo",
+    "decode_cursor",
+    "decode_value",
+    "encode_cursor",
+    "encode_value",
+]
+
+M = TypeVar("M")
+T = TypeVar("T")
+
+DeliveryStatus = Literal["delivered", "duplicate", "already_delivered", "stale", "buffered",
+                         "not_waiting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +53,88 @@ class Ack:
     run_id: int
     seq: int
     started: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(Generic[M]):
+    """The answer to `EntityRef.deliver`, given only once the decision is durable.
+
+    Attributes:
+        status: what happened:
+            `"delivered"`: this call closed the wait; `run()` resumes with its payload.
+            `"duplicate"`: this key was delivered before with the same payload and
+            sender; the retained delivery is returned and nothing changes.
+            `"already_delivered"`: another key closed (or buffered for) the wait first;
+            its payload and sender are returned; nothing changes.
+            `"stale"`: the wait timed out, or its run ended; nothing changes.
+            `"buffered"`: `run()` has not reached the wait yet; this delivery is kept
+            and wins when it does (`early_signals = "buffer"`, the default).
+            `"not_waiting"`: `run()` has not reached the wait and the type rejects early
+            deliveries (`early_signals = "reject"`); nothing is kept.
+        payload: the retained delivery's payload (this call's, or the winner's), or None.
+        sender: the retained delivery's recorded (authenticated) sender.
+        delivered_at: when the retained delivery was made (seconds since the epoch).
+        run_id: the run whose wait this was (None for `"not_waiting"`).
+    """
+
+    status: DeliveryStatus
+    payload: M | None
+    sender: str | None
+    delivered_at: float | None
+    run_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalWaitInfo:
+    """One open durable signal wait, as operators list it (never with a payload).
+
+    Attributes:
+        entity_type, key, run_id: whose wait it is.
+        name: the wait's name.
+        waiting_since: when `run()` first reached it (seconds since the epoch).
+        deadline: when it times out, or None.
+    """
+
+    entity_type: str
+    key: str
+    run_id: int
+    name: str
+    waiting_since: float
+    deadline: float | None
+
+    @classmethod
+    def of(cls, w: WaitRecord) -> SignalWaitInfo:
+        return cls(w.entity_type, w.key, w.run_id, w.name, w.opened_at or 0.0, w.deadline)
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing. Pass `next_cursor` as `after=` for the next page; it is
+    None on the last page."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+def encode_cursor(position: WaitPosition) -> str:
+    """An opaque cursor for a listing position."""
+    return base64.urlsafe_b64encode(canonical_json(list(position)).encode()).decode()
+
+
+def decode_cursor(cursor: object) -> WaitPosition | None:
+    """The position of a cursor from `encode_cursor` (None for None)."""
+    if cursor is None:
+        return None
+    try:
+        if not isinstance(cursor, str) or len(cursor) > 4096:
+            raise ValueError(cursor)
+        at, etype, key, run_id, name = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not (isinstance(at, int | float) and isinstance(run_id, int)
+                and all(isinstance(v, str) for v in (etype, key, name))):
+            raise ValueError(cursor)
+    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        raise InvalidArgumentError(f"not a cursor of this listing: {cursor!r:.80}") from None
+    return (float(at), etype, key, run_id, name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,169 @@
+"""Durable signal waits: what a delivery, `run()` reaching a wait, and a timeout decide.
+
+Pure functions over the rows a store read (under its locks): both stores call them,
+so SQLite and PostgreSQL decide exactly alike and differ only in how they read and
+write. A wait row is per (entity, run, name) and retains one delivery at most, the
+winner's; losers change nothing. The transitions:
+
+    (none) --deliver, early_signals="buffer"--> buffered --run() reaches it--> delivered
+    (none) --run() reaches it--> open --deliver--> delivered
+                                 open --deadline passes--> timed_out
+    buffered, open --the run ends (any way, continue-as-new included)--> closed
+
+A delivery's key is checked first against every retained wait of that name (this
+run's and the previous run's, see `close_waits`), so a retry that arrives after the
+entity moved on to its next run is still a `duplicate`, never a second delivery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from corral._common import RunStatus, WaitStatus
+from corral._errors import EntityNotRunningError, IdempotencyConflictError
+
+from ._records import DeliveryRequest, WaitRecord
+from ._txn import EntityRow
+
+__all__ = [
+    "WAIT_COLUMNS",
+    "Decision",
+    "WaitPosition",
+    "decide_delivery",
+    "decide_expiry",
+    "decide_open",
+    "delivery_message_id",
+    "delivery_run",
+    "timer_id",
+    "wait_from_row",
+]
+
+WaitPosition = tuple[float, str, str, int, str]
+"""Where a listing of open waits goes on: (opened_at, etype, key, run_id, name)."""
+
+WAIT_COLUMNS = ("etype, key, run_id, name, status, opened_at, deadline, delivery_key, "
+                "payload, sender, delivered_at")
+"""The `signal_waits` columns `wait_from_row` reads, in order."""
+
+
+def wait_from_row(r: Sequence[Any]) -> WaitRecord:
+    """A `WaitRecord` from a row of `WAIT_COLUMNS`."""
+    return WaitRecord(r[0], r[1], r[2], r[3], WaitStatus(r[4]), r[5], r[6], r[7], r[8], r[9],
+                      r[10])
+
+
+def timer_id(name: str) -> str:
+    """The durable timer of an open wait (`sleep`'s timers are `<run>.<seq>.<n>`)."""
+    return f"wait:{name}"
+
+
+def delivery_message_id(run_id: int, name: str, delivery_key: str) -> str:
+    """The journal message id of the entry that wakes a run with its delivery.
+
+    It starts with a control character, which no caller's message id may hold, so it
+    never meets a signal's id in the dedupe window."""
+    return f"\x1ddeliver\x1d{run_id}\x1d{name}\x1d{delivery_key}"
+
+
+def delivery_run(message_id: str) -> int:
+    """The run a `DELIVER` entry's delivery was for (continue-as-new may carry the
+    entry into the next run, whose wait of the same name it did not close)."""
+    return int(message_id.split("\x1d", 3)[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to answer and what to write.
+
+    `wait` is the wait as it stands afterwards; `write` says it must be stored;
+    `wake` that a `DELIVER` journal entry must be appended for the waiting run.
+    """
+
+    status: str
+    wait: WaitRecord | None
+    write: bool = False
+    wake: bool = False
+
+
+def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRecord | None,
+                    keyed: WaitRecord | None) -> Decision:
+    """Decide a delivery.
+
+    `row` is the entity's (locked) row; `target` the wait `req.name` of the run the
+    delivery addresses; `keyed` a retained wait of that name whose delivery has
+    `req.delivery_key` (any retained run), if there is one.
+
+    Raises `EntityNotRunningError` (no run, or the addressed run ended without ever
+    reaching or buffering this wait) or `IdempotencyConflictError` (the key was used
+    with another payload or sender).
+    """
+    ident: dict[str, Any] = {"entity_type": req.entity_type, "key": req.key,
+                             "message_id": req.delivery_key}
+    if row is None:
+        raise EntityNotRunningError(
+            f"{req.entity_type} {req.key!r} was never started; nothing waits for "
+            f"{req.name!r}", **ident)
+    run_id = row.run_id if req.run_id is None else req.run_id
+    if not 1 <= run_id <= row.run_id:
+        raise EntityNotRunningError(
+            f"{req.entity_type} {req.key!r} has no run {run_id} (its latest is {row.run_id})",
+            run_id=row.run_id, **ident)
+    if keyed is not None:
+        if keyed.payload != req.payload:
+            raise IdempotencyConflictError(
+                f"delivery key {req.delivery_key!r} of wait {req.name!r} was delivered "
+                "before with a different payload", run_id=keyed.run_id, **ident)
+        if keyed.sender != req.sender:
+            raise IdempotencyConflictError(
+                f"delivery key {req.delivery_key!r} of wait {req.name!r} was delivered "
+                f"before by sender {keyed.sender!r}, not {req.sender!r}",
+                run_id=keyed.run_id, **ident)
+        return Decision("duplicate", keyed)
+    running = row.status is RunStatus.RUNNING and run_id == row.run_id
+    if target is not None:
+        if target.status.has_delivery:
+            return Decision("already_delivered", target)
+        if target.status is WaitStatus.OPEN and running:
+            won = replace(target, status=WaitStatus.DELIVERED, delivery_key=req.delivery_key,
+                          payload=req.payload, sender=req.sender,
+                          delivered_at=req.delivered_at)
+            return Decision("delivered", won, write=True, wake=True)
+        return Decision("stale", target)  # timed out, or its run ended
+    if run_id != row.run_id:
+        return Decision("stale", None)  # an earlier run, ended (its waits may be pruned)
+    if not running:
+        raise EntityNotRunningError(
+            f"{req.entity_type} {req.key!r} is {row.status.value}; nothing waits for "
+            f"{req.name!r}", run_id=row.run_id, **ident)
+    if req.early == "reject":
+        return Decision("not_waiting", None)
+    buffered = WaitRecord(req.entity_type, req.key, run_id, req.name, WaitStatus.BUFFERED,
+                          delivery_key=req.delivery_key, payload=req.payload,
+                          sender=req.sender, delivered_at=req.delivered_at)
+    return Decision("buffered", buffered, write=True)
+
+
+def decide_open(row: EntityRow | None, wait: WaitRecord | None, etype: str, key: str,
+                run_id: int, name: str, *, deadline: float | None, now: float) -> Decision:
+    """`run()` reached the wait: open it (with its deadline, kept from the first time),
+    or take the buffered delivery. Status "closed" if the run is no longer running."""
+    if row is None or row.run_id != run_id or row.status is not RunStatus.RUNNING:
+        return Decision("closed", wait or WaitRecord(etype, key, run_id, name,
+                                                     WaitStatus.CLOSED))
+    if wait is None:
+        return Decision("open", WaitRecord(etype, key, run_id, name, WaitStatus.OPEN,
+                                           opened_at=now, deadline=deadline), write=True)
+    if wait.status is WaitStatus.BUFFERED:
+        return Decision("delivered", replace(wait, status=WaitStatus.DELIVERED, opened_at=now),
+                        write=True)
+    return Decision(wait.status.value, wait)
+
+
+def decide_expiry(wait: WaitRecord | None, *, now: float) -> Decision:
+    """The wait's deadline seems to have passed: time it out if it is still open."""
+    if wait is not None and wait.status is WaitStatus.OPEN and wait.deadline is not None \
+            and wait.deadline <= now:
+        return Decision("timed_out", replace(wait, status=WaitStatus.TIMED_OUT), write=True)
+    return Decision("unchanged", wait)
