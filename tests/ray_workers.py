@@ -121,7 +121,25 @@ class Alarm(corral.Entity):
         return time.time()
 
 
-ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm]
+class Verdict(BaseModel):
+    approved: bool
+    by: str
+
+
+class Gate(corral.Entity):
+    """Waits for one durable signal, then returns it (idle after 0.2 s: passivated)."""
+
+    idle_timeout = 0.2
+    verdict = corral.wait(Verdict)
+
+    def __init__(self, init: Start) -> None:
+        self.tenant = init.tenant
+
+    async def run(self) -> Verdict:
+        return await self.wait_for_signal(Gate.verdict, timeout=600)
+
+
+ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate]
 
 
 # -- a storm sender (a driver process or a Ray task) -----------------------------------

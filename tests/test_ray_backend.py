@@ -44,11 +44,13 @@ from ray_workers import (
     Alarm,
     ClientActor,
     Counter,
+    Gate,
     Heavy,
     Item,
     Seen,
     Start,
     Tally,
+    Verdict,
     Wake,
     client_task,
     storm,
@@ -116,6 +118,30 @@ def assert_applied_once(items: list[str], acked: set[str]) -> None:
 
 
 # -- the API -----------------------------------------------------------------------------
+
+
+async def test_durable_signal_waits_work_the_same_on_ray(db_path: str, namespace: str) -> None:
+    async with ray_runtime(db_path, namespace) as rt:
+        ref = rt.ref(Gate, fresh_key("gate"))
+        await ref.start(start=Start(tenant="t"))
+
+        async def listed() -> bool:
+            return any(w.key == ref.key for w in (await rt.signal_waits(Gate)).items)
+        await until(listed, "the gate waits")
+        await asyncio.sleep(0.5)  # passivated meanwhile (idle_timeout 0.2 s)
+        answers = await asyncio.gather(*(
+            ref.deliver(Gate.verdict, Verdict(approved=i == 0, by=f"m{i}"), key=f"k{i}",
+                        sender=f"m{i}") for i in range(8)))
+        retry = await ref.deliver(Gate.verdict, answers[3].payload or {}, key="k3",
+                                  sender="m3")
+        result = await ref.result(timeout=60)
+    winners = [a for a in answers if a.status == "delivered"]
+    assert len(winners) == 1
+    assert {a.status for a in answers} == {"delivered", "already_delivered"}
+    assert {a.sender for a in answers} == {winners[0].sender}
+    assert result == winners[0].payload
+    assert retry.status == ("duplicate" if answers[3].status == "delivered"
+                            else "already_delivered")
 
 
 async def test_the_entity_ref_api_works_the_same_on_ray(db_path: str, namespace: str) -> None:

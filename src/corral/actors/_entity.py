@@ -151,14 +151,13 @@ class Entity:
                 decision = await self.wait_for_signal(Order.approval, timeout=86400)
                 return Outcome(approved=decision.approved)
         """
-        declared = self._corral_definition.waits.get(getattr(wait, "name", None) or "")
-        if not isinstance(wait, SignalWait) or declared is None or declared.model is not wait.model:
+        if not isinstance(wait, SignalWait) or not wait.belongs_to(type(self)):
             raise InvalidArgumentError(
                 f"{wait!r} is not a wait of {type(self).__name__} (its waits: "
                 f"{sorted(self._corral_definition.waits)}); declare it on the class with "
                 "corral.wait(Model)")
-        seconds = check_wait_timeout(declared, timeout)
-        text = await self._corral_context.wait_signal(declared.name, seconds)
+        seconds = check_wait_timeout(wait.definition, timeout)
+        text = await self._corral_context.wait_signal(wait.name, seconds)
         return wait.model.model_validate_json(text)
 
     def now(self) -> float:

@@ -93,6 +93,12 @@ class SignalWait(Generic[M]):
     def definition(self) -> WaitDefinition:
         return WaitDefinition(self.name, self.model, self.max_timeout)
 
+    def belongs_to(self, cls: type) -> bool:
+        """Whether this is a wait of the entity class `cls` (declared on it or a base)."""
+        waits = getattr(getattr(cls, "_corral_definition", None), "waits", {})
+        return isinstance(self.owner, type) and issubclass(cls, self.owner) \
+            and waits.get(self.name) == self.definition
+
     def __get__(self, instance: object, owner: type) -> SignalWait[M]:
         return self  # the declaration itself, on the class and on instances alike
 

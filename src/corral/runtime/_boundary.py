@@ -170,13 +170,12 @@ class Boundary:
                 f"pass the wait itself, not its name: {definition.name}.{wait} rather than "
                 f"{wait!r} (its waits: {sorted(definition.waits)})",
                 entity_type=definition.name)
-        found = definition.waits.get(wait.name) if isinstance(wait, SignalWait) else None
-        if not isinstance(wait, SignalWait) or found is None or found.model is not wait.model:
+        if not isinstance(wait, SignalWait) or not wait.belongs_to(definition.cls):
             raise UnknownHandlerError(
                 f"{wait!r} is not a wait of {definition.name} (its waits: "
                 f"{sorted(definition.waits)}); declare it with corral.wait(Model)",
                 entity_type=definition.name)
-        return found
+        return wait.definition
 
     def wait_payload(self, wait: WaitDefinition, payload: object) -> str:
         return encode_model(wait.model, payload, max_bytes=self.limits.max_payload_bytes,
