@@ -22,8 +22,18 @@ async def uses(rt: corral.Runtime) -> None:
     assert_type(await ref.query(Ticket.replies_so_far), list[str])
     assert_type(await ref.query(Ticket.starts_with, Reply(text="h")), bool)
     assert_type(await ref.result(timeout=1.0), int)
+    delivery = await ref.deliver(Ticket.approval, Reply(text="ok"), key="k-1", sender="ana")
+    assert_type(delivery, corral.Delivery[Reply])
+    assert_type(delivery.payload, Reply | None)
+    await ref.deliver(Ticket.approval, {"text": "ok"}, key="k-2")
 
     job = rt.ref(Job, "job-1")
     assert_type(job, corral.EntityRef[Job, None])
     await job.signal_with_start(Job.poke, Reply(text="x"), start=None)
     assert_type(await job.result(), str)
+
+
+class Waiter(Ticket):
+    async def run(self) -> int:
+        assert_type(await self.wait_for_signal(Ticket.approval, timeout=60), Reply)
+        return 0

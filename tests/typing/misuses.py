@@ -27,4 +27,7 @@ async def misuses(rt: corral.Runtime) -> None:
     job = rt.ref(Job, "job-1")
     await job.signal(Ticket.inbox, Reply(text="x"))  # error: Ticket's mailbox on a Job
     await job.signal_with_start(Job.poke, Reply(text="x"), start=Start(tenant="a"))  # error
+    await ref.deliver(Ticket.approval, Other(text="x"), key="k")  # error: wrong model
+    await job.deliver(Ticket.approval, Reply(text="x"), key="k")  # error: Ticket's wait
+    await ref.deliver(Ticket.approval, Reply(text="x"))  # error: the key is required
     _ = (assigned, count, flag, result)

@@ -25,6 +25,7 @@ class Assigned(BaseModel):
 
 class Ticket(corral.Entity):
     inbox = corral.signal(Reply)
+    approval = corral.wait(Reply)
 
     def __init__(self, init: Start) -> None:
         self.replies: list[str] = []

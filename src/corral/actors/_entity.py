@@ -20,7 +20,7 @@ from corral._errors import InvalidArgumentError
 from ._context import EntityContext, Mailbox
 from ._control import ContinueAsNew
 from ._definition import EntityDefinition, define_entity
-from ._waits import SignalWait, check_wait_timeout
+from ._waits import SignalWait, WaitHandle, check_wait_timeout
 
 __all__ = ["Entity"]
 
@@ -128,8 +128,8 @@ class Entity:
         """
         await self._corral_context.sleep_until(self.now() + seconds)
 
-    async def wait_for_signal(self, wait: SignalWait[M], *, timeout: float | None = None
-                              ) -> M:
+    async def wait_for_signal(self, wait: WaitHandle[Any, M], *,
+                              timeout: float | None = None) -> M:
         """Wait for the delivery that closes the durable signal wait `wait` of this run.
 
         `wait` is declared on the class (`approval = corral.wait(Decision)`); a caller
@@ -158,7 +158,8 @@ class Entity:
                 "corral.wait(Model)")
         seconds = check_wait_timeout(wait.definition, timeout)
         text = await self._corral_context.wait_signal(wait.name, seconds)
-        return wait.model.model_validate_json(text)
+        model: type[M] = wait.model
+        return model.model_validate_json(text)
 
     def now(self) -> float:
         """The current wall-clock time, in seconds since the epoch, as the host sees it.

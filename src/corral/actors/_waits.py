@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -24,10 +24,13 @@ __all__ = [
     "MIN_WAIT_TIMEOUT",
     "SignalWait",
     "WaitDefinition",
+    "WaitHandle",
     "check_wait_timeout",
 ]
 
 M = TypeVar("M", bound=BaseModel)
+Owner = TypeVar("Owner")
+Owner_contra = TypeVar("Owner_contra", contravariant=True)
 
 MIN_WAIT_TIMEOUT = 0.001
 """The shortest timeout of a wait, in seconds."""
@@ -47,6 +50,14 @@ class WaitDefinition:
     name: str
     model: type[BaseModel]
     max_timeout: float
+
+
+class WaitHandle(Protocol[Owner_contra, M]):
+    """How the type checker sees a wait read off its class (`Order.approval`): bound to
+    that entity type and its payload model, so `EntityRef.deliver` accepts it only for
+    that type, with that model. Never instantiated."""
+
+    def _corral_wait(self, owner: Owner_contra, payload: M, /) -> M: ...
 
 
 class SignalWait(Generic[M]):
@@ -99,7 +110,11 @@ class SignalWait(Generic[M]):
         return isinstance(self.owner, type) and issubclass(cls, self.owner) \
             and waits.get(self.name) == self.definition
 
-    def __get__(self, instance: object, owner: type) -> SignalWait[M]:
+    @overload
+    def __get__(self, instance: None, owner: type[Owner]) -> WaitHandle[Owner, M]: ...
+    @overload
+    def __get__(self, instance: Owner, owner: type[Owner]) -> WaitHandle[Owner, M]: ...
+    def __get__(self, instance: object, owner: type) -> Any:
         return self  # the declaration itself, on the class and on instances alike
 
     def __repr__(self) -> str:

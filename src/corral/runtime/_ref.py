@@ -25,7 +25,8 @@ from corral._errors import (
     UpdateFailedError,
     WaitTimeoutError,
 )
-from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind, SignalWait
+from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind
+from corral.actors._waits import WaitHandle
 from corral.actors._definition import MailboxHandler
 from corral.persistence import (
     Acceptance,
@@ -273,7 +274,7 @@ class EntityRef(Generic[E_co, S]):
 
     # -- durable signal waits ------------------------------------------------------------
 
-    async def deliver(self, wait: SignalWait[P], payload: P | dict[str, Any], *, key: str,
+    async def deliver(self, wait: WaitHandle[E_co, P], payload: P | dict[str, Any], *, key: str,
                       sender: str | None = None, run_id: int | None = None) -> Delivery[P]:
         """Close the durable signal wait `wait` of the entity's current run, once.
 
@@ -311,7 +312,8 @@ class EntityRef(Generic[E_co, S]):
             kept = res.wait
             if kept is None:
                 return Delivery(res.status, None, None, None, None)  # type: ignore[arg-type]
-            value = None if kept.payload is None else wait.model.model_validate_json(kept.payload)
+            model: type[P] = w.model  # type: ignore[assignment]
+            value = None if kept.payload is None else model.model_validate_json(kept.payload)
             return Delivery(res.status, value, kept.sender, kept.delivered_at,  # type: ignore[arg-type]
                             kept.run_id)
 
