@@ -45,4 +45,5 @@ def test_every_readme_snippet_runs_as_written(
     assert "Ack(status='accepted', run_id=1, seq=2, started=False)" in out  # through Ray
     assert "reminder: pay invoice 77" in out
     assert "True" in out  # the reminder's start started a run
+    assert "['already_delivered', 'delivered']\nduplicate True\nexpired stale" in out
     assert os.path.exists(tmp_path / "corral.db")
