@@ -19,7 +19,17 @@ from typing import Any
 from corral._common import RunStatus
 
 from ._dead_letters import DEAD_LETTER_COLUMNS
-from ._records import DeadLetter, EntryKind, JournalEntry, RunRecord, UpdateOutcome
+from ._listing import ENTITY_COLUMNS, entity_from_row
+from ._records import (
+    DeadLetter,
+    EntityDetails,
+    EntityRecord,
+    EntryKind,
+    JournalEntry,
+    RunRecord,
+    UpdateOutcome,
+)
+from ._waits import WAIT_COLUMNS, wait_from_row
 
 __all__ = [
     "current_ticks",
@@ -191,3 +201,39 @@ async def dead_letter_seqs(conn: Any, etype: str, key: str, run_id: int) -> froz
     rows = await conn.fetch("SELECT seq FROM dead_letters WHERE etype = $1 AND key = $2 "
                             "AND run_id = $3", etype, key, run_id)
     return frozenset(int(r[0]) for r in rows)
+
+
+async def list_entities(conn: Any, etype: str | None, status: RunStatus | None, limit: int,
+                        after: tuple[str, str] | None) -> list[EntityRecord]:
+    """A page of entities in (etype, key) order (see `_listing.list_entities`)."""
+    where: list[str] = []
+    args: list[Any] = []
+    if status is not None:
+        args.append(status.value)
+        where.append(f"status = ${len(args)}")
+    if etype is not None:
+        args.append(etype)
+        where.append(f"etype = ${len(args)}")
+    if after is not None:
+        args.extend(after)
+        where.append(f"(etype, key) > (${len(args) - 1}, ${len(args)})")
+    args.append(limit)
+    rows = await conn.fetch(
+        f"SELECT {ENTITY_COLUMNS} FROM entities {'WHERE ' if where else ''}"
+        f"{' AND '.join(where)} ORDER BY etype, key LIMIT ${len(args)}", *args)
+    return [entity_from_row(r) for r in rows]
+
+
+async def entity_details(conn: Any, etype: str, key: str, run_id: int) -> EntityDetails:
+    snap = await conn.fetchrow(
+        "SELECT applied_seq, created_at FROM snapshots WHERE etype = $1 AND key = $2 "
+        "AND run_id = $3 ORDER BY applied_seq DESC LIMIT 1", etype, key, run_id)
+    timers = await conn.fetch("SELECT due_at FROM timers WHERE etype = $1 AND key = $2 "
+                              "ORDER BY due_at", etype, key)
+    waits = await conn.fetch(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype = $1 "
+                             "AND key = $2 AND run_id = $3 ORDER BY name", etype, key, run_id)
+    dead = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE etype = $1 "
+                               "AND key = $2", etype, key)
+    return EntityDetails(None if snap is None else snap[0], None if snap is None else snap[1],
+                         tuple(t[0] for t in timers), tuple(wait_from_row(w) for w in waits),
+                         int(dead))

@@ -55,6 +55,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Operators list open waits oldest first.
         "CREATE INDEX IF NOT EXISTS signal_waits_open ON signal_waits "
         "(status, opened_at, etype, key, run_id, name)",
+        # Operators see when an entity last accepted a message or changed status.
+        "ALTER TABLE entities ADD COLUMN IF NOT EXISTS updated_at double precision",
     ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)

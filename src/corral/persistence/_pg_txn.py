@@ -141,11 +141,13 @@ WITH r AS (
     SELECT * FROM unnest($7::text[], $8::text[], $15::text[], $9::bigint[], $10::bigint[],
                          $19::bytea[], $17::text[], $18::float8[])
 ), e AS (
-    INSERT INTO entities (etype, key, shard, run_id, status, next_seq)
-    SELECT * FROM unnest($20::text[], $21::text[], $22::int[], $23::bigint[], $24::text[],
-                         $25::bigint[])
+    INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at)
+    SELECT *, extract(epoch FROM clock_timestamp())::float8
+    FROM unnest($20::text[], $21::text[], $22::int[], $23::bigint[], $24::text[],
+                $25::bigint[])
     ON CONFLICT (etype, key) DO UPDATE SET run_id = excluded.run_id,
-        status = excluded.status, next_seq = excluded.next_seq
+        status = excluded.status, next_seq = excluded.next_seq,
+        updated_at = excluded.updated_at
 ), t AS (
     UPDATE shard_ticks s SET tick = u.tick
     FROM unnest($26::int[], $27::bigint[]) AS u(shard, tick) WHERE s.shard = u.shard

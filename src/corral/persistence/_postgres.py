@@ -59,6 +59,8 @@ from ._records import (
     DeadLetter,
     DeliveryRequest,
     DeliveryResult,
+    EntityDetails,
+    EntityRecord,
     JournalEntry,
     RunRecord,
     UpdateOutcome,
@@ -181,6 +183,13 @@ class PostgresStore:
     async def signal_waits(self, etype: str | None, *, limit: int,
                            after: WaitPosition | None = None) -> list[WaitRecord]:
         return await self.read(open_waits, etype, limit, after)
+
+    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
+                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
+        return await self.read(reads.list_entities, etype, status, limit, after)
+
+    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
+        return await self.read(reads.entity_details, etype, key, run_id)
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
                             outcome: UpdateOutcome) -> None:

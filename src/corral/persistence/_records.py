@@ -18,6 +18,8 @@ __all__ = [
     "DeadLetter",
     "DeliveryRequest",
     "DeliveryResult",
+    "EntityDetails",
+    "EntityRecord",
     "EntryKind",
     "JournalEntry",
     "RunRecord",
@@ -211,3 +213,34 @@ class DeliveryResult:
     status: str
     wait: WaitRecord | None
     entry: JournalEntry | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRecord:
+    """One entity as the store lists it: its latest run and journal position.
+
+    `passivated_seq` is the applied watermark of an entity snapshotted and evicted from
+    memory (None while resident, or closed); `updated_at` when it last accepted a
+    message or changed status.
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    run_id: int
+    status: RunStatus
+    accepted_seq: int
+    passivated_seq: int | None
+    updated_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityDetails:
+    """What an operator inspects beyond the run: the latest snapshot of the current run,
+    pending durable timers (due times), the run's signal waits and the dead letters."""
+
+    snapshot_seq: int | None
+    snapshot_at: float | None
+    timers: tuple[float, ...]
+    waits: tuple[WaitRecord, ...]
+    dead_letters: int

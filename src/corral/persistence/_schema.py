@@ -43,6 +43,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Operators list open waits oldest first.
         "CREATE INDEX IF NOT EXISTS signal_waits_open ON signal_waits "
         "(status, opened_at, etype, key, run_id, name)",
+        # Operators see when an entity last accepted a message or changed status.
+        "ALTER TABLE entities ADD COLUMN updated_at REAL",
     ),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""

@@ -42,6 +42,7 @@ from ._lifecycle import (
     SnapshotOp,
     TimerOp,
 )
+from ._listing import entity_details, list_entities
 from ._locks import LeaseLocks
 from ._records import (
     Acceptance,
@@ -49,6 +50,8 @@ from ._records import (
     DeadLetter,
     DeliveryRequest,
     DeliveryResult,
+    EntityDetails,
+    EntityRecord,
     EntryKind,
     JournalEntry,
     RunRecord,
@@ -330,6 +333,13 @@ class SqliteStore:
     async def signal_waits(self, etype: str | None, *, limit: int,
                            after: WaitPosition | None = None) -> list[WaitRecord]:
         return await self.read(lambda db: open_waits(db, etype, limit, after))
+
+    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
+                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
+        return await self.read(lambda db: list_entities(db, etype, status, limit, after))
+
+    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
+        return await self.read(lambda db: entity_details(db, etype, key, run_id))
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
                             outcome: UpdateOutcome) -> None:

@@ -13,6 +13,8 @@ from ._records import (
     DeadLetter,
     DeliveryRequest,
     DeliveryResult,
+    EntityDetails,
+    EntityRecord,
     JournalEntry,
     RunRecord,
     UpdateOutcome,
@@ -63,6 +65,17 @@ class Store(Protocol):
     async def signal_waits(self, etype: str | None, *, limit: int,
                            after: WaitPosition | None = None) -> list[WaitRecord]:
         """Open waits (of one type, or all), oldest first, after position `after`."""
+        ...
+
+    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
+                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
+        """Entities in (type, key) order after `after`, optionally of one type and/or
+        status; indexed, so a page costs the same in a store of any size."""
+        ...
+
+    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
+        """The run's latest snapshot, the entity's pending timers, the run's signal
+        waits and the entity's dead-letter count."""
         ...
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,

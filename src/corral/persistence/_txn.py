@@ -8,6 +8,7 @@ lease), so the other ops of its batch still commit.
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,11 +96,14 @@ class Txn:
             self.accepted.clear()
         dirty = [(k[0], k[1], r) for k, r in self.entities.items() if r is not None and r.dirty]
         if dirty:
+            now = time.time()
             self.db.executemany(
-                "INSERT INTO entities (etype, key, shard, run_id, status, next_seq) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
-                "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq",
-                [(e, k, r.shard, r.run_id, r.status.value, r.next_seq) for e, k, r in dirty],
+                "INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
+                "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq, "
+                "updated_at=excluded.updated_at",
+                [(e, k, r.shard, r.run_id, r.status.value, r.next_seq, now)
+                 for e, k, r in dirty],
             )
             for _, _, r in dirty:
                 r.dirty = False

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from corral._common import RunStatus
+from corral._common import RunStatus, WaitStatus
 from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
@@ -25,6 +25,7 @@ from corral.persistence import (
     DeadLetter,
     DeliveryRequest,
     DeliveryResult,
+    EntityRecord,
     EntryKind,
     RunRecord,
     Store,
@@ -33,10 +34,11 @@ from corral.persistence import (
     WaitRecord,
 )
 
+from ._activation import Activation
 from ._apply import ReplicaContext, apply_entry, run_query
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
-from ._results import EntityDescription, RunSummary
+from ._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
 from ._shard import Shard, ShardStopped
 from ._snapshot import rebuild
 
@@ -63,6 +65,12 @@ class Backend(Protocol):
     async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
                            ) -> list[WaitRecord]:
         """Open signal waits, oldest first, after position `after`."""
+        ...
+
+    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
+                       after: tuple[str, str] | None) -> list[EntitySummary]:
+        """Entities in (type, key) order after `after`, with what the answering process
+        knows live of those it hosts."""
         ...
 
     async def query(self, etype: str, key: str, name: str, payload: str | None, *,
@@ -130,6 +138,26 @@ class LocalBackend:
     async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
                            ) -> list[WaitRecord]:
         return await self.store.signal_waits(etype, limit=limit, after=after)
+
+    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
+                       after: tuple[str, str] | None) -> list[EntitySummary]:
+        rows = await self.store.entities(etype, status, limit=limit, after=after)
+        return [self._summary(r) for r in rows]
+
+    def _summary(self, r: EntityRecord) -> EntitySummary:
+        live = self._live(r.entity_type, r.key, r.run_id)
+        passivated = r.status is RunStatus.RUNNING and r.passivated_seq is not None \
+            and live is None
+        return EntitySummary(
+            r.entity_type, r.key, r.shard, r.status, r.run_id, r.accepted_seq,
+            live.applied_seq if live else (r.passivated_seq if passivated else None),
+            live.mailbox_depth if live else None, passivated, r.updated_at)
+
+    def _live(self, etype: str, key: str, run_id: int) -> Activation | None:
+        """This process's ready activation of the entity's run `run_id`, if any."""
+        shard = self._shard(etype, key)
+        act = shard.get(etype, key) if shard else None
+        return act if act is not None and act.is_ready and act.run_id == run_id else None
 
     async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
         shard = self._shard(etype, key)
@@ -223,16 +251,21 @@ class LocalBackend:
             return EntityDescription(etype, key, self._shard_of(etype, key),
                                      RunStatus.NEVER_STARTED, 0, 0, None, None, False, ())
         run, next_seq = found
-        shard = self._shard(etype, key)
-        act = shard.get(etype, key) if shard else None
-        live = act if act is not None and act.is_ready and act.run_id == run.run_id else None
+        live = self._live(etype, key, run.run_id)
         runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error,
                                 r.continued_from)
                      for r in await self.store.runs(etype, key))
+        more = await self.store.entity_details(etype, key, run.run_id)
         return EntityDescription(
             etype, key, self._shard_of(etype, key), run.status, run.run_id, next_seq - 1,
             live.applied_seq if live else None, live.mailbox_depth if live else None,
-            live is not None, runs,
+            live is not None, runs, snapshot_seq=more.snapshot_seq,
+            snapshot_age=None if more.snapshot_at is None
+            else max(0.0, self._clock.time() - more.snapshot_at),
+            timers=more.timers,
+            open_waits=tuple(SignalWaitInfo.of(w) for w in more.waits
+                             if w.status is WaitStatus.OPEN),
+            dead_letters=more.dead_letters,
         )
 
     async def latest_run(self, etype: str, key: str) -> RunRecord | None:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from corral._common import RunStatus
 from corral._errors import (
     InvalidArgumentError,
     InvalidKeyError,
@@ -306,3 +307,15 @@ def check_timeout(timeout: object) -> float | None:
         raise InvalidArgumentError(
             f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
     return float(timeout)
+
+
+def check_status(status: object) -> RunStatus:
+    """A run status to filter by (a `RunStatus` or its value, e.g. "running")."""
+    try:
+        found = RunStatus(status)
+    except ValueError:
+        found = None
+    if found is None or found is RunStatus.NEVER_STARTED:
+        known = [s.value for s in RunStatus if s is not RunStatus.NEVER_STARTED]
+        raise InvalidArgumentError(f"status must be one of {known}, got {status!r}")
+    return found

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from corral._common import RunStatus
 from corral._errors import (
     CorralError,
 )
@@ -20,11 +21,11 @@ from corral.persistence import (
 )
 
 from ._backend import Backend, LocalBackend
-from ._boundary import Authorize, Boundary, Limits, check_limit
+from ._boundary import Authorize, Boundary, Limits, check_limit, check_status
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._ref import EntityRef
-from ._results import Page, SignalWaitInfo, decode_cursor, encode_cursor
+from ._results import EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
 
 __all__ = ["Runtime", "open_runtime"]
@@ -92,6 +93,32 @@ class Runtime:
         return await self.backend.dead_letters(etype, checked, check_limit(limit))
 
 
+    async def entities(self, entity_type: type[Entity] | str | None = None, *,
+                       status: RunStatus | str | None = None, limit: int = 100,
+                       after: str | None = None) -> Page[EntitySummary]:
+        """Entities in (type, key) order, paged; indexed, so a page costs the same
+        however many entities the store holds.
+
+        Args:
+            entity_type: only this type (a registered class or its name).
+            status: only entities whose latest run has this status.
+            limit: at most this many per page.
+            after: the `next_cursor` of the previous page.
+
+        Example:
+            page = await rt.entities(TicketAgent, status="running")
+            for e in page.items:
+                print(e.key, e.run_id, e.accepted_seq, e.updated_at)
+        """
+        etype = None if entity_type is None else self.boundary.definition(entity_type).name
+        wanted = None if status is None else check_status(status)
+        limit = check_limit(limit)
+        position = decode_cursor(after, (str, str))
+        rows = await self.backend.entities(etype, wanted, limit + 1, position)
+        last = rows[limit - 1] if len(rows) > limit else None
+        return Page(rows[:limit], None if last is None else
+                    encode_cursor((last.entity_type, last.key)))
+
     async def signal_waits(self, entity_type: type[Entity] | str | None = None, *,
                            limit: int = 100, after: str | None = None
                            ) -> Page[SignalWaitInfo]:
@@ -109,7 +136,8 @@ class Runtime:
         """
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         limit = check_limit(limit)
-        rows = await self.backend.signal_waits(etype, limit + 1, decode_cursor(after))
+        position = decode_cursor(after, (float, str, str, int, str))
+        rows = await self.backend.signal_waits(etype, limit + 1, position)
         items = [SignalWaitInfo.of(w) for w in rows[:limit]]
         last = rows[limit - 1] if len(rows) > limit else None
         cursor = None if last is None else encode_cursor(

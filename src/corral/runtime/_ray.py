@@ -35,6 +35,7 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
+from corral._common import RunStatus
 from corral._errors import (
     CorralError,
     UnknownEntityTypeError,
@@ -54,7 +55,7 @@ from corral.persistence import (
 )
 
 from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name
-from ._results import EntityDescription
+from ._results import EntityDescription, EntitySummary
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -264,6 +265,13 @@ class RayBackend:
         # Every shard actor reads the same store: ask shard 0.
         result: list[WaitRecord] = await self.call(0, etype or next(iter(self._definitions)),
                                                    "signal_waits", etype, limit, after)
+        return result
+
+    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
+                       after: tuple[str, str] | None) -> list[EntitySummary]:
+        # Every shard actor reads the same store: ask shard 0 (live figures are its own).
+        result: list[EntitySummary] = await self.call(
+            0, etype or next(iter(self._definitions)), "entities", etype, status, limit, after)
         return result
 
     async def query(self, etype: str, key: str, name: str, payload: str | None, *,

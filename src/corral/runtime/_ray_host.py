@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from corral._common import RunStatus
 from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
 from corral.actors import (
     Entity,
@@ -49,7 +50,7 @@ from corral.persistence import (
 
 from ._backend import LocalBackend
 from ._host import LocalHost
-from ._results import EntityDescription
+from ._results import EntityDescription, EntitySummary
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
@@ -214,6 +215,12 @@ class ShardHost:
         """Any shard actor answers for all: they share one store."""
         async with self._serving():
             return await self.backend.signal_waits(etype, limit, after)
+
+    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
+                       after: tuple[str, str] | None) -> list[EntitySummary]:
+        """Any shard actor answers for all: they share one store."""
+        async with self._serving():
+            return await self.backend.entities(etype, status, limit, after)
 
     async def query(self, etype: str, key: str, name: str, payload: str | None,
                     activate: bool) -> str:

@@ -26,8 +26,8 @@ from corral._errors import (
     WaitTimeoutError,
 )
 from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind
-from corral.actors._waits import WaitHandle
 from corral.actors._definition import MailboxHandler
+from corral.actors._waits import WaitHandle
 from corral.persistence import (
     Acceptance,
     AcceptResult,

@@ -6,6 +6,7 @@ import base64
 import binascii
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -14,13 +15,14 @@ from pydantic_core import to_jsonable_python
 
 from corral._common import RunStatus
 from corral._errors import InvalidArgumentError
-from corral.persistence import WaitPosition, WaitRecord, canonical_json
+from corral.persistence import WaitRecord, canonical_json
 
 __all__ = [
     "Ack",
     "Delivery",
     "DeliveryStatus",
     "EntityDescription",
+    "EntitySummary",
     "Page",
     "RunSummary",
     "SignalWaitInfo",
@@ -116,25 +118,58 @@ class Page(Generic[T]):
     next_cursor: str | None
 
 
-def encode_cursor(position: WaitPosition) -> str:
-    """An opaque cursor for a listing position."""
+def encode_cursor(position: Sequence[object]) -> str:
+    """An opaque cursor for a listing position (a row's sort key)."""
     return base64.urlsafe_b64encode(canonical_json(list(position)).encode()).decode()
 
 
-def decode_cursor(cursor: object) -> WaitPosition | None:
-    """The position of a cursor from `encode_cursor` (None for None)."""
+def decode_cursor(cursor: object, shape: tuple[type, ...]) -> tuple[Any, ...] | None:
+    """The position of a cursor from `encode_cursor` whose fields have the types of
+    `shape` (None for None); `InvalidArgumentError` for anything else."""
     if cursor is None:
         return None
     try:
         if not isinstance(cursor, str) or len(cursor) > 4096:
             raise ValueError(cursor)
-        at, etype, key, run_id, name = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if not (isinstance(at, int | float) and isinstance(run_id, int)
-                and all(isinstance(v, str) for v in (etype, key, name))):
+        fields = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not isinstance(fields, list) or len(fields) != len(shape):
             raise ValueError(cursor)
+        for value, kind in zip(fields, shape, strict=True):
+            ok = isinstance(value, int | float) if kind is float else isinstance(value, kind)
+            if not ok or isinstance(value, bool):
+                raise ValueError(cursor)
     except (ValueError, TypeError, binascii.Error, UnicodeError):
         raise InvalidArgumentError(f"not a cursor of this listing: {cursor!r:.80}") from None
-    return (float(at), etype, key, run_id, name)
+    return tuple(float(v) if k is float else v for v, k in zip(fields, shape, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class EntitySummary:
+    """One entity in a listing (`Runtime.entities`).
+
+    Attributes:
+        entity_type, key, shard: which entity, and the shard that hosts it.
+        status: its latest run's status.
+        run_id: its latest run.
+        accepted_seq: the last journal position accepted.
+        applied_seq: the last applied, where known: from the live activation when the
+            answering process hosts it, else the watermark it was passivated at; None
+            otherwise (hosted elsewhere, or closed).
+        mailbox_depth: payloads waiting for `run()` (live activations only, else None).
+        passivated: snapshotted and evicted from memory (its run still running).
+        updated_at: when it last accepted a message or changed status.
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    status: RunStatus
+    run_id: int
+    accepted_seq: int
+    applied_seq: int | None
+    mailbox_depth: int | None
+    passivated: bool
+    updated_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +207,16 @@ class EntityDescription:
     mailbox_depth: int | None
     hosted_here: bool
     runs: tuple[RunSummary, ...]
+    snapshot_seq: int | None = None
+    """The applied watermark of the current run's latest snapshot (None: none yet)."""
+    snapshot_age: float | None = None
+    """Seconds since that snapshot was taken."""
+    timers: tuple[float, ...] = ()
+    """Due times of the entity's pending durable timers (seconds since the epoch)."""
+    open_waits: tuple[SignalWaitInfo, ...] = ()
+    """The current run's signal waits that `run()` is waiting on."""
+    dead_letters: int = 0
+    """How many of the entity's signals are dead-lettered."""
 
 
 def encode_value(value: Any) -> str:

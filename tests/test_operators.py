@@ -1,0 +1,120 @@
+"""What operators read: `rt.entities()` page by page, `ref.describe()` in full; on both
+stores (`db_path`)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+import corral
+from entities import Job, Start, fresh_key
+from procs import wait_until
+from test_signal_waits import ENTITIES as WAITING
+from test_signal_waits import Order, OrderInput, waiting
+
+
+class Item(BaseModel):
+    id: str
+
+
+class Counter(corral.Entity):
+    """Counts items; an item "boom" raises (and is dead-lettered after two attempts)."""
+
+    retry = corral.RetryPolicy(max_attempts=2, initial_backoff=0.01)
+
+    def __init__(self, init: Start) -> None:
+        self.items: list[str] = []
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        if item.id == "boom":
+            raise ValueError("boom")
+        self.items.append(item.id)
+
+
+ENTITIES: list[type[corral.Entity]] = [Counter, Job, *WAITING]
+
+
+async def test_entities_are_listed_in_type_and_key_order_in_pages_with_filters(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+        for i in range(7):
+            await rt.ref(Counter, f"c-{i}").signal_with_start(
+                Counter.add, Item(id=f"x{i}"), start=Start(tenant="t"), message_id=f"m{i}")
+        for i in range(3):
+            await rt.ref(Job, f"j-{i}").start(start=Start(tenant="t"))
+        await rt.ref(Job, "j-1").terminate("done")
+
+        pages, after = [], None
+        while True:
+            page = await rt.entities(limit=3, after=after)
+            pages.append([(e.entity_type, e.key) for e in page.items])
+            if page.next_cursor is None:
+                break
+            after = page.next_cursor
+        counters = (await rt.entities(Counter, limit=100)).items
+        terminated = (await rt.entities(status="terminated")).items
+        running_jobs = (await rt.entities("Job", status=corral.RunStatus.RUNNING)).items
+        for bad in ({"status": "asleep"}, {"status": "never_started"}, {"limit": 0},
+                    {"after": "x"}, {"after": 5}):
+            with pytest.raises(corral.InvalidArgumentError):
+                await rt.entities(**bad)  # type: ignore[arg-type]
+        with pytest.raises(corral.UnknownEntityTypeError):
+            await rt.entities("Nope")
+    listed = [item for page in pages for item in page]
+    assert [len(p) for p in pages] == [3, 3, 3, 1]
+    assert listed == sorted(listed) and len(set(listed)) == 10
+    assert [e.key for e in counters] == [f"c-{i}" for i in range(7)]
+    first = counters[0]
+    assert (first.status, first.run_id, first.accepted_seq, first.shard) == \
+        (corral.RunStatus.RUNNING, 1, 1, rt.router.shard_of("Counter", "c-0"))
+    assert first.updated_at is not None and first.updated_at > 0
+    assert first.applied_seq in (0, 1)  # hosted here: live
+    assert [e.key for e in terminated] == ["j-1"]
+    assert [e.key for e in running_jobs] == ["j-0", "j-2"]
+
+
+async def test_a_listing_knows_passivated_entities_and_what_it_cannot_see(
+        db_path: str) -> None:
+    key = fresh_key("order")
+    async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+        ref = rt.ref(Order, key)
+        await ref.start(start=OrderInput())
+        await waiting(rt, ref)
+        summary = (await rt.entities(Order)).items[0]
+        assert (summary.key, summary.passivated, summary.mailbox_depth) == (key, False, 0)
+    async with corral.open_runtime(db_path, entities=ENTITIES, host=False) as client:
+        remote = (await client.entities(Order)).items[0]
+    assert (remote.applied_seq, remote.mailbox_depth, remote.passivated) == (None, None, False)
+
+
+async def test_describe_shows_snapshots_timers_open_waits_and_dead_letters(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+        ref = rt.ref(Order, fresh_key("order"))
+        await ref.start(start=OrderInput(timeout=3600))
+        await waiting(rt, ref)
+        info = await ref.describe()
+        assert [(w.name, w.run_id) for w in info.open_waits] == [("approval", 1)]
+        assert len(info.timers) == 1 and info.timers[0] == pytest.approx(
+            info.open_waits[0].deadline)
+        assert (info.snapshot_seq, info.snapshot_age, info.dead_letters) == (None, None, 0)
+        await ref.deliver(Order.approval, {"approved": True}, key="k")
+        await ref.result(timeout=10)  # run() checkpoints, then completes
+        done = await ref.describe()
+        never = await rt.ref(Order, fresh_key("never")).describe()
+
+        poisoned = rt.ref(Counter, fresh_key("poison"))
+        await poisoned.signal_with_start(Counter.add, Item(id="boom"), start=Start(tenant="t"))
+        await wait_until(lambda: _dead(poisoned), "the poison message is dead-lettered")
+        dead = await poisoned.describe()
+    assert (done.open_waits, done.timers) == ((), ())
+    assert done.snapshot_seq is not None and done.snapshot_age is not None
+    assert 0 <= done.snapshot_age < 60
+    assert (never.status, never.open_waits, never.dead_letters) == \
+        (corral.RunStatus.NEVER_STARTED, (), 0)
+    assert dead.dead_letters == 1
+
+
+async def _dead(ref: corral.EntityRef[Counter, Start]) -> bool:
+    return len(await ref.dead_letters()) == 1
