@@ -522,3 +522,18 @@ async def test_authorize_sees_every_delivery_and_the_recorded_sender_is_the_auth
         ("deliver", "approval", "token-eve"), ("deliver", "approval", "token-ana")]
     assert sql(db_path, "SELECT sender FROM signal_waits WHERE key=?", ref.key) == \
         [("ana@example.com",)]
+
+
+async def test_a_delivery_after_the_deadline_is_stale_even_before_the_host_timed_it_out(
+        db_path: str) -> None:
+    key = fresh_key("order")
+    async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+        ref = rt.ref(Order, key)
+        await ref.start(start=OrderInput(timeout=0.3))
+        await waiting(rt, ref)
+    await asyncio.sleep(0.5)  # the deadline passes with no host running
+    async with corral.open_runtime(db_path, entities=ENTITIES, host=False) as client:
+        late = await client.ref(Order, key).deliver(Order.approval, YES, key="late")
+    assert (late.status, late.payload) == ("stale", None)
+    async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+        assert await rt.ref(Order, key).result(timeout=10) == Outcome(timed_out=True)

@@ -11,6 +11,7 @@ then `corral.runtime` (shards, activations, routing, the client), which uses sto
 only through `Store`. This module re-exports the user-facing surface.
 """
 
+from corral._app import App
 from corral._common import (
     ContinueAsNewPolicy,
     DedupeWindow,
@@ -72,6 +73,7 @@ from corral.runtime import (
 
 __all__ = [
     "Ack",
+    "App",
     "AuthRequest",
     "ContinueAsNewPolicy",
     "CorralError",

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from corral import metrics
 from corral._errors import CorralError, StoreError
 
 from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error
@@ -157,6 +158,7 @@ class GroupCommit:
             await self._drop()
             raise
         self.commits += 1
+        metrics.batch("postgresql", len(ops))
         self.ops_committed += len(ops)
         return results
 

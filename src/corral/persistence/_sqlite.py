@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from corral import metrics
 from corral._common import RunStatus
 from corral._errors import (
     CorralError,
@@ -289,6 +290,7 @@ class SqliteStore:
                 db.execute("ROLLBACK")
             raise
         self.commits += 1
+        metrics.batch("sqlite", len(ops))
         self.ops_committed += len(ops)
         return results
 

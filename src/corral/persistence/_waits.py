@@ -10,6 +10,10 @@ winner's; losers change nothing. The transitions:
                                  open --deadline passes--> timed_out
     buffered, open --the run ends (any way, continue-as-new included)--> closed
 
+A delivery after an open wait's deadline is `stale` and times the wait out, whether
+or not its host has done so yet (it may be down, or passivated with its timer not yet
+due): deadlines and deliveries are compared on the hosts' and callers' wall clocks.
+
 A delivery's key is checked first against every retained wait of that name (this
 run's and the previous run's, see `close_waits`), so a retry that arrives after the
 entity moved on to its next run is still a `duplicate`, never a second delivery.
@@ -125,6 +129,9 @@ def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRec
     if target is not None:
         if target.status.has_delivery:
             return Decision("already_delivered", target)
+        if target.status is WaitStatus.OPEN and running and target.deadline is not None \
+                and req.delivered_at >= target.deadline:  # its host has not timed it out yet
+            return Decision("stale", replace(target, status=WaitStatus.TIMED_OUT), write=True)
         if target.status is WaitStatus.OPEN and running:
             won = replace(target, status=WaitStatus.DELIVERED, delivery_key=req.delivery_key,
                           payload=req.payload, sender=req.sender,

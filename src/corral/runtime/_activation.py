@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from corral import metrics
 from corral._common import RunStatus, WaitStatus
 from corral._errors import (
     EntityFailedError,
@@ -38,6 +39,7 @@ from corral.actors import (
 from corral.persistence import EntryKind, JournalEntry, WaitRecord, delivery_run
 
 from ._apply import encode_start, instantiate
+from ._events import lifecycle
 from ._poison import apply_live
 from ._results import decode_value, encode_value
 from ._snapshot import capture, rebuild
@@ -343,12 +345,15 @@ class Activation:
                   f"{err}\n{text}", force=True,
         )
         self.closed = True
+        lifecycle("run closed", self.entity_type, self.key, self._run_id, status="failed",
+                  reason="activation failed")
         self._shard.fail_waiters(self, EntityFailedError,
             f"{self.entity_type} {self.key!r}: run {self._run_id} failed: its activation "
             f"could not be built ({type(err).__name__}: {err})")
         self._finish()
 
     async def _serve(self) -> None:
+        metrics.activated(self.entity_type)
         self._set_state(_State.READY)
         if self.definition.has_run:
             self._run_task = asyncio.create_task(self._run_main())
@@ -422,6 +427,7 @@ class Activation:
         finally:
             self._applying = False
         self.applied_seq = entry.seq
+        metrics.applied(self.entity_type)
         self._bytes += len(entry.payload)
         self._last_active = self._shard.clock.monotonic()
         self.notify()
@@ -449,6 +455,7 @@ class Activation:
             forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,
         )
         self._snapshot_seq = max(self._snapshot_seq, seq)
+        metrics.snapshotted(self.entity_type)
 
     @property
     def idle_for(self) -> float:
@@ -495,6 +502,7 @@ class Activation:
             return
         if self._run_task is not None:
             self._run_task.cancel()  # its durable timers stay and will bring it back
+        metrics.passivated(self.entity_type)
         self._finish(forward_all=True)
 
     async def _run_main(self) -> None:
@@ -555,6 +563,7 @@ class Activation:
             if self.closed:  # terminated while we waited
                 return
         self.closed = True
+        lifecycle("run closed", self.entity_type, self.key, self._run_id, status=status.value)
         self._shard.fail_waiters(self, EntityTerminatedError,
             f"{self.entity_type} {self.key!r}: run {self._run_id} closed as {status.value}")
         if self._worker is None:
@@ -593,6 +602,9 @@ class Activation:
             self._finish()
             return
         self.closed = True
+        metrics.continued(self.entity_type)
+        lifecycle("continue-as-new", self.entity_type, self.key, self._run_id,
+                  next_run=self._run_id + 1, carried=len(carried))
         self._finish()
         self._shard.activate(self.entity_type, self.key)
 
@@ -604,6 +616,7 @@ class Activation:
 
     def _terminated(self, reason: str) -> None:
         self.closed = True
+        lifecycle("run closed", self.entity_type, self.key, self._run_id, status="terminated")
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
         self._shard.fail_waiters(self, EntityTerminatedError,

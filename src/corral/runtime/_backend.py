@@ -9,9 +9,11 @@ hosts (if any).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from corral import metrics
 from corral._common import RunStatus, WaitStatus
 from corral._errors import (
     EntityFailedError,
@@ -37,6 +39,7 @@ from corral.persistence import (
 from ._activation import Activation
 from ._apply import ReplicaContext, apply_entry, run_query
 from ._clock import Clock, SystemClock
+from ._events import lifecycle
 from ._host import LocalHost
 from ._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
 from ._shard import Shard, ShardStopped
@@ -120,7 +123,15 @@ class LocalBackend:
         return self.host.shard(self._shard_of(etype, key)) if self.host else None
 
     async def accept(self, acc: Acceptance) -> AcceptResult:
+        began = time.perf_counter()
         result = await self.store.accept(acc)
+        if result.duplicate:
+            metrics.duplicate(acc.entity_type, acc.kind.value)
+        else:
+            metrics.accepted(acc.entity_type, acc.kind.value, time.perf_counter() - began)
+        if result.started:
+            lifecycle("run started", acc.entity_type, acc.key, result.entry.run_id,
+                      by=acc.kind.value)
         shard = self._shard(acc.entity_type, acc.key)
         if shard is not None and result.started:
             shard.deliver_started(result.entry, acc.start)
@@ -129,7 +140,12 @@ class LocalBackend:
         return result
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        began = time.perf_counter()
         result = await self.store.deliver(req)
+        if result.status in ("delivered", "buffered"):
+            metrics.accepted(req.entity_type, "deliver", time.perf_counter() - began)
+        elif result.status == "duplicate":
+            metrics.duplicate(req.entity_type, "deliver")
         shard = self._shard(req.entity_type, req.key)
         if shard is not None and result.entry is not None:
             shard.deliver(result.entry)  # the fast path; other hosts tail the journal

@@ -14,13 +14,15 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
+from corral import metrics
 from corral._errors import StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, Store
 
 from ._clock import Clock, SystemClock
+from ._events import lifecycle
 from ._router import Router
 from ._shard import Shard
 
@@ -55,6 +57,7 @@ class LocalHost:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        metrics.track_residents(self)
         self._cursor = await self.store.journal_end()
         await self._acquire(force=self._takeover)
         self._tasks = [
@@ -87,6 +90,7 @@ class LocalHost:
                           self.clock)
             self.shards[index] = shard
             recovered = await shard.start()
+            lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
             log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
                      index, epoch, recovered)
 
@@ -98,6 +102,7 @@ class LocalHost:
                 kept = await self.store.renew_leases(self.owner, held, self._ttl)
                 for index in set(held) - kept:
                     log.warning("host %s: lost shard %d; evicting its entities", self.owner, index)
+                    lifecycle("lease lost", shard=index, owner=self.owner)
                     await self.shards.pop(index).stop()
                 await self._acquire()
             except StoreError:
@@ -128,8 +133,20 @@ class LocalHost:
             if shard is not None and etype in self._definitions \
                     and shard.get(etype, key) is None:
                 shard.activate(etype, key)
+                metrics.timer_fired(etype)
                 fired += 1
         return fired
+
+    def residents(self) -> Iterator[tuple[str, int, int]]:
+        """(entity type, resident entities, mailbox depth) of every type held here."""
+        totals: dict[str, list[int]] = {}
+        for shard in list(self.shards.values()):
+            for act in shard.activations():
+                t = totals.setdefault(act.entity_type, [0, 0])
+                t[0] += 1
+                t[1] += act.mailbox_depth
+        for etype, (count, depth) in totals.items():
+            yield etype, count, depth
 
     async def passivate_idle(self) -> int:
         """Passivate every resident entity idle past its type's `idle_timeout`."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from corral import metrics
 from corral._errors import StoreError
 from corral.actors import (
     ContinueAsNew,
@@ -43,6 +44,7 @@ from corral.actors import (
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
 from ._apply import apply_entry
+from ._events import lifecycle
 
 if TYPE_CHECKING:
     from ._activation import Activation
@@ -111,6 +113,9 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: 
         shard.fence, entry, error=f"{type(err).__name__}: {err}", traceback=text,
         attempts=attempts, failed_at=shard.clock.time(),
     )
+    metrics.dead_lettered(entry.entity_type)
+    lifecycle("dead-lettered", entry.entity_type, entry.key, entry.run_id, seq=entry.seq,
+              message_id=entry.message_id, dead_letter=dead_id)
     ident = (entry.entity_type, entry.key, entry.run_id)
     if ident in shard.dead_seqs:
         shard.dead_seqs[ident] = shard.dead_seqs[ident] | {entry.seq}

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from corral import metrics
 from corral._common import RunStatus
 from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
 from corral.actors import (
@@ -142,6 +143,7 @@ class ShardHost:
         self._open = asyncio.Event()  # cleared while deciding to exit: calls wait
         self._open.set()
         self._exit_task: asyncio.Task[None] | None = None
+        metrics.export_to_ray()
         self.store: Store = await open_store(spec.store, shards=spec.shards)
         try:
             self.host = LocalHost(

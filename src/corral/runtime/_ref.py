@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
+from corral import metrics
 from corral._common import RunStatus
 from corral._errors import (
     CorralError,
@@ -238,11 +239,14 @@ class EntityRef(Generic[E_co, S]):
                                             sender=sender)
 
     @contextlib.contextmanager
-    def _about(self, message_id: object = None) -> Iterator[None]:
-        """Fill in what a `CorralError` raised below leaves out: this entity and id."""
+    def _about(self, message_id: object = None, *, send: bool = True) -> Iterator[None]:
+        """Fill in what a `CorralError` raised below leaves out: this entity and id; a
+        refused send (`send`) is counted by its error's type."""
         try:
             yield
         except CorralError as err:
+            if send:
+                metrics.rejected(self.definition.name, type(err).__name__)
             err.entity_type = err.entity_type or self.definition.name
             err.key = err.key or self.key
             if err.message_id is None and isinstance(message_id, str):
@@ -336,7 +340,7 @@ class EntityRef(Generic[E_co, S]):
         that only `run()` changed since that snapshot is not visible there. Pass
         `activate=True` to bring a passivated entity back and answer from live state.
         """
-        with self._about():
+        with self._about(send=False):
             b = self._boundary
             h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
             text = b.payload(h, payload) if h.input_type is not None else None

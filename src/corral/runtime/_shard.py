@@ -143,6 +143,10 @@ class Shard:
         act = self._activations.get((etype, key))
         return None if act is None or act.is_finished else act
 
+    def activations(self) -> list[Activation]:
+        """The live activations (loading or ready)."""
+        return [a for a in self._activations.values() if not a.is_finished]
+
     def forget(self, act: Activation) -> None:
         ident = (act.entity_type, act.key)
         if self._activations.get(ident) is act:

@@ -1,0 +1,232 @@
+"""Metrics for a monitoring system: Prometheus series, and Ray's metrics on Ray.
+
+Every process that accepts or hosts counts into `REGISTRY` (its own
+`prometheus_client.CollectorRegistry`, so an application's registry is never
+cluttered): scrape it with `corral.metrics.serve(port)`, from the dashboard's
+`/metrics`, or mount `prometheus_client.make_asgi_app(REGISTRY)` yourself. A Ray shard
+actor also mirrors every series into `ray.util.metrics` (`export_to_ray()`), which
+Ray's own metrics agent exports from each node.
+
+A leaf of the package: it imports nothing of corral, so every layer may count.
+
+Series (each labelled by `entity_type`, where it has one):
+    corral_messages_accepted_total{kind}      new messages accepted (signal, update, ...)
+    corral_messages_duplicate_total{kind}     sends answered `duplicate`
+    corral_messages_rejected_total{reason}    sends refused (the error's type name)
+    corral_messages_applied_total             journal entries applied
+    corral_activations_total                  entities loaded into memory
+    corral_passivations_total                 entities snapshotted and evicted
+    corral_snapshots_total                    snapshots written
+    corral_continue_as_new_total              runs continued as new
+    corral_dead_letters_total                 signals dead-lettered
+    corral_timers_fired_total                 due durable timers that woke an entity
+    corral_accept_seconds                     acceptance latency (histogram)
+    corral_group_commit_ops{store}            write ops per group commit (histogram)
+    corral_resident_entities                  entities in memory (gauge, at scrape)
+    corral_mailbox_depth                      mailbox payloads waiting (gauge, at scrape)
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "REGISTRY",
+    "accepted",
+    "activated",
+    "applied",
+    "batch",
+    "continued",
+    "dead_lettered",
+    "duplicate",
+    "export_to_ray",
+    "passivated",
+    "rejected",
+    "serve",
+    "snapshotted",
+    "timer_fired",
+    "track_residents",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""Every corral series of this process."""
+
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                    1.0, 2.5, 5.0)
+
+
+def _counter(name: str, doc: str, *labels: str) -> Counter:
+    return Counter(name, doc, ("entity_type", *labels), registry=REGISTRY)
+
+
+_ACCEPTED = _counter("corral_messages_accepted", "New messages accepted.", "kind")
+_DUPLICATE = _counter("corral_messages_duplicate", "Sends answered duplicate.", "kind")
+_REJECTED = _counter("corral_messages_rejected", "Sends refused, by error type.", "reason")
+_APPLIED = _counter("corral_messages_applied", "Journal entries applied.")
+_ACTIVATIONS = _counter("corral_activations", "Entities loaded into memory.")
+_PASSIVATIONS = _counter("corral_passivations", "Entities snapshotted and evicted.")
+_SNAPSHOTS = _counter("corral_snapshots", "Snapshots written.")
+_CONTINUED = _counter("corral_continue_as_new", "Runs continued as new.")
+_DEAD = _counter("corral_dead_letters", "Signals dead-lettered.")
+_TIMERS = _counter("corral_timers_fired", "Due durable timers that woke an entity.")
+_ACCEPT_SECONDS = Histogram("corral_accept_seconds", "Acceptance latency, send to durable.",
+                            ("entity_type",), buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+_BATCH = Histogram("corral_group_commit_ops", "Write ops per group-commit transaction.",
+                   ("store",), buckets=_BATCH_BUCKETS, registry=REGISTRY)
+
+# Ray mirrors (`export_to_ray`): name -> ray.util.metrics object, once enabled.
+_ray: dict[str, Any] = {}
+
+
+def _mirror(name: str, kind: str, value: float, tags: dict[str, str]) -> None:
+    metric = _ray.get(name)
+    if metric is None:
+        return
+    if kind == "counter":
+        metric.inc(value, tags=tags)
+    else:
+        metric.observe(value, tags=tags)
+
+
+def _count(counter: Counter, name: str, etype: str, value: float = 1.0, **labels: str) -> None:
+    counter.labels(entity_type=etype, **labels).inc(value)
+    if _ray:
+        _mirror(name, "counter", value, {"entity_type": etype, **labels})
+
+
+def accepted(etype: str, kind: str, seconds: float) -> None:
+    _count(_ACCEPTED, "corral_messages_accepted", etype, kind=kind)
+    _ACCEPT_SECONDS.labels(entity_type=etype).observe(seconds)
+    if _ray:
+        _mirror("corral_accept_seconds", "histogram", seconds, {"entity_type": etype})
+
+
+def duplicate(etype: str, kind: str) -> None:
+    _count(_DUPLICATE, "corral_messages_duplicate", etype, kind=kind)
+
+
+def rejected(etype: str, reason: str) -> None:
+    _count(_REJECTED, "corral_messages_rejected", etype, reason=reason)
+
+
+def applied(etype: str) -> None:
+    _count(_APPLIED, "corral_messages_applied", etype)
+
+
+def activated(etype: str) -> None:
+    _count(_ACTIVATIONS, "corral_activations", etype)
+
+
+def passivated(etype: str) -> None:
+    _count(_PASSIVATIONS, "corral_passivations", etype)
+
+
+def snapshotted(etype: str) -> None:
+    _count(_SNAPSHOTS, "corral_snapshots", etype)
+
+
+def continued(etype: str) -> None:
+    _count(_CONTINUED, "corral_continue_as_new", etype)
+
+
+def dead_lettered(etype: str) -> None:
+    _count(_DEAD, "corral_dead_letters", etype)
+
+
+def timer_fired(etype: str) -> None:
+    _count(_TIMERS, "corral_timers_fired", etype)
+
+
+def batch(store: str, ops: int) -> None:
+    """One group-commit transaction of `ops` write ops."""
+    _BATCH.labels(store=store).observe(ops)
+    if _ray:
+        _mirror("corral_group_commit_ops", "histogram", ops, {"store": store})
+
+
+# -- gauges, read at scrape time from whatever hosts this process runs ----------------
+
+ResidentSource = Callable[[], Iterator[tuple[str, int, int]]]
+"""Yields (entity_type, resident entities, mailbox depth) for what a host holds."""
+
+_sources: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track_residents(host: Any) -> None:
+    """Count `host`'s resident entities at every scrape while it lives (`host` has a
+    `residents()` method yielding (entity_type, entities, mailbox depth))."""
+    _sources.add(host)
+
+
+class _Residents(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        entities = GaugeMetricFamily("corral_resident_entities", "Entities in memory.",
+                                     labels=["entity_type"])
+        depth = GaugeMetricFamily("corral_mailbox_depth", "Mailbox payloads waiting for "
+                                  "run().", labels=["entity_type"])
+        totals: dict[str, list[int]] = {}
+        for host in list(_sources):
+            for etype, count, waiting in host.residents():
+                t = totals.setdefault(etype, [0, 0])
+                t[0] += count
+                t[1] += waiting
+        for etype, (count, waiting) in sorted(totals.items()):
+            entities.add_metric([etype], count)
+            depth.add_metric([etype], waiting)
+        yield entities
+        yield depth
+
+
+REGISTRY.register(_Residents())
+
+
+# -- exporting -------------------------------------------------------------------------
+
+_served: dict[tuple[str, int], Any] = {}
+_lock = threading.Lock()
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> int:
+    """Serve `REGISTRY` at `http://addr:port/metrics` from a daemon thread (once per
+    address); returns the port (pass 0 for a free one)."""
+    with _lock:
+        server, _ = start_http_server(port, addr, registry=REGISTRY)
+        bound = int(server.server_address[1])
+        _served[(addr, bound)] = server
+        return bound
+
+
+def export_to_ray() -> None:
+    """Mirror every counter and histogram into `ray.util.metrics` from now on (a Ray
+    shard actor calls this; the gauges stay in `REGISTRY`)."""
+    if _ray:
+        return
+    from ray.util import metrics as ray_metrics  # only inside Ray processes
+
+    for name, doc, keys in (
+        ("corral_messages_accepted", "New messages accepted.", ("entity_type", "kind")),
+        ("corral_messages_duplicate", "Sends answered duplicate.", ("entity_type", "kind")),
+        ("corral_messages_rejected", "Sends refused.", ("entity_type", "reason")),
+        ("corral_messages_applied", "Journal entries applied.", ("entity_type",)),
+        ("corral_activations", "Entities loaded into memory.", ("entity_type",)),
+        ("corral_passivations", "Entities snapshotted and evicted.", ("entity_type",)),
+        ("corral_snapshots", "Snapshots written.", ("entity_type",)),
+        ("corral_continue_as_new", "Runs continued as new.", ("entity_type",)),
+        ("corral_dead_letters", "Signals dead-lettered.", ("entity_type",)),
+        ("corral_timers_fired", "Due durable timers that woke an entity.", ("entity_type",)),
+    ):
+        _ray[name] = ray_metrics.Counter(name, description=doc, tag_keys=keys)
+    _ray["corral_accept_seconds"] = ray_metrics.Histogram(
+        "corral_accept_seconds", description="Acceptance latency.",
+        boundaries=list(_LATENCY_BUCKETS), tag_keys=("entity_type",))
+    _ray["corral_group_commit_ops"] = ray_metrics.Histogram(
+        "corral_group_commit_ops", description="Write ops per group commit.",
+        boundaries=[float(b) for b in _BATCH_BUCKETS], tag_keys=("store",))
