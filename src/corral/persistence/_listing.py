@@ -15,7 +15,8 @@ from corral._common import RunStatus
 from ._records import EntityDetails, EntityRecord
 from ._waits import WAIT_COLUMNS, wait_from_row
 
-__all__ = ["ENTITY_COLUMNS", "entity_details", "entity_from_row", "list_entities"]
+__all__ = ["ENTITY_COLUMNS", "after_within", "entity_details", "entity_from_row",
+           "list_entities"]
 
 ENTITY_COLUMNS = "etype, key, shard, run_id, status, next_seq - 1, passivated_seq, updated_at"
 
@@ -24,8 +25,21 @@ def entity_from_row(r: Any) -> EntityRecord:
     return EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7])
 
 
+def after_within(etype: str | None, after: tuple[str, str] | None
+                 ) -> tuple[str, str] | bool | None:
+    """Where a page of one type (`etype`) starts: `after`, None (from the type's first
+    key), or False (nothing: the cursor is past the type). With one type the query
+    compares keys only (`key > ?`), which both databases seek in the index directly."""
+    if etype is None or after is None or after[0] == etype:
+        return after
+    return None if after[0] < etype else False
+
+
 def list_entities(db: sqlite3.Connection, etype: str | None, status: RunStatus | None,
                   limit: int, after: tuple[str, str] | None) -> list[EntityRecord]:
+    start = after_within(etype, after)
+    if start is False:
+        return []
     where: list[str] = []
     args: list[Any] = []
     if status is not None:
@@ -34,9 +48,12 @@ def list_entities(db: sqlite3.Connection, etype: str | None, status: RunStatus |
     if etype is not None:
         where.append("etype = ?")
         args.append(etype)
-    if after is not None:
+    if isinstance(start, tuple) and etype is not None:
+        where.append("key > ?")
+        args.append(start[1])
+    elif isinstance(start, tuple):
         where.append("(etype, key) > (?, ?)")
-        args.extend(after)
+        args.extend(start)
     rows = db.execute(
         f"SELECT {ENTITY_COLUMNS} FROM entities {'WHERE ' if where else ''}"
         f"{' AND '.join(where)} ORDER BY etype, key LIMIT ?", (*args, limit)).fetchall()

@@ -19,7 +19,7 @@ from typing import Any
 from corral._common import RunStatus
 
 from ._dead_letters import DEAD_LETTER_COLUMNS
-from ._listing import ENTITY_COLUMNS, entity_from_row
+from ._listing import ENTITY_COLUMNS, after_within, entity_from_row
 from ._records import (
     DeadLetter,
     EntityDetails,
@@ -206,6 +206,9 @@ async def dead_letter_seqs(conn: Any, etype: str, key: str, run_id: int) -> froz
 async def list_entities(conn: Any, etype: str | None, status: RunStatus | None, limit: int,
                         after: tuple[str, str] | None) -> list[EntityRecord]:
     """A page of entities in (etype, key) order (see `_listing.list_entities`)."""
+    start = after_within(etype, after)
+    if start is False:
+        return []
     where: list[str] = []
     args: list[Any] = []
     if status is not None:
@@ -214,8 +217,11 @@ async def list_entities(conn: Any, etype: str | None, status: RunStatus | None, 
     if etype is not None:
         args.append(etype)
         where.append(f"etype = ${len(args)}")
-    if after is not None:
-        args.extend(after)
+    if isinstance(start, tuple) and etype is not None:
+        args.append(start[1])
+        where.append(f"key > ${len(args)}")
+    elif isinstance(start, tuple):
+        args.extend(start)
         where.append(f"(etype, key) > (${len(args) - 1}, ${len(args)})")
     args.append(limit)
     rows = await conn.fetch(
