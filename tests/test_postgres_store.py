@@ -31,6 +31,7 @@ from corral.persistence import (  # noqa: E402
     Fence,
     payload_hash,
 )
+from corral.persistence._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION  # noqa: E402
 from corral.persistence._pg_txn import LockPlan, PgTxn  # noqa: E402
 from corral.persistence._postgres import PostgresStore, open_postgres_store  # noqa: E402
 from mp_entities import Note, Recorder, Start  # noqa: E402
@@ -549,9 +550,30 @@ async def test_a_store_written_by_a_newer_corral_or_with_other_shards_is_refused
     with pytest.raises(corral.StoreError, match="shards=16, this runtime uses 8"):
         await open_postgres_store(pg_url, shards=8)
     await sql(pg_url, "UPDATE meta SET v = '99' WHERE k = 'schema_version'")
-    with pytest.raises(corral.StoreError, match=r"schema version 99.*up to 1\b"):
+    with pytest.raises(corral.StoreError,
+                       match=rf"schema version 99.*up to {PG_SCHEMA_VERSION}\b"):
         await open_postgres_store(pg_url, shards=SHARDS)
     assert await sql(pg_url, "SELECT v FROM meta WHERE k = 'schema_version'") == [("99",)]
+
+
+async def test_a_store_at_schema_1_is_upgraded_and_keeps_its_entities(pg_url: str) -> None:
+    async with corral.open_runtime(pg_url, entities=[Recorder], shards=SHARDS) as rt:
+        await rt.ref(Recorder, "old").signal_with_start(
+            Recorder.note, Note(mid="m-1"), start=Start(origin="v1"), message_id="m-1")
+    # Back to what a corral of schema 1 wrote: no signal waits, no entities.updated_at.
+    await sql(pg_url, "DROP TABLE signal_waits")
+    await sql(pg_url, "ALTER TABLE entities DROP COLUMN updated_at")
+    await sql(pg_url, "UPDATE meta SET v = '1' WHERE k = 'schema_version'")
+    async with corral.open_runtime(pg_url, entities=[Recorder], shards=SHARDS) as rt:
+        ref = rt.ref(Recorder, "old")
+        dup = await ref.signal(Recorder.note, Note(mid="m-1"), message_id="m-1")
+        assert (dup.status, dup.seq) == ("duplicate", 1)  # the old dedupe window
+        await ref.signal(Recorder.note, Note(mid="m-2"), message_id="m-2")
+        assert [e.key for e in (await rt.entities(Recorder)).items] == ["old"]
+        assert (await rt.signal_waits()).items == []
+    assert await sql(pg_url, "SELECT v FROM meta WHERE k = 'schema_version'") == \
+        [(str(PG_SCHEMA_VERSION),)]
+    assert (await sql(pg_url, "SELECT updated_at IS NOT NULL FROM entities")) == [(True,)]
 
 
 # -- tailing other processes' acceptances ------------------------------------------------

@@ -49,7 +49,9 @@ async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path
         assert (await ref.query(Ticket.status)).inbox == [f"acme:r{i}" for i in range(4)]
         assert (await rt.ref(Job, "job-1").result()).tenant == "acme"
     assert sql(path, "SELECT v FROM meta WHERE k='schema_version'") == [(str(SCHEMA_VERSION),)]
-    assert {"timers_shard_due", "entities_status"} <= indexes(path)
+    assert {"timers_shard_due", "entities_status", "signal_waits_open"} <= indexes(path)
+    assert sql(path, "SELECT key, updated_at IS NOT NULL FROM entities ORDER BY key") == [
+        ("job-1", 0), ("ticket-1", 1)]  # written since the upgrade, or not
 
 
 async def test_a_new_store_is_created_at_the_current_version(db_path: str) -> None:
