@@ -56,17 +56,19 @@ def test_every_user_facing_class_and_function_has_its_own_docstring() -> None:
 def test_only_subpackages_and_the_version_are_public_modules_of_corral() -> None:
     modules = {n for n, v in vars(corral).items()
                if isinstance(v, types.ModuleType) and not n.startswith("_")}
-    assert modules <= {"actors", "persistence", "runtime", "cli", "testing"}
+    assert modules <= {"actors", "persistence", "runtime", "cli", "testing", "metrics",
+                       "dashboard"}
     assert isinstance(corral.__version__, str)
 
 
 def test_the_top_level_reexports_the_user_facing_objects_themselves() -> None:
+    import corral._app
     import corral._common
     import corral._errors
     import corral.actors
     import corral.runtime
 
-    sources = [corral._errors, corral._common, corral.actors, corral.runtime]
+    sources = [corral._errors, corral._common, corral.actors, corral.runtime, corral._app]
     for attr in corral.__all__:
         source = next(m for m in sources if attr in m.__all__)
         assert getattr(corral, attr) is getattr(source, attr), attr

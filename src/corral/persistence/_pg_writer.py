@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
 
 from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._common import RunStatus
 from corral._errors import (
     CorralError,

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._common import RunStatus, WaitStatus
 from corral._errors import (
     EntityFailedError,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._common import RunStatus, WaitStatus
 from corral._errors import (
     EntityFailedError,

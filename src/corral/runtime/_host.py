@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._errors import StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, Store

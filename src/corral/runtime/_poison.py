@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._errors import StoreError
 from corral.actors import (
     ContinueAsNew,

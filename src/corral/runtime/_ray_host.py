@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._common import RunStatus
 from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
 from corral.actors import (

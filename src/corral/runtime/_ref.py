@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
-from corral import metrics
+import corral.metrics as metrics
 from corral._common import RunStatus
 from corral._errors import (
     CorralError,

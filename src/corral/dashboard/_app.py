@@ -1,0 +1,380 @@
+"""The dashboard's Starlette app: its routes, the operator on every page, errors as pages.
+
+Reads go through `Runtime.entities`, `signal_waits`, `dead_letters` and
+`EntityRef.describe`; writes through `EntityRef.deliver`, `replay_dead_letter` and
+`discard_dead_letter`, always with `sender=` the authenticated operator (whatever a
+form says), so the application's `authorize` hook decides on them as on any caller's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+from urllib.parse import quote
+
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import corral
+from corral import (
+    CorralError,
+    DeadLetterNotFoundError,
+    EntityClosedError,
+    EntityNotRunningError,
+    IdempotencyConflictError,
+    PayloadTooLargeError,
+    Runtime,
+    SignalWait,
+    StoreError,
+    UnauthorizedError,
+    UnknownEntityTypeError,
+    UnknownHandlerError,
+)
+
+from . import _views as views
+from ._auth import COOKIE, Authenticate, Gate, Refused, check_origin, safe_next
+from ._forms import Visit, deliver_form, login_form, who
+from ._html import EMPTY, STYLE, Html, entity_url, join, layout, render
+
+__all__ = ["create_app"]
+
+MAX_FORM_BYTES = 1 << 20
+"""The largest form post (a decision is at most `Limits.max_payload_bytes`, 256 KiB)."""
+MAX_PAGE = 1000
+"""The most rows one page lists."""
+
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+_STATUS: tuple[tuple[type[CorralError], int], ...] = (
+    (UnauthorizedError, 403),
+    (UnknownEntityTypeError, 404),
+    (UnknownHandlerError, 404),
+    (DeadLetterNotFoundError, 404),
+    (IdempotencyConflictError, 409),
+    (EntityNotRunningError, 409),
+    (EntityClosedError, 409),
+    (PayloadTooLargeError, 413),
+    (StoreError, 503),  # the store, not the request: retrying may work
+)
+
+Get = Callable[[Request, Visit], Awaitable[Response]]
+Post = Callable[[Request, Visit, dict[str, str]], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def status_of(err: CorralError) -> int:
+    """The HTTP status of a page showing `err`: 4xx for the request's fault."""
+    return next((code for kind, code in _STATUS if isinstance(err, kind)), 400)
+
+
+def _int(text: str | None, what: str) -> int | None:
+    """A decimal from a form or query (None when empty); 400 for anything else."""
+    if not text:
+        return None
+    if not (text.isascii() and text.isdecimal() and len(text) <= 19):
+        raise Refused(f"{what} must be a whole number, got {text[:40]!r}", 400)
+    return int(text)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form post of bounded size (411, 413, 415 otherwise)."""
+    length = request.headers.get("content-length", "")
+    if not (length.isascii() and length.isdecimal()):
+        raise Refused("A form post needs a Content-Length.", 411)
+    if int(length) > MAX_FORM_BYTES:
+        raise Refused(f"A form post is at most {MAX_FORM_BYTES} bytes.", 413)
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise Refused("Forms are posted as application/x-www-form-urlencoded.", 415)
+    async with request.form(max_files=0, max_fields=32) as form:
+        return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+class _Asgi:
+    """An ASGI app as a route endpoint (Starlette treats a plain function as a view)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def _metrics_app() -> ASGIApp | None:
+    """Prometheus' ASGI app on `corral.metrics.REGISTRY`, or None without that module."""
+    try:
+        metrics = importlib.import_module("corral.metrics")
+        from prometheus_client import make_asgi_app
+    except ModuleNotFoundError as err:
+        if err.name in ("corral.metrics", "prometheus_client"):
+            return None
+        raise
+    return cast(ASGIApp, make_asgi_app(registry=metrics.REGISTRY))
+
+
+class _Dashboard:
+    """The pages of one runtime."""
+
+    def __init__(self, runtime: Runtime, gate: Gate) -> None:
+        self.rt = runtime
+        self.gate = gate
+        definitions = runtime.boundary.definitions
+        self.types = sorted(definitions)
+        self.waits: dict[tuple[str, str], Any] = {}  # SignalWait, as deliver takes it
+        for name, definition in definitions.items():
+            for klass in reversed(definition.cls.__mro__):  # a subclass's own wins
+                for value in vars(klass).values():
+                    if isinstance(value, SignalWait) and value.belongs_to(definition.cls):
+                        self.waits[(name, value.name)] = value
+        self.models: dict[tuple[str, str], type[BaseModel]] = {
+            k: cast("type[BaseModel]", w.model) for k, w in self.waits.items()}
+
+    def routes(self) -> list[BaseRoute]:
+        routes: list[BaseRoute] = [
+            Route("/healthz", _healthz, methods=["GET"]),
+            Route("/style.css", _style, methods=["GET"]),
+            Route("/", self._get(self.entity_list), methods=["GET"]),
+            Route("/entities/{entity_type}/{key:path}", self._get(self.entity_detail),
+                  methods=["GET"]),
+            Route("/waits", self._get(self.wait_list), methods=["GET"]),
+            Route("/waits/deliver", self._post(self.deliver), methods=["POST"]),
+            Route("/dead-letters", self._get(self.dead_letter_list), methods=["GET"]),
+            Route("/dead-letters/replay", self._post(self.replay), methods=["POST"]),
+            Route("/dead-letters/discard", self._post(self.discard), methods=["POST"]),
+        ]
+        if self.gate.uses_token:
+            routes += [Route("/login", self.login_page, methods=["GET"]),
+                       Route("/login", self.login, methods=["POST"]),
+                       Route("/logout", self._post(self.logout), methods=["POST"])]
+        return routes
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _page(self, title: str, body: Html, visit: Visit | None, status: int = 200,
+              headers: dict[str, str] | None = None) -> HTMLResponse:
+        return HTMLResponse(layout(title, body, who(visit)), status_code=status,
+                            headers={**_HEADERS, **(headers or {})})
+
+    def _error(self, visit: Visit | None, err: Exception, extra: Html = EMPTY) -> Response:
+        if isinstance(err, Refused):
+            return self._page("Refused", views.message(str(err), error=True), visit, err.status)
+        assert isinstance(err, CorralError)
+        text = f"{type(err).__name__}: {err}"
+        return self._page("Error", views.message(text, error=True, extra=extra,
+                                                 links=[("/", "Entities")]),
+                          visit, status_of(err))
+
+    def _unauthorized(self, request: Request) -> Response:
+        if self.gate.uses_token:
+            # The decoded path, encoded again: a key may hold `#` or `?`.
+            target = quote(request.scope["path"], safe="/") + \
+                (f"?{request.url.query}" if request.url.query else "")
+            body = join([views.message("Sign in to use the dashboard.", error=True),
+                         login_form(safe_next(target))])
+        else:
+            body = views.message("You are not signed in (the application's authenticate "
+                                 "hook did not recognise this request).", error=True)
+        challenge = {"WWW-Authenticate": 'Bearer realm="corral"'} if self.gate.uses_token \
+            else {}
+        return self._page("Sign in", body, None, 401, challenge)
+
+    async def _visit(self, request: Request) -> Visit | None:
+        operator = await self.gate.operator(request)
+        if operator is None:
+            return None
+        return Visit(operator, self.gate.csrf(operator), self.gate.uses_token)
+
+    def _get(self, endpoint: Get) -> Endpoint:
+        async def serve(request: Request) -> Response:
+            visit = await self._visit(request)
+            if visit is None:
+                return self._unauthorized(request)
+            try:
+                return await endpoint(request, visit)
+            except (CorralError, Refused) as err:
+                return self._error(visit, err)
+        return serve
+
+    def _post(self, endpoint: Post) -> Endpoint:
+        async def serve(request: Request) -> Response:
+            visit = await self._visit(request)
+            if visit is None:
+                return self._unauthorized(request)
+            try:
+                form = await _form(request)
+                self.gate.check_post(request, form, visit.operator)
+                return await endpoint(request, visit, form)
+            except (CorralError, Refused) as err:
+                return self._error(visit, err)
+        return serve
+
+    def _ref(self, entity_type: str, key: str) -> corral.EntityRef[corral.Entity, Any]:
+        definition = self.rt.boundary.definition(entity_type)
+        cls = cast("type[corral.Entity]", definition.cls)
+        return self.rt.ref(cls, key)
+
+    # -- pages ---------------------------------------------------------------------------
+
+    async def entity_list(self, request: Request, visit: Visit) -> Response:
+        q = request.query_params
+        etype, status = q.get("type") or None, q.get("status") or None
+        limit = _int(q.get("limit"), "limit") or 50
+        if limit > MAX_PAGE:
+            raise Refused(f"limit is at most {MAX_PAGE}", 400)
+        page = await self.rt.entities(etype, status=status, limit=limit,
+                                      after=q.get("after") or None)
+        body = views.entity_list(page, self.types, etype, status, limit)
+        return self._page("Entities", body, visit)
+
+    async def entity_detail(self, request: Request, visit: Visit) -> Response:
+        ref = self._ref(request.path_params["entity_type"], request.path_params["key"])
+        described = await ref.describe()
+        letters = await ref.dead_letters() if described.dead_letters else []
+        body = views.entity_detail(visit, described, self.models, letters)
+        return self._page(f"{described.entity_type} {described.key}", body, visit)
+
+    async def wait_list(self, request: Request, visit: Visit) -> Response:
+        q = request.query_params
+        etype = q.get("type") or None
+        page = await self.rt.signal_waits(etype, limit=100, after=q.get("after") or None)
+        waiting = sorted({t for t, _ in self.waits})
+        body = views.waits_page(visit, page, waiting, etype, self.models)
+        return self._page("Open waits", body, visit)
+
+    async def dead_letter_list(self, request: Request, visit: Visit) -> Response:
+        etype = request.query_params.get("type") or None
+        letters = await self.rt.dead_letters(etype, limit=MAX_PAGE)
+        body = views.dead_letters_page(visit, letters, self.types, etype, MAX_PAGE)
+        return self._page("Dead letters", body, visit)
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def deliver(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
+        ref = self._ref(form.get("entity_type", ""), form.get("key", ""))
+        etype, name = ref.definition.name, form.get("name", "")
+        wait = self.waits.get((etype, name))
+        if wait is None:
+            raise UnknownHandlerError(f"{etype} has no wait {name!r}", entity_type=etype)
+        run_id, text = _int(form.get("run_id"), "run id"), form.get("payload", "")
+        key = form.get("delivery_key", "")
+        again = render("<h2>Try again</h2>$form", form=deliver_form(
+            visit, etype, ref.key, name, run_id or "", wait.model, text=text, delivery_key=key))
+        try:
+            payload = json.loads(text)
+        except (ValueError, RecursionError) as err:
+            body = views.message(f"The decision is not JSON ({err}). Nothing was delivered.",
+                                 error=True, extra=again)
+            return self._page("Not delivered", body, visit, 400)
+        try:
+            result = await ref.deliver(wait, payload, key=key, sender=visit.operator,
+                                       run_id=run_id)
+        except CorralError as err:
+            return self._error(visit, err, again)
+        body = views.delivery_result(etype, ref.key, name, result)
+        return self._page(f"Delivery {result.status}", body, visit)
+
+    async def replay(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
+        ref = self._ref(form.get("entity_type", ""), form.get("key", ""))
+        ident = _int(form.get("id"), "dead letter id") or 0
+        ack = await ref.replay_dead_letter(ident, sender=visit.operator)
+        text = (f"Dead letter {ident} replayed ({ack.status}): signal seq {ack.seq} of run "
+                f"{ack.run_id}.")
+        return self._page("Replayed", self._done(text, ref), visit)
+
+    async def discard(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
+        ref = self._ref(form.get("entity_type", ""), form.get("key", ""))
+        ident = _int(form.get("id"), "dead letter id") or 0
+        gone = await ref.discard_dead_letter(ident, sender=visit.operator)
+        text = f"Dead letter {ident} discarded." if gone else \
+            f"Dead letter {ident} was already gone; nothing changed."
+        return self._page("Discarded", self._done(text, ref), visit)
+
+    def _done(self, text: str, ref: corral.EntityRef[Any, Any]) -> Html:
+        return views.message(text, links=[
+            (entity_url(ref.definition.name, ref.key), f"{ref.definition.name} {ref.key}"),
+            ("/dead-letters", "Dead letters")])
+
+    # -- signing in with the token -----------------------------------------------------
+
+    async def login_page(self, request: Request) -> Response:
+        token = request.query_params.get("token")
+        if token is not None:  # the link `corral ui` prints: sign in, then drop the token
+            return self._signed_in(request, token, "/")
+        if await self.gate.operator(request) is not None:
+            return RedirectResponse(safe_next(request.query_params.get("next")), 303)
+        return self._page("Sign in", login_form(safe_next(request.query_params.get("next"))),
+                          None)
+
+    async def login(self, request: Request) -> Response:
+        try:
+            check_origin(request)
+            form = await _form(request)
+        except Refused as err:
+            return self._error(None, err)
+        return self._signed_in(request, form.get("token", ""), safe_next(form.get("next")))
+
+    def _signed_in(self, request: Request, token: str, target: str) -> Response:
+        if not self.gate.is_token(token):
+            body = join([views.message("That is not the dashboard's token.", error=True),
+                         login_form(target)])
+            return self._page("Sign in", body, None, 401)
+        response = RedirectResponse(target, 303, headers={**_HEADERS,
+                                                          "Referrer-Policy": "no-referrer"})
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
+                            secure=request.url.scheme == "https")
+        return response
+
+    async def logout(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+
+async def _healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+async def _style(request: Request) -> Response:
+    return Response(STYLE, media_type="text/css",
+                    headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
+
+
+def create_app(runtime: Runtime, *, authenticate: Authenticate | None = None,
+               token: str | None = None) -> Starlette:
+    """The dashboard as an ASGI app (Starlette) on an open runtime.
+
+    Args:
+        runtime: the runtime it reads and writes through (typically `host=False`).
+        authenticate: the application's hook: given the request, the operator's name, or
+            None to answer 401. Without it, `token` decides.
+        token: the bearer token operators sign in with (`Authorization: Bearer`, or the
+            sign-in form, which sets an HttpOnly cookie); their sender is `"dashboard"`.
+
+    Every write is made with `sender=` the operator, so the runtime's `authorize` hook
+    sees who it was. `/healthz` and `/metrics` (Prometheus, when `corral.metrics` is
+    there) answer without signing in.
+
+    Example:
+        async with corral.open_runtime("corral.db", entities=[Order], host=False) as rt:
+            app = corral.dashboard.create_app(rt, token=secrets.token_urlsafe())
+            await uvicorn.Server(uvicorn.Config(app, port=8765)).serve()
+    """
+    dashboard = _Dashboard(runtime, Gate(authenticate, token))
+    routes = dashboard.routes()
+    metrics = _metrics_app()
+    if metrics is not None:
+        routes.append(Route("/metrics", _Asgi(metrics), methods=["GET"]))
+    return Starlette(routes=routes)
