@@ -63,12 +63,14 @@ async def test_entities_are_listed_in_type_and_key_order_in_pages_with_filters(
             await rt.entities("Nope")
     listed = [item for page in pages for item in page]
     assert [len(p) for p in pages] == [3, 3, 3, 1]
-    assert listed == sorted(listed) and len(set(listed)) == 10
+    assert listed == sorted(listed)
+    assert len(set(listed)) == 10
     assert [e.key for e in counters] == [f"c-{i}" for i in range(7)]
     first = counters[0]
     assert (first.status, first.run_id, first.accepted_seq, first.shard) == \
         (corral.RunStatus.RUNNING, 1, 1, rt.router.shard_of("Counter", "c-0"))
-    assert first.updated_at is not None and first.updated_at > 0
+    assert first.updated_at is not None
+    assert first.updated_at > 0
     assert first.applied_seq in (0, 1)  # hosted here: live
     assert [e.key for e in terminated] == ["j-1"]
     assert [e.key for e in running_jobs] == ["j-0", "j-2"]
@@ -96,7 +98,8 @@ async def test_describe_shows_snapshots_timers_open_waits_and_dead_letters(
         await waiting(rt, ref)
         info = await ref.describe()
         assert [(w.name, w.run_id) for w in info.open_waits] == [("approval", 1)]
-        assert len(info.timers) == 1 and info.timers[0] == pytest.approx(
+        assert len(info.timers) == 1
+        assert info.timers[0] == pytest.approx(
             info.open_waits[0].deadline)
         assert (info.snapshot_seq, info.snapshot_age, info.dead_letters) == (None, None, 0)
         await ref.deliver(Order.approval, {"approved": True}, key="k")
@@ -109,7 +112,8 @@ async def test_describe_shows_snapshots_timers_open_waits_and_dead_letters(
         await wait_until(lambda: _dead(poisoned), "the poison message is dead-lettered")
         dead = await poisoned.describe()
     assert (done.open_waits, done.timers) == ((), ())
-    assert done.snapshot_seq is not None and done.snapshot_age is not None
+    assert done.snapshot_seq is not None
+    assert done.snapshot_age is not None
     assert 0 <= done.snapshot_age < 60
     assert (never.status, never.open_waits, never.dead_letters) == \
         (corral.RunStatus.NEVER_STARTED, (), 0)

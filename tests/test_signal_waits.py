@@ -335,7 +335,8 @@ async def test_a_passivated_wait_times_out_at_its_original_deadline(db_path: str
         await waiting(rt, ref)
         deadline = (await rt.signal_waits(Passive)).items[0].deadline
         host = rt.host
-        assert host is not None and deadline is not None
+        assert host is not None
+        assert deadline is not None
         await wait_until(lambda: host.shards[ref.shard].get("Passive", ref.key) is None,
                          "the waiting entity is passivated")
         assert await ref.result(timeout=10) == Outcome(timed_out=True)
@@ -435,7 +436,9 @@ def test_definition_checks_see_waits_and_early_signals() -> None:
             second = corral.wait(Decision, name="same")
             run_id = corral.wait(Decision)  # type: ignore[assignment]
     text = str(err.value)
-    assert "early_signals" in text and "'same'" in text and "run_id" in text
+    assert "early_signals" in text
+    assert "'same'" in text
+    assert "run_id" in text
 
     class Base(corral.Entity):
         approval = corral.wait(Decision)

@@ -1,0 +1,282 @@
+"""`corral dead-letters`: list dead letters, and replay or discard them, by id or all.
+
+A dead letter's id is unique in the store: `replay 17` looks it up among the store's
+dead letters to find its entity, and `--type T --key K` names the entity outright (no
+lookup). Several ids, and `--all`, are worked through oldest first and one at a time,
+so an entity's replayed signals keep their original order; one that fails (its entity
+is not running, say) is reported and the rest go on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+import corral
+from corral._errors import CorralError, DeadLetterNotFoundError, InvalidArgumentError, StoreError
+
+from ._connection import (
+    AppOption,
+    Connection,
+    JsonFlag,
+    SenderOption,
+    ShardsOption,
+    StoreOption,
+    entity_class,
+)
+from ._entities import ack_line
+from ._errors import EXIT_FAILED, debugging, one_line, report
+from ._output import cells, err_console, jsonable, out, print_json, table, when
+
+__all__ = ["commands"]
+
+_LOOKUP = 100_000  # dead letters read to find ids: the most one listing returns
+
+
+class _ListUnlessNamed(TyperGroup):
+    """`corral dead-letters [TYPE] ...` is `corral dead-letters list [TYPE] ...`: a first
+    word that names no subcommand belongs to `list`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands
+                        and args[0] not in ctx.help_option_names):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+commands = typer.Typer(
+    cls=_ListUnlessNamed, name="dead-letters", add_completion=False,
+    help="List dead letters (signals whose handler kept raising), or replay or discard them. "
+         "Without a subcommand: list.")
+
+_TypeFilter = Annotated[str | None, typer.Option(
+    "--type", metavar="TYPE", help="Only dead letters of this entity type.")]
+_KeyFilter = Annotated[str | None, typer.Option(
+    "--key", metavar="KEY", help="Only dead letters of entities with this key.")]
+_Ids = Annotated[list[int] | None, typer.Argument(
+    metavar="ID...", min=1, show_default=False,
+    help="Dead letter ids (see `corral dead-letters`).")]
+_All = Annotated[bool, typer.Option(
+    "--all", help="Every dead letter (of --type and --key, if given), with a progress bar.")]
+
+
+@dataclass(frozen=True)
+class _Letter:
+    """A dead letter as these commands address it."""
+
+    id: int
+    entity_type: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"dead letter {self.id} of {self.entity_type} {self.key!r}"
+
+
+@commands.command("list")
+def list_dead_letters(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    entity_type: Annotated[str | None, typer.Argument(
+        metavar="TYPE", help="Only dead letters of this type.", show_default=False)] = None,
+    key: _KeyFilter = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many.")] = 100,
+    as_json: JsonFlag = False,
+    shards: ShardsOption = 16,
+) -> None:
+    """List dead letters, oldest first (`corral dead-letters TYPE` is the same)."""
+    found = Connection(store, app, shards).run(
+        ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit))
+    if as_json:
+        # The payload is stored as canonical JSON text: shown as the JSON it is.
+        print_json([{**jsonable(d), "payload": json.loads(d.payload)} for d in found])
+        return
+    if not found:
+        out().print("no dead letters")
+        return
+    rows = table("ID", "TYPE", "KEY", "RUN", "SEQ", "SIGNAL", "MESSAGE ID", "SENDER",
+                 "ATTEMPTS", "FAILED AT", "ERROR")
+    for d in found:
+        rows.add_row(*cells([d.id, d.entity_type, d.key, d.run_id, d.seq, d.name,
+                             d.message_id, d.sender, d.attempts, when(d.failed_at), d.error]))
+    out().print(rows)
+
+
+@commands.command("replay")
+def replay(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    ids: _Ids = None,
+    everything: _All = False,
+    entity_type: _TypeFilter = None,
+    key: _KeyFilter = None,
+    sender: SenderOption = None,
+    as_json: JsonFlag = False,
+    shards: ShardsOption = 16,
+) -> None:
+    """Deliver dead letters again as new signals to their entities' running runs, and
+    delete them (one transaction each); use it after fixing the handler.
+
+    `replay 17 18` finds each id in the store; `replay 17 --type T --key K` names its
+    entity (no lookup); `replay --all --type T` replays every dead letter of T. A
+    replay repeated is answered duplicate and applied once.
+    """
+    async def one(rt: corral.Runtime, letter: _Letter) -> corral.Ack:
+        ref = rt.ref(entity_class(rt, letter.entity_type), letter.key)
+        return await ref.replay_dead_letter(letter.id, sender=sender)
+
+    _work_through(ctx, Connection(store, app, shards), _Choice(ids or [], everything,
+                  entity_type, key), one, verb="replayed", doing="replaying", as_json=as_json,
+                  describe=lambda letter, ack: f"replayed {letter}: {ack_line(ack)}")
+
+
+@commands.command("discard")
+def discard(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    ids: _Ids = None,
+    everything: _All = False,
+    entity_type: _TypeFilter = None,
+    key: _KeyFilter = None,
+    sender: SenderOption = None,
+    as_json: JsonFlag = False,
+    shards: ShardsOption = 16,
+) -> None:
+    """Delete dead letters without delivering them.
+
+    `discard 17 18` finds each id in the store; `discard 17 --type T --key K` names its
+    entity (no lookup); `discard --all --type T` discards every dead letter of T.
+    """
+    async def one(rt: corral.Runtime, letter: _Letter) -> bool:
+        ref = rt.ref(entity_class(rt, letter.entity_type), letter.key)
+        if not await ref.discard_dead_letter(letter.id, sender=sender):
+            raise DeadLetterNotFoundError(f"{letter} is not there (discarded, or replayed)",
+                                          entity_type=letter.entity_type, key=letter.key)
+        return True
+
+    _work_through(ctx, Connection(store, app, shards), _Choice(ids or [], everything,
+                  entity_type, key), one, verb="discarded", doing="discarding", as_json=as_json,
+                  describe=lambda letter, _: f"discarded {letter}")
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """Which dead letters a replay or discard is about."""
+
+    ids: list[int]
+    everything: bool
+    entity_type: str | None
+    key: str | None
+
+    async def letters(self, rt: corral.Runtime) -> list[_Letter]:
+        """The chosen dead letters, checked before any is touched.
+
+        Raises:
+            InvalidArgumentError: neither ids nor --all, or both.
+            DeadLetterNotFoundError: an id that is not in the store (none is touched).
+        """
+        if self.everything == bool(self.ids):
+            raise InvalidArgumentError(
+                "name the dead letters: their ids, or --all (narrowed by --type and --key)")
+        etype, key = self.entity_type, self.key
+        if self.ids and etype is not None and key is not None:
+            rt.ref(entity_class(rt, etype), key)  # checks both before anything is sent
+            return [_Letter(i, etype, key) for i in self.ids]
+        found = await rt.dead_letters(etype, key, limit=_LOOKUP)
+        if self.everything:
+            return [_Letter(d.id, d.entity_type, d.key) for d in found]
+        by_id = {d.id: _Letter(d.id, d.entity_type, d.key) for d in found}
+        missing = [i for i in self.ids if i not in by_id]
+        if missing:
+            among = f" of {etype}" if etype else ""
+            among += f" with key {key!r}" if key else ""
+            raise DeadLetterNotFoundError(
+                f"no dead letter {', '.join(map(str, missing))} among the store's dead "
+                f"letters{among}" + (f" (looked at the oldest {_LOOKUP}: name the entity "
+                                     f"with --type and --key)" if len(found) == _LOOKUP else ""))
+        return [by_id[i] for i in self.ids]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What became of one dead letter: the action's result, or its error."""
+
+    letter: _Letter
+    result: Any = None
+    error: CorralError | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"id": self.letter.id, "entity_type": self.letter.entity_type,
+                                 "key": self.letter.key}
+        if self.error is not None:
+            found["error"] = {"type": type(self.error).__name__,
+                              "message": one_line(self.error).partition(": ")[2]}
+        elif isinstance(self.result, corral.Ack):
+            found["ack"] = jsonable(self.result)
+        else:
+            found["discarded"] = True
+        return found
+
+
+def _work_through(ctx: typer.Context, connection: Connection, choice: _Choice,
+                  one: Callable[[corral.Runtime, _Letter], Awaitable[Any]], *, verb: str,
+                  doing: str, as_json: bool, describe: Callable[[_Letter, Any], str]) -> None:
+    """Apply `one` to every chosen dead letter in turn and print what happened.
+
+    A `CorralError` of one dead letter is reported and the rest go on (the exit status
+    is then 1); a `StoreError` stops the command.
+    """
+    debug = debugging(ctx)
+
+    async def run(rt: corral.Runtime) -> list[_Outcome]:
+        from rich.progress import (  # only here: it costs every other command 40 ms
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        letters = await choice.letters(rt)
+        done: list[_Outcome] = []
+        console = err_console()
+        with Progress(TextColumn(doing), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console,
+                      disable=not (choice.everything and console.is_terminal)) as progress:
+            task = progress.add_task(verb, total=len(letters))
+            for letter in letters:
+                try:
+                    done.append(_Outcome(letter, await one(rt, letter)))
+                except StoreError:
+                    raise
+                except CorralError as err:
+                    if debug:
+                        raise
+                    done.append(_Outcome(letter, error=err))
+                progress.advance(task)
+        return done
+
+    done = connection.run(ctx, run)
+    failed = [o for o in done if o.error is not None]
+    for o in failed:
+        assert o.error is not None
+        report(o.error)  # the runtime's messages name the dead letter and its entity
+    if as_json:
+        print_json([o.as_json() for o in done])
+    elif choice.everything:
+        succeeded = len(done) - len(failed)
+        print(f"{verb} {succeeded} dead letter{'' if succeeded == 1 else 's'}"
+              + (f"; {len(failed)} failed" if failed else ""))
+    else:
+        for o in done:
+            if o.error is None:
+                print(describe(o.letter, o.result))
+    if failed:
+        raise typer.Exit(EXIT_FAILED)

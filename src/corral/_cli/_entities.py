@@ -1,0 +1,204 @@
+"""`corral ls`, `corral show` and `corral signal`: entities, one entity, and a signal
+sent to one."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+import corral
+from corral._errors import EntityNotRunningError, UnknownHandlerError
+from corral.actors import EntityDefinition, HandlerKind
+
+from ._connection import (
+    AppOption,
+    Connection,
+    JsonFlag,
+    KeyArgument,
+    SenderOption,
+    ShardsOption,
+    StoreOption,
+    TypeArgument,
+    entity_class,
+)
+from ._errors import guard, parse_json
+from ._output import Format, Output, age, cells, out, print_json, print_result, table, when
+
+__all__ = ["ack_line", "list_entities", "send_signal", "show_entity", "signal_handler"]
+
+
+def list_entities(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    entity_type: Annotated[str | None, typer.Argument(
+        metavar="TYPE", help="Only entities of this type.", show_default=False)] = None,
+    status: Annotated[str | None, typer.Option(
+        "--status", metavar="STATUS",
+        help="Only entities whose latest run has this status: running, completed, failed, "
+             "terminated or continued.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many.")] = 100,
+    after: Annotated[str | None, typer.Option(
+        "--after", metavar="CURSOR", help="The next page: the cursor the last page printed.")
+        ] = None,
+    as_json: JsonFlag = False,
+    shards: ShardsOption = 16,
+) -> None:
+    """List entities in (type, key) order, a page at a time."""
+    page = Connection(store, app, shards).run(
+        ctx, lambda rt: rt.entities(entity_type, status=status, limit=limit, after=after))
+    if as_json:
+        print_json(page)
+        return
+    console = out()
+    if not page.items:
+        console.print("no entities")
+    else:
+        rows = table("TYPE", "KEY", "STATUS", "RUN", "ACCEPTED", "APPLIED", "PASSIVATED",
+                     "UPDATED", "SHARD")
+        for e in page.items:
+            rows.add_row(*cells([e.entity_type, e.key, e.status.value, e.run_id,
+                                 e.accepted_seq, e.applied_seq, "yes" if e.passivated else "no",
+                                 when(e.updated_at), e.shard]))
+        console.print(rows)
+    if page.next_cursor is not None:
+        console.print(f"more: --after {page.next_cursor}")
+
+
+def show_entity(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    entity_type: TypeArgument,
+    key: KeyArgument,
+    as_json: JsonFlag = False,
+    shards: ShardsOption = 16,
+) -> None:
+    """Describe one entity: status, runs, snapshot, timers, open waits, dead letters.
+
+    The applied position and mailbox depth are known only to the process hosting the
+    entity, so this command (a client, not a host) shows them as "-".
+    """
+    found = Connection(store, app, shards).run(
+        ctx, lambda rt: rt.ref(entity_class(rt, entity_type), key).describe())
+    if as_json:
+        print_json(found)
+        return
+    console = out()
+    console.print(_facts(found))
+    if found.runs:
+        runs = table("RUN", "STATUS", "STARTED", "CLOSED", "CONTINUED FROM", "ERROR",
+                     title="runs")
+        for r in found.runs:
+            error = (r.error or "").strip().splitlines()
+            runs.add_row(*cells([r.run_id, r.status.value, when(r.started_at),
+                                 when(r.closed_at), r.continued_from,
+                                 error[-1] if error else None]))
+        console.print()
+        console.print(runs)
+    if found.open_waits:
+        waits = table("WAIT", "RUN", "WAITING SINCE", "DEADLINE", title="open waits")
+        for w in found.open_waits:
+            waits.add_row(*cells([w.name, w.run_id, when(w.waiting_since), when(w.deadline)]))
+        console.print()
+        console.print(waits)
+
+
+def _facts(d: corral.EntityDescription) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    snapshot = "none" if d.snapshot_seq is None else \
+        f"at seq {d.snapshot_seq}, taken {age(d.snapshot_age)} ago"
+    timers = "none" if not d.timers else \
+        f"{len(d.timers)}, the next due {when(min(d.timers))}"
+    for name, value in [
+        ("entity", f"{d.entity_type} {d.key!r} (shard {d.shard})"),
+        ("status", d.status.value),
+        ("run", "-" if d.run_id == 0 else str(d.run_id)),
+        ("accepted seq", str(d.accepted_seq)),
+        ("applied seq", "-" if d.applied_seq is None else str(d.applied_seq)),
+        ("mailbox depth", "-" if d.mailbox_depth is None else str(d.mailbox_depth)),
+        ("snapshot", snapshot),
+        ("timers", timers),
+        ("open waits", str(len(d.open_waits))),
+        ("dead letters", str(d.dead_letters)),
+    ]:
+        grid.add_row(name, value)
+    return grid
+
+
+def send_signal(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    entity_type: TypeArgument,
+    key: KeyArgument,
+    handler: Annotated[str, typer.Argument(
+        metavar="HANDLER", help="The signal handler's name.", show_default=False)],
+    message_id: Annotated[str, typer.Option(
+        "--message-id", metavar="ID",
+        help="The message's idempotency key: the same command again is answered duplicate.",
+        show_default=False)],
+    payload: Annotated[str | None, typer.Option(
+        "--json", metavar="JSON",
+        help="The payload, a JSON object of the handler's model (none for a handler "
+             "without one).")] = None,
+    start: Annotated[str | None, typer.Option(
+        "--start", metavar="JSON",
+        help="Signal-with-start: start a run first if none is running, with this start "
+             "input (null for a type whose __init__ takes none).")] = None,
+    sender: SenderOption = None,
+    output: Output = Format.TEXT,
+    shards: ShardsOption = 16,
+) -> None:
+    """Send a signal to an entity (with --start: starting a run if none is running).
+
+    Without --start the signal goes to the running run (EntityNotRunningError if there
+    is none); with it, a run is started first if none is running, atomically. Prints
+    the acknowledgement, e.g. "accepted run 1 seq 3 (started)"; a message id sent
+    before is answered "duplicate" with the original position.
+    """
+    with guard(ctx):  # bad JSON never reaches the store
+        data, start_input = parse_json(payload, "--json"), parse_json(start, "--start")
+
+    async def send(rt: corral.Runtime) -> corral.Ack:
+        ref = rt.ref(entity_class(rt, entity_type), key)
+        signal = signal_handler(ref.definition, handler)
+        if start is None:
+            try:
+                return await ref.signal(signal, data, message_id=message_id, sender=sender)
+            except EntityNotRunningError as err:
+                raise EntityNotRunningError(
+                    f"{err} (--start JSON)", entity_type=err.entity_type,
+                    key=err.key, run_id=err.run_id, message_id=err.message_id) from err
+        return await ref.signal_with_start(signal, data, start=start_input,
+                                           message_id=message_id, sender=sender)
+
+    ack = Connection(store, app, shards).run(ctx, send)
+    print_result(output, ack, ack_line(ack))
+
+
+def signal_handler(definition: EntityDefinition, name: str) -> Any:
+    """The signal handler `name` of the type, as its class declares it.
+
+    Raises:
+        UnknownHandlerError: the type declares no signal of that name.
+    """
+    declared = definition.handler(name)
+    if declared is None or declared.kind is not HandlerKind.SIGNAL:
+        signals = sorted(n for n, h in definition.handlers.items()
+                         if h.kind is HandlerKind.SIGNAL)
+        kind = None if declared is None else declared.kind.value
+        what = "no such signal" if kind is None else \
+            f"{kind} handler, not a signal"
+        raise UnknownHandlerError(f"{definition.name}.{name}: {what} (its signals: {signals})",
+                                  entity_type=definition.name)
+    return getattr(definition.cls, name)
+
+
+def ack_line(ack: corral.Ack) -> str:
+    """'accepted run 1 seq 3 (started)'."""
+    return f"{ack.status} run {ack.run_id} seq {ack.seq}" + (" (started)" if ack.started else "")

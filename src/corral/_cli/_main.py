@@ -1,0 +1,135 @@
+"""The `corral` command: the root, its global options, `demo` and `ui`, and `main()`."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+
+import corral
+from corral._app import load_app
+
+from . import _dead_letters, _entities, _waits
+from ._connection import AppOption, StoreOption, existing_store
+from ._errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    Settings,
+    debugging,
+    guard,
+    report,
+)
+
+__all__ = ["DEFAULT_DEMO_STORE", "app", "main"]
+
+DEFAULT_DEMO_STORE = "corral-demo.db"
+
+app = typer.Typer(
+    name="corral", add_completion=False, rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,  # a plain traceback under --debug, never with locals
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Durable, addressable entities for Python: atomic signal-with-start, durable "
+         "mailboxes, exactly-once application.\n\n"
+         "Operator commands take --store and --app (or CORRAL_STORE and CORRAL_APP) and "
+         "connect as a pure client: the application's hosts apply what they send. Exit "
+         "status: 0 done, 1 the runtime refused or failed, 2 bad input (nothing stored).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"corral {corral.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="Show the traceback of an error instead of one line.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        ] = False,
+) -> None:
+    ctx.obj = Settings(debug=debug)
+
+
+app.command("ls")(_entities.list_entities)
+app.command("show")(_entities.show_entity)
+app.command("waits")(_waits.list_waits)
+app.add_typer(_dead_letters.commands, name="dead-letters")
+app.command("signal")(_entities.send_signal)
+app.command("deliver")(_waits.deliver)
+
+
+@app.command("demo")
+def demo(
+    store: Annotated[str, typer.Option(
+        "--store", metavar="PATH",
+        help=f"SQLite file to use, deleted first so the demo is repeatable "
+             f"(default: ./{DEFAULT_DEMO_STORE}; ':memory:' for no file). Never read from "
+             f"CORRAL_STORE.", show_default=False)] = DEFAULT_DEMO_STORE,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Host the ticket in a Ray shard actor: on a local Ray instance started "
+                      "for the demo, or on the cluster named by RAY_ADDRESS (whose nodes "
+                      "must reach the store file).")] = False,
+) -> None:
+    """Run the ticket-agent demo (signal-with-start fed by duplicated webhooks).
+
+    Fires concurrent, out-of-order, duplicated webhooks at a ticket agent on an
+    in-process host and a SQLite store, then prints what happened.
+    """
+    if ray and store == ":memory:":
+        print("corral demo --ray: the shard actors need a store file, not ':memory:'")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    # Imported here so that no other command loads the demo's entity (or Ray).
+    from corral._demo import format_report, remove_store, run_demo
+
+    remove_store(store)
+    report_ = asyncio.run(run_demo(store, backend="ray" if ray else "local"))
+    print(format_report(report_))
+
+
+@app.command("ui")
+def ui(
+    ctx: typer.Context,
+    store: StoreOption,
+    app_spec: AppOption,
+    port: Annotated[int, typer.Option(
+        "--port", min=0, max=65535, help="The port to listen on (0: a free one).")] = 8765,
+    host: Annotated[str, typer.Option(
+        "--host", help="The address to listen on (loopback only by default).")] = "127.0.0.1",
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="CORRAL_UI_TOKEN", show_envvar=True,
+        help="The bearer token operators sign in with (unless the app authenticates).")
+        ] = None,
+) -> None:
+    """Serve the web dashboard (needs the ui extra: pip install 'corral[ui]')."""
+    with guard(ctx):
+        existing_store(store)
+        loaded = load_app(app_spec)
+    try:
+        from corral.dashboard import run
+    except ImportError as err:  # the ui extra is not installed
+        if debugging(ctx):
+            raise
+        report(err, about="the dashboard needs the ui extra (pip install 'corral[ui]')")
+        raise typer.Exit(EXIT_FAILED) from None
+    with guard(ctx, ValueError, OSError):  # a bad token, a port taken
+        run(store, loaded, host=host, port=port, token=token)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `corral` console script; returns the exit status."""
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="corral")
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else EXIT_FAILED)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

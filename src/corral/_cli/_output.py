@@ -1,0 +1,108 @@
+"""What the commands print: JSON for scripts, rich tables and one-liners for people.
+
+Tables go to stdout through one rich `Console` with markup off (keys, errors and
+payloads are shown as they are, never read as rich markup); when stdout is not a
+terminal it is as wide as a line needs, so `corral ls | grep` sees whole rows.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import typer
+from pydantic_core import to_jsonable_python
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["Format", "Output", "age", "cells", "err_console", "jsonable", "out", "print_json",
+           "print_result", "table", "when"]
+
+_PIPE_WIDTH = 1000  # characters: rows are never wrapped or cut when piped
+
+
+class Format(str, enum.Enum):
+    """What a write command prints: a line for people, or its result as JSON."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+Output = Annotated[Format, typer.Option(
+    "--output", "-o", help="What to print: text (one line) or json (the result, for scripts).")]
+
+
+def _console(*, stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(file=stream, markup=False, highlight=False, emoji=False,
+                   width=_PIPE_WIDTH if wide else None)
+
+
+def out() -> Console:
+    """The console on stdout."""
+    return _console(stderr=False)
+
+
+def err_console() -> Console:
+    """The console on stderr (progress bars)."""
+    return _console(stderr=True)
+
+
+def jsonable(value: object) -> Any:
+    """Plain JSON data: dataclasses as dicts, enums (`RunStatus`) as their value,
+    pydantic models by `model_dump`."""
+    return to_jsonable_python(value, by_alias=True)
+
+
+def print_json(value: object) -> None:
+    """`value` as indented JSON on stdout (ASCII-only, so any terminal encoding works)."""
+    sys.stdout.write(json.dumps(jsonable(value), indent=2, ensure_ascii=True) + "\n")
+
+
+def print_result(output: Format, result: object, line: str) -> None:
+    """A write command's result: `line` for people, or `result` as JSON."""
+    if output is Format.JSON:
+        print_json(result)
+    else:
+        print(line)
+
+
+def table(*columns: str, title: str | None = None) -> Table:
+    """A table for people: a header row, no borders between rows."""
+    t = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False,
+              show_edge=False)
+    for column in columns:
+        t.add_column(column, overflow="fold")
+    return t
+
+
+def when(timestamp: float | None) -> str:
+    """A time (seconds since the epoch) in UTC, to the second; '-' for None."""
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: '4.2 s', '3 min', '5.1 h', '2.0 d'; '-' for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def cells(values: Sequence[object]) -> list[str]:
+    """Table cells: None as '-', everything else by `str`."""
+    return ["-" if v is None else str(v) for v in values]

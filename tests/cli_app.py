@@ -1,0 +1,78 @@
+"""The application `tests/test_cli.py` points the `corral` command at (`--app cli_app:app`).
+
+`Board` takes notes by signal and has a signal that raises while `Board.broken` is set
+(one attempt: a dead letter at once); `Approval` waits, durably, for one decision.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, Field
+
+import corral
+
+__all__ = ["Approval", "Board", "BoardInput", "Decision", "Note", "app"]
+
+
+class BoardInput(BaseModel):
+    """A board's start input."""
+
+    title: str
+
+
+class Note(BaseModel):
+    """One note: 1 to 40 characters."""
+
+    text: str = Field(min_length=1, max_length=40)
+
+
+class Decision(BaseModel):
+    """The payload of `Approval.decision`."""
+
+    approved: bool
+
+
+class Board(corral.Entity):
+    """Notes, in order; `fragile` raises while `Board.broken` is set."""
+
+    retry = corral.RetryPolicy(max_attempts=1)
+    broken: ClassVar[bool] = True  # process-wide: the test "fixes the handler" by clearing it
+
+    def __init__(self, init: BoardInput) -> None:
+        self.title = init.title
+        self.notes: list[str] = []
+
+    @corral.signal
+    def post(self, note: Note) -> None:
+        self.notes.append(note.text)
+
+    @corral.signal
+    def clear(self) -> None:
+        self.notes.clear()
+
+    @corral.signal
+    def fragile(self, note: Note) -> None:
+        if type(self).broken:
+            raise RuntimeError(f"cannot take {note.text!r}")
+        self.notes.append(note.text)
+
+    @corral.update
+    def count(self) -> int:
+        return len(self.notes)
+
+    @corral.query
+    def read(self) -> list[str]:
+        return self.notes
+
+
+class Approval(corral.Entity):
+    """Waits for `decision`, then returns whether it approved."""
+
+    decision = corral.wait(Decision)
+
+    async def run(self) -> bool:
+        return (await self.wait_for_signal(Approval.decision)).approved
+
+
+app = corral.App(entities=[Board, Approval])
