@@ -144,6 +144,23 @@ async def test_durable_signal_waits_work_the_same_on_ray(db_path: str, namespace
                             else "already_delivered")
 
 
+async def test_operators_list_and_inspect_entities_the_same_on_ray(db_path: str,
+                                                                   namespace: str) -> None:
+    async with ray_runtime(db_path, namespace) as rt:
+        keys = sorted(fresh_key("list") for _ in range(5))
+        for key in keys:
+            await rt.ref(Counter, key).signal_with_start(Counter.add, Item(id="a"),
+                                                         start=Start(tenant="t"))
+        first = await rt.entities(Counter, limit=3)
+        rest = await rt.entities(Counter, limit=3, after=first.next_cursor)
+        info = await rt.ref(Counter, keys[0]).describe()
+    assert [e.key for e in first.items + rest.items] == keys
+    assert rest.next_cursor is None
+    assert {(e.status, e.accepted_seq) for e in first.items + rest.items} == \
+        {(RunStatus.RUNNING, 1)}
+    assert (info.accepted_seq, info.dead_letters, info.open_waits) == (1, 0, ())
+
+
 async def test_the_entity_ref_api_works_the_same_on_ray(db_path: str, namespace: str) -> None:
     async with ray_runtime(db_path, namespace) as rt:
         ref = rt.ref(Counter, fresh_key())

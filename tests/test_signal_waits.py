@@ -407,6 +407,13 @@ async def test_a_waits_timeout_is_between_1_ms_and_its_max_timeout(
         assert row_counts(str(tmp_path / "s.db"))["signal_waits"] == 0
 
 
+def test_the_default_longest_timeout_is_7_days() -> None:
+    week = Order.approval.definition
+    assert check_wait_timeout(week, 7 * 86400.0) == 7 * 86400.0
+    with pytest.raises(corral.InvalidArgumentError, match="604800"):
+        check_wait_timeout(week, 7 * 86400.0 + 0.001)
+
+
 def test_a_timeout_that_is_not_a_number_of_seconds_is_refused() -> None:
     wait = Timed.approval.definition
     for bad in (float("nan"), float("inf"), True, "1", None):
