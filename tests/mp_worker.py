@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -29,25 +28,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import corral
-import stacks
 from mp_entities import Clocked, Job, Note, Pipeline, Recorder, Start
+from workers import install as install_stacks
+from workers import wait_for_file, write_json
 
 ENTITIES: list[type[corral.Entity]] = [Clocked, Pipeline, Recorder]
 
 
-async def _wait_for_file(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():  # noqa: ASYNC240 (a stat of a local file; microseconds)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        await asyncio.sleep(0.002)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write atomically, so the test never reads a half-written file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 async def _idle_until_killed() -> None:
@@ -55,10 +42,10 @@ async def _idle_until_killed() -> None:
 
 
 async def swarm(args: argparse.Namespace) -> None:
-    await _wait_for_file(Path(args.go))
+    await wait_for_file(Path(args.go))
     async with corral.open_runtime(args.db, entities=ENTITIES, lease_ttl=args.lease_ttl) as rt:
-        _write_json(Path(args.ready), {"pid": os.getpid()})
-        await _wait_for_file(Path(args.fire))
+        write_json(Path(args.ready), {"pid": os.getpid()})
+        await wait_for_file(Path(args.fire))
         ref = rt.ref(Recorder, args.key)
         mids = [f"p{args.index}-{n}" for n in range(args.count)]
 
@@ -73,7 +60,7 @@ async def swarm(args: argparse.Namespace) -> None:
                     "started": ack.started}
 
         acks = await asyncio.gather(*(send(m) for m in mids))
-    _write_json(Path(args.out), acks)
+    write_json(Path(args.out), acks)
 
 
 async def stream(args: argparse.Namespace, log: BinaryIO) -> None:
@@ -101,7 +88,7 @@ async def stream(args: argparse.Namespace, log: BinaryIO) -> None:
 
 
 async def interleave(args: argparse.Namespace) -> None:
-    await _wait_for_file(Path(args.go))
+    await wait_for_file(Path(args.go))
     keys = args.keys.split(",")
     acks: list[dict[str, Any]] = []
     async with corral.open_runtime(args.db, entities=ENTITIES, host=args.host == "yes",
@@ -113,7 +100,7 @@ async def interleave(args: argparse.Namespace) -> None:
                 message_id=mid)
             acks.append({"key": key, "mid": mid, "status": ack.status, "run_id": ack.run_id,
                          "seq": ack.seq, "started": ack.started})
-    _write_json(Path(args.out), acks)
+    write_json(Path(args.out), acks)
 
 
 async def send(args: argparse.Namespace) -> None:
@@ -126,7 +113,7 @@ async def send(args: argparse.Namespace) -> None:
                                               start=Start(origin="client"), message_id=mid)
             acks.append({"mid": mid, "seq": ack.seq, "run_id": ack.run_id,
                          "acked_at": time.time()})
-    _write_json(Path(args.out), acks)
+    write_json(Path(args.out), acks)
 
 
 async def pipeline(args: argparse.Namespace) -> None:
@@ -145,13 +132,13 @@ async def pipeline(args: argparse.Namespace) -> None:
                     raise TimeoutError(f"run() of {key} never processed its jobs")
                 await asyncio.sleep(0.01)
         assert rt.host is not None
-        _write_json(Path(args.ready), {"owner": rt.host.owner,
+        write_json(Path(args.ready), {"owner": rt.host.owner,
                                        "shards": sorted(rt.host.shards)})
         await _idle_until_killed()
 
 
 def main(argv: list[str]) -> None:
-    stacks.install()
+    install_stacks()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     for name in ("swarm", "interleave", "stream", "send", "pipeline"):

@@ -16,44 +16,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import corral
-import stacks
 from corral.persistence._postgres import open_postgres_store
 from mp_entities import Note, Recorder, Start
+from workers import install as install_stacks
+from workers import wait_for_file, write_json
 
 SHARDS = 16
 
 
-async def _wait_for_file(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():  # noqa: ASYNC240 (a stat of a local file; microseconds)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        await asyncio.sleep(0.002)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 async def swarm(args: argparse.Namespace) -> None:
-    await _wait_for_file(Path(args.go))
+    await wait_for_file(Path(args.go))
     store = await open_postgres_store(args.url, shards=SHARDS)
     try:
         async with corral.open_runtime(store, entities=[Recorder], shards=SHARDS,
                                        host=False) as rt:
-            _write_json(Path(args.ready), {"pid": os.getpid()})
-            await _wait_for_file(Path(args.fire))
+            write_json(Path(args.ready), {"pid": os.getpid()})
+            await wait_for_file(Path(args.fire))
             ref = rt.ref(Recorder, args.key)
 
             async def send(mid: str) -> dict[str, Any]:
@@ -70,11 +57,11 @@ async def swarm(args: argparse.Namespace) -> None:
                                           for n in range(args.count)))
     finally:
         await store.close()
-    _write_json(Path(args.out), acks)
+    write_json(Path(args.out), acks)
 
 
 async def stream(args: argparse.Namespace) -> None:
-    await _wait_for_file(Path(args.go))
+    await wait_for_file(Path(args.go))
     store = await open_postgres_store(args.url, shards=SHARDS)
     acks: list[dict[str, Any]] = []
     try:
@@ -93,7 +80,7 @@ async def stream(args: argparse.Namespace) -> None:
             await asyncio.gather(*(sender(i) for i in range(args.senders)))
     finally:
         await store.close()
-    _write_json(Path(args.out), acks)
+    write_json(Path(args.out), acks)
 
 
 async def host(args: argparse.Namespace) -> None:
@@ -101,13 +88,13 @@ async def host(args: argparse.Namespace) -> None:
     async with corral.open_runtime(store, entities=[Recorder], shards=SHARDS,
                                    lease_ttl=args.lease_ttl) as rt:
         assert rt.host is not None
-        _write_json(Path(args.ready), {"owner": rt.host.owner,
+        write_json(Path(args.ready), {"owner": rt.host.owner,
                                        "shards": sorted(rt.host.shards)})
         await asyncio.Event().wait()  # until killed
 
 
 def main(argv: list[str]) -> None:
-    stacks.install()
+    install_stacks()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     for name in ("swarm", "stream", "host"):

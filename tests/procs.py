@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stores import sql
 
-__all__ = ["TESTS", "Worker", "spawner", "sql", "wait_until"]
+__all__ = ["TESTS", "Worker", "spawner", "sql", "wait_for_exit", "wait_until"]
 
 TESTS = Path(__file__).resolve().parent
 
@@ -39,6 +39,20 @@ async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting until {what}")
         await asyncio.sleep(0.01)
+
+
+async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = 90.0) -> None:
+    """Until every worker exited, each with status 0; one that hangs is reported with
+    its stacks (`Worker.stacks`)."""
+    try:
+        await wait_until(lambda: all(w.proc.poll() is not None for w in workers),
+                         "the workers exit", timeout=timeout)
+    except AssertionError as err:
+        hung = [w for w in workers if w.proc.poll() is None]
+        raise AssertionError("\n".join([str(err)] + [f"== {w.name} (still running):\n"
+                                                      f"{w.stacks()}" for w in hung])) from None
+    for worker in workers:
+        worker.check_exited_cleanly()
 
 
 class Worker:
@@ -71,7 +85,7 @@ class Worker:
         assert code == 0, f"worker {self.name} exited with {code}:\n{self.output}"
 
     def stacks(self) -> str:
-        """The worker's log after asking it to dump its stacks (`stacks.install()`):
+        """The worker's log after asking it to dump its stacks (`workers.install()`):
         for a failure message about a worker that hangs."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGUSR1)

@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from corral.persistence import (
     payload_hash,
 )
 from mp_entities import Clocked, Job, Note, Pipeline, Recorder, Start
-from procs import Worker, spawner, wait_until
+from procs import Worker, spawner, wait_for_exit, wait_until
 from stores import leased_owners, sql, tables
 
 WORKER = Path(__file__).resolve().parent / "mp_worker.py"
@@ -53,16 +53,6 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         yield start
 
 
-async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = 90.0) -> None:
-    try:
-        await wait_until(lambda: all(w.proc.poll() is not None for w in workers),
-                         "the workers exit", timeout=timeout)
-    except AssertionError as err:
-        hung = [w for w in workers if w.proc.poll() is None]
-        raise AssertionError("\n".join([str(err)] + [f"== {w.name} (still running):\n"
-                                                      f"{w.stacks()}" for w in hung])) from None
-    for worker in workers:
-        worker.check_exited_cleanly()
 
 
 # -- reading the store directly --------------------------------------------------------

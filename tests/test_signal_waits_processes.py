@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import corral
-from procs import TESTS, Worker, spawner, wait_until
+from procs import TESTS, Worker, spawner, wait_for_exit, wait_until
 from stores import sql
 from wait_entities import Decision, Order, OrderInput, Release
 from wait_worker import answer
@@ -41,16 +41,6 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         yield start
 
 
-async def wait_for_exit(workers: Sequence[Worker], *, timeout: float = WAIT) -> None:
-    try:
-        await wait_until(lambda: all(w.proc.poll() is not None for w in workers),
-                         "the workers exit", timeout=timeout)
-    except AssertionError as err:
-        hung = [w for w in workers if w.proc.poll() is None]
-        raise AssertionError("\n".join([str(err)] + [f"== {w.name} (still running):\n"
-                                                      f"{w.stacks()}" for w in hung])) from None
-    for worker in workers:
-        worker.check_exited_cleanly()
 
 
 async def open_wait(rt: corral.Runtime, key: str) -> list[corral.SignalWaitInfo]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -24,25 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import corral
-import stacks
 from wait_entities import Decision, Order, OrderInput
+from workers import install as install_stacks
+from workers import wait_for_file, write_json
 
 ENTITIES: list[type[corral.Entity]] = [Order]
 
 
-async def _wait_for_file(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():  # noqa: ASYNC240 (a stat of a local file; microseconds)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        await asyncio.sleep(0.002)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write atomically, so the test never reads a half-written file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def answer(res: corral.Delivery[Decision]) -> dict[str, Any]:
@@ -65,7 +52,7 @@ async def host(args: argparse.Namespace) -> None:
                 raise TimeoutError(f"run() of {args.key} never opened its wait")
             await asyncio.sleep(0.005)
         w = opened[0]
-        _write_json(Path(args.ready), {
+        write_json(Path(args.ready), {
             "pid": os.getpid(), "owner": rt.host.owner, "run_id": w.run_id, "name": w.name,
             "waiting_since": w.waiting_since, "deadline": w.deadline})
         await asyncio.Event().wait()  # until SIGKILLed
@@ -75,8 +62,8 @@ async def deliver(args: argparse.Namespace) -> None:
     me = f"w{args.index}"
     async with corral.open_runtime(args.db, entities=ENTITIES, host=False) as rt:
         ref = rt.ref(Order, args.key)
-        _write_json(Path(args.ready), {"pid": os.getpid()})
-        await _wait_for_file(Path(args.go))
+        write_json(Path(args.ready), {"pid": os.getpid()})
+        await wait_for_file(Path(args.go))
         answers = []
         for _ in range(2):  # the delivery, then a client's retry of the same key
             sent_at = time.time()
@@ -88,11 +75,11 @@ async def deliver(args: argparse.Namespace) -> None:
                 answers.append({"error": repr(err)})
             else:
                 answers.append(answer(res) | {"sent_at": sent_at, "answered_at": time.time()})
-    _write_json(Path(args.out), answers)
+    write_json(Path(args.out), answers)
 
 
 def main(argv: list[str]) -> None:
-    stacks.install()
+    install_stacks()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     for name in ("host", "deliver"):
