@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
@@ -195,3 +196,26 @@ async def test_reopening_the_store_rebuilds_state_by_replay_with_init_first(
     both = assert_init_first(key)
     (second,) = set(both) - set(first)
     assert both[second] == [f"reply:{i}" for i in range(10)] + ["reply:late"]
+
+
+async def test_a_run_started_here_that_the_journal_tail_delivered_first_is_applied(
+        db_path: str) -> None:
+    """The journal tail can hand a host an entry it committed itself before the accept
+    that committed it calls `deliver_started` (another process's commit woke the tail):
+    the activation the tail created, still loading, must get the run."""
+    from corral.persistence import Acceptance, EntryKind, canonical_json, payload_hash
+
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        ref = rt.ref(Ticket, fresh_key())
+        host = rt.host
+        assert host is not None
+        shard = host.shards[ref.shard]
+        payload, start = canonical_json({"text": "hi"}), canonical_json({"tenant": "acme"})
+        acc = Acceptance("Ticket", ref.key, ref.shard, EntryKind.SIGNAL, "reply", "m-1",
+                         payload, payload_hash("reply", payload), None, start,
+                         Ticket._corral_definition.id_reuse, time.time())
+        result = await rt.store.accept(acc)
+        shard.deliver(result.entry)  # the tail, first
+        shard.deliver_started(result.entry, acc.start)  # then the accept's fast path
+        await asyncio.wait_for(wait_applied(ref, 1), 10)
+        assert (await ref.query(Ticket.status)).inbox == ["acme:hi"]

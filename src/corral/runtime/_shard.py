@@ -90,8 +90,13 @@ class Shard:
         """Host a run this process just started, from its first entry (no store read)."""
         ident = (entry.entity_type, entry.key)
         previous = self._activations.get(ident)
-        if previous is not None and not previous.is_finished and previous.run_id >= entry.run_id:
-            previous.deliver(entry)  # already loading it from the store
+        if previous is not None and not previous.is_finished and (
+                previous.run_id >= entry.run_id or not previous.is_ready):
+            # Already loading it from the store: the journal tail may hand over an entry
+            # this process committed before the accept that committed it gets here. A
+            # loading activation does not know its run yet (run id 0); it reads the
+            # latest, and forwards entries of a newer run to a successor itself.
+            previous.deliver(entry)
             return
         self._activations[ident] = Activation(
             self, self._definitions[entry.entity_type], entry.key, previous, entry, start_input
