@@ -21,14 +21,13 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import corral.metrics as metrics
-from corral._common import RunStatus, WaitStatus
+from corral._common import RunStatus
 from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
     InvalidPayloadError,
     LeaseLostError,
-    SignalTimeoutError,
     StoreError,
 )
 from corral.actors import (
@@ -36,12 +35,13 @@ from corral.actors import (
     Entity,
     EntityDefinition,
 )
-from corral.persistence import EntryKind, JournalEntry, WaitRecord, delivery_run
+from corral.persistence import EntryKind, JournalEntry
 
 from ._apply import encode_start, instantiate
 from ._events import lifecycle
 from ._poison import apply_live
 from ._results import decode_value, encode_value
+from ._signal_waits import RunWaits
 from ._snapshot import capture, rebuild
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Activation:
         self._bytes = 0  # payload bytes applied by this activation
         self._timers = 0
         self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
-        self._waits: dict[str, WaitRecord] | None = None  # this run's signal waits seen
+        self._waits: RunWaits | None = None  # this run's signal waits, once it has any
         self._last_active = self._shard.clock.monotonic()
         self._state = _State.LOADING
         # A fresh run's first entry goes first: entries other callers deliver while
@@ -118,7 +118,7 @@ class Activation:
         if predicate():
             return True
         if timeout is None:
-            return await self._wait(predicate, None)
+            return await self.wait_until(predicate, None)
         return await self._timed(predicate, self.now() + timeout)
 
     async def sleep_until(self, deadline: float) -> None:
@@ -132,11 +132,17 @@ class Activation:
         store, fence = self._shard.store, self._shard.fence
         await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id,
                               deadline)
-        result = await self._wait(predicate, max(0.0, deadline - self.now()))
+        result = await self.wait_until(predicate, max(0.0, deadline - self.now()))
         await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id, None)
         return result
 
-    async def _wait(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+    @property
+    def shard(self) -> Shard:
+        return self._shard
+
+    async def wait_until(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+        """Until `predicate()` holds (re-checked after every applied entry) or `timeout`
+        seconds pass on the host's clock; while parked, the entity counts as idle."""
         clock = self._shard.clock
         deadline = None if timeout is None else clock.monotonic() + timeout
         self._waiting += 1
@@ -154,39 +160,9 @@ class Activation:
             self._waiting -= 1
 
     async def wait_signal(self, name: str, timeout: float | None) -> str:
-        """The durable signal wait `name` of this run: opened in the store the first time
-        this activation reaches it (the deadline is kept from the first time ever), then
-        resolved by a `DELIVER` entry or by its deadline (see `persistence._waits`)."""
-        waits = self._waits = self._waits if self._waits is not None else {}
-        store, fence = self._shard.store, self._shard.fence
-        if name not in waits:
-            now = self.now()
-            opened = await store.open_wait(
-                fence, self.entity_type, self.key, self._run_id, name,
-                deadline=None if timeout is None else now + timeout, now=now)
-            self._learn(name, opened)
-        while waits[name].status is WaitStatus.OPEN:
-            deadline = waits[name].deadline
-            remaining = None if deadline is None else deadline - self.now()
-            if remaining is not None and remaining <= 0:
-                self._learn(name, await store.expire_wait(
-                    fence, self.entity_type, self.key, self._run_id, name, now=self.now()))
-                break
-            await self._wait(lambda: waits[name].status is not WaitStatus.OPEN, remaining)
-        found = waits[name]
-        if found.status.has_delivery and found.payload is not None:
-            return found.payload
-        why = "timed out" if found.status is WaitStatus.TIMED_OUT else "was closed"
-        raise SignalTimeoutError(
-            f"{self.entity_type} {self.key!r} run {self._run_id}: wait {name!r} {why}",
-            entity_type=self.entity_type, key=self.key, run_id=self._run_id)
-
-    def _learn(self, name: str, record: WaitRecord) -> None:
-        """What the store said of a wait, unless a delivery applied meanwhile is newer."""
-        assert self._waits is not None
-        known = self._waits.get(name)
-        if known is None or not known.status.has_delivery:
-            self._waits[name] = record
+        if self._waits is None:
+            self._waits = RunWaits(self)
+        return await self._waits.wait(name, timeout)
 
     def now(self) -> float:
         return self._shard.clock.time()
@@ -412,12 +388,9 @@ class Activation:
             return
         if entry.kind is EntryKind.DELIVER:  # wakes run() waiting on its signal wait
             self.applied_seq = entry.seq
-            if delivery_run(entry.message_id) == self._run_id:
-                if self._waits is None:
-                    self._waits = {}
-                self._waits[entry.name] = WaitRecord(
-                    self.entity_type, self.key, self._run_id, entry.name, WaitStatus.DELIVERED,
-                    payload=entry.payload, sender=entry.sender, delivered_at=entry.accepted_at)
+            if self._waits is None:
+                self._waits = RunWaits(self)
+            if self._waits.delivered(entry):
                 self.notify()
             return
         assert self.entity is not None
