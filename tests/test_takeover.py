@@ -5,6 +5,7 @@ the server drops its session's advisory lock on each shard when the connection e
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import corral
+from corral.runtime._host import LocalHost
 from procs import TESTS, Worker, spawner, wait_until
 from stores import leased_owners, sql
 from takeover_entities import Alarm
@@ -60,3 +62,29 @@ async def test_a_live_holder_keeps_its_shards_however_often_another_process_star
             assert second.host.shards == {}  # locks held by a live process: no takeover
         assert len(first.host.shards) == 4
         assert leased_owners(db_path) == {first.host.owner}
+
+
+async def test_a_host_fenced_out_by_a_takeover_does_not_take_the_shards_straight_back(
+    db_path: str,
+) -> None:
+    """A takeover (a restarted Ray shard actor) holds the leases at a new epoch but not
+    yet the shards' locks, which the old holder drops when it finds itself fenced out:
+    the old holder must not read the free lock as "the holder died"."""
+    ttl = 0.6  # renewals every 0.2 s
+    async with corral.open_runtime(db_path, entities=[Alarm], shards=4, lease_ttl=ttl) as first:
+        first_host = first.host
+        assert first_host is not None
+        async with corral.open_runtime(db_path, entities=[Alarm], shards=4, lease_ttl=ttl,
+                                       host=False) as second:
+            taker = LocalHost(second.store, second.router,
+                              second.boundary.definitions, lease_ttl=ttl,
+                              poll_interval=0.005, takeover=True)
+            await taker.start()
+            try:
+                await wait_until(lambda: not first_host.shards, "the first host is fenced out")
+                await asyncio.sleep(4 * ttl)  # renewals of both, and the first's retries
+                assert set(taker.shards) == {0, 1, 2, 3}
+                assert not first_host.shards
+                assert leased_owners(db_path) == {taker.owner}
+            finally:
+                await taker.close()

@@ -55,6 +55,11 @@ class LocalHost:
         self.shards: dict[int, Shard] = {}
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
+        # Shards this host was fenced out of, and when (monotonic). Left alone for one
+        # lease_ttl: the new holder takes the shard's OS or advisory lock only at its next
+        # renewal, and until then the lock looks free, which would read as "its holder
+        # died" and let this host take the shard straight back.
+        self._lost: dict[int, float] = {}
 
     async def start(self) -> None:
         metrics.track_residents(self)
@@ -81,7 +86,9 @@ class LocalHost:
             await self.store.release_leases(self.owner)
 
     async def _acquire(self, *, force: bool = False) -> None:
-        free = [i for i in self._indices if i not in self.shards]
+        now = time.monotonic()
+        free = [i for i in self._indices if i not in self.shards
+                and now - self._lost.get(i, -self._ttl) >= self._ttl]
         if not free:
             return
         taken = await self.store.acquire_leases(self.owner, free, self._ttl, force=force)
@@ -103,6 +110,7 @@ class LocalHost:
                 for index in set(held) - kept:
                     log.warning("host %s: lost shard %d; evicting its entities", self.owner, index)
                     lifecycle("lease lost", shard=index, owner=self.owner)
+                    self._lost[index] = time.monotonic()
                     await self.shards.pop(index).stop()
                 await self._acquire()
             except StoreError:
