@@ -25,9 +25,14 @@ TESTS = Path(__file__).resolve().parent
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str, *,
-                     timeout: float = 30.0, alive: Sequence[Worker] = ()) -> None:
-    """Poll `predicate` until it holds; fail early if a worker in `alive` died."""
+                     timeout: float = 30.0, alive: Sequence[Worker] = (),
+                     progress: Callable[[], Awaitable[object]] | None = None) -> None:
+    """Poll `predicate` until it holds; fail early if a worker in `alive` died.
+
+    With `progress`, `timeout` bounds a stall rather than the whole wait: the deadline
+    restarts each time `progress()` returns a new value (a backlog being worked off)."""
     deadline = time.monotonic() + timeout
+    last = await progress() if progress else None
     while True:
         result = predicate()
         if inspect.isawaitable(result):
@@ -36,8 +41,11 @@ async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], what: str,
             return
         for worker in alive:
             worker.check_alive()
+        if progress and (now := await progress()) != last:
+            last, deadline = now, time.monotonic() + timeout
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
+            stalled = f" with no progress from {last!r}" if progress else ""
+            raise AssertionError(f"timed out after {timeout} s{stalled} waiting until {what}")
         await asyncio.sleep(0.01)
 
 

@@ -67,6 +67,28 @@ class Custom(corral.Entity):
         self.scratch = []
 
 
+class Backlog(corral.Entity):
+    """Snapshots every 5 applied signals; counts the snapshots it is captured for."""
+
+    snapshots = corral.SnapshotPolicy(every=5, keep=2)
+    captured: ClassVar[int] = 0
+
+    def __init__(self, init: Init) -> None:
+        self.seen: list[int] = []
+
+    @corral.signal
+    def ping(self, p: Ping) -> None:
+        self.seen.append(p.v)
+
+    @corral.query
+    def values(self) -> list[int]:
+        return self.seen
+
+    def __getstate__(self) -> dict[str, Any]:
+        type(self).captured += 1
+        return super().__getstate__()  # type: ignore[no-any-return]
+
+
 def _rows(db_path: str, table: str) -> int:
     return int(sql(db_path, f"SELECT count(*) FROM {table}")[0][0])
 
@@ -94,6 +116,25 @@ async def test_recovery_replays_only_the_journal_after_the_latest_snapshot(db_pa
     assert info.applied_seq == 1050
     # The latest snapshot covers seq 1000: exactly the 50 entries after it are replayed.
     assert Counter.handler_calls == 50
+
+
+async def test_recovery_of_a_backlog_writes_one_snapshot_at_its_end(db_path: str) -> None:
+    """The replayed entries are durable already: snapshotting every 5 of them would only
+    repeat work (quadratic for a backlog carried through continue-as-new runs)."""
+    async with corral.open_runtime(db_path, entities=[Backlog], host=False) as rt:
+        ref = rt.ref(Backlog, "b-1")
+        await asyncio.gather(*(ref.signal_with_start(Backlog.ping, Ping(v=i),
+                                                     start=Init(owner="o"))
+                               for i in range(200)))
+    Backlog.captured = 0
+    async with corral.open_runtime(db_path, entities=[Backlog]) as rt:
+        assert sorted(await rt.ref(Backlog, "b-1").query(Backlog.values)) == list(range(200))
+        assert Backlog.captured == 1
+        assert sql(db_path, "SELECT max(applied_seq) FROM snapshots") == [(200,)]
+        for v in range(200, 205):  # live signals snapshot by the policy again
+            await rt.ref(Backlog, "b-1").signal(Backlog.ping, Ping(v=v))
+        assert len(await rt.ref(Backlog, "b-1").query(Backlog.values)) == 205
+        assert Backlog.captured == 2
 
 
 async def test_journal_and_snapshot_rows_stay_bounded_by_the_policy(db_path: str) -> None:

@@ -89,6 +89,8 @@ class SnapshotPolicy:
 
     Attributes:
         every: snapshot after this many applied messages (None: never by count).
+            Recovery replays the journal after the latest snapshot without snapshotting
+            every `every` entries (they are durable already) and writes one at its end.
         keep: how many snapshots to keep (>= 1); older ones and the journal they cover go.
     """
 

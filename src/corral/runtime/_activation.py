@@ -353,6 +353,13 @@ class Activation:
                 self._worker = None
 
     async def _replay(self) -> None:
+        """Apply the journal after the applied watermark, in order, from the store.
+
+        The entries are durable already, so a snapshot between them would only repeat
+        work: one is written at the end if the policy is due. (A backlog carried through
+        a chain of continue-as-new runs was otherwise snapshotted every `every` entries
+        of every run: quadratic in the backlog.)
+        """
         entries = await self._shard.store.journal(
             self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
         )
@@ -360,6 +367,8 @@ class Activation:
             if self.closed or self._switching:
                 return  # continue-as-new carries the rest to the next run
             await self._apply(entry, replaying=True)
+        if self._snapshot_due():
+            await self.checkpoint()
 
     async def _drain(self) -> None:
         inbox = self._inbox
@@ -406,9 +415,13 @@ class Activation:
         self.notify()
         if outcome is not None:
             await self._shard.record_update(self, entry, outcome, replaying=replaying)
-        every = self.definition.snapshots.every
-        if every is not None and self.applied_seq - self._snapshot_seq >= every:
+        if not replaying and self._snapshot_due():
             await self.checkpoint()
+
+    def _snapshot_due(self) -> bool:
+        every = self.definition.snapshots.every
+        return (every is not None and self.applied_seq - self._snapshot_seq >= every
+                and not self.closed and not self._switching)
 
     async def checkpoint(self, *, passivate: bool = False) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
