@@ -2,7 +2,7 @@
 `PostgresStore` (`corral.persistence._postgres`, a shared database for clusters of
 several machines; imported only when a `postgresql://` store is opened)."""
 
-from ._codec import canonical_json, payload_hash
+from ._codec import canonical_encoder, canonical_json, payload_hash
 from ._open import is_postgres_url, open_store
 from ._records import (
     Acceptance,
@@ -40,6 +40,7 @@ __all__ = [
     "UpdateOutcome",
     "WaitPosition",
     "WaitRecord",
+    "canonical_encoder",
     "canonical_json",
     "delivery_run",
     "is_postgres_url",

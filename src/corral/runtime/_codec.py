@@ -6,14 +6,13 @@ The boundary and continue-as-new encode through `encode_model`; the stored form
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from corral._errors import InvalidPayloadError, PayloadTooLargeError
-from corral.persistence import canonical_json
+from corral.persistence import canonical_encoder, canonical_json
 
 __all__ = ["encode_model"]
 
@@ -61,13 +60,12 @@ def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) 
         also = f"unknown field(s) {', '.join(map(repr, unknown))}; " if unknown else ""
         raise InvalidPayloadError(f"{what}: {also}{err}") from None
     try:
-        # Python mode keeps NaN and infinities as floats, so json.dumps refuses them
+        # Python mode keeps NaN and infinities as floats, so the encoder refuses them
         # (JSON mode would have turned them into null); other values go through
         # pydantic's JSON conversion.
         data = model.model_dump(mode="python", by_alias=True)
         _refuse_non_string_keys(data, what)
-        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False,
-                          ensure_ascii=False, default=_jsonable)
+        text = _PAYLOAD_JSON.encode(data)
     except (TypeError, ValueError, PydanticSerializationError) as err:
         raise InvalidPayloadError(f"{what} is not JSON: {err}") from None
     if not from_instance and not _same(raw, data):  # equal data has no unknown field
@@ -149,6 +147,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, set | frozenset):  # unordered: sort for a stable payload hash
         return sorted(to_jsonable_python(list(value)), key=canonical_json)
     return to_jsonable_python(value)
+
+
+_PAYLOAD_JSON = canonical_encoder(default=_jsonable)
 
 
 def _same(raw: Any, data: Any) -> bool:
