@@ -132,7 +132,7 @@ class LocalBackend:
         if result.started:
             lifecycle("run started", acc.entity_type, acc.key, result.entry.run_id,
                       by=acc.kind.value)
-        shard = self._shard(acc.entity_type, acc.key)
+        shard = self.host.shard(acc.shard) if self.host else None  # routed by the ref
         if shard is not None and result.started:
             shard.deliver_started(result.entry, acc.start)
         elif shard is not None and not result.duplicate:
@@ -146,7 +146,7 @@ class LocalBackend:
             metrics.accepted(req.entity_type, "deliver", time.perf_counter() - began)
         elif result.status == "duplicate":
             metrics.duplicate(req.entity_type, "deliver")
-        shard = self._shard(req.entity_type, req.key)
+        shard = self.host.shard(req.shard) if self.host else None
         if shard is not None and result.entry is not None:
             shard.deliver(result.entry)  # the fast path; other hosts tail the journal
         return result
