@@ -1,4 +1,5 @@
-"""`python -m benchmarks.peers [setup | --quick | --rounds N | --only a,b]` from the repo root.
+"""`python -m benchmarks.peers [setup | --quick | --rounds N | --only a,b | --out DIR]` from the
+repo root.
 
 Every peer's driver (`drive_<peer>.py`) runs in the peer's own venv, in a fresh process
 per round, through the same workloads (`_wl.py`); servers are started once per run and
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--only", default="", help="comma-separated peers (default: all)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per driver run")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="directory for the JSON and the chart (default: benchmarks/results)")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render the table and chart from the JSON of the last run")
     args = ap.parse_args()
@@ -93,7 +96,7 @@ def main() -> None:
     sizes = QUICK if args.quick else FULL
     stem = "peers-quick" if args.quick else "peers"
     if args.report_only:
-        report(RESULTS / f"{stem}.json")
+        report(args.out / f"{stem}.json")
         return
     status: dict[str, str] = {}
     servers: dict[str, _servers.Server] = {}
@@ -137,8 +140,8 @@ def main() -> None:
     data = {"quick": args.quick, "sizes": sizes, "rounds": rounds, "machine_start": start_machine,
             "machine_end": machine(), "peers": peers, "status": status,
             "median": {p: _report.median_result(results[p]) for p in peers}, "all": results}
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{stem}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     report(path)
 

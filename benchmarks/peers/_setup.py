@@ -1,4 +1,5 @@
-"""`python -m benchmarks.peers setup`: one virtual environment per peer under benchmarks/.peers/.
+"""`python -m benchmarks.peers setup`: one virtual environment per peer under benchmarks/.peers/
+(or `$CORRAL_PEERS_ENVS`).
 
 Every peer is installed from its package registry with the ordinary client (pip, npm);
 nothing here is needed by the test suite. A peer whose install fails is recorded in
@@ -7,12 +8,15 @@ nothing here is needed by the test suite. A peer whose install fails is recorded
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / ".peers"
+# CORRAL_PEERS_ENVS points elsewhere (the suite's smoke test: an empty directory).
+ROOT = Path(os.environ.get("CORRAL_PEERS_ENVS")
+            or Path(__file__).resolve().parent.parent / ".peers")
 
 # name -> pip requirements of its venv (corral and the ceiling run in the project's .venv)
 PIP: dict[str, list[str]] = {
