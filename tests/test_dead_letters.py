@@ -283,6 +283,23 @@ async def test_discarding_a_dead_letter_removes_it_without_applying_it(db_path: 
         assert Fragile.calls[2] == 3
 
 
+async def test_a_dead_letter_id_is_never_given_to_a_later_letter(db_path: str) -> None:
+    """An operator's retried discard (or replay) of a letter that is gone must find
+    nothing, never the next letter that happened to get the same id."""
+    async with _open(db_path) as rt:
+        ref, first = await _poisoned(rt)
+        assert await ref.discard_dead_letter(first.id) is True
+        Fragile.broken = {6}
+        await _send_items(ref, [5, 6, 7])
+        assert await ref.query(Fragile.values) == [1, 3, 4, 5, 7]
+        [second] = await ref.dead_letters()
+        assert second.id != first.id
+        assert await ref.discard_dead_letter(first.id) is False  # the retried discard
+        with pytest.raises(corral.DeadLetterNotFoundError):
+            await ref.replay_dead_letter(first.id)
+        assert [d.id for d in await ref.dead_letters()] == [second.id]
+
+
 async def test_a_dead_letter_belongs_to_its_entity_and_replays_only_into_a_running_run(
     db_path: str,
 ) -> None:

@@ -39,6 +39,10 @@ async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path
     shutil.copy(SCHEMA_1, path)
     assert sql(path, "SELECT v FROM meta WHERE k='schema_version'") == [("1",)]
     assert "timers_shard_due" not in indexes(path)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # a dead letter to carry over
+        db.execute("INSERT INTO dead_letters (id, etype, key, run_id, seq, message_id, name, "
+                   "payload, sender, error, traceback, attempts, failed_at) VALUES (7, "
+                   "'Ticket', 'ticket-9', 1, 2, 'm-1', 'reply', '{}', NULL, 'e', 'tb', 3, 1.0)")
     async with corral.open_runtime(path, entities=[Ticket, Job]) as rt:
         ref = rt.ref(Ticket, "ticket-1")
         ack = await ref.signal(Ticket.reply, Reply(text="r3"), message_id="m-3")
@@ -52,6 +56,9 @@ async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path
     assert {"timers_shard_due", "entities_status", "signal_waits_open"} <= indexes(path)
     assert sql(path, "SELECT key, updated_at IS NOT NULL FROM entities ORDER BY key") == [
         ("job-1", 0), ("ticket-1", 1)]  # written since the upgrade, or not
+    [(dead_letters,)] = sql(path, "SELECT sql FROM sqlite_master WHERE name='dead_letters'")
+    assert "AUTOINCREMENT" in dead_letters  # schema 4 rebuilt the table, keeping its rows
+    assert sql(path, "SELECT id, message_id, attempts FROM dead_letters") == [(7, "m-1", 3)]
 
 
 async def test_a_new_store_is_created_at_the_current_version(db_path: str) -> None:

@@ -12,6 +12,9 @@ transaction, and a store written by a newer corral is refused (see `SqliteStore`
 
 from __future__ import annotations
 
+_DEAD_LETTER_FIELDS = ("id, etype, key, run_id, seq, message_id, name, payload, sender, "
+                       "error, traceback, attempts, failed_at")
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         # Durable timers are looked up per shard (due ones, and the next one).
@@ -45,6 +48,33 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "(status, opened_at, etype, key, run_id, name)",
         # Operators see when an entity last accepted a message or changed status.
         "ALTER TABLE entities ADD COLUMN updated_at REAL",
+    ),
+    4: (
+        # A dead letter's id is never given to another one (AUTOINCREMENT): without it
+        # SQLite reuses the highest id after a delete, so an operator's retried discard
+        # or replay of a letter that is gone could hit a newer letter. A table rebuild:
+        # SQLite cannot add AUTOINCREMENT to an existing table.
+        """CREATE TABLE dead_letters_v4 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            etype TEXT NOT NULL,
+            key TEXT NOT NULL,
+            run_id INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            message_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            sender TEXT,
+            error TEXT NOT NULL,
+            traceback TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            failed_at REAL NOT NULL
+        )""",
+        f"INSERT INTO dead_letters_v4 ({_DEAD_LETTER_FIELDS}) "
+        f"SELECT {_DEAD_LETTER_FIELDS} FROM dead_letters",
+        "DROP TABLE dead_letters",
+        "ALTER TABLE dead_letters_v4 RENAME TO dead_letters",
+        "CREATE INDEX IF NOT EXISTS dead_letters_entity ON dead_letters "
+        "(etype, key, run_id, seq)",
     ),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
