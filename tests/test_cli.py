@@ -181,12 +181,16 @@ async def test_ls_show_waits_and_dead_letters_print_tables_and_json_and_write_no
     probe = ("-c", "import sys; from corral.cli import main; code = main(sys.argv[1:]); "
                    "print('ray' in sys.modules); sys.exit(code)")
 
-    ls_json, (ls, show, show_json, waits, waits_json, dead, dead_json) = await asyncio.gather(
-        _corral(["ls", "--json"], store=db_path, cwd=tmp_path, program=(sys.executable, *probe)),
-        _all(["ls", "--limit", "3"], ["show", "Approval", "a-1"],
-             ["show", "Board", "b-1", "--json"], ["waits"], ["waits", "Approval", "--json"],
-             ["dead-letters"], ["dead-letters", "Board", "--key", "b-2", "--json"],
-             store=db_path, cwd=tmp_path))
+    ids = sorted(seeded.values())
+    ls_json, (ls, show, show_json, waits, waits_json, dead, dead_json, dead_page) = \
+        await asyncio.gather(
+            _corral(["ls", "--json"], store=db_path, cwd=tmp_path,
+                    program=(sys.executable, *probe)),
+            _all(["ls", "--limit", "3"], ["show", "Approval", "a-1"],
+                 ["show", "Board", "b-1", "--json"], ["waits"], ["waits", "Approval", "--json"],
+                 ["dead-letters"], ["dead-letters", "Board", "--key", "b-2", "--json"],
+                 ["dead-letters", "--after", str(ids[0]), "--limit", "2", "--json"],
+                 store=db_path, cwd=tmp_path))
     cursor = ls.ok().splitlines()[-1].removeprefix("more: --after ")
     rest = await _corral(["ls", "--json", "--after", cursor], store=db_path, cwd=tmp_path)
 
@@ -225,6 +229,7 @@ async def test_ls_show_waits_and_dead_letters_print_tables_and_json_and_write_no
         ("b-2", "fragile", {"text": "bang"}), ("b-2", "fragile", {"text": "bang2"})]
     assert letters[0]["id"] == seeded[("b-2", "bang")]
     assert letters[0]["attempts"] == 1
+    assert [d["id"] for d in dead_page.json()] == ids[1:3]  # the page after the first id
     assert row_counts(db_path) == before
 
 

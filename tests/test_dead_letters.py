@@ -300,6 +300,22 @@ async def test_a_dead_letter_id_is_never_given_to_a_later_letter(db_path: str) -
         assert [d.id for d in await ref.dead_letters()] == [second.id]
 
 
+async def test_dead_letters_are_read_page_by_page_after_the_last_id_seen(db_path: str) -> None:
+    async with _open(db_path) as rt:
+        Fragile.broken = {1, 2, 3}
+        ref = rt.ref(Fragile, "k")
+        await _send_items(ref, [1, 2, 3, 4])
+        assert await ref.query(Fragile.values) == [4]
+        first = await rt.dead_letters(Fragile, limit=2)
+        rest = await rt.dead_letters(Fragile, limit=2, after=first[-1].id)
+        assert [d.message_id for d in first + rest] == ["m-1", "m-2", "m-3"]
+        assert await ref.dead_letters(after=rest[-1].id) == []
+        assert await ref.dead_letters(after=first[0].id) == [first[1], *rest]
+        for bad in (-1, "3", True, 1.5):
+            with pytest.raises(corral.InvalidArgumentError):
+                await rt.dead_letters(after=bad)  # type: ignore[arg-type]
+
+
 async def test_a_dead_letter_belongs_to_its_entity_and_replays_only_into_a_running_run(
     db_path: str,
 ) -> None:

@@ -35,7 +35,7 @@ from ._output import cells, err_console, jsonable, out, print_json, table, when
 
 __all__ = ["commands"]
 
-_LOOKUP = 100_000  # dead letters read to find ids: the most one listing returns
+_PAGE = 10_000  # dead letters read per call while finding ids or working through --all
 
 
 class _ListUnlessNamed(TyperGroup):
@@ -86,12 +86,15 @@ def list_dead_letters(
         metavar="TYPE", help="Only dead letters of this type.", show_default=False)] = None,
     key: _KeyFilter = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many.")] = 100,
+    after: Annotated[int | None, typer.Option(
+        "--after", metavar="ID", help="Only ids above this one: the last id of the "
+        "previous page.", show_default=False)] = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = 16,
 ) -> None:
     """List dead letters, oldest first (`corral dead-letters TYPE` is the same)."""
     found = Connection(store, app, shards).run(
-        ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit))
+        ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit, after=after))
     if as_json:
         # The payload is stored as canonical JSON text: shown as the JSON it is.
         print_json([{**jsonable(d), "payload": json.loads(d.payload)} for d in found])
@@ -189,18 +192,24 @@ class _Choice:
         if self.ids and etype is not None and key is not None:
             rt.ref(entity_class(rt, etype), key)  # checks both before anything is sent
             return [_Letter(i, etype, key) for i in self.ids]
-        found = await rt.dead_letters(etype, key, limit=_LOOKUP)
+        wanted = set(self.ids)
+        by_id: dict[int, _Letter] = {}
+        after = 0
+        while page := await rt.dead_letters(etype, key, limit=_PAGE, after=after):
+            by_id.update((d.id, _Letter(d.id, d.entity_type, d.key)) for d in page
+                         if self.everything or d.id in wanted)
+            if not self.everything and wanted <= by_id.keys():
+                break
+            after = page[-1].id
         if self.everything:
-            return [_Letter(d.id, d.entity_type, d.key) for d in found]
-        by_id = {d.id: _Letter(d.id, d.entity_type, d.key) for d in found}
+            return list(by_id.values())
         missing = [i for i in self.ids if i not in by_id]
         if missing:
             among = f" of {etype}" if etype else ""
             among += f" with key {key!r}" if key else ""
             raise DeadLetterNotFoundError(
                 f"no dead letter {', '.join(map(str, missing))} among the store's dead "
-                f"letters{among}" + (f" (looked at the oldest {_LOOKUP}: name the entity "
-                                     f"with --type and --key)" if len(found) == _LOOKUP else ""))
+                f"letters{among}")
         return [by_id[i] for i in self.ids]
 
 

@@ -188,12 +188,12 @@ async def update_outcome(conn: Any, etype: str, key: str, message_id: str
     return None if text is None else UpdateOutcome.from_json(text)
 
 
-async def dead_letters(conn: Any, etype: str | None, key: str | None, limit: int
-                       ) -> list[DeadLetter]:
+async def dead_letters(conn: Any, etype: str | None, key: str | None, limit: int,
+                       after: int) -> list[DeadLetter]:
     rows = await conn.fetch(
-        f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE "
+        f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE id > $4 AND "
         "($1::text IS NULL OR etype = $1) AND ($2::text IS NULL OR key = $2) "
-        "ORDER BY id LIMIT $3", etype, key, limit)
+        "ORDER BY id LIMIT $3", etype, key, limit, after)
     return [DeadLetter(*r) for r in rows]
 
 

@@ -334,8 +334,8 @@ class PostgresStore:
         return await self.read(reads.update_outcome, etype, key, message_id)
 
     async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
-                           limit: int = 100) -> list[DeadLetter]:
-        return await self.read(reads.dead_letters, etype, key, limit)
+                           limit: int = 100, after: int = 0) -> list[DeadLetter]:
+        return await self.read(reads.dead_letters, etype, key, limit, after)
 
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
         return await self.read(reads.dead_letter_seqs, etype, key, run_id)

@@ -573,15 +573,16 @@ class SqliteStore:
         return await self.write(DiscardDeadLetterOp(etype, key, dead_letter_id))  # type: ignore[no-any-return]
 
     async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
-                           limit: int = 100) -> list[DeadLetter]:
-        """Dead letters, oldest first, optionally of one entity type and/or key."""
+                           limit: int = 100, after: int = 0) -> list[DeadLetter]:
+        """Dead letters with an id above `after`, oldest first, optionally of one entity
+        type and/or key."""
         def q(db: sqlite3.Connection) -> list[DeadLetter]:
-            where = " AND ".join(c for c, v in (("etype=?", etype), ("key=?", key))
-                                 if v is not None)
-            args = [v for v in (etype, key) if v is not None]
+            filters = (("etype=?", etype), ("key=?", key))
+            where = " AND ".join(["id>?", *(c for c, v in filters if v is not None)])
+            args = [after, *(v for _, v in filters if v is not None)]
             rows = db.execute(
-                f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters "
-                f"{'WHERE ' + where if where else ''} ORDER BY id LIMIT ?", (*args, limit),
+                f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE {where} "
+                "ORDER BY id LIMIT ?", (*args, limit),
             ).fetchall()
             return [DeadLetter(*r) for r in rows]
         return await self.read(q)

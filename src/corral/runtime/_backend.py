@@ -86,9 +86,10 @@ class Backend(Protocol):
 
     async def latest_run(self, etype: str, key: str) -> RunRecord | None: ...
 
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
                            ) -> list[DeadLetter]:
-        """Dead letters, oldest first, optionally of one entity type and/or key."""
+        """Dead letters with an id above `after`, oldest first, optionally of one entity
+        type and/or key."""
         ...
 
     async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
@@ -288,9 +289,9 @@ class LocalBackend:
         found = await self.store.latest_run(etype, key)
         return None if found is None else found[0]
 
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
                            ) -> list[DeadLetter]:
-        return await self.store.dead_letters(etype, key, limit=limit)
+        return await self.store.dead_letters(etype, key, limit=limit, after=after)
 
     async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
                                  ) -> AcceptResult:

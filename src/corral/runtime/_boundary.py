@@ -293,6 +293,16 @@ def check_run_id(run_id: object) -> int:
     return run_id
 
 
+def check_after_id(after: object) -> int:
+    """A dead-letter cursor: the last id of the previous page (None: from the start)."""
+    if after is None:
+        return 0
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise InvalidArgumentError(f"after must be a dead letter id (an int >= 0), "
+                                   f"got {after!r}")
+    return after
+
+
 def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
         raise InvalidArgumentError(f"limit must be an int from 1 to 100000, got {limit!r}")

@@ -21,7 +21,7 @@ from corral.persistence import (
 )
 
 from ._backend import Backend, LocalBackend
-from ._boundary import Authorize, Boundary, Limits, check_limit, check_status
+from ._boundary import Authorize, Boundary, Limits, check_after_id, check_limit, check_status
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._ref import EntityRef
@@ -75,7 +75,8 @@ class Runtime:
                          self.router.shard_of(definition.name, key))
 
     async def dead_letters(self, entity_type: type[Entity] | str | None = None,
-                           key: str | None = None, *, limit: int = 100) -> list[DeadLetter]:
+                           key: str | None = None, *, limit: int = 100,
+                           after: int | None = None) -> list[DeadLetter]:
         """Dead letters across entities, oldest first: signals whose handler still raised
         after their type's `RetryPolicy` ran out.
 
@@ -83,6 +84,8 @@ class Runtime:
             entity_type: only this type (a registered class or its name).
             key: only entities with this key.
             limit: at most this many.
+            after: only ids above this one. Ids grow and are never reused, so the last
+                id of a page is the cursor of the next.
 
         Example:
             for dead in await rt.dead_letters(TicketAgent):
@@ -90,7 +93,8 @@ class Runtime:
         """
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         checked = None if key is None else self.boundary.check_key(key)
-        return await self.backend.dead_letters(etype, checked, check_limit(limit))
+        return await self.backend.dead_letters(etype, checked, check_limit(limit),
+                                               check_after_id(after))
 
 
     async def entities(self, entity_type: type[Entity] | str | None = None, *,

@@ -290,7 +290,7 @@ class RayBackend:
             self.router.shard_of(etype, key), etype, "latest_run", etype, key)
         return result
 
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
                            ) -> list[DeadLetter]:
         # Every shard actor reads the same store: the owner if known, else shard 0.
         if etype is not None and key is not None:
@@ -298,7 +298,7 @@ class RayBackend:
         else:
             index, via = 0, next(iter(self._definitions))
         result: list[DeadLetter] = await self.call(index, via, "dead_letters", etype, key,
-                                                   limit)
+                                                   limit, after)
         return result
 
     async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int

@@ -239,11 +239,11 @@ class ShardHost:
         async with self._serving():
             return await self.backend.latest_run(etype, key)
 
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int
+    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
                            ) -> list[DeadLetter]:
         """Any shard actor answers for all: they share one store."""
         async with self._serving():
-            return await self.backend.dead_letters(etype, key, limit)
+            return await self.backend.dead_letters(etype, key, limit, after)
 
     async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
                                  ) -> AcceptResult:

@@ -42,6 +42,7 @@ from corral.persistence import (
 from ._backend import Backend
 from ._boundary import (
     Boundary,
+    check_after_id,
     check_dead_letter_id,
     check_limit,
     check_run_id,
@@ -407,15 +408,17 @@ class EntityRef(Generic[E_co, S]):
 
     # -- dead letters (operators) ------------------------------------------------------
 
-    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
-        """This entity's dead letters, oldest first.
+    async def dead_letters(self, *, limit: int = 100, after: int | None = None
+                           ) -> list[DeadLetter]:
+        """This entity's dead letters, oldest first (`after`: only ids above it, the
+        cursor of the next page).
 
         A dead letter is a signal whose handler still raised after the type's
         `RetryPolicy` ran out; the entity went on with its next message. Updates are
         never dead-lettered (their caller gets `UpdateFailedError`).
         """
         return await self._backend.dead_letters(self.definition.name, self.key,
-                                                   check_limit(limit))
+                                                check_limit(limit), check_after_id(after))
 
     async def replay_dead_letter(self, dead_letter_id: int, *,
                                  sender: str | None = None) -> Ack:
