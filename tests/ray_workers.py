@@ -139,7 +139,26 @@ class Gate(corral.Entity):
         return await self.wait_for_signal(Gate.verdict, timeout=600)
 
 
-ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate]
+class Brittle(corral.Entity):
+    """Takes items; one whose id starts with "bad" raises until it is dead-lettered."""
+
+    retry = corral.RetryPolicy(max_attempts=2, initial_backoff=0.001, max_backoff=0.001)
+
+    def __init__(self, init: Start) -> None:
+        self.items: list[str] = []
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        if item.id.startswith("bad"):
+            raise ValueError(f"cannot take {item.id}")
+        self.items.append(item.id)
+
+    @corral.query
+    def seen(self) -> list[str]:
+        return self.items
+
+
+ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate, Brittle]
 
 
 # -- a storm sender (a driver process or a Ray task) -----------------------------------

@@ -275,6 +275,16 @@ async def test_dead_letters_are_listed_replayed_and_discarded_by_the_operator(
     assert "&lt;b&gt;first&lt;/b&gt;" in listed.text
     assert "<b>first</b>" not in listed.text
     assert f'href="{html.escape(entity_path("Ledger", key))}"' in listed.text
+    # One per page, from just before the first (older letters of other tests come before).
+    one = await web.get(f"/dead-letters?type=Ledger&limit=1&after={first.id - 1}")
+    assert f'id="dead-letter-{first.id}"' in one.text
+    assert f'id="dead-letter-{second.id}"' not in one.text
+    following = await web.get(html.unescape(
+        re.search(r'<a rel="next" href="([^"]+)"', one.text).group(1)))  # type: ignore[union-attr]
+    assert f'id="dead-letter-{second.id}"' in following.text
+    assert f'id="dead-letter-{first.id}"' not in following.text
+    assert "End of the list." in following.text
+    assert (await web.get("/dead-letters?after=x")).status_code == 400
 
     csrf = await csrf_of(web)
     replay = {"csrf": csrf, "entity_type": "Ledger", "key": key, "id": str(first.id),

@@ -37,11 +37,12 @@ from corral.runtime._host import LocalHost
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
 from corral.runtime._ray_host import actor_name
 from corral.runtime._router import Router
-from procs import sql
+from procs import sql, wait_until
 from ray_workers import (
     ENTITIES,
     TESTS_DIR,
     Alarm,
+    Brittle,
     ClientActor,
     Counter,
     Gate,
@@ -159,6 +160,29 @@ async def test_operators_list_and_inspect_entities_the_same_on_ray(db_path: str,
     assert {(e.status, e.accepted_seq) for e in first.items + rest.items} == \
         {(RunStatus.RUNNING, 1)}
     assert (info.accepted_seq, info.dead_letters, info.open_waits) == (1, 0, ())
+
+
+async def test_dead_letters_are_listed_paged_replayed_and_discarded_the_same_on_ray(
+        db_path: str, namespace: str) -> None:
+    async with ray_runtime(db_path, namespace) as rt:
+        ref = rt.ref(Brittle, fresh_key("brittle"))
+        for item in ("a", "bad-1", "b", "bad-2", "bad-3", "c"):
+            await ref.signal_with_start(Brittle.add, Item(id=item), start=Start(tenant="t"))
+        assert await ref.query(Brittle.seen) == ["a", "b", "c"]  # after every dead letter
+        first = await rt.dead_letters(Brittle, limit=2)
+        rest = await ref.dead_letters(after=first[-1].id)
+        assert [json.loads(d.payload)["id"] for d in first + rest] == ["bad-1", "bad-2", "bad-3"]
+        assert (await ref.describe()).dead_letters == 3
+        assert await ref.discard_dead_letter(first[0].id) is True
+        ack = await ref.replay_dead_letter(first[1].id)  # still raises: dead-lettered again
+        assert ack.status == "accepted"
+
+        async def dead_lettered_again() -> bool:
+            ids = [d.id for d in await ref.dead_letters()]
+            return len(ids) == 2 and ids[0] == rest[0].id and ids[1] > rest[0].id
+
+        await wait_until(dead_lettered_again, "the replay is dead-lettered under a new id")
+        assert await ref.discard_dead_letter(first[0].id) is False
 
 
 async def test_the_entity_ref_api_works_the_same_on_ray(db_path: str, namespace: str) -> None:

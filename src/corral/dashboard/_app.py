@@ -255,9 +255,16 @@ class _Dashboard:
         return self._page("Open waits", body, visit)
 
     async def dead_letter_list(self, request: Request, visit: Visit) -> Response:
-        etype = request.query_params.get("type") or None
-        letters = await self.rt.dead_letters(etype, limit=MAX_PAGE)
-        body = views.dead_letters_page(visit, letters, self.types, etype, MAX_PAGE)
+        q = request.query_params
+        etype = q.get("type") or None
+        limit = _int(q.get("limit"), "limit") or 100
+        if limit > MAX_PAGE:
+            raise Refused(f"limit is at most {MAX_PAGE}", 400)
+        # One more than a page says whether there is a next one; ids are the cursor.
+        letters = await self.rt.dead_letters(etype, limit=limit + 1,
+                                             after=_int(q.get("after"), "after"))
+        more = letters[limit - 1].id if len(letters) > limit else None
+        body = views.dead_letters_page(visit, letters[:limit], self.types, etype, limit, more)
         return self._page("Dead letters", body, visit)
 
     # -- writes --------------------------------------------------------------------------

@@ -167,11 +167,12 @@ def _letters(visit: Visit, letters: Sequence[DeadLetter]) -> Html:
 
 
 def dead_letters_page(visit: Visit, letters: Sequence[DeadLetter], types: Sequence[str],
-                      chosen_type: str | None, limit: int) -> Html:
-    """Dead letters, oldest first, with replay and discard."""
-    more = render("<p class=\"muted\">Showing the oldest $n; replay or discard some to see "
-                  "more.</p>", n=limit) if len(letters) >= limit else EMPTY
-    return join([_filters("/dead-letters", types, chosen_type), _letters(visit, letters), more])
+                      chosen_type: str | None, limit: int, next_after: int | None) -> Html:
+    """Dead letters, oldest first, one page, with replay and discard."""
+    params = {"type": chosen_type, "limit": limit}
+    return join([_filters("/dead-letters", types, chosen_type), _letters(visit, letters),
+                 _next_link("/dead-letters", params,
+                            None if next_after is None else str(next_after))])
 
 
 _OUTCOMES = {
