@@ -311,7 +311,7 @@ async def test_dead_letters_are_read_page_by_page_after_the_last_id_seen(db_path
         assert [d.message_id for d in first + rest] == ["m-1", "m-2", "m-3"]
         assert await ref.dead_letters(after=rest[-1].id) == []
         assert await ref.dead_letters(after=first[0].id) == [first[1], *rest]
-        for bad in (-1, "3", True, 1.5):
+        for bad in (-1, "3", True, 1.5, 2**63):
             with pytest.raises(corral.InvalidArgumentError):
                 await rt.dead_letters(after=bad)  # type: ignore[arg-type]
 

@@ -294,13 +294,10 @@ def check_run_id(run_id: object) -> int:
 
 
 def check_after_id(after: object) -> int:
-    """A dead-letter cursor: the last id of the previous page (None: from the start)."""
-    if after is None:
+    """A dead-letter cursor: the last id of the previous page (None or 0: from the start)."""
+    if after is None or (type(after) is int and after == 0):
         return 0
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise InvalidArgumentError(f"after must be a dead letter id (an int >= 0), "
-                                   f"got {after!r}")
-    return after
+    return check_dead_letter_id(after)
 
 
 def check_limit(limit: object) -> int:
