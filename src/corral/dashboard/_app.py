@@ -89,6 +89,14 @@ def _int(text: str | None, what: str) -> int | None:
     return int(text)
 
 
+def _limit(text: str | None, default: int) -> int:
+    """A page size from the query: `default` when empty, at most `MAX_PAGE` (400 beyond)."""
+    limit = _int(text, "limit") or default
+    if limit > MAX_PAGE:
+        raise Refused(f"limit is at most {MAX_PAGE}", 400)
+    return limit
+
+
 async def _form(request: Request) -> dict[str, str]:
     """A urlencoded form post of bounded size (411, 413, 415 otherwise)."""
     length = request.headers.get("content-length", "")
@@ -231,9 +239,7 @@ class _Dashboard:
     async def entity_list(self, request: Request, visit: Visit) -> Response:
         q = request.query_params
         etype, status = q.get("type") or None, q.get("status") or None
-        limit = _int(q.get("limit"), "limit") or 50
-        if limit > MAX_PAGE:
-            raise Refused(f"limit is at most {MAX_PAGE}", 400)
+        limit = _limit(q.get("limit"), 50)
         page = await self.rt.entities(etype, status=status, limit=limit,
                                       after=q.get("after") or None)
         body = views.entity_list(page, self.types, etype, status, limit)
@@ -257,14 +263,12 @@ class _Dashboard:
     async def dead_letter_list(self, request: Request, visit: Visit) -> Response:
         q = request.query_params
         etype = q.get("type") or None
-        limit = _int(q.get("limit"), "limit") or 100
-        if limit > MAX_PAGE:
-            raise Refused(f"limit is at most {MAX_PAGE}", 400)
+        limit = _limit(q.get("limit"), 100)
         # One more than a page says whether there is a next one; ids are the cursor.
         letters = await self.rt.dead_letters(etype, limit=limit + 1,
                                              after=_int(q.get("after"), "after"))
-        more = letters[limit - 1].id if len(letters) > limit else None
-        body = views.dead_letters_page(visit, letters[:limit], self.types, etype, limit, more)
+        cursor = str(letters[limit - 1].id) if len(letters) > limit else None
+        body = views.dead_letters_page(visit, letters[:limit], self.types, etype, limit, cursor)
         return self._page("Dead letters", body, visit)
 
     # -- writes --------------------------------------------------------------------------

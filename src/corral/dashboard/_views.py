@@ -167,12 +167,11 @@ def _letters(visit: Visit, letters: Sequence[DeadLetter]) -> Html:
 
 
 def dead_letters_page(visit: Visit, letters: Sequence[DeadLetter], types: Sequence[str],
-                      chosen_type: str | None, limit: int, next_after: int | None) -> Html:
+                      chosen_type: str | None, limit: int, next_cursor: str | None) -> Html:
     """Dead letters, oldest first, one page, with replay and discard."""
     params = {"type": chosen_type, "limit": limit}
     return join([_filters("/dead-letters", types, chosen_type), _letters(visit, letters),
-                 _next_link("/dead-letters", params,
-                            None if next_after is None else str(next_after))])
+                 _next_link("/dead-letters", params, next_cursor)])
 
 
 _OUTCOMES = {
