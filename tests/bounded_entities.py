@@ -236,11 +236,11 @@ class Tick(BaseModel):
 class Sink(corral.Entity):
     """Counts signals; `handler_calls` (process-wide, outside snapshots) counts replays.
 
-    Remembers the last 20,000 message ids (the dedupe window), so its whole store
-    plateaus within a test's 200,000 signals."""
+    Remembers the last 5,000 message ids (the dedupe window), so its whole store
+    plateaus within a test's first 12,000 signals (twice the bounded rows)."""
 
-    snapshots = corral.SnapshotPolicy(every=1000, keep=2)
-    dedupe_window = corral.DedupeWindow(max_count=20_000, max_age=None)
+    snapshots = corral.SnapshotPolicy(every=500, keep=2)
+    dedupe_window = corral.DedupeWindow(max_count=5_000, max_age=None)
     handler_calls: ClassVar[int] = 0
 
     def __init__(self, init: SinkInit) -> None:

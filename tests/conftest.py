@@ -35,6 +35,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("db_path", STORES, indirect=True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by what it runs on, from the fixtures it uses: `postgres` (the
+    session's PostgreSQL server) and `ray` (the session's Ray instance). scripts/check
+    runs them all; scripts/test-versions leaves them out on the other Python versions,
+    but for those marked `every_version`."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        # `db_path` and test_dashboard.py's module fixture take a store by param
+        on_postgres = callspec is not None and "postgres" in callspec.params.values()
+        if on_postgres or names & {"postgres_url", "pg_url", "postgres_store_url"}:
+            item.add_marker(pytest.mark.postgres)
+        if "ray_address" in names:
+            item.add_marker(pytest.mark.ray)
+
+
 @pytest.fixture(scope="session")
 def postgres_store_url(postgres_url: str) -> str:
     """The one database on the session's cluster that `db_path` empties for each test

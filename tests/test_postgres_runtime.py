@@ -93,6 +93,7 @@ async def count(rt: corral.Runtime, table: str) -> int:
     return int(await store.read(lambda conn: conn.fetchval(f"SELECT count(*) FROM {table}")))
 
 
+@pytest.mark.every_version
 async def test_signals_updates_and_queries_apply_once_in_order(rt: corral.Runtime) -> None:
     ref = rt.ref(Ticket, fresh_key())
     first = await ref.signal_with_start(Ticket.reply, Reply(text="a"), start=START,

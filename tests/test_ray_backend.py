@@ -185,6 +185,7 @@ async def test_dead_letters_are_listed_paged_replayed_and_discarded_the_same_on_
         assert await ref.discard_dead_letter(first[0].id) is False
 
 
+@pytest.mark.every_version
 async def test_the_entity_ref_api_works_the_same_on_ray(db_path: str, namespace: str) -> None:
     async with ray_runtime(db_path, namespace) as rt:
         ref = rt.ref(Counter, fresh_key())

@@ -26,7 +26,7 @@ from pg import postgres_url as cluster_fixture  # noqa: F401
 from ray_workers import TESTS_DIR
 
 DRIVER = str(Path(TESTS_DIR) / "ray_pg_cluster.py")
-TOTAL = 5000
+TOTAL = 2500
 
 
 @pytest.mark.slow
