@@ -168,3 +168,21 @@ async def test_a_due_durable_timer_is_counted_when_it_wakes_an_entity(
     fired = value(after, "corral_timers_fired_total", entity_type="Sleeper") - \
         value(before, "corral_timers_fired_total", entity_type="Sleeper")
     assert fired == 1  # passivated while asleep, woken by its due timer
+
+
+def test_a_histogram_counts_each_observation_in_its_le_bucket_and_above() -> None:
+    """Bucket bounds are inclusive (`le`), counts cumulative, +Inf counts everything."""
+    def bucket(le: str) -> float:
+        v = corral.metrics.REGISTRY.get_sample_value(
+            "corral_accept_seconds_bucket", {"entity_type": "Edges", "le": le})
+        return v or 0.0
+
+    for seconds in (0.0002, 0.00021, 0.001, 6.0):
+        corral.metrics.accepted("Edges", "signal", seconds)
+    assert [bucket(le) for le in ("0.0002", "0.0005", "0.001", "0.002", "5.0", "+Inf")] == \
+        [1, 2, 3, 3, 3, 4]
+    total = corral.metrics.REGISTRY.get_sample_value("corral_accept_seconds_sum",
+                                                      {"entity_type": "Edges"})
+    assert total == pytest.approx(0.0002 + 0.00021 + 0.001 + 6.0)
+    assert corral.metrics.REGISTRY.get_sample_value(
+        "corral_messages_accepted_total", {"entity_type": "Edges", "kind": "signal"}) == 4

@@ -23,7 +23,7 @@ from corral.actors import (
 )
 from corral.persistence import JournalEntry, UpdateOutcome
 
-from ._codec import encode_model
+from ._codec import decode_model, encode_model
 from ._results import encode_value
 
 __all__ = ["ReplicaContext", "apply_entry", "encode_start", "instantiate", "run_query"]
@@ -41,7 +41,7 @@ def instantiate(definition: EntityDefinition, start_input: str | None,
     if definition.start_type is None:
         entity.__init__()  # type: ignore[misc]
     else:
-        entity.__init__(definition.start_type.model_validate_json(start_input or "{}"))  # type: ignore[misc]
+        entity.__init__(decode_model(definition.start_type, start_input or "{}"))  # type: ignore[misc]
     return entity
 
 
@@ -74,7 +74,7 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
         return None
     try:
         arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
-            handler.input_type.model_validate_json(entry.payload),)
+            decode_model(handler.input_type, entry.payload),)
         if handler.fn is None:
             entity.mailbox.put(arg[0] if arg else None, entry)
             result = None
@@ -102,7 +102,7 @@ def run_query(definition: EntityDefinition, entity: Entity, name: str, payload: 
     assert handler is not None
     assert handler.fn is not None
     arg = () if handler.input_type is None else (
-        handler.input_type.model_validate_json(payload or "{}"),)
+        decode_model(handler.input_type, payload or "{}"),)
     return encode_value(handler.fn(entity, *arg))
 
 

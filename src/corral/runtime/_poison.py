@@ -44,6 +44,7 @@ from corral.actors import (
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
 from ._apply import apply_entry
+from ._codec import decode_model
 from ._events import lifecycle
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ async def _call(handler: HandlerDefinition, entity: Entity, entry: JournalEntry)
     """Call the handler once. A payload that no longer validates counts as a failure."""
     assert handler.fn is not None
     arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
-        handler.input_type.model_validate_json(entry.payload),)
+        decode_model(handler.input_type, entry.payload),)
     result = handler.fn(entity, *arg)
     if handler.is_async:
         await result
