@@ -198,32 +198,13 @@ class Boundary:
                 kinds: tuple[HandlerKind, ...]) -> HandlerDefinition:
         """The declared handler `handler` is, checked to belong to `definition`'s type
         (itself or inherited) and to be of one of `kinds`."""
-        wanted = " or ".join(k.value for k in kinds)
-        known = sorted(h.name for h in definition.handlers.values() if h.kind in kinds)
-        if isinstance(handler, str):
-            raise UnknownHandlerError(
-                f"pass the handler itself, not its name: {definition.name}.{handler} "
-                f"rather than {handler!r} (its {wanted}s: {known})",
-                entity_type=definition.name)
-        try:
-            marked = getattr(handler, "_corral_handler", None)
-        except Exception:  # an object whose attribute access raises: not a handler
-            marked = None
-        if not isinstance(marked, HandlerDefinition):
-            raise UnknownHandlerError(
-                f"{handler!r} is not a corral handler; pass one of {definition.name}'s "
-                f"{wanted}s {known}", entity_type=definition.name)
-        found = definition.handler(marked.name)
-        own = _declared(definition.cls, marked.name)
-        if found is None or own is not handler:
-            raise UnknownHandlerError(
-                f"{_owner_name(handler)}.{marked.name} is not a handler of "
-                f"{definition.name} (its {wanted}s: {known})", entity_type=definition.name)
-        if found.kind not in kinds:
-            raise UnknownHandlerError(
-                f"{definition.name}.{found.name} is a {found.kind.value}, not a {wanted} "
-                f"(its {wanted}s: {known})", entity_type=definition.name)
-        return found
+        marked = _marked(handler)
+        if marked is not None:
+            found = definition.handler(marked.name)
+            if found is not None and found.kind in kinds and \
+                    _declared(definition.cls, marked.name) is handler:
+                return found
+        raise _not_a_handler(definition, handler, kinds, marked)
 
     def payload(self, handler: HandlerDefinition, payload: object) -> str:
         if handler.input_type is None:
@@ -270,6 +251,43 @@ def _declared(cls: type, name: str) -> object:
         if name in vars(klass):
             return vars(klass)[name]
     return None
+
+
+def _marked(handler: object) -> HandlerDefinition | None:
+    """The handler definition a decorated handler carries, if `handler` is one."""
+    try:
+        marked = getattr(handler, "_corral_handler", None)
+    except Exception:  # an object whose attribute access raises: not a handler
+        return None
+    return marked if isinstance(marked, HandlerDefinition) else None
+
+
+def _not_a_handler(definition: EntityDefinition, handler: object,
+                   kinds: tuple[HandlerKind, ...], marked: HandlerDefinition | None
+                   ) -> UnknownHandlerError:
+    """Why `handler` is not one of `definition`'s handlers of `kinds`, said for a person."""
+    wanted = " or ".join(k.value for k in kinds)
+    known = sorted(h.name for h in definition.handlers.values() if h.kind in kinds)
+    if isinstance(handler, str):
+        return UnknownHandlerError(
+            f"pass the handler itself, not its name: {definition.name}.{handler} "
+            f"rather than {handler!r} (its {wanted}s: {known})", entity_type=definition.name)
+    if marked is None:
+        return UnknownHandlerError(
+            f"{handler!r} is not a corral handler; pass one of {definition.name}'s "
+            f"{wanted}s {known}", entity_type=definition.name)
+    found = definition.handler(marked.name)
+    if found is None or _declared(definition.cls, marked.name) is not handler:
+        return UnknownHandlerError(
+            f"{_owner_name(handler)}.{marked.name} is not a handler of "
+            f"{definition.name} (its {wanted}s: {known})", entity_type=definition.name)
+    return UnknownHandlerError(
+        f"{definition.name}.{found.name} is {_a(found.kind.value)}, not {_a(wanted)} "
+        f"(its {wanted}s: {known})", entity_type=definition.name)
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
 def _owner_name(handler: object) -> str:
