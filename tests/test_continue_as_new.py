@@ -156,8 +156,10 @@ async def test_a_signal_accepted_while_continue_as_new_commits_lands_in_the_new_
     assert (runs["before-commit"], runs["same-batch"], runs["after"]) == (2, 2, 2)
     check_chain(info, corral.RunStatus.RUNNING)
     assert info.run_id == 2
-    # The journal holds only run 2's entries now.
-    assert {r[0] for r in sql(db_path, "SELECT run_id FROM journal")} == {2}
+    # The journal holds no entry of run 1 now. Of run 2's own entries it holds those
+    # after run 2's latest snapshot: none, when the snapshot at the end of the new run's
+    # replay came after "after" was accepted (a race the test does not fix).
+    assert {r[0] for r in sql(db_path, "SELECT run_id FROM journal")} <= {2}
 
 
 async def test_a_message_id_seen_before_snapshots_truncation_and_continue_as_new_is_still_a_duplicate(  # noqa: E501
