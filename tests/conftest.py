@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         # `db_path` and test_dashboard.py's module fixture take a store by param
         on_postgres = callspec is not None and "postgres" in callspec.params.values()
-        if on_postgres or names & {"postgres_url", "pg_url", "postgres_store_url"}:
+        if on_postgres or "postgres_url" in names:  # pg_url and the store URL need it
             item.add_marker(pytest.mark.postgres)
         if "ray_address" in names:
             item.add_marker(pytest.mark.ray)

@@ -92,19 +92,13 @@ _counting = threading.Lock()
 _counts: dict[tuple[str, tuple[str, ...]], float] = {}
 _observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}  # bucket counts..., sum
 
-# Ray mirrors (`export_to_ray`): name -> ray.util.metrics object, once enabled.
+# Ray mirrors (`export_to_ray`): every series' name -> ray.util.metrics object, once
+# enabled (empty before).
 _ray: dict[str, Any] = {}
 
 
-def _mirror(name: str, labels: tuple[str, ...], values: tuple[str, ...], value: float) -> None:
-    metric = _ray.get(name)
-    if metric is None:
-        return
-    tags = dict(zip(labels, values, strict=True))
-    if name in _COUNTERS:
-        metric.inc(value, tags=tags)
-    else:
-        metric.observe(value, tags=tags)
+def _tags(labels: tuple[str, ...], values: tuple[str, ...]) -> dict[str, str]:
+    return dict(zip(labels, values, strict=True))
 
 
 def _count(name: str, values: tuple[str, ...], value: float = 1.0) -> None:
@@ -112,7 +106,7 @@ def _count(name: str, values: tuple[str, ...], value: float = 1.0) -> None:
     with _counting:
         _counts[key] = _counts.get(key, 0.0) + value
     if _ray:
-        _mirror(name, _COUNTERS[name][1], values, value)
+        _ray[name].inc(value, tags=_tags(_COUNTERS[name][1], values))
 
 
 def _observe(name: str, values: tuple[str, ...], value: float) -> None:
@@ -126,7 +120,7 @@ def _observe(name: str, values: tuple[str, ...], value: float) -> None:
         series[bucket] += 1
         series[-1] += value
     if _ray:
-        _mirror(name, _HISTOGRAMS[name][1], values, value)
+        _ray[name].observe(value, tags=_tags(_HISTOGRAMS[name][1], values))
 
 
 class _Series(Collector):
@@ -144,10 +138,10 @@ class _Series(Collector):
             yield counter
         for name, (doc, labels, bounds) in _HISTOGRAMS.items():
             histogram = HistogramMetricFamily(name, doc, labels=labels)
+            edges = [repr(float(b)) for b in bounds] + ["+Inf"]  # as `le` is written
             for (of, values), series in observed:
                 if of == name:
                     cumulative = list(itertools.accumulate(series[:-1]))
-                    edges = [repr(float(b)) for b in bounds] + ["+Inf"]  # as `le` is written
                     histogram.add_metric(values, list(zip(edges, cumulative, strict=True)),
                                          sum_value=series[-1])
             yield histogram
