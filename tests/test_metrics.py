@@ -28,7 +28,10 @@ class Meter(corral.Entity):
     passivated when idle; keeps mailbox payloads in `held` until `release`."""
 
     retry = corral.RetryPolicy(max_attempts=1)
-    idle_timeout = 0.2
+    # Long enough that the meter never passivates between the workload's steps, even
+    # while a scrape holds up the loop on a slow machine (0.2 s did: a second passivation
+    # and reactivation on Python 3.10 in CI); the test waits for the one passivation.
+    idle_timeout = 1.0
     held = corral.signal(Item)
 
     def __init__(self, init: Roll) -> None:
