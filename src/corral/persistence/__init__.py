@@ -2,7 +2,7 @@
 `PostgresStore` (`corral.persistence._postgres`, a shared database for clusters of
 several machines; imported only when a `postgresql://` store is opened)."""
 
-from ._codec import canonical_encoder, canonical_json, payload_hash
+from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._open import is_postgres_url, open_store
 from ._records import (
     Acceptance,
@@ -47,4 +47,5 @@ __all__ = [
     "open_sqlite_store",
     "open_store",
     "payload_hash",
+    "plain_canonical_json",
 ]

@@ -8,7 +8,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["canonical_encoder", "canonical_json", "payload_hash"]
+import orjson
+
+__all__ = ["canonical_encoder", "canonical_json", "payload_hash", "plain_canonical_json"]
 
 
 def canonical_encoder(default: Callable[[Any], Any] | None = None) -> json.JSONEncoder:
@@ -21,6 +23,22 @@ def canonical_encoder(default: Callable[[Any], Any] | None = None) -> json.JSONE
 
 canonical_json: Callable[[Any], str] = canonical_encoder().encode
 """`value` in the stored form (see `canonical_encoder`)."""
+
+
+def plain_canonical_json(value: Any) -> str | None:
+    """`canonical_json(value)` for plain JSON data, through orjson (~9x faster).
+
+    Plain means exact dicts with str keys, lists, str, int, bool and None: no floats
+    (orjson writes `1e-5` where the stored form has `1e-05`, and a changed stored form
+    would change the payload hash across an upgrade) and nothing a `default` converts.
+    On that data both encoders write the same text (a test pins it for every code point
+    and for key order). None where orjson refuses (an int beyond 64 bits, a lone
+    surrogate): the caller then encodes through `canonical_encoder`.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return None
 
 
 def payload_hash(name: str, payload: str) -> bytes:
