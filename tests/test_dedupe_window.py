@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
 import corral
+from corral.persistence._lifecycle import SWEEP_DEDUPE
 from stores import sql
 
 
@@ -76,3 +80,43 @@ async def test_ids_older_than_the_age_window_are_forgotten_at_the_next_snapshot(
         assert (await ref.signal(Aged.note, Note(n=1), message_id="id-1")).status == "accepted"
         assert (await ref.signal(Aged.note, Note(n=119), message_id="id-119")).status \
             == "duplicate"
+
+
+async def test_an_old_id_after_a_younger_one_is_kept_and_a_young_id_is_never_forgotten(
+    db_path: str,
+) -> None:
+    """The age sweep forgets too-old ids in seq order up to the first id it keeps: an
+    id stamped by a fast clock stays (it is young), and the old ids after it stay with
+    it until a later sweep (kept a little longer, never forgotten early)."""
+    async with corral.open_runtime(db_path, entities=[Aged]) as rt:
+        ref = rt.ref(Aged, "a")
+        await _send(ref, range(5))
+        sql(db_path, "UPDATE dedupe SET accepted_at = accepted_at + 3600 "
+            "WHERE etype = ? AND message_id = ?", "Aged", "id-2")
+        await asyncio.sleep(0.3)  # all but id-2 are older than max_age now
+        await _send(ref, range(100, 120))  # two snapshots, two sweeps
+
+        async def status(n: int) -> str:
+            return (await ref.signal(Aged.note, Note(n=n), message_id=f"id-{n}")).status
+
+        assert [await status(n) for n in (0, 1)] == ["accepted", "accepted"]
+        assert [await status(n) for n in (2, 3, 4)] == ["duplicate"] * 3
+
+
+def test_the_dedupe_sweep_reads_only_what_it_forgets(tmp_path: Path) -> None:
+    """On SQLite both the sweep and its search for the first kept id go through the
+    (etype, key, seq) index: without it, every snapshot read the entity's whole window
+    (~10 ms at 100,000 ids, every `SnapshotPolicy.every` messages)."""
+    path = str(tmp_path / "plan.db")
+
+    async def create() -> None:
+        async with corral.open_runtime(path, entities=[Windowed]):
+            pass
+
+    asyncio.run(create())
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {SWEEP_DEDUPE}",
+                                              ("Windowed", "w", 0, 0.0, 10))]
+    on_dedupe = [step for step in plan if "dedupe" in step]
+    assert len(on_dedupe) == 2, plan
+    assert all("dedupe_seq" in step for step in on_dedupe), plan

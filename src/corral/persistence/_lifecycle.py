@@ -79,6 +79,18 @@ class CloseRunOp:
         return True
 
 
+# The dedupe window: forget applied ids that are too many messages ago (seq <= ?3), and
+# applied ids too old (accepted before ?4) that come before the first id still kept in
+# seq order: the index on (etype, key, seq) reads just those rows. An old id after a
+# younger one (clocks of two senders) is forgotten on a later sweep: kept a little
+# longer, never forgotten early.
+SWEEP_DEDUPE = (
+    "DELETE FROM dedupe WHERE etype=?1 AND key=?2 AND seq < max(?3 + 1, coalesce(("
+    "SELECT seq FROM dedupe WHERE etype=?1 AND key=?2 AND (accepted_at >= ?4 OR seq > ?5) "
+    "ORDER BY seq LIMIT 1), ?5 + 1))"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotOp:
     """Store a snapshot covering `applied_seq`, keep the newest `keep`, truncate the journal.
@@ -116,10 +128,8 @@ class SnapshotOp:
         db.execute("DELETE FROM snapshots WHERE etype=? AND key=? AND applied_seq<?",
                    (*ident, oldest))
         db.execute("DELETE FROM journal WHERE etype=? AND key=? AND seq<=?", (*ident, oldest))
-        # The dedupe window: forget applied ids that are too many messages or too old ago.
-        db.execute("DELETE FROM dedupe WHERE etype=? AND key=? AND seq<=? "
-                   "AND (seq<=? OR accepted_at<?)",
-                   (*ident, self.applied_seq, self.forget_seq, self.forget_before))
+        db.execute(SWEEP_DEDUPE, (*ident, self.forget_seq, self.forget_before,
+                                  self.applied_seq))
         if self.passivate:
             db.execute("UPDATE entities SET passivated_seq=? WHERE etype=? AND key=?",
                        (self.applied_seq, *ident))

@@ -15,6 +15,11 @@ from __future__ import annotations
 _DEAD_LETTER_FIELDS = ("id, etype, key, run_id, seq, message_id, name, payload, sender, "
                        "error, traceback, attempts, failed_at")
 
+# The dedupe window is swept by seq (`SnapshotOp`): with this index a sweep reads only
+# the rows it forgets, where it used to read every row of the entity's window (~10 ms
+# a snapshot at a window of 100,000 ids).
+DEDUPE_SEQ_INDEX = "CREATE INDEX IF NOT EXISTS dedupe_seq ON dedupe (etype, key, seq)"
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         # Durable timers are looked up per shard (due ones, and the next one).
@@ -76,6 +81,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX IF NOT EXISTS dead_letters_entity ON dead_letters "
         "(etype, key, run_id, seq)",
     ),
+    5: (DEDUPE_SEQ_INDEX,),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 
