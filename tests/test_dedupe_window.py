@@ -82,12 +82,13 @@ async def test_ids_older_than_the_age_window_are_forgotten_at_the_next_snapshot(
             == "duplicate"
 
 
-async def test_an_old_id_after_a_younger_one_is_kept_and_a_young_id_is_never_forgotten(
+async def test_an_id_from_a_fast_clock_is_never_forgotten_while_it_is_young(
     db_path: str,
 ) -> None:
-    """The age sweep forgets too-old ids in seq order up to the first id it keeps: an
-    id stamped by a fast clock stays (it is young), and the old ids after it stay with
-    it until a later sweep (kept a little longer, never forgotten early)."""
+    """An id stamped by a fast clock is young: the age sweep keeps it while it forgets
+    the old ids before it. (On SQLite the sweep stops at the first id it keeps, in seq
+    order, so the old ids after it are forgotten on a later sweep; PostgreSQL's sweep
+    forgets them now. Both keep every id within the window.)"""
     async with corral.open_runtime(db_path, entities=[Aged]) as rt:
         ref = rt.ref(Aged, "a")
         await _send(ref, range(5))
@@ -100,7 +101,7 @@ async def test_an_old_id_after_a_younger_one_is_kept_and_a_young_id_is_never_for
             return (await ref.signal(Aged.note, Note(n=n), message_id=f"id-{n}")).status
 
         assert [await status(n) for n in (0, 1)] == ["accepted", "accepted"]
-        assert [await status(n) for n in (2, 3, 4)] == ["duplicate"] * 3
+        assert await status(2) == "duplicate"
 
 
 def test_the_dedupe_sweep_reads_only_what_it_forgets(tmp_path: Path) -> None:
@@ -117,6 +118,12 @@ def test_the_dedupe_sweep_reads_only_what_it_forgets(tmp_path: Path) -> None:
     with contextlib.closing(sqlite3.connect(path)) as db:
         plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {SWEEP_DEDUPE}",
                                               ("Windowed", "w", 0, 0.0, 10))]
+        lookup = [row[-1] for row in db.execute(
+            "EXPLAIN QUERY PLAN SELECT seq FROM dedupe WHERE etype=? AND key=? "
+            "AND message_id=?", ("Windowed", "w", "id-1"))]
     on_dedupe = [step for step in plan if "dedupe" in step]
     assert len(on_dedupe) == 2, plan
     assert all("dedupe_seq" in step for step in on_dedupe), plan
+    # A message id is still looked up by the primary key (PostgreSQL's planner picked
+    # the seq index for it, scanning the entity's window per id: see `_schema`).
+    assert lookup == ["SEARCH dedupe USING PRIMARY KEY (etype=? AND key=? AND message_id=?)"]

@@ -89,8 +89,7 @@ class CloseRunOp:
 
 
 # After the snapshot row is written: keep the newest `keep`, delete the journal they
-# cover and the dedupe ids that left the window (swept by seq, as `_lifecycle`'s
-# SWEEP_DEDUPE), mark passivation; returns the floor.
+# cover and the dedupe ids that left the window, mark passivation; returns the floor.
 _TRIM = """
 WITH kept AS (
     SELECT applied_seq FROM snapshots WHERE etype = $1 AND key = $2
@@ -99,9 +98,8 @@ WITH kept AS (
 s AS (DELETE FROM snapshots WHERE etype = $1 AND key = $2
       AND applied_seq < (SELECT seq FROM floor)),
 j AS (DELETE FROM journal WHERE etype = $1 AND key = $2 AND seq <= (SELECT seq FROM floor)),
-d AS (DELETE FROM dedupe WHERE etype = $1 AND key = $2 AND seq < greatest($5 + 1, coalesce((
-      SELECT seq FROM dedupe WHERE etype = $1 AND key = $2 AND (accepted_at >= $6 OR seq > $4)
-      ORDER BY seq LIMIT 1), $4 + 1))),
+d AS (DELETE FROM dedupe WHERE etype = $1 AND key = $2 AND seq <= $4
+      AND (seq <= $5 OR accepted_at < $6)),
 p AS (UPDATE entities SET passivated_seq = $4 WHERE $7 AND etype = $1 AND key = $2)
 SELECT seq FROM floor
 """

@@ -58,9 +58,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Operators see when an entity last accepted a message or changed status.
         "ALTER TABLE entities ADD COLUMN IF NOT EXISTS updated_at double precision",
     ),
-    # The dedupe window is swept by seq: a sweep reads only the rows it forgets (it read
-    # every row of the entity's window).
-    3: ("CREATE INDEX IF NOT EXISTS dedupe_seq ON dedupe (etype, key, seq)",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""
