@@ -79,15 +79,15 @@ class CloseRunOp:
         return True
 
 
-# The dedupe window: forget applied ids that are too many messages ago (seq <= ?3), and
-# applied ids too old (accepted before ?4) that come before the first id still kept in
-# seq order: the index on (etype, key, seq) reads just those rows. An old id after a
-# younger one (clocks of two senders) is forgotten on a later sweep: kept a little
-# longer, never forgotten early.
+# The dedupe window: forget applied ids (seq <= ?5) that are too many messages ago
+# (seq <= ?3), and applied ids too old (accepted before ?4) that come before the first id
+# still kept in seq order: the index on (etype, key, seq) reads just those rows. An old
+# id after a younger one (clocks of two senders) is forgotten on a later sweep: kept a
+# little longer, never forgotten early. `_pg_lifecycle` sweeps the same rows.
 SWEEP_DEDUPE = (
-    "DELETE FROM dedupe WHERE etype=?1 AND key=?2 AND seq < max(?3 + 1, coalesce(("
-    "SELECT seq FROM dedupe WHERE etype=?1 AND key=?2 AND (accepted_at >= ?4 OR seq > ?5) "
-    "ORDER BY seq LIMIT 1), ?5 + 1))"
+    "DELETE FROM dedupe WHERE etype=?1 AND key=?2 AND seq <= ?5 AND seq < max(?3 + 1, "
+    "coalesce((SELECT seq FROM dedupe WHERE etype=?1 AND key=?2 "
+    "AND (accepted_at >= ?4 OR seq > ?5) ORDER BY seq LIMIT 1), ?5 + 1))"
 )
 
 
