@@ -83,7 +83,8 @@ class CloseRunOp:
 # (seq <= ?3), and applied ids too old (accepted before ?4) that come before the first id
 # still kept in seq order: the index on (etype, key, seq) reads just those rows. An old
 # id after a younger one (clocks of two senders) is forgotten on a later sweep: kept a
-# little longer, never forgotten early. `_pg_lifecycle` sweeps the same rows.
+# little longer, never forgotten early. `_pg_lifecycle` has no seq index (see
+# `_schema`) and forgets every too-old applied id at once.
 SWEEP_DEDUPE = (
     "DELETE FROM dedupe WHERE etype=?1 AND key=?2 AND seq <= ?5 AND seq < max(?3 + 1, "
     "coalesce((SELECT seq FROM dedupe WHERE etype=?1 AND key=?2 "

@@ -80,8 +80,9 @@ def _encode(model_type: type[BaseModel], value: Any, max_bytes: int, what: str) 
         # (JSON mode would have turned them into null); other values go through
         # pydantic's JSON conversion.
         data = model.__pydantic_serializer__.to_python(model, by_alias=True)
-        text = (plain_canonical_json(data) if _checked_plain(data, what) else None) \
-            or _PAYLOAD_JSON.encode(data)
+        text = plain_canonical_json(data) if _checked_plain(data, what) else None
+        if text is None:  # not plain, or refused by orjson: the standard library's encoder
+            text = _PAYLOAD_JSON.encode(data)
     except (TypeError, ValueError, PydanticSerializationError) as err:
         raise InvalidPayloadError(f"{what} is not JSON: {err}") from None
     if not from_instance and not _same(raw, data):  # equal data has no unknown field
