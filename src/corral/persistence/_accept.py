@@ -28,12 +28,13 @@ class AcceptOp:
         a = self.acc
         db = txn.db
         ident = (a.entity_type, a.key, a.message_id)
-        seen = txn.accepted.get(ident) or db.execute(
-            "SELECT seq, run_id, payload_hash, sender, accepted_at FROM dedupe "
-            "WHERE etype=? AND key=? AND message_id=?", ident,
-        ).fetchone()
-        if seen is not None:
-            return self._duplicate(seen)
+        if not a.fresh_id:
+            seen = txn.accepted.get(ident) or db.execute(
+                "SELECT seq, run_id, payload_hash, sender, accepted_at FROM dedupe "
+                "WHERE etype=? AND key=? AND message_id=?", ident,
+            ).fetchone()
+            if seen is not None:
+                return self._duplicate(seen)
         row = txn.entity(a.entity_type, a.key)
         started = False
         if row is None or row.status is not RunStatus.RUNNING:
@@ -67,7 +68,7 @@ class AcceptOp:
             a.payload, a.sender, a.accepted_at,
         )
         txn.journal_rows.append((
-            a.entity_type, a.key, entry.seq, entry.run_id, a.shard, a.kind.value, a.name,
+            a.entity_type, a.key, entry.seq, entry.run_id, a.shard, a.kind._value_, a.name,
             a.message_id, a.payload, a.sender, a.accepted_at,
         ))
         txn.dedupe_rows.append((

@@ -43,13 +43,15 @@ class AcceptOp:
         a = self.acc
         plan.ticks.add(a.shard)
         plan.entities.add((a.entity_type, a.key))
-        plan.dedupe.add((a.entity_type, a.key, a.message_id))
+        if not a.fresh_id:
+            plan.dedupe.add((a.entity_type, a.key, a.message_id))
 
     async def apply(self, txn: PgTxn) -> AcceptResult:
         a = self.acc
-        seen = await txn.seen(a.entity_type, a.key, a.message_id)
-        if seen is not None:
-            return self._duplicate(seen)
+        if not a.fresh_id:
+            seen = await txn.seen(a.entity_type, a.key, a.message_id)
+            if seen is not None:
+                return self._duplicate(seen)
         row = await txn.entity(a.entity_type, a.key)
         started = False
         if row is None or row.status is not RunStatus.RUNNING:

@@ -316,7 +316,7 @@ class PgTxn:
         self.dirty_ticks.add(shard)
         self.journal_rows.append((
             entry.entity_type, entry.key, entry.seq, entry.run_id, shard, self.ticks[shard],
-            entry.kind.value, entry.name, entry.message_id, entry.payload, entry.sender,
+            entry.kind._value_, entry.name, entry.message_id, entry.payload, entry.sender,
             entry.accepted_at,
         ))
         self.hashes.append(digest)
@@ -329,7 +329,7 @@ class PgTxn:
         if not (self.runs_rows or self.journal_rows or dirty or self.dirty_ticks):
             return
         runs, journal = _columns(self.runs_rows, 6), _columns(self.journal_rows, 12)
-        ents = _columns([(k[0], k[1], r.shard, r.run_id, r.status.value, r.next_seq)
+        ents = _columns([(k[0], k[1], r.shard, r.run_id, r.status._value_, r.next_seq)
                          for k, r in dirty], 6)
         shards = sorted(self.dirty_ticks)
         loud = [s for s in shards if s not in self.quiet]

@@ -1,10 +1,14 @@
-"""Plain records that cross the `Store` boundary. Payloads are canonical JSON text."""
+"""Plain records that cross the `Store` boundary. Payloads are canonical JSON text.
+
+The three made for every message (`Acceptance`, `JournalEntry`, `AcceptResult`) are
+named tuples: as immutable as a frozen dataclass, built in a third of the time."""
 
 from __future__ import annotations
 
 import enum
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from corral._common import (
     IdReusePolicy,
@@ -41,12 +45,14 @@ class EntryKind(str, enum.Enum):
     DELIVER = "deliver"
 
 
-@dataclass(frozen=True, slots=True)
-class Acceptance:
+class Acceptance(NamedTuple):
     """One message to accept durably: start the run if needed, dedupe, append to the journal.
 
     `start` is the canonical JSON start input for `*_with_start` calls and None for plain
-    sends, which require a running run.
+    sends, which require a running run. `fresh_id`: the runtime made `message_id` for
+    this call just now (the caller gave none), so no earlier acceptance holds it and the
+    store skips the dedupe lookup (the dedupe table's primary key still refuses a repeat).
+    A call that may be retried with the same id (through Ray) must not say so.
     """
 
     entity_type: str
@@ -61,10 +67,10 @@ class Acceptance:
     start: str | None
     id_reuse: IdReusePolicy
     accepted_at: float
+    fresh_id: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
+class JournalEntry(NamedTuple):
     """An accepted message, numbered `seq` (1, 2, ...) within its entity across runs."""
 
     entity_type: str
@@ -79,8 +85,7 @@ class JournalEntry:
     accepted_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class AcceptResult:
+class AcceptResult(NamedTuple):
     """What the store decided. `entry` is the journal entry (the original one for duplicates)."""
 
     duplicate: bool

@@ -102,7 +102,7 @@ class Txn:
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
                 "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq, "
                 "updated_at=excluded.updated_at",
-                [(e, k, r.shard, r.run_id, r.status.value, r.next_seq, now)
+                [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq, now)
                  for e, k, r in dirty],
             )
             for _, _, r in dirty:

@@ -48,6 +48,7 @@ __all__ = [
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # either, in one search
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ class Boundary:
         self.definitions = definitions
         self.limits = limits
         self._authorize = authorize
+        self.authorizes = authorize is not None  # else a send without a sender skips `sender`
         self._key_re = re.compile(limits.key_pattern)
 
     def definition(self, entity_type: type | str) -> EntityDefinition:
@@ -140,7 +142,7 @@ class Boundary:
             raise InvalidKeyError(f"{what} is empty")
         if len(value) > limit:
             raise InvalidKeyError(f"{what} is {len(value)} characters; the limit is {limit}")
-        bad = _CONTROL.search(value) or _SURROGATE.search(value)
+        bad = _FORBIDDEN.search(value)
         if bad is not None:
             kind = "a control character" if _CONTROL.match(bad.group()) else "a lone surrogate"
             raise InvalidKeyError(
@@ -153,7 +155,7 @@ class Boundary:
         no control characters and no lone surrogates."""
         if not isinstance(key, str):
             raise InvalidKeyError(f"delivery key must be a str, got {type(key).__name__}")
-        bad = _CONTROL.search(key) or _SURROGATE.search(key)
+        bad = _FORBIDDEN.search(key)
         if bad is not None:
             kind = "a control character" if _CONTROL.match(bad.group()) else "a lone surrogate"
             raise InvalidKeyError(

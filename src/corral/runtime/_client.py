@@ -34,6 +34,10 @@ E = TypeVar("E", bound=Entity)
 S = TypeVar("S")
 
 
+_MAX_REFS = 16_384
+"""Refs `Runtime.ref` keeps for reuse (~200 bytes each)."""
+
+
 class Runtime:
     """A connection to a corral deployment: validation, routing and a backend.
 
@@ -47,6 +51,10 @@ class Runtime:
         self.router = router
         self.boundary = boundary
         self.clock: Clock = clock or SystemClock()
+        # Refs handed out, by (type name or registered class's id, key): a webhook
+        # handler calls `ref` on every event, and building one (key check, routing
+        # hash) costs more than the lookup. Cleared when full.
+        self._refs: dict[tuple[object, str], EntityRef[Any, Any]] = {}
 
     @property
     def store(self) -> Store:
@@ -69,10 +77,20 @@ class Runtime:
 
         Typed `EntityRef[Type, StartModel]` from the class and its `__init__`.
         """
-        definition = self.boundary.definition(entity_type)
-        key = self.boundary.check_key(key)
-        return EntityRef(self.boundary, self.backend, self.clock, definition, key,
-                         self.router.shard_of(definition.name, key))
+        # A registered class lives as long as the runtime, so its id names it while any
+        # ref to it is kept here; a str subclass's own __eq__ or __hash__ is never asked.
+        ident = (entity_type if type(entity_type) is str else id(entity_type), key)
+        ref = self._refs.get(ident) if type(key) is str else None
+        if ref is None:
+            definition = self.boundary.definition(entity_type)
+            key = self.boundary.check_key(key)
+            ref = EntityRef(self.boundary, self.backend, self.clock, definition, key,
+                            self.router.shard_of(definition.name, key))
+            if type(key) is str:
+                if len(self._refs) >= _MAX_REFS:
+                    self._refs.clear()
+                self._refs[ident] = ref
+        return ref
 
     async def dead_letters(self, entity_type: type[Entity] | str | None = None,
                            key: str | None = None, *, limit: int = 100,

@@ -94,6 +94,8 @@ class RayBackend:
         owns_ray: whether `close()` shuts Ray down (this client started it).
     """
 
+    calls_once = False  # `call` retries a call whose actor died: it may have committed
+
     def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
                  router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
                  retry_timeout: float = 120.0, owns_ray: bool = False) -> None:
