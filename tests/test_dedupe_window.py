@@ -128,3 +128,44 @@ def test_the_dedupe_sweep_reads_only_what_it_forgets(tmp_path: Path) -> None:
     # the seq index for it, scanning the entity's window per id: see `_schema`).
     assert len(lookup) == 1, lookup
     assert "USING PRIMARY KEY (etype=? AND key=? AND message_id=?)" in lookup[0], lookup
+
+
+async def test_an_id_said_fresh_that_the_store_holds_is_refused_alone(db_path: str) -> None:
+    """A runtime-made id skips the dedupe lookup (`Acceptance.fresh_id`); should one ever
+    repeat, the dedupe table's primary key refuses it: a store error for that caller,
+    nothing written twice, and the rest of its group commit accepted."""
+    from corral import StoreError
+    from corral.persistence import Acceptance, EntryKind, payload_hash
+
+    async with corral.open_runtime(db_path, entities=[Windowed]) as rt:
+        ref = rt.ref(Windowed, "fresh")
+        store = rt.store
+
+        def acc(mid: str, n: int, *, fresh: bool) -> Acceptance:
+            text = f'{{"n":{n}}}'
+            return Acceptance("Windowed", ref.key, ref.shard, EntryKind.SIGNAL, "note", mid,
+                              text, payload_hash("note", text), None, "null",
+                              Windowed._corral_definition.id_reuse, 1000.0, fresh)
+
+        first = await store.accept(acc("m-1", 1, fresh=True))
+        assert (first.duplicate, first.entry.seq) == (False, 1)
+        repeat, other = await asyncio.gather(  # one batch: the repeat and a good one
+            store.accept(acc("m-1", 1, fresh=True)), store.accept(acc("m-2", 2, fresh=True)),
+            return_exceptions=True)
+        assert isinstance(repeat, StoreError), repeat
+        assert not isinstance(other, BaseException)
+        assert other.entry.seq == 2
+        again = await store.accept(acc("m-1", 1, fresh=False))  # looked up: a duplicate
+        assert (again.duplicate, again.entry.seq) == (True, 1)
+    assert sql(db_path, "SELECT message_id, seq FROM journal WHERE key='fresh' ORDER BY seq") \
+        == [("m-1", 1), ("m-2", 2)]
+
+
+def test_only_a_backend_that_calls_the_store_once_marks_ids_fresh() -> None:
+    """The Ray client retries a call whose actor died after it may have committed: the
+    retry must be looked up, so its ids are never said fresh."""
+    from corral.runtime._backend import LocalBackend
+    from corral.runtime._ray import RayBackend
+
+    assert LocalBackend.calls_once is True
+    assert RayBackend.calls_once is False

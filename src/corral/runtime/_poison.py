@@ -31,14 +31,10 @@ import logging
 import traceback
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
-
 import corral.metrics as metrics
 from corral._errors import StoreError
 from corral.actors import (
     ContinueAsNew,
-    Entity,
-    HandlerDefinition,
     HandlerKind,
 )
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
@@ -76,11 +72,14 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
                  entry.entity_type, entry.key, entry.seq)
         return None
     policy = definition.retry
+    fn, model = handler.fn, handler.input_type
     attempts = 0
     while True:
         attempts += 1
-        try:
-            await _call(handler, entity, entry)
+        try:  # a payload that no longer validates counts as a failure
+            result = fn(entity) if model is None else fn(entity, decode_model(model, entry.payload))
+            if handler.is_async:
+                await result
             return None
         except ContinueAsNew:
             log.error("%s %r: continue_as_new() called in handler %r (seq %d); call it from "
@@ -95,16 +94,6 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
                         "in %.3fs", entry.entity_type, entry.key, entry.name, entry.seq,
                         type(err).__name__, err, attempts, policy.max_attempts, delay)
         await asyncio.sleep(delay)
-
-
-async def _call(handler: HandlerDefinition, entity: Entity, entry: JournalEntry) -> None:
-    """Call the handler once. A payload that no longer validates counts as a failure."""
-    assert handler.fn is not None
-    arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
-        decode_model(handler.input_type, entry.payload),)
-    result = handler.fn(entity, *arg)
-    if handler.is_async:
-        await result
 
 
 async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: Exception,
