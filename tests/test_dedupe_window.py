@@ -160,12 +160,3 @@ async def test_an_id_said_fresh_that_the_store_holds_is_refused_alone(db_path: s
     assert sql(db_path, "SELECT message_id, seq FROM journal WHERE key='fresh' ORDER BY seq") \
         == [("m-1", 1), ("m-2", 2)]
 
-
-def test_only_a_backend_that_calls_the_store_once_marks_ids_fresh() -> None:
-    """The Ray client retries a call whose actor died after it may have committed: the
-    retry must be looked up, so its ids are never said fresh."""
-    from corral.runtime._backend import LocalBackend
-    from corral.runtime._ray import RayBackend
-
-    assert LocalBackend.calls_once is True
-    assert RayBackend.calls_once is False

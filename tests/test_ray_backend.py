@@ -185,6 +185,40 @@ async def test_dead_letters_are_listed_paged_replayed_and_discarded_the_same_on_
         assert await ref.discard_dead_letter(first[0].id) is False
 
 
+async def test_a_batch_sent_again_after_it_committed_is_answered_duplicate_on_ray(
+        db_path: str, namespace: str) -> None:
+    """`RayBackend.call` sends a batch again when its actor died, maybe after committing
+    it. Ids the runtime made (no message id given) must then be looked up, not taken as
+    new (`Acceptance.fresh_id`): the second send answers duplicate, applies nothing."""
+    async with ray_runtime(db_path, namespace) as rt:
+        backend = rt.backend
+        assert isinstance(backend, RayBackend)
+        sent: list[tuple[int, str, list[Any]]] = []
+        call = backend.call
+
+        async def recording(index: int, etype: str, method: str, *args: Any) -> Any:
+            if method == "accept_many":
+                sent.append((index, etype, args[0]))
+            return await call(index, etype, method, *args)
+
+        backend.call = recording  # type: ignore[method-assign]
+        ref = rt.ref(Counter, fresh_key("retried"))
+        await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
+        await ref.signal(Counter.add, Item(id="b"))
+        backend.call = call  # type: ignore[method-assign]
+        assert len(sent) == 2
+        for index, etype, wires in sent:  # the retry of each batch, as `call` makes it
+            (again,) = await call(index, etype, "accept_many", wires)
+            assert not isinstance(again, BaseException), again  # not refused as a repeat
+            assert again[0] is True  # AcceptResult.to_wire: `duplicate` first
+        async def both_applied() -> bool:
+            return len((await ref.query(Counter.seen)).items) >= 2
+
+        await wait_until(both_applied, "both items applied")
+        await asyncio.sleep(0.2)  # time for a wrongly accepted repeat to be applied too
+        assert (await ref.query(Counter.seen)).items == ["a", "b"]
+
+
 @pytest.mark.every_version
 async def test_the_entity_ref_api_works_the_same_on_ray(db_path: str, namespace: str) -> None:
     async with ray_runtime(db_path, namespace) as rt:

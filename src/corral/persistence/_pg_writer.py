@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
 
+from ._batch import Batch
 from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error
 
 __all__ = ["GroupCommit"]
-
-
-class _Batch:
-    __slots__ = ("futures", "ops")
-
-    def __init__(self) -> None:
-        self.ops: list[PgOp] = []
-        self.futures: list[asyncio.Future[Any]] = []  # one per op, same order
 
 
 class GroupCommit:
@@ -54,7 +48,7 @@ class GroupCommit:
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
         self._conn: Any = None  # held across batches
-        self._batch: _Batch | None = None
+        self._batch: Batch[PgOp] | None = None
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._committing = False
@@ -79,17 +73,24 @@ class GroupCommit:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
         if self._closed:
             raise StoreError("store is closed")
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = _Batch()
-            self._wakeup.set()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        batch.ops.append(op)
-        batch.futures.append(future)
-        result = await future  # cancelling the caller cancels only this future
+        result = await self._queue().add(op)  # cancelling the caller cancels only its own
         if isinstance(result, BaseException):
             raise result
         return result
+
+    async def write_many(self, ops: Sequence[PgOp]) -> list[Any]:
+        """`write` for each op, in one batch: each op's result, or the error refusing it."""
+        if self._closed:
+            raise StoreError("store is closed")
+        return [await future for future in self._queue().add_many(ops)]
+
+    def _queue(self) -> Batch[PgOp]:
+        """The batch the next commit takes (the writer is woken for a new one)."""
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = Batch()
+            self._wakeup.set()
+        return batch
 
     async def close(self) -> None:
         """Commit what is queued, then give the connection back to the pool."""
@@ -116,9 +117,7 @@ class GroupCommit:
                 results = [store_error("store write failed", err) for _ in batch.ops]
             finally:
                 self._committing = False
-            for future, result in zip(batch.futures, results, strict=True):
-                if not future.done():  # done = its caller was cancelled
-                    future.set_result(result)
+            batch.settle(results)
 
     async def _apply_batch(self, ops: list[PgOp]) -> list[Any]:
         """One transaction for the batch; on failure, one per op (see the module doc)."""

@@ -167,6 +167,11 @@ class PostgresStore:
     def accept(self, acc: Acceptance) -> Coroutine[Any, Any, AcceptResult]:
         return self.write(AcceptOp(acc))  # no frame of its own: every send comes here
 
+    async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
+        if self._writer is None:
+            raise StoreError("store is closed" if self._closed else "store is not open")
+        return await self._writer.write_many([AcceptOp(acc) for acc in accs])
+
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         return await self.write(DeliverOp(req))  # type: ignore[no-any-return]
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from corral._common import (
     IdReusePolicy,
@@ -69,6 +70,17 @@ class Acceptance(NamedTuple):
     accepted_at: float
     fresh_id: bool = False
 
+    def to_wire(self) -> tuple[Any, ...]:
+        """Plain values only, enums by value: how a Ray call carries it (cloudpickle
+        pickles a named tuple of enums ~8x slower than a tuple of str and numbers)."""
+        return (*self[:3], self.kind._value_, *self[4:10], self.id_reuse._value_,
+                *self[11:])
+
+    @classmethod
+    def from_wire(cls, t: Sequence[Any]) -> Acceptance:
+        return cls(t[0], t[1], t[2], _KINDS[t[3]], t[4], t[5], t[6], t[7], t[8], t[9],
+                   _ID_REUSE[t[10]], t[11], t[12])
+
 
 class JournalEntry(NamedTuple):
     """An accepted message, numbered `seq` (1, 2, ...) within its entity across runs."""
@@ -91,6 +103,20 @@ class AcceptResult(NamedTuple):
     duplicate: bool
     started: bool
     entry: JournalEntry
+
+    def to_wire(self) -> tuple[Any, ...]:
+        """As `Acceptance.to_wire`: plain values, the entry's kind by value."""
+        e = self.entry
+        return (self.duplicate, self.started, *e[:4], e.kind._value_, *e[5:])
+
+    @classmethod
+    def from_wire(cls, t: Sequence[Any]) -> AcceptResult:
+        return cls(t[0], t[1], JournalEntry(t[2], t[3], t[4], t[5], _KINDS[t[6]], t[7], t[8],
+                                            t[9], t[10], t[11]))
+
+
+_KINDS = {k.value: k for k in EntryKind}
+_ID_REUSE = {p.value: p for p in IdReusePolicy}
 
 
 @dataclass(frozen=True, slots=True)

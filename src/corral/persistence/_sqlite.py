@@ -28,6 +28,7 @@ from corral._errors import (
 )
 
 from ._accept import AcceptOp
+from ._batch import Batch
 from ._dead_letters import (
     DEAD_LETTER_COLUMNS,
     DiscardDeadLetterOp,
@@ -111,14 +112,6 @@ def _in_thread(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> 
     return conn._execute(fn, conn._conn, *args)  # type: ignore[no-untyped-call]
 
 
-class _Batch:
-    __slots__ = ("futures", "ops")
-
-    def __init__(self) -> None:
-        self.ops: list[WriteOp] = []
-        self.futures: list[asyncio.Future[Any]] = []  # one per op, same order
-
-
 class SqliteStore:
     """The SQLite implementation of `Store`. Open it with `open_sqlite_store`.
 
@@ -131,7 +124,7 @@ class SqliteStore:
         self.durable = path not in _MEMORY
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._batch: _Batch | None = None
+        self._batch: Batch[WriteOp] | None = None
         self._wakeup = asyncio.Event()
         self._writer_task: asyncio.Task[None] | None = None
         self._data_version: int | None = None
@@ -214,17 +207,24 @@ class SqliteStore:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
         if self._closed:
             raise StoreError("store is closed")
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = _Batch()
-            self._wakeup.set()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        batch.ops.append(op)
-        batch.futures.append(future)
-        result = await future  # cancelling the caller cancels only this future
+        result = await self._queue().add(op)  # cancelling the caller cancels only its own
         if isinstance(result, BaseException):
             raise result
         return result
+
+    async def write_many(self, ops: Sequence[WriteOp]) -> list[Any]:
+        """`write` for each op, in one batch: each op's result, or the error refusing it."""
+        if self._closed:
+            raise StoreError("store is closed")
+        return [await future for future in self._queue().add_many(ops)]
+
+    def _queue(self) -> Batch[WriteOp]:
+        """The batch the next commit takes (the writer is woken for a new one)."""
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = Batch()
+            self._wakeup.set()
+        return batch
 
     async def _write_loop(self) -> None:
         assert self._writer is not None
@@ -242,9 +242,7 @@ class SqliteStore:
                 results = [_store_error("store write failed", err) for _ in batch.ops]
             finally:
                 self._committing = False
-            for future, result in zip(batch.futures, results, strict=True):
-                if not future.done():  # done = its caller was cancelled
-                    future.set_result(result)
+            batch.settle(results)
 
     def _apply_batch(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
         """Runs in the writer thread: one transaction, one sync, for the whole batch.
@@ -318,6 +316,9 @@ class SqliteStore:
 
     def accept(self, acc: Acceptance) -> Coroutine[Any, Any, AcceptResult]:
         return self.write(AcceptOp(acc))  # no frame of its own: every send comes here
+
+    async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
+        return await self.write_many([AcceptOp(acc) for acc in accs])
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         return await self.write(DeliverOp(req))  # type: ignore[no-any-return]

@@ -44,6 +44,11 @@ class Store(Protocol):
         """
         ...
 
+    async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
+        """`accept` for each acceptance, in one group commit: each one's result, or the
+        error refusing it (another's refusal never affects it)."""
+        ...
+
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         """Decide a delivery to a durable signal wait and record it, in one transaction
         (see `_waits`); a delivery that closes an open wait also appends the `DELIVER`

@@ -234,7 +234,7 @@ class RayBackend:
                     batch: list[tuple[Acceptance, asyncio.Future[AcceptResult]]]) -> None:
         try:
             results = await self.call(index, batch[0][0].entity_type, "accept_many",
-                                      [acc for acc, _ in batch])
+                                      [acc.to_wire() for acc, _ in batch])
         except BaseException as err:  # every waiter gets it
             for _, fut in batch:
                 if not fut.done():
@@ -248,7 +248,7 @@ class RayBackend:
             if isinstance(result, BaseException):
                 fut.set_exception(result)
             else:
-                fut.set_result(result)
+                fut.set_result(AcceptResult.from_wire(result))
 
     async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
         index = self.router.shard_of(etype, key)

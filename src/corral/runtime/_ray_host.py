@@ -174,27 +174,37 @@ class ShardHost:
 
     # -- the Backend operations --------------------------------------------------------
 
-    async def accept_many(self, accs: Sequence[Acceptance]
-                          ) -> list[AcceptResult | BaseException]:
-        """Accept a batch (one group commit); each item's result or its error.
+    async def accept_many(self, wires: Sequence[Sequence[Any]]
+                          ) -> list[tuple[Any, ...] | BaseException]:
+        """Accept a batch (one group commit, `Acceptance.to_wire` form); each item's
+        result (`AcceptResult.to_wire`) or its error.
 
         An entity type this actor does not know fails the whole call before anything is
         accepted: the client teaches the actor its types (`register`) and sends again.
         """
+        accs = [Acceptance.from_wire(w) for w in wires]
         async with self._serving():
             for etype in {acc.entity_type for acc in accs} - set(self.definitions):
                 raise UnknownEntityTypeError(
                     f"entity type {etype!r} is not registered in "
                     f"{actor_name(self.spec, self.index)}")
-            return await asyncio.gather(*(self._accept(acc) for acc in accs),
-                                        return_exceptions=True)
-
-    async def _accept(self, acc: Acceptance) -> AcceptResult:
-        self._check(acc.entity_type, acc.key)
-        if acc.shard != self.index:
-            raise CorralError(f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
-                              f"but this actor hosts shard {self.index}")
-        return await self.backend.accept(acc)
+            results: list[tuple[Any, ...] | BaseException | None] = []
+            checked: list[Acceptance] = []
+            for acc in accs:  # a misrouted one is refused alone
+                try:
+                    self._check(acc.entity_type, acc.key)
+                    if acc.shard != self.index:
+                        raise CorralError(
+                            f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
+                            f"but this actor hosts shard {self.index}")
+                except CorralError as err:
+                    results.append(err)
+                else:
+                    results.append(None)
+                    checked.append(acc)
+            accepted = iter(await self.backend.accept_many(checked) if checked else ())
+            return [(a if isinstance(a := next(accepted), Exception) else a.to_wire())
+                    if r is None else r for r in results]
 
     async def wait_update(self, etype: str, key: str, message_id: str, timeout: float
                           ) -> UpdateOutcome | None:
