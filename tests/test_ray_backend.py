@@ -196,10 +196,11 @@ async def test_a_batch_sent_again_after_it_committed_is_answered_duplicate_on_ra
         sent: list[tuple[int, str, list[Any]]] = []
         call = backend.call
 
-        async def recording(index: int, etype: str, method: str, *args: Any) -> Any:
+        async def recording(index: int, etype: str, method: str, *args: Any,
+                            **options: Any) -> Any:
             if method == "accept_many":
                 sent.append((index, etype, args[0]))
-            return await call(index, etype, method, *args)
+            return await call(index, etype, method, *args, **options)
 
         backend.call = recording  # type: ignore[method-assign]
         ref = rt.ref(Counter, fresh_key("retried"))

@@ -94,7 +94,8 @@ class RayBackend:
         owns_ray: whether `close()` shuts Ray down (this client started it).
     """
 
-    calls_once = False  # `call` retries a call whose actor died: it may have committed
+    calls_once = False  # a call whose actor died is sent again (by `call`, and by Ray itself:
+    # max_task_retries), and it may have committed before the actor died
 
     def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
                  router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
@@ -172,16 +173,24 @@ class RayBackend:
         except _RETRYABLE:
             pass  # the call itself will find the actor unavailable and retry
 
-    async def call(self, index: int, etype: str, method: str, *args: Any) -> Any:
-        """Call `method` on shard `index`'s actor: get-or-create, retry, unwrap errors."""
+    async def call(self, index: int, etype: str, method: str, *args: Any,
+                   sent: tuple[Any, Any] | None = None) -> Any:
+        """Call `method` on shard `index`'s actor: get-or-create, retry, unwrap errors.
+
+        `sent`: (handle, object ref) of a first attempt the caller already made.
+        """
         deadline = time.monotonic() + self._retry_timeout
         delay = 0.02
         init_failures = 0
         registered = False
         while True:
-            handle = await self._handle(index, etype)
+            if sent is not None:
+                (handle, attempt), sent = sent, None
+            else:
+                handle = await self._handle(index, etype)
+                attempt = getattr(handle, method).remote(*args)
             try:
-                return await getattr(handle, method).remote(*args)
+                return await attempt
             except rex.RayTaskError as err:  # the method itself raised: not retried
                 cause = err.cause
                 if isinstance(cause, UnknownEntityTypeError) and not registered:
@@ -221,20 +230,33 @@ class RayBackend:
             queue = self._queued[acc.shard] = []
             loop.call_soon(self._flush, acc.shard)
         queue.append((acc, fut))
+        if len(queue) >= _MAX_BATCH:  # a full batch goes now: the shard works on it while
+            self._flush(acc.shard)  # the callers queued behind this one are still checked
         return await fut
 
     def _flush(self, index: int) -> None:
-        queue = self._queued.pop(index)
+        queue = self._queued.pop(index, None)
+        if not queue:  # sent already, full
+            return
+        handle = self._handles.get(index)
         for start in range(0, len(queue), _MAX_BATCH):
-            task = asyncio.ensure_future(self._send(index, queue[start:start + _MAX_BATCH]))
+            batch = queue[start:start + _MAX_BATCH]
+            wires = [acc.to_wire() for acc, _ in batch]
+            sent = None
+            if handle is not None:  # a known actor: send at once, not when a task first runs
+                try:
+                    sent = (handle, handle.accept_many.remote(wires))
+                except Exception:  # the call in `_send` makes it again, and reports
+                    sent = None
+            task = asyncio.ensure_future(self._send(index, batch, wires, sent))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, index: int,
-                    batch: list[tuple[Acceptance, asyncio.Future[AcceptResult]]]) -> None:
+    async def _send(self, index: int, batch: list[tuple[Acceptance, asyncio.Future[AcceptResult]]],
+                    wires: list[tuple[Any, ...]], sent: tuple[Any, Any] | None) -> None:
         try:
-            results = await self.call(index, batch[0][0].entity_type, "accept_many",
-                                      [acc.to_wire() for acc, _ in batch])
+            results = await self.call(index, batch[0][0].entity_type, "accept_many", wires,
+                                      sent=sent)
         except BaseException as err:  # every waiter gets it
             for _, fut in batch:
                 if not fut.done():
