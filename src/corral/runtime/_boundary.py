@@ -100,6 +100,10 @@ class Boundary:
         self._authorize = authorize
         self.authorizes = authorize is not None  # else a send without a sender skips `sender`
         self._key_re = re.compile(limits.key_pattern)
+        # Handlers found before, by (type name, id of the handler object): the entry
+        # holds the object, so its id is not reused while it is here. Only declared
+        # handlers get in, so it stays as small as the registered classes.
+        self._handlers: dict[tuple[str, int], tuple[object, HandlerDefinition]] = {}
 
     def definition(self, entity_type: type | str) -> EntityDefinition:
         if isinstance(entity_type, str):
@@ -200,11 +204,15 @@ class Boundary:
                 kinds: tuple[HandlerKind, ...]) -> HandlerDefinition:
         """The declared handler `handler` is, checked to belong to `definition`'s type
         (itself or inherited) and to be of one of `kinds`."""
+        seen = self._handlers.get((definition.name, id(handler)))
+        if seen is not None and seen[0] is handler and seen[1].kind in kinds:
+            return seen[1]
         marked = _marked(handler)
         if marked is not None:
             found = definition.handler(marked.name)
             if found is not None and found.kind in kinds and \
                     _declared(definition.cls, marked.name) is handler:
+                self._handlers[(definition.name, id(handler))] = (handler, found)
                 return found
         raise _not_a_handler(definition, handler, kinds, marked)
 
