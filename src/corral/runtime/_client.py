@@ -75,7 +75,9 @@ class Runtime:
     def ref(self, entity_type: Any, key: str) -> EntityRef[Any, Any]:
         """A handle to the entity `key` of `entity_type` (validated, never looked up).
 
-        Typed `EntityRef[Type, StartModel]` from the class and its `__init__`.
+        Typed `EntityRef[Type, StartModel]` from the class and its `__init__`. Refs are
+        immutable and cheap to ask for again: the runtime hands back the one it built
+        for the same type and key while it keeps it (the last ~16,000).
         """
         # A registered class lives as long as the runtime, so its id names it while any
         # ref to it is kept here; a str subclass's own __eq__ or __hash__ is never asked.
