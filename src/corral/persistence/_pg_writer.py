@@ -145,7 +145,14 @@ class GroupCommit:
                 op.plan(plan)
             await conn.execute("BEGIN")
             await txn.lock(plan)
-            results = [await self._apply(txn, op) for op in ops]
+            results: list[Any] = []
+            for op in ops:
+                if not op.buffered:
+                    await txn.flush()  # other ops may read or change buffered rows
+                try:
+                    results.append(await op.apply(txn))
+                except CorralError as err:  # a refusal: raised before the op wrote anything
+                    results.append(err)
             await txn.flush()
             sent_commit = True
             await conn.execute("COMMIT")
@@ -160,15 +167,6 @@ class GroupCommit:
         metrics.batch("postgresql", len(ops))
         self.ops_committed += len(ops)
         return results
-
-    @staticmethod
-    async def _apply(txn: PgTxn, op: PgOp) -> Any:
-        if not op.buffered:
-            await txn.flush()  # other ops may read or change buffered rows
-        try:
-            return await op.apply(txn)
-        except CorralError as err:  # a refusal: raised before the op wrote anything
-            return err
 
     async def _connection(self) -> Any:
         if self._conn is None or self._conn.is_closed():
