@@ -146,3 +146,45 @@ async def test_a_bad_id_among_concurrent_valid_sends_is_refused_and_they_all_com
         ack = await rt.ref(Ticket, keys[1]).signal(Ticket.reply, Reply(text="next"))
     assert ack.status == "accepted"
     assert sql(db_path, "SELECT count(*) FROM journal") == [(len(keys) + 1,)]
+
+
+async def test_accept_many_answers_each_acceptance_and_a_refusal_stays_its_own(
+    db_path: str,
+) -> None:
+    """`LocalBackend.accept_many` (what a Ray shard actor runs for a client's batch): one
+    group commit; an acceptance the store refuses (a message id reused with another
+    payload, a plain signal to an entity never started) gets its own error as its
+    result, the others are accepted and applied."""
+    from corral.persistence import Acceptance, EntryKind, canonical_json, payload_hash
+    from corral.runtime._backend import LocalBackend
+
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        backend = rt.backend
+        assert isinstance(backend, LocalBackend)
+        ref, never = rt.ref(Ticket, fresh_key()), rt.ref(Ticket, fresh_key())
+        await ref.signal_with_start(Ticket.reply, Reply(text="first"), start=START,
+                                    message_id="m-0")
+        start = canonical_json({"tenant": "acme"})
+
+        def acc(target: Any, mid: str, text: str, *, with_start: bool = True) -> Acceptance:
+            payload = canonical_json({"text": text})
+            return Acceptance("Ticket", target.key, target.shard, EntryKind.SIGNAL, "reply",
+                              mid, payload, payload_hash("reply", payload), None,
+                              start if with_start else None,
+                              Ticket._corral_definition.id_reuse, 1000.0)
+
+        results = await backend.accept_many([
+            acc(ref, "m-1", "one"), acc(ref, "m-0", "changed"),
+            acc(never, "m-9", "lost", with_start=False), acc(ref, "m-2", "two"),
+            acc(ref, "m-1", "one")])
+        one, conflict, not_running, two, again = results
+        assert isinstance(conflict, corral.IdempotencyConflictError)
+        assert isinstance(not_running, corral.EntityNotRunningError)
+        assert not isinstance(one, Exception)
+        assert not isinstance(two, Exception)
+        assert not isinstance(again, Exception)
+        assert [(r.duplicate, r.entry.seq) for r in (one, two, again)] == \
+            [(False, 2), (False, 3), (True, 2)]
+        await wait_applied(ref, 3)
+        assert (await ref.query(Ticket.status)).inbox == ["acme:first", "acme:one", "acme:two"]
+    assert sql(db_path, "SELECT count(*) FROM journal") == [(3,)]
