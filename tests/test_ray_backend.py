@@ -35,7 +35,7 @@ from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
 from corral.runtime._backend import LocalBackend
 from corral.runtime._host import LocalHost
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
-from corral.runtime._ray_host import actor_name
+from corral.runtime._ray_host import actor_name, host_fingerprint
 from corral.runtime._router import Router
 from procs import sql, wait_until
 from ray_workers import (
@@ -725,6 +725,26 @@ def test_a_dedicated_entity_type_keeps_its_ray_options() -> None:
 # -- stale entity code -------------------------------------------------------------------
 
 
+async def test_a_client_of_another_corral_protocol_is_refused_before_its_first_call(
+        db_path: str, namespace: str) -> None:
+    """Detached actors outlive their clients: a client of an older corral (it sends the
+    bare entity fingerprint, without `HOST_PROTOCOL`) is refused by the definition check,
+    with the fix, before it sends an acceptance in a shape the actor does not read."""
+    async with ray_runtime(db_path, namespace) as rt:
+        ref = rt.ref(Counter, fresh_key())
+        await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
+        backend = rt.backend
+        assert isinstance(backend, RayBackend)
+        handle = await backend._handle(ref.shard, "Counter")
+        older = {"Counter": Counter._corral_definition.fingerprint}
+        with pytest.raises(ray.exceptions.RayTaskError) as caught:
+            await handle.check_definitions.remote(older)
+        assert isinstance(caught.value.cause, corral.DefinitionMismatchError)
+        assert "another corral version" in str(caught.value.cause)
+        await handle.check_definitions.remote(  # this client's own: accepted
+            {"Counter": host_fingerprint(Counter._corral_definition)})
+
+
 async def test_a_client_with_new_entity_code_is_refused_by_actors_running_the_old_code(
         db_path: str, namespace: str) -> None:
     import ray_workers_v2
@@ -741,8 +761,8 @@ async def test_a_client_with_new_entity_code_is_refused_by_actors_running_the_ol
             await ref.signal(new.add, Item(id="b"))
         err = caught.value
         assert err.entity_type == "Counter"
-        assert err.client_fingerprint == new._corral_definition.fingerprint
-        assert err.host_fingerprint == Counter._corral_definition.fingerprint
+        assert err.client_fingerprint == host_fingerprint(new._corral_definition)
+        assert err.host_fingerprint == host_fingerprint(Counter._corral_definition)
         assert f"stop_ray_hosts({namespace!r})" in str(err)
         with pytest.raises(corral.DefinitionMismatchError):
             await ref.query(new.how_many)

@@ -38,7 +38,9 @@ PEERS: dict[str, tuple[Path | str, str, dict[str, Any], Any]] = {
 }
 FULL = {"inflight": 32, "w1_keys": 500, "w2_signals": 2000, "race": 200,
         "mem_entities": 5000, "lat_samples": 100, "apply_timeout": 120}
-QUICK = {"inflight": 32, "w1_keys": 50, "w2_signals": 200, "race": 200,
+# W2 of the smoke run is large enough for W6: /proc counts CPU in 10 ms ticks, and 200
+# signals took ~1 tick at 50 us each, so a run could measure 0.
+QUICK = {"inflight": 32, "w1_keys": 50, "w2_signals": 1000, "race": 200,
          "mem_entities": 1000, "lat_samples": 20, "apply_timeout": 60}
 
 

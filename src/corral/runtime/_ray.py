@@ -54,7 +54,7 @@ from corral.persistence import (
     is_postgres_url,
 )
 
-from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name
+from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name, host_fingerprint
 from ._results import EntityDescription, EntitySummary
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
@@ -165,7 +165,7 @@ class RayBackend:
         ours = [self._definitions[etype]] if self.router.is_dedicated(index) \
             else self._definitions.values()
         try:
-            await handle.check_definitions.remote({d.name: d.fingerprint for d in ours})
+            await handle.check_definitions.remote({d.name: host_fingerprint(d) for d in ours})
         except rex.RayTaskError as err:
             if isinstance(err.cause, CorralError):
                 raise err.cause from None

@@ -101,6 +101,19 @@ class RayHostSpec:
     """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
+HOST_PROTOCOL = 2
+"""The version of what a client and a shard actor send each other (2: acceptances and
+their results as `to_wire` tuples). Detached actors outlive their clients, so an
+upgraded client can meet an actor of an older corral: the version is part of the
+fingerprint both check before the first call, and a mismatch is refused clearly."""
+
+
+def host_fingerprint(definition: EntityDefinition) -> str:
+    """What a client and a shard actor compare: the entity definition's fingerprint and
+    `HOST_PROTOCOL`."""
+    return f"{definition.fingerprint}-p{HOST_PROTOCOL}"
+
+
 def actor_name(spec: RayHostSpec, index: int) -> str:
     """`corral/<namespace>/shard-<k>`, or `.../dedicated-<hex>` for a dedicated entity."""
     if index < spec.shards:
@@ -325,23 +338,25 @@ class ShardHost:
         return added
 
     async def check_definitions(self, fingerprints: dict[str, str]) -> None:
-        """Refuse a client whose entity definitions differ from the ones this actor runs.
+        """Refuse a client whose entity definitions differ from the ones this actor runs,
+        or that speaks another version of this module's calls (`host_fingerprint`).
 
         Raises:
             DefinitionMismatchError: for the first type whose fingerprints differ.
         """
         for etype, theirs in sorted(fingerprints.items()):
-            mine = self.definitions.get(etype)
-            if mine is not None and mine.fingerprint != theirs:
+            definition = self.definitions.get(etype)
+            mine = None if definition is None else host_fingerprint(definition)
+            if mine is not None and mine != theirs:
                 name = actor_name(self.spec, self.index)
                 raise DefinitionMismatchError(
                     f"{name} runs another definition of {etype} (fingerprint "
-                    f"{mine.fingerprint}) than this client ({theirs}): it was started with "
-                    f"other entity code. After deploying new code, stop the old actors with "
+                    f"{mine}) than this client ({theirs}): it was started with "
+                    f"other entity code or another corral version. After deploying new "
+                    f"code, stop the old actors with "
                     f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
                     f"starts new ones, which recover every entity from the store.",
-                    entity_type=etype, client_fingerprint=theirs,
-                    host_fingerprint=mine.fingerprint)
+                    entity_type=etype, client_fingerprint=theirs, host_fingerprint=mine)
 
     async def info(self) -> dict[str, Any]:
         """Where and as what this incarnation runs (for operators and tests)."""
