@@ -387,3 +387,31 @@ async def test_a_misspelt_field_is_named_along_with_the_missing_one(db_path: str
     text = str(caught.value)
     assert "unknown field(s) 'txet'" in text
     assert "text\n  Field required" in text
+
+
+async def test_ref_hands_back_the_same_immutable_ref_and_never_skips_the_key_check(
+        tmp_path: Any) -> None:
+    """`Runtime.ref` keeps the refs it built: the same type and key give the same ref,
+    which cannot be changed (callers share it); a key it has not seen is checked, and
+    a str subclass that claims to equal a known key is not taken for it."""
+
+    class Sly(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = str.__hash__
+
+    async with corral.open_runtime(str(tmp_path / "refs.db"), entities=[Ticket]) as rt:
+        ref = rt.ref(Ticket, "t-1")
+        assert rt.ref(Ticket, "t-1") is ref
+        assert rt.ref("Ticket", "t-1").key == "t-1"
+        with pytest.raises(AttributeError):
+            ref.key = "t-2"  # type: ignore[misc]
+        assert ref.key == "t-1"
+        with pytest.raises(corral.InvalidKeyError):
+            rt.ref(Ticket, "t-1\x00")
+        sly = rt.ref(Ticket, Sly("t-9"))
+        assert sly is not ref
+        assert str.__str__(sly.key) == "t-9"
+        other = rt.ref(Ticket, "t-2")
+        assert (other.key, other is ref) == ("t-2", False)

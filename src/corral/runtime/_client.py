@@ -51,10 +51,11 @@ class Runtime:
         self.router = router
         self.boundary = boundary
         self.clock: Clock = clock or SystemClock()
-        # Refs handed out, by (type name or registered class's id, key): a webhook
-        # handler calls `ref` on every event, and building one (key check, routing
-        # hash) costs more than the lookup. Cleared when full.
-        self._refs: dict[tuple[object, str], EntityRef[Any, Any]] = {}
+        # Refs handed out, by (id of the entity type object, key): a webhook handler
+        # calls `ref` on every event, and building one (key check, routing hash) costs
+        # more than the lookup. An entry holds the type object, so its id stays its own
+        # while it is here. Cleared when full.
+        self._refs: dict[tuple[int, str], tuple[object, EntityRef[Any, Any]]] = {}
 
     @property
     def store(self) -> Store:
@@ -79,19 +80,21 @@ class Runtime:
         immutable and cheap to ask for again: the runtime hands back the one it built
         for the same type and key while it keeps it (the last ~16,000).
         """
-        # A registered class lives as long as the runtime, so its id names it while any
-        # ref to it is kept here; a str subclass's own __eq__ or __hash__ is never asked.
-        ident = (entity_type if type(entity_type) is str else id(entity_type), key)
-        ref = self._refs.get(ident) if type(key) is str else None
-        if ref is None:
-            definition = self.boundary.definition(entity_type)
-            key = self.boundary.check_key(key)
-            ref = EntityRef(self.boundary, self.backend, self.clock, definition, key,
-                            self.router.shard_of(definition.name, key))
-            if type(key) is str:
-                if len(self._refs) >= _MAX_REFS:
-                    self._refs.clear()
-                self._refs[ident] = ref
+        # Only an exact str key is looked up: a str subclass's own __eq__ or __hash__
+        # is never asked.
+        ident = (id(entity_type), key)
+        found = self._refs.get(ident) if type(key) is str else None
+        if found is not None and found[0] is entity_type:
+            return found[1]
+        definition = self.boundary.definition(entity_type)
+        key = self.boundary.check_key(key)
+        ref: EntityRef[Any, Any] = EntityRef(
+            self.boundary, self.backend, self.clock, definition, key,
+            self.router.shard_of(definition.name, key))
+        if type(key) is str:
+            if len(self._refs) >= _MAX_REFS:
+                self._refs.clear()
+            self._refs[ident] = (entity_type, ref)
         return ref
 
     async def dead_letters(self, entity_type: type[Entity] | str | None = None,
