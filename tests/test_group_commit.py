@@ -188,3 +188,25 @@ async def test_accept_many_answers_each_acceptance_and_a_refusal_stays_its_own(
         await wait_applied(ref, 3)
         assert (await ref.query(Ticket.status)).inbox == ["acme:first", "acme:one", "acme:two"]
     assert sql(db_path, "SELECT count(*) FROM journal") == [(3,)]
+
+
+async def test_closing_a_store_commits_what_is_queued_and_refuses_every_later_write(
+    db_path: str,
+) -> None:
+    """`close` lets the writer commit the batch already queued (each of its callers gets
+    its ack), then refuses writes with a `StoreError`, on both stores."""
+    keys = [fresh_key() for _ in range(5)]
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        store: Any = rt.store
+        sends = [asyncio.ensure_future(rt.ref(Ticket, k).signal_with_start(
+            Ticket.reply, Reply(text="ok"), start=START, message_id=f"m-{k}")) for k in keys]
+        await asyncio.sleep(0)  # every send has joined the queued batch
+        await store.close()
+        acks = await asyncio.wait_for(asyncio.gather(*sends), 10)
+        assert [a.status for a in acks] == ["accepted"] * len(keys)
+        with pytest.raises(corral.StoreError, match="closed"):
+            await asyncio.wait_for(
+                rt.ref(Ticket, keys[0]).signal(Ticket.reply, Reply(text="late")), 10)
+        with pytest.raises(corral.StoreError, match="closed"):
+            await asyncio.wait_for(store.accept_many([]), 10)
+    assert sql(db_path, "SELECT count(*) FROM journal") == [(len(keys),)]

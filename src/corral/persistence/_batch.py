@@ -1,4 +1,4 @@
-"""The queue of one group commit, shared by both stores' writers.
+"""The queue of group commits, shared by both stores' writers.
 
 Callers add ops while the writer commits the previous batch; the writer takes the whole
 queue as one transaction and answers every op's future with its result, or with the
@@ -8,10 +8,12 @@ error that refused it (an exception *object*: each caller raises its own).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Batch"]
+from corral._errors import StoreError
+
+__all__ = ["Batch", "CommitQueue"]
 
 Op = TypeVar("Op")
 
@@ -41,3 +43,56 @@ class Batch(Generic[Op]):
         for future, result in zip(self.futures, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+
+class CommitQueue(Generic[Op]):
+    """The batch a writer commits next: callers `write`, the writer takes `batches()`
+    until the queue is closed and its last batch taken."""
+
+    __slots__ = ("_batch", "_wakeup", "closed")
+
+    def __init__(self) -> None:
+        self._batch: Batch[Op] | None = None
+        self._wakeup = asyncio.Event()
+        self.closed = False
+
+    @property
+    def empty(self) -> bool:
+        """No op is waiting for the writer (one it took may still be committing)."""
+        return self._batch is None
+
+    async def write(self, op: Op) -> Any:
+        """Apply `op` in the next group-commit transaction; return its result once durable."""
+        if self.closed:
+            raise StoreError("store is closed")
+        result = await self._next().add(op)  # cancelling the caller cancels only its own
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def write_many(self, ops: Sequence[Op]) -> list[Any]:
+        """`write` for each op, in one batch: each op's result, or the error refusing it."""
+        if self.closed:
+            raise StoreError("store is closed")
+        return [await future for future in self._next().add_many(ops)]
+
+    def close(self) -> None:
+        """Refuse new writes; the writer takes what is queued, then `batches()` ends."""
+        self.closed = True
+        self._wakeup.set()
+
+    async def batches(self) -> AsyncIterator[Batch[Op]]:
+        """Each batch, as the writer takes it (a new one starts for the next write)."""
+        while not (self.closed and self._batch is None):
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch, self._batch = self._batch, None
+            if batch is not None:
+                yield batch
+
+    def _next(self) -> Batch[Op]:
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = Batch()
+            self._wakeup.set()
+        return batch

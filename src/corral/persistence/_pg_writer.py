@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
 
-from ._batch import Batch
+from ._batch import CommitQueue
 from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error
 
 __all__ = ["GroupCommit"]
@@ -48,11 +48,9 @@ class GroupCommit:
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
         self._conn: Any = None  # held across batches
-        self._batch: Batch[PgOp] | None = None
-        self._wakeup = asyncio.Event()
+        self._queue: CommitQueue[PgOp] = CommitQueue()
         self._task: asyncio.Task[None] | None = None
         self._committing = False
-        self._closed = False
         self.commits = 0
         self.ops_committed = 0
 
@@ -64,39 +62,23 @@ class GroupCommit:
     @property
     def idle(self) -> bool:
         """No write is queued or committing."""
-        return self._batch is None and not self._committing
+        return self._queue.empty and not self._committing
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="corral-pg-writer")
 
-    async def write(self, op: PgOp) -> Any:
+    def write(self, op: PgOp) -> Coroutine[Any, Any, Any]:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
-        if self._closed:
-            raise StoreError("store is closed")
-        result = await self._queue().add(op)  # cancelling the caller cancels only its own
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return self._queue.write(op)
 
-    async def write_many(self, ops: Sequence[PgOp]) -> list[Any]:
+    def write_many(self, ops: Sequence[PgOp]) -> Coroutine[Any, Any, list[Any]]:
         """`write` for each op, in one batch: each op's result, or the error refusing it."""
-        if self._closed:
-            raise StoreError("store is closed")
-        return [await future for future in self._queue().add_many(ops)]
-
-    def _queue(self) -> Batch[PgOp]:
-        """The batch the next commit takes (the writer is woken for a new one)."""
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = Batch()
-            self._wakeup.set()
-        return batch
+        return self._queue.write_many(ops)
 
     async def close(self) -> None:
         """Commit what is queued, then give the connection back to the pool."""
-        self._closed = True
+        self._queue.close()  # the loop commits what is queued, then returns
         if self._task is not None:
-            self._wakeup.set()  # the loop commits what is queued, then returns
             await self._task
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -104,12 +86,7 @@ class GroupCommit:
                 await self._pool.release(conn, timeout=self._timeout)
 
     async def _loop(self) -> None:
-        while not (self._closed and self._batch is None):
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            batch, self._batch = self._batch, None
-            if batch is None:
-                continue
+        async for batch in self._queue.batches():
             self._committing = True
             try:
                 results = await self._apply_batch(batch.ops)

@@ -28,7 +28,7 @@ from corral._errors import (
 )
 
 from ._accept import AcceptOp
-from ._batch import Batch
+from ._batch import CommitQueue
 from ._dead_letters import (
     DEAD_LETTER_COLUMNS,
     DiscardDeadLetterOp,
@@ -124,13 +124,11 @@ class SqliteStore:
         self.durable = path not in _MEMORY
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._batch: Batch[WriteOp] | None = None
-        self._wakeup = asyncio.Event()
+        self._queue: CommitQueue[WriteOp] = CommitQueue()
         self._writer_task: asyncio.Task[None] | None = None
         self._data_version: int | None = None
         self._foreign_commit = False
         self._committing = False
-        self._closed = False
         self._locks = LeaseLocks(path) if self.durable else None
         self.commits = 0
         self.ops_committed = 0
@@ -203,38 +201,14 @@ class SqliteStore:
             await db.execute("ROLLBACK")
             raise
 
-    async def write(self, op: WriteOp) -> Any:
+    def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
-        if self._closed:
-            raise StoreError("store is closed")
-        result = await self._queue().add(op)  # cancelling the caller cancels only its own
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def write_many(self, ops: Sequence[WriteOp]) -> list[Any]:
-        """`write` for each op, in one batch: each op's result, or the error refusing it."""
-        if self._closed:
-            raise StoreError("store is closed")
-        return [await future for future in self._queue().add_many(ops)]
-
-    def _queue(self) -> Batch[WriteOp]:
-        """The batch the next commit takes (the writer is woken for a new one)."""
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = Batch()
-            self._wakeup.set()
-        return batch
+        return self._queue.write(op)  # no frame of its own: every send comes here
 
     async def _write_loop(self) -> None:
         assert self._writer is not None
         writer = self._writer
-        while not (self._closed and self._batch is None):
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            batch, self._batch = self._batch, None
-            if batch is None:
-                continue
+        async for batch in self._queue.batches():
             self._committing = True
             try:
                 results = await _in_thread(writer, self._apply_batch, batch.ops)
@@ -309,7 +283,7 @@ class SqliteStore:
     async def foreign_commit_seen(self) -> bool:
         """Whether another process committed since the last call (cheap; no transaction)."""
         assert self._writer is not None
-        if self._batch is None:  # idle writer: ask directly instead of waiting for a batch
+        if self._queue.empty:  # idle writer: ask directly instead of waiting for a batch
             await _in_thread(self._writer, self._note_data_version)
         seen, self._foreign_commit = self._foreign_commit, False
         return seen
@@ -318,7 +292,7 @@ class SqliteStore:
         return self.write(AcceptOp(acc))  # no frame of its own: every send comes here
 
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
-        return await self.write_many([AcceptOp(acc) for acc in accs])
+        return await self._queue.write_many([AcceptOp(acc) for acc in accs])
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         return await self.write(DeliverOp(req))  # type: ignore[no-any-return]
@@ -440,7 +414,7 @@ class SqliteStore:
     @property
     def idle(self) -> bool:
         """No write is queued or committing (`corral.testing` waits for this)."""
-        return self._batch is None and not self._committing
+        return self._queue.empty and not self._committing
 
     async def latest_snapshot(self, etype: str, key: str, run_id: int
                               ) -> tuple[int, bytes] | None:
@@ -602,11 +576,10 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Commit what is queued, then close both connections."""
-        if self._closed:
+        if self._queue.closed:
             return
-        self._closed = True
+        self._queue.close()  # the writer commits what is queued, then returns
         if self._writer_task is not None:
-            self._wakeup.set()  # the writer commits what is queued, then returns
             await self._writer_task
         for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
             await conn.close()
@@ -615,7 +588,7 @@ class SqliteStore:
         self._reader = self._writer = None
 
     def __del__(self) -> None:
-        if not self._closed and self._writer is not None:
+        if not self._queue.closed and self._writer is not None:
             warnings.warn(f"SqliteStore {self.path!r} was never closed", ResourceWarning,
                           stacklevel=1)
 
