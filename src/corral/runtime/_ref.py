@@ -55,6 +55,7 @@ from ._results import Ack, Delivery, EntityDescription, decode_value
 __all__ = ["EntityRef"]
 
 _SIGNAL = (HandlerKind.SIGNAL,)
+_UPDATE = (HandlerKind.UPDATE,)
 
 E_co = TypeVar("E_co", covariant=True)
 """The entity class a ref addresses."""
@@ -247,9 +248,8 @@ class EntityRef(Generic[E_co, S]):
     async def _update(self, handler: Any, payload: Any, start: Any, with_start: bool,
                       update_id: str | None, sender: str | None, timeout: float | None) -> Any:
         timeout = check_timeout(timeout)
-        ack, h, mid = await self._send(HandlerKind.UPDATE, handler, payload, start=start,
-                                       with_start=with_start, message_id=update_id,
-                                       sender=sender)
+        ack, h, mid = await self._send_update(handler, payload, start, with_start, update_id,
+                                              sender)
         try:
             outcome = await asyncio.wait_for(
                 self._backend.wait_update(self.definition.name, self.key, mid), timeout)
@@ -265,33 +265,24 @@ class EntityRef(Generic[E_co, S]):
                                     run_id=ack.run_id, message_id=mid)
         return decode_value(outcome.result, h.output_type)
 
-    async def _send(self, kind: HandlerKind, handler: Any, payload: Any, *, start: Any,
-                    with_start: bool, message_id: str | None, sender: str | None
-                    ) -> tuple[Ack, HandlerDefinition, str]:
-        with self._about(message_id):
-            return await self._send_checked(kind, handler, payload, start=start,
-                                            with_start=with_start, message_id=message_id,
-                                            sender=sender)
+    async def _send_update(self, handler: Any, payload: Any, start: Any, with_start: bool,
+                           update_id: str | None, sender: str | None
+                           ) -> tuple[Ack, HandlerDefinition, str]:
+        """Accept an update (its handler, payload, start input and id checked first)."""
+        b = self._boundary
+        with self._about(update_id):
+            h = b.handler(self.definition, handler, _UPDATE)
+            text = b.payload(h, payload)
+            start_text = b.start_input(self.definition, start) if with_start else None
+            mid = b.check_message_id(update_id, "update id")
+            who = await b.sender(sender, self.definition, self.key, "update", h.name)
+            res = await self._accept(EntryKind.UPDATE, h.name, text, mid, who, start_text)
+            return _ack(res), h, mid
 
     def _about(self, message_id: object = None, *, send: bool = True) -> _About:
         """Fill in what a `CorralError` raised inside leaves out: this entity and id; a
         refused send (`send`) is counted by its error's type."""
         return _About(self, message_id, send)
-
-    async def _send_checked(self, kind: HandlerKind, handler: Any, payload: Any, *,
-                            start: Any, with_start: bool, message_id: str | None,
-                            sender: str | None) -> tuple[Ack, HandlerDefinition, str]:
-        b = self._boundary
-        h = b.handler(self.definition, handler, (kind,))
-        text = b.payload(h, payload)
-        start_text = b.start_input(self.definition, start) if with_start else None
-        mid = b.check_message_id(message_id,
-                                 "update id" if kind is HandlerKind.UPDATE else "message id")
-        who = await b.sender(sender, self.definition, self.key, kind.value, h.name)
-        res = await self._accept(EntryKind(kind.value), h.name, text, mid, who,
-                                     start_text)
-        ack = _ack(res)
-        return ack, h, mid
 
     async def _accept(self, kind: EntryKind, name: str, payload: str, message_id: str,
                       sender: str | None, start: str | None) -> AcceptResult:
