@@ -85,10 +85,13 @@ class CloseRunOp:
 # id after a younger one (clocks of two senders) is forgotten on a later sweep: kept a
 # little longer, never forgotten early. `_pg_lifecycle` has no seq index (see
 # `_schema`) and forgets every too-old applied id at once.
+# The bound is one `seq <` expression: written as `seq <= ?5 AND seq < ...`, SQLite's
+# range scan ended at ?5 and tested the other bound row by row, reading every applied id
+# of the window even when it forgot none (6.8 ms a snapshot at 80,000 ids).
 SWEEP_DEDUPE = (
-    "DELETE FROM dedupe WHERE etype=?1 AND key=?2 AND seq <= ?5 AND seq < max(?3 + 1, "
+    "DELETE FROM dedupe WHERE etype=?1 AND key=?2 AND seq < min(?5 + 1, max(?3 + 1, "
     "coalesce((SELECT seq FROM dedupe WHERE etype=?1 AND key=?2 "
-    "AND (accepted_at >= ?4 OR seq > ?5) ORDER BY seq LIMIT 1), ?5 + 1))"
+    "AND (accepted_at >= ?4 OR seq > ?5) ORDER BY seq LIMIT 1), ?5 + 1)))"
 )
 
 
