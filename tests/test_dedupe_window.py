@@ -86,9 +86,8 @@ async def test_an_id_from_a_fast_clock_is_never_forgotten_while_it_is_young(
     db_path: str,
 ) -> None:
     """An id stamped by a fast clock is young: the age sweep keeps it while it forgets
-    the old ids before it. (On SQLite the sweep stops at the first id it keeps, in seq
-    order, so the old ids after it are forgotten on a later sweep; PostgreSQL's sweep
-    forgets them now. Both keep every id within the window.)"""
+    the old ids before it. (The sweep stops at the first id it keeps, in seq order, so
+    the old ids after it are forgotten on a later sweep: kept longer, never too early.)"""
     async with corral.open_runtime(db_path, entities=[Aged]) as rt:
         ref = rt.ref(Aged, "a")
         await _send(ref, range(5))
@@ -151,7 +150,7 @@ def test_the_dedupe_sweep_reads_only_what_it_forgets(tmp_path: Path) -> None:
             "EXPLAIN QUERY PLAN SELECT seq FROM dedupe WHERE etype=? AND key=? "
             "AND message_id=?", ("Windowed", "w", "id-1"))]
     # A message id is still looked up by the primary key (PostgreSQL's planner picked
-    # the seq index for it, scanning the entity's window per id: see `_schema`).
+    # a full seq index for it, scanning the entity's window per id: see `_pg_schema`).
     assert len(lookup) == 1, lookup
     assert "USING PRIMARY KEY (etype=? AND key=? AND message_id=?)" in lookup[0], lookup
 

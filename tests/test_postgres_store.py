@@ -31,8 +31,9 @@ from corral.persistence import (  # noqa: E402
     Fence,
     payload_hash,
 )
+from corral.persistence._pg_lifecycle import _TRIM  # noqa: E402
 from corral.persistence._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION  # noqa: E402
-from corral.persistence._pg_txn import LockPlan, PgTxn  # noqa: E402
+from corral.persistence._pg_txn import _LOCK_AND_READ, LockPlan, PgTxn  # noqa: E402
 from corral.persistence._postgres import PostgresStore, open_postgres_store  # noqa: E402
 from mp_entities import Note, Recorder, Start  # noqa: E402
 from pg import pg_url as pg_fixture  # noqa: E402, F401 (fixtures, found by name)
@@ -574,6 +575,69 @@ async def test_a_store_at_schema_1_is_upgraded_and_keeps_its_entities(pg_url: st
     assert await sql(pg_url, "SELECT v FROM meta WHERE k = 'schema_version'") == \
         [(str(PG_SCHEMA_VERSION),)]
     assert (await sql(pg_url, "SELECT updated_at IS NOT NULL FROM entities")) == [(True,)]
+    assert await sql(pg_url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'dedupe_sweep'") \
+        == [("CREATE INDEX dedupe_sweep ON public.dedupe USING btree (etype, key, seq) "
+             "WHERE (seq > 0)",)]  # schema 3
+
+
+async def test_the_dedupe_sweep_reads_only_what_it_forgets_and_ids_keep_the_primary_key(
+    store: PostgresStore, pg_url: str,
+) -> None:
+    """A snapshot's sweep reads the ids it forgets, never the whole window it keeps
+    (up to 100,000 ids by default, every `SnapshotPolicy.every` messages): counted as
+    the rows PostgreSQL's own EXPLAIN ANALYZE says the sweep's scans of `dedupe` read.
+    And the index that makes it so is never the one that looks message ids up, not even
+    in a generic plan made while the table is young (the trap of an earlier attempt:
+    the planner picked a full (etype, key, seq) index over the primary key)."""
+    window = 20_000
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(
+            "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, "
+            "accepted_at) SELECT 'T', 'k', 'id-' || lpad(g::text, 8, '0'), g, 1, "
+            "'\\x00'::bytea, 1e9 FROM generate_series(1, $1) g", window)
+
+        async def read(forget: int) -> tuple[int, int]:
+            """(rows the sweep's scans of dedupe read, rows left) with ids up to
+            `forget` past the count bound and every id too young for the age bound."""
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                plan = json.loads(await conn.fetchval(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {_TRIM}", "T", "k", 2, window, forget,
+                    0.0, False))
+                left = await conn.fetchval("SELECT count(*) FROM dedupe")
+            finally:
+                await tx.rollback()
+            return sum(node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
+                       + node.get("Rows Removed by Filter", 0)
+                       for node in _plan_nodes(plan) if node.get("Relation Name") == "dedupe"
+                       and "Scan" in node["Node Type"]), left
+
+        assert await read(0) == (1, window)  # the first id, kept: nothing else is read
+        rows, left = await read(500)
+        assert left == window - 500
+        assert rows <= 500 + 1 + 500  # the forgotten ids (read, then deleted) and the first kept
+
+        for stats in ("young", "analyzed"):
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            lookup = json.dumps(json.loads(await conn.fetchval(
+                f"EXPLAIN (FORMAT JSON) {_LOCK_AND_READ}", ["T"], ["k"], ["T"], ["k"],
+                ["id-00000001"])))
+            assert "dedupe_pkey" in lookup, (stats, lookup)
+            assert "dedupe_sweep" not in lookup, (stats, lookup)
+            await conn.execute("RESET plan_cache_mode; ANALYZE dedupe")
+    finally:
+        await conn.close()
+
+
+def _plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    stack = [entry["Plan"] for entry in plan]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.get("Plans", ()))
 
 
 # -- tailing other processes' acceptances ------------------------------------------------

@@ -83,8 +83,7 @@ class CloseRunOp:
 # (seq <= ?3), and applied ids too old (accepted before ?4) that come before the first id
 # still kept in seq order: the index on (etype, key, seq) reads just those rows. An old
 # id after a younger one (clocks of two senders) is forgotten on a later sweep: kept a
-# little longer, never forgotten early. `_pg_lifecycle` has no seq index (see
-# `_schema`) and forgets every too-old applied id at once.
+# little longer, never forgotten early. `_pg_lifecycle._TRIM` sweeps the same way.
 # The bound is one `seq <` expression: written as `seq <= ?5 AND seq < ...`, SQLite's
 # range scan ended at ?5 and tested the other bound row by row, reading every applied id
 # of the window even when it forgot none (6.8 ms a snapshot at 80,000 ids).

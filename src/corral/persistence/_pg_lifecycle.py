@@ -90,6 +90,13 @@ class CloseRunOp:
 
 # After the snapshot row is written: keep the newest `keep`, delete the journal they
 # cover and the dedupe ids that left the window, mark passivation; returns the floor.
+# The dedupe sweep is SQLite's (`_lifecycle.SWEEP_DEDUPE`): applied ids ($4) past the
+# count bound ($5), and too old ones ($6) before the first id kept in seq order, read
+# through the partial index `dedupe_sweep` (its predicate `seq > 0` is in both WHEREs).
+# The delete's bounds are row comparisons, (etype, key, seq) between ($1, $2, 0) and
+# ($1, $2, bound): exactly this entity's ids below the bound, and a condition only an
+# index on (etype, key, seq) can serve. With `etype = $1 AND key = $2` the planner,
+# on a table not analyzed yet, scanned the primary key and filtered every id by seq.
 _TRIM = """
 WITH kept AS (
     SELECT applied_seq FROM snapshots WHERE etype = $1 AND key = $2
@@ -98,8 +105,10 @@ WITH kept AS (
 s AS (DELETE FROM snapshots WHERE etype = $1 AND key = $2
       AND applied_seq < (SELECT seq FROM floor)),
 j AS (DELETE FROM journal WHERE etype = $1 AND key = $2 AND seq <= (SELECT seq FROM floor)),
-d AS (DELETE FROM dedupe WHERE etype = $1 AND key = $2 AND seq <= $4
-      AND (seq <= $5 OR accepted_at < $6)),
+d AS (DELETE FROM dedupe WHERE (etype, key, seq) > ($1, $2, 0) AND seq > 0
+      AND (etype, key, seq) < ($1, $2, LEAST($4 + 1, GREATEST($5 + 1, COALESCE(
+          (SELECT seq FROM dedupe WHERE etype = $1 AND key = $2 AND seq > 0
+           AND (accepted_at >= $6 OR seq > $4) ORDER BY seq LIMIT 1), $4 + 1))))),
 p AS (UPDATE entities SET passivated_seq = $4 WHERE $7 AND etype = $1 AND key = $2)
 SELECT seq FROM floor
 """

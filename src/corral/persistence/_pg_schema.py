@@ -58,6 +58,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Operators see when an entity last accepted a message or changed status.
         "ALTER TABLE entities ADD COLUMN IF NOT EXISTS updated_at double precision",
     ),
+    # The dedupe window is swept by seq (`_pg_lifecycle._TRIM`): a sweep reads only the
+    # ids it forgets, where it read every id of the entity's window. Partial, `WHERE
+    # seq > 0` (every seq is): PostgreSQL uses a partial index only for a query whose
+    # WHERE implies its predicate, so the message-id lookups (no seq in them) keep the
+    # primary key. With a full index its planner, planning on a young table, picked
+    # this one for them (a scan of the entity's window per id: 1 entity at 1,000
+    # senders fell from ~10,000 to 1,000 acks/s).
+    3: ("CREATE INDEX IF NOT EXISTS dedupe_sweep ON dedupe (etype, key, seq) WHERE seq > 0",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

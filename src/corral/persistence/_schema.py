@@ -78,10 +78,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # The dedupe window is swept by seq (`SnapshotOp`): a sweep reads only the rows it
     # forgets, where it read every row of the entity's window (~10 ms a snapshot at a
-    # window of 100,000 ids). Not on PostgreSQL: there its planner, planning on a young
-    # table, chose this index over the primary key to look message ids up (a scan of the
-    # entity's window per id: 1 entity at 1,000 senders fell from ~10,000 to 1,000
-    # acks/s), and its sweep runs in the server process, not in the writer's.
+    # window of 100,000 ids). PostgreSQL's index is partial (`_pg_schema`, schema 3).
     5: ("CREATE INDEX IF NOT EXISTS dedupe_seq ON dedupe (etype, key, seq)",),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
