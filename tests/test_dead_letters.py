@@ -170,6 +170,33 @@ async def _poisoned(rt: corral.Runtime) -> tuple[corral.EntityRef[Fragile], corr
 # -- retries and the dead-letter table ---------------------------------------------------
 
 
+async def test_a_signal_applied_before_its_send_returned_still_gets_every_attempt_and_no_more(
+    db_path: str,
+) -> None:
+    """A signal to a ready entity with nothing pending is applied in the sender's frame
+    (no worker task per message): by the time its send returns, its handler ran. When
+    that first call raises it counts as attempt 1 of the policy, so a one-attempt policy
+    dead-letters it at once, and later signals still wait behind it."""
+
+    class Once(Fragile):
+        name = "Once"
+        retry = corral.RetryPolicy(max_attempts=1)
+
+    Fragile.broken, Fragile.calls, Fragile.order = {2}, Counter(), []
+    async with _open(db_path, Once) as rt:
+        ref = rt.ref(Once, "k")
+        await _send_items(ref, [1], handler=Once.item)
+        assert await ref.query(Once.values) == [1]  # ready, idle, nothing pending
+        await _send_items(ref, [5], handler=Once.item)
+        assert Fragile.order == [1, 5]  # applied before the send returned: no await since
+        await _send_items(ref, [2, 3], handler=Once.item)
+        assert await ref.query(Once.values) == [1, 5, 3]
+        [dead] = await ref.dead_letters()
+    assert (dead.seq, dead.attempts) == (3, 1)
+    assert Fragile.calls[2] == 1
+    assert Fragile.order == [1, 5, 2, 3]
+
+
 async def test_a_signal_whose_handler_always_raises_is_dead_lettered_after_max_attempts_while_later_signals_apply_in_order(  # noqa: E501
     db_path: str,
 ) -> None:

@@ -34,12 +34,13 @@ from corral.actors import (
     ContinueAsNew,
     Entity,
     EntityDefinition,
+    HandlerKind,
 )
 from corral.persistence import EntryKind, JournalEntry
 
 from ._apply import encode_start, instantiate
 from ._events import lifecycle
-from ._poison import apply_live
+from ._poison import apply_live, apply_now
 from ._results import decode_value, encode_value
 from ._signal_waits import RunWaits
 from ._snapshot import capture, rebuild
@@ -223,7 +224,15 @@ class Activation:
     # -- feeding -----------------------------------------------------------------------
 
     def deliver(self, entry: JournalEntry) -> None:
-        """Queue an entry; duplicates and stale entries are dropped when applied."""
+        """Queue an entry; duplicates and stale entries are dropped when applied.
+
+        The next entry of a ready entity with nothing pending is applied at once when it
+        is a signal with a sync handler and no snapshot falls due (`_apply_now`): no
+        worker task per message, most of all for many entities each receiving a few.
+        """
+        if self._worker is None and self._state is _State.READY and not self._inbox \
+                and self._apply_now(entry):
+            return
         if self._inbox is None:
             self._inbox = deque()
         self._inbox.append(entry)
@@ -387,7 +396,44 @@ class Activation:
         if self.closed:
             self._finish()
 
-    async def _apply(self, entry: JournalEntry, *, replaying: bool) -> None:
+    def _apply_now(self, entry: JournalEntry) -> bool:
+        """Apply `entry` in the caller's frame if it may skip the worker; whether it did.
+
+        Only what needs no await: a signal with a sync handler body, next in order, with
+        no snapshot due after it. Should the handler raise, its first attempt counts and
+        a worker retries it (`apply_live(failed=...)`); later entries queue behind it.
+        """
+        if entry.kind is not EntryKind.SIGNAL or entry.seq != self.applied_seq + 1 \
+                or entry.run_id != self._run_id or self.closed or self._switching:
+            return False
+        definition = self.definition
+        handler = definition.handler(entry.name)
+        every = definition.snapshots.every
+        if handler is None or handler.kind is not HandlerKind.SIGNAL or handler.fn is None \
+                or handler.is_async or (every is not None
+                                        and entry.seq - self._snapshot_seq >= every):
+            return False
+        assert self.entity is not None
+        failed = apply_now(self.entity, entry, handler)
+        if failed is None:
+            self._applied(entry)
+        else:
+            self._worker = asyncio.create_task(self._work(self._retry(entry, failed)))
+        return True
+
+    async def _retry(self, entry: JournalEntry, failed: Exception) -> None:
+        await self._apply(entry, replaying=False, failed=failed)
+        await self._drain()
+
+    def _applied(self, entry: JournalEntry) -> None:
+        self.applied_seq = entry.seq
+        metrics.applied(self.entity_type)
+        self._bytes += len(entry.payload)
+        self._last_active = self._shard.clock.monotonic()
+        self.notify()
+
+    async def _apply(self, entry: JournalEntry, *, replaying: bool,
+                     failed: Exception | None = None) -> None:
         if entry.kind is EntryKind.TERMINATE:
             self.applied_seq = entry.seq
             self._terminated(entry.payload)
@@ -405,14 +451,11 @@ class Activation:
         assert self.entity is not None
         self._applying = True
         try:
-            outcome = await apply_live(self._shard, self, entry, replaying=replaying)
+            outcome = await apply_live(self._shard, self, entry, replaying=replaying,
+                                       failed=failed)
         finally:
             self._applying = False
-        self.applied_seq = entry.seq
-        metrics.applied(self.entity_type)
-        self._bytes += len(entry.payload)
-        self._last_active = self._shard.clock.monotonic()
-        self.notify()
+        self._applied(entry)
         if outcome is not None:
             await self._shard.record_update(self, entry, outcome, replaying=replaying)
         if not replaying and self._snapshot_due():

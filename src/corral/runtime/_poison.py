@@ -29,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import corral.metrics as metrics
 from corral._errors import StoreError
 from corral.actors import (
     ContinueAsNew,
+    Entity,
+    HandlerDefinition,
     HandlerKind,
 )
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from ._activation import Activation
     from ._shard import Shard
 
-__all__ = ["apply_live"]
+__all__ = ["apply_live", "apply_now"]
 
 log = logging.getLogger("corral.poison")
 
@@ -55,11 +57,12 @@ _CACHE_SIZE = 4096
 
 
 async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
-                     replaying: bool) -> UpdateOutcome | None:
+                     replaying: bool, failed: Exception | None = None) -> UpdateOutcome | None:
     """Apply a signal or update entry on a live host; return the outcome for updates.
 
     Signals with a handler body get the retry policy and the dead-letter path; updates,
     mailbox signals and entries without a handler are applied by `apply_entry`.
+    `failed`: the error of a first attempt already made by `apply_now`, which counts.
     """
     definition, entity = act.definition, act.entity
     assert entity is not None
@@ -72,28 +75,53 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
                  entry.entity_type, entry.key, entry.seq)
         return None
     policy = definition.retry
-    fn, model = handler.fn, handler.input_type
-    attempts = 0
-    while True:
-        attempts += 1
-        try:  # a payload that no longer validates counts as a failure
-            result = fn(entity) if model is None else fn(entity, decode_model(model, entry.payload))
-            if handler.is_async:
-                await result
-            return None
-        except ContinueAsNew:
-            log.error("%s %r: continue_as_new() called in handler %r (seq %d); call it from "
-                      "run(). Ignored.", entry.entity_type, entry.key, entry.name, entry.seq)
-            return None
-        except Exception as err:
-            if attempts >= policy.max_attempts:
-                await _dead_letter(shard, act, entry, err, attempts)
-                return None
+    attempts, err = (0, None) if failed is None else (1, failed)
+    while err is None or attempts < policy.max_attempts:
+        if err is not None:
             delay = policy.backoff(attempts)
             log.warning("%s %r: signal %r (seq %d) raised %s: %s; attempt %d of %d, retrying "
                         "in %.3fs", entry.entity_type, entry.key, entry.name, entry.seq,
                         type(err).__name__, err, attempts, policy.max_attempts, delay)
-        await asyncio.sleep(delay)
+            await asyncio.sleep(delay)
+        attempts += 1
+        try:  # a payload that no longer validates counts as a failure
+            result = _call(handler, entity, entry)
+            if handler.is_async:
+                await result
+            return None
+        except ContinueAsNew:
+            _continue_in_handler(entry)
+            return None
+        except Exception as error:
+            err = error
+    await _dead_letter(shard, act, entry, err, attempts)
+    return None
+
+
+def apply_now(entity: Entity, entry: JournalEntry, handler: HandlerDefinition
+              ) -> Exception | None:
+    """The first attempt of a sync signal handler, in the caller's frame (no task, no
+    coroutine): None once applied, or the error it raised, for `apply_live(failed=...)`
+    to retry under the type's `RetryPolicy`."""
+    try:
+        _call(handler, entity, entry)
+    except ContinueAsNew:
+        _continue_in_handler(entry)
+    except Exception as err:
+        return err
+    return None
+
+
+def _call(handler: HandlerDefinition, entity: Entity, entry: JournalEntry) -> Any:
+    """The handler's return value: a coroutine when it is async."""
+    fn, model = handler.fn, handler.input_type
+    assert fn is not None
+    return fn(entity) if model is None else fn(entity, decode_model(model, entry.payload))
+
+
+def _continue_in_handler(entry: JournalEntry) -> None:
+    log.error("%s %r: continue_as_new() called in handler %r (seq %d); call it from run(). "
+              "Ignored.", entry.entity_type, entry.key, entry.name, entry.seq)
 
 
 async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: Exception,
