@@ -210,3 +210,40 @@ async def test_closing_a_store_commits_what_is_queued_and_refuses_every_later_wr
         with pytest.raises(corral.StoreError, match="closed"):
             await asyncio.wait_for(store.accept_many([]), 10)
     assert sql(db_path, "SELECT count(*) FROM journal") == [(len(keys),)]
+
+
+async def test_an_op_queued_during_a_commit_joins_the_next_ops_of_the_callers_it_answered(
+) -> None:
+    """The writer takes its next batch only after the callers its last commit answered
+    queued their next ops: an op queued while it committed (a snapshot, every
+    `SnapshotPolicy.every` messages) shares their commit instead of taking one, and a
+    sync, of its own while they wait."""
+    from corral.persistence._batch import CommitQueue
+
+    queue: CommitQueue[str] = CommitQueue()
+    taken: list[list[str]] = []
+    first_commit: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def writer() -> None:
+        async for batch in queue.batches():
+            taken.append(list(batch.ops))
+            if len(taken) == 1:
+                await first_commit  # held until the test has queued the snapshot
+            await asyncio.sleep(0)  # every commit takes a turn of the loop, at least
+            batch.settle(batch.ops)
+
+    async def caller(name: str) -> None:
+        await queue.write(f"{name}-1")
+        await queue.write(f"{name}-2")
+
+    task = asyncio.create_task(writer())
+    callers = asyncio.gather(*(caller(name) for name in "abc"))
+    while not taken:  # a-1, b-1, c-1 are committing...
+        await asyncio.sleep(0)
+    snapshot = asyncio.ensure_future(queue.write("snapshot"))
+    await asyncio.sleep(0)  # ...when the snapshot is queued
+    first_commit.set_result(None)
+    await asyncio.gather(callers, snapshot)
+    queue.close()
+    await task
+    assert taken == [["a-1", "b-1", "c-1"], ["snapshot", "a-2", "b-2", "c-2"]]

@@ -83,11 +83,19 @@ class CommitQueue(Generic[Op]):
 
     async def batches(self) -> AsyncIterator[Batch[Op]]:
         """Each batch, as the writer takes it (a new one starts for the next write)."""
+        answered = 0  # ops in the batch the writer committed last
         while not (self.closed and self._batch is None):
             await self._wakeup.wait()
+            if answered > 1:
+                # The callers that commit just answered are about to queue their next
+                # ops: let them first, so one commit takes them all. Otherwise an op
+                # queued meanwhile (a snapshot, every `SnapshotPolicy.every` messages)
+                # was committed alone, with a sync of its own, while they waited.
+                await asyncio.sleep(0)
             self._wakeup.clear()
             batch, self._batch = self._batch, None
             if batch is not None:
+                answered = len(batch.ops)
                 yield batch
 
     def _next(self) -> Batch[Op]:

@@ -1,8 +1,9 @@
 """Poison messages: a signal handler that raises is retried, then dead-lettered.
 
-A live host applies every journal entry through `apply_live`. A signal whose handler
-raises is called again after a backoff, up to the type's `RetryPolicy.max_attempts`
-calls; the entity's later entries wait meanwhile, so order is kept. After the last
+A live host applies every journal entry through `apply_live`, or a sync signal handler's
+first attempt through `apply_now` (no await: `Activation._apply_now`). A signal whose
+handler raises is called again after a backoff, up to the type's `RetryPolicy.max_attempts`
+calls in all; the entity's later entries wait meanwhile, so order is kept. After the last
 attempt the entry moves to the `dead_letters` table (a fenced write, with the error and
 the traceback text), counts as applied, and the entity goes on with its next entry.
 
