@@ -197,6 +197,28 @@ async def test_a_signal_applied_before_its_send_returned_still_gets_every_attemp
     assert Fragile.order == [1, 5, 2, 3]
 
 
+async def test_an_entry_delivered_again_after_it_was_applied_is_dropped_without_a_worker(
+    db_path: str,
+) -> None:
+    """The journal tail hands a host back the entries it accepted and delivered itself
+    (PostgreSQL's safety poll, every second): a ready entity drops what it applied
+    already, calling no handler and starting no worker task for it."""
+    Fragile.broken, Fragile.calls, Fragile.order = set(), Counter(), []
+    async with _open(db_path) as rt:
+        ref = rt.ref(Fragile, "k")
+        await _send_items(ref, [1, 2, 3])
+        assert await ref.query(Fragile.values) == [1, 2, 3]
+        shard = rt.host.shard(ref.shard)
+        act = shard.get("Fragile", "k")
+        entries = await rt.store.journal("Fragile", "k", run_id=1, after_seq=0)
+        assert [e.seq for e in entries] == [1, 2, 3]
+        for entry in entries:
+            shard.deliver(entry)
+        assert act._worker is None and not act._inbox  # noqa: PT018 (one state)
+        assert act.applied_seq == 3
+        assert Fragile.order == [1, 2, 3]  # no handler called again
+
+
 async def test_a_signal_whose_handler_always_raises_is_dead_lettered_after_max_attempts_while_later_signals_apply_in_order(  # noqa: E501
     db_path: str,
 ) -> None:
