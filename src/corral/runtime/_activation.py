@@ -34,13 +34,12 @@ from corral.actors import (
     ContinueAsNew,
     Entity,
     EntityDefinition,
-    HandlerKind,
 )
 from corral.persistence import EntryKind, JournalEntry
 
 from ._apply import encode_start, instantiate
 from ._events import lifecycle
-from ._poison import apply_live, apply_now
+from ._poison import apply_live, apply_now, retried_handler
 from ._results import decode_value, encode_value
 from ._signal_waits import RunWaits
 from ._snapshot import capture, rebuild
@@ -234,8 +233,7 @@ class Activation:
         itself (on PostgreSQL every second: ~40% of a host's CPU at 10,000 entities).
         """
         if self._state is _State.READY:
-            if entry.run_id < self._run_id or (
-                    entry.run_id == self._run_id and entry.seq <= self.applied_seq):
+            if self._applied_already(entry):
                 return
             if self._worker is None and not self._inbox and self._apply_now(entry):
                 return
@@ -391,7 +389,7 @@ class Activation:
             entry = inbox.popleft()
             if entry.run_id > self._run_id:
                 self._shard.deliver_to_successor(self, entry)
-            elif entry.run_id < self._run_id or entry.seq <= self.applied_seq:
+            elif self._applied_already(entry):
                 continue
             elif entry.seq > self.applied_seq + 1:
                 await self._replay()  # fill the gap from the store, in order
@@ -402,6 +400,11 @@ class Activation:
         if self.closed:
             self._finish()
 
+    def _applied_already(self, entry: JournalEntry) -> bool:
+        """`entry` is of an earlier run, or of this run and at most its watermark."""
+        return entry.run_id < self._run_id or (
+            entry.run_id == self._run_id and entry.seq <= self.applied_seq)
+
     def _apply_now(self, entry: JournalEntry) -> bool:
         """Apply `entry` in the caller's frame if it may skip the worker; whether it did.
 
@@ -409,15 +412,13 @@ class Activation:
         no snapshot due after it. Should the handler raise, its first attempt counts and
         a worker retries it (`apply_live(failed=...)`); later entries queue behind it.
         """
-        if entry.kind is not EntryKind.SIGNAL or entry.seq != self.applied_seq + 1 \
-                or entry.run_id != self._run_id or self.closed or self._switching:
+        if entry.seq != self.applied_seq + 1 or entry.run_id != self._run_id \
+                or self.closed or self._switching:
             return False
-        definition = self.definition
-        handler = definition.handler(entry.name)
-        every = definition.snapshots.every
-        if handler is None or handler.kind is not HandlerKind.SIGNAL or handler.fn is None \
-                or handler.is_async or (every is not None
-                                        and entry.seq - self._snapshot_seq >= every):
+        handler = retried_handler(self.definition, entry)
+        every = self.definition.snapshots.every
+        if handler is None or handler.is_async or (
+                every is not None and entry.seq - self._snapshot_seq >= every):
             return False
         assert self.entity is not None
         failed = apply_now(self.entity, entry, handler)

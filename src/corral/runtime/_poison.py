@@ -37,6 +37,7 @@ from corral._errors import StoreError
 from corral.actors import (
     ContinueAsNew,
     Entity,
+    EntityDefinition,
     HandlerDefinition,
     HandlerKind,
 )
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from ._activation import Activation
     from ._shard import Shard
 
-__all__ = ["apply_live", "apply_now"]
+__all__ = ["apply_live", "apply_now", "retried_handler"]
 
 log = logging.getLogger("corral.poison")
 
@@ -67,9 +68,8 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
     """
     definition, entity = act.definition, act.entity
     assert entity is not None
-    handler = definition.handler(entry.name)
-    if entry.kind is not EntryKind.SIGNAL or handler is None \
-            or handler.kind is not HandlerKind.SIGNAL or handler.fn is None:
+    handler = retried_handler(definition, entry)
+    if handler is None:
         return await apply_entry(definition, entity, entry)
     if replaying and entry.seq in await _dead_lettered(shard, entry):
         log.info("%s %r: seq %d was dead-lettered before; not applied again",
@@ -97,6 +97,17 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
             err = error
     await _dead_letter(shard, act, entry, err, attempts)
     return None
+
+
+def retried_handler(definition: EntityDefinition, entry: JournalEntry
+                    ) -> HandlerDefinition | None:
+    """The handler body of a signal entry, which the retry policy covers; None for an
+    update, a mailbox signal or an entry without a handler."""
+    handler = definition.handler(entry.name)
+    if entry.kind is not EntryKind.SIGNAL or handler is None \
+            or handler.kind is not HandlerKind.SIGNAL or handler.fn is None:
+        return None
+    return handler
 
 
 def apply_now(entity: Entity, entry: JournalEntry, handler: HandlerDefinition
