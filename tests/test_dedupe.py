@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import corral
+from corral.runtime._boundary import new_message_id
 from entities import (
     ALL_ENTITIES,
     Assign,
@@ -221,3 +226,40 @@ async def test_generated_message_ids_never_collide(db_path: str) -> None:
         status = await ref.query(Ticket.status)
     assert {a.status for a in acks} == {"accepted"}
     assert len(status.inbox) == 50
+
+
+def test_a_forked_child_never_repeats_its_parents_message_ids() -> None:
+    # The random bits are drawn from a buffer: a child that kept its parent's buffer
+    # would make the very ids the parent makes next.
+    new_message_id()  # the buffer is filled
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, then out at once
+        os.write(write, "\n".join(new_message_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    parent = {new_message_id().split("-")[1] for _ in range(100)}
+    with os.fdopen(read) as pipe:
+        child = {line.split("-")[1] for line in pipe.read().splitlines()}
+    os.waitpid(pid, 0)
+    assert len(child) == 100
+    assert parent.isdisjoint(child)
+
+
+def test_threads_never_draw_the_same_message_id() -> None:
+    # Threads switched every microsecond, all drawing at once: a buffer read and then
+    # advanced in two steps hands two of them the same bits (this catches it).
+    start = threading.Barrier(8)
+
+    def draw(_: int) -> list[str]:
+        start.wait()
+        return [new_message_id().split("-")[1] for _ in range(20_000)]
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            drawn = [bits for part in pool.map(draw, range(8)) for bits in part]
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(set(drawn)) == len(drawn) == 160_000

