@@ -12,9 +12,10 @@ Workloads (see benchmarks/README.md for the columns):
    closed-loop senders, on a real SQLite file (WAL, synchronous=FULL), `host=True` (the
    entities apply every signal in the same process), plus `host=False` rows (accept only).
 2. The ceiling: plain aiosqlite writing the same rows (journal + dedupe row per signal,
-   the runs row when an entity starts, one entities upsert per entity per batch) with the
-   same schema, pragmas and group commit (everything queued -> one transaction, one
-   commit, one aiosqlite call per batch, one shared future), driven the same way.
+   the runs row when an entity starts, one entities upsert per entity per batch) into the
+   schema the store creates, with its pragmas and the same group commit (everything
+   queued -> one transaction, one commit, one aiosqlite call per batch, one shared
+   future), driven the same way.
 3. Resident memory per hosted entity, minus the entity's own state (in a subprocess).
 4. The store's `commits` / `ops_committed` counters, so the mean batch size is visible.
 5. The same rows on PostgreSQL (a throwaway server this script starts and stops, `_pg.py`:
@@ -58,8 +59,8 @@ from _pg_ceiling import PgCeilingWriter
 from pydantic import BaseModel
 
 import corral
-from corral.persistence import canonical_json, is_postgres_url, payload_hash
-from corral.persistence._schema import DDL, PRAGMAS
+from corral.persistence import canonical_json, is_postgres_url, open_sqlite_store, payload_hash
+from corral.persistence._schema import PRAGMAS
 from corral.runtime._boundary import new_message_id
 from corral.runtime._router import Router
 
@@ -290,10 +291,12 @@ class CeilingWriter:
         self._task: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
+        # The schema as the store creates it (every migration: its indexes are written
+        # too), as `PgCeilingWriter` does with `ensure_schema`.
+        await (await open_sqlite_store(self.path, shards=SHARDS)).close()
         self._conn = await aiosqlite.connect(self.path, isolation_level=None)
         for pragma in PRAGMAS:
             await self._conn.execute(pragma)
-        await self._conn.executescript(DDL)
         self._task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:

@@ -5,11 +5,15 @@ needed by the suite; one that is not installed must be reported as such, never d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from corral.persistence import open_sqlite_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,3 +47,25 @@ def test_the_peers_harness_measures_corral_and_the_ceiling_and_reports_a_missing
     assert "not installed" in table
     assert "vs ceiling" in table
     assert "| W3 race: caller errors | 0 |" in table
+
+
+async def test_the_sqlite_ceiling_writes_into_the_schema_the_store_creates(tmp_path: Path
+                                                                          ) -> None:
+    # A ceiling without one of the store's indexes writes less per row than corral must:
+    # every ratio against it would understate corral.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import accept
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    ceiling = accept.CeilingWriter(str(tmp_path / "ceiling.db"))
+    await ceiling.open()
+    await ceiling.close()
+    await (await open_sqlite_store(str(tmp_path / "store.db"), shards=accept.SHARDS)).close()
+
+    def schema(name: str) -> list[tuple[str, str, str]]:
+        with contextlib.closing(sqlite3.connect(tmp_path / name)) as db:
+            return db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+
+    assert schema("ceiling.db") == schema("store.db")
+    assert ("index", "dedupe_seq") in [row[:2] for row in schema("ceiling.db")]
