@@ -100,6 +100,16 @@ class Tally(corral.Entity):
         return Seen(items=self.items, pid=os.getpid(), starts=0)
 
 
+class Metered(corral.Entity):
+    """Sent to by the Ray metrics test alone, so its series count only that test's sends."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        self.items.append(item.id)
+
 class Wake(BaseModel):
     at: float
 

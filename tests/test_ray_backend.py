@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 import corral
 from corral import LeaseLostError, RunStatus
@@ -48,6 +50,7 @@ from ray_workers import (
     Gate,
     Heavy,
     Item,
+    Metered,
     Seen,
     Start,
     Tally,
@@ -771,3 +774,46 @@ async def test_a_client_with_new_entity_code_is_refused_by_actors_running_the_ol
     async with ray_runtime(db_path, namespace, entities=[new]) as rt:
         await rt.ref(new, key).signal(new.add, Item(id="b"))
         assert await rt.ref(new, key).query(new.how_many) == 2
+
+
+def ray_metrics() -> dict[str, float]:
+    """Ray's own metrics export of this node (its metrics agent, as a Prometheus scrape
+    sees it): each corral series of `Metered`, summed over the processes that sent it."""
+    node = ray._private.worker.global_worker.node
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_export_port}/metrics",
+                                timeout=10) as reply:
+        text = reply.read().decode()
+    totals: dict[str, float] = collections.defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("ray_corral_") and \
+                    sample.labels.get("entity_type") == "Metered":
+                totals[sample.name] += sample.value
+    return totals
+
+
+async def test_shard_actors_export_their_series_through_rays_metrics_agent(
+        tmp_path: Path, namespace: str) -> None:
+    # Each shard actor mirrors its counters into ray.util.metrics every second and its
+    # histograms per observation; Ray's agent exports them (~every 10 s). Without the
+    # mirror no ray_corral_* series of Metered exists.
+    sends = 30
+    async with ray_runtime(str(tmp_path / "s.db"), namespace, entities=[Metered]) as rt:
+        for i in range(sends):
+            await rt.ref(Metered, f"m-{i % 3}").signal_with_start(Metered.add, Item(id=str(i)),
+                                                                  start=None)
+        expected = {
+            "ray_corral_messages_accepted_total": sends,
+            "ray_corral_messages_applied_total": sends,
+            "ray_corral_accept_seconds_count": sends,
+            "ray_corral_activations_total": 3,
+        }
+
+        async def exported() -> bool:
+            seen = await asyncio.to_thread(ray_metrics)
+            if all(seen.get(name) == value for name, value in expected.items()):
+                return True
+            await asyncio.sleep(0.5)  # the agent exports every few seconds
+            return False
+
+        await until(exported, f"Ray's metrics agent to export {expected}", timeout=90)
