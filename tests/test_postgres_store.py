@@ -29,6 +29,7 @@ from corral.persistence import (  # noqa: E402
     AcceptResult,
     EntryKind,
     Fence,
+    _pg_txn,
     payload_hash,
 )
 from corral.persistence._pg_lifecycle import _TRIM  # noqa: E402
@@ -182,6 +183,41 @@ async def test_one_message_id_twice_in_one_batch_is_one_acceptance_and_one_dupli
     assert isinstance(c, corral.IdempotencyConflictError)
     assert len(await store.journal("E", "k", run_id=1, after_seq=0)) == 1
 
+
+
+async def test_rows_cross_the_json_flush_exactly_and_a_huge_batch_in_several_statements(
+    store: PostgresStore, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A batch's rows travel as JSON (one parameter per table). Whatever a payload, key,
+    # id or sender may hold comes back exactly; a batch beyond the size one jsonb value
+    # can take goes in several statements of the same transaction.
+    monkeypatch.setattr(_pg_txn, "_JSONB_BUDGET", 4_000)
+    odd = ['{"t":"\\u0000 \\" \\\\ \u2028 \U0001f600 \u00e9"}', '{"t":"\\n\\t"}',
+           '{"t":"' + "x" * 3_000 + '"}']
+    sends = [acc(f"k-{i % 7} \u00e9\U0001f600", f"m-{i}\u2028", payload=odd[i % 3],
+                 sender=None if i % 2 else "s\u00e9nder", start='{"s":"\u00e9"}'
+                 )._replace(accepted_at=1796197118.3617861 + i / 7)  # any float, exactly
+             for i in range(60)]
+    assert len(_pg_txn._json_chunks([(a.payload,) for a in sends])) > 5
+    before = store.commits
+    results = await asyncio.gather(*(store.accept(a) for a in sends))
+    assert store.commits == before + 1  # one transaction
+    stored = {r[0]: r for r in await sql(
+        pg_url, "SELECT j.message_id, j.key, j.payload, j.sender, j.accepted_at, "
+                "d.payload_hash, j.seq FROM journal j JOIN dedupe d USING (etype, key, "
+                "message_id)")}
+    assert len(stored) == 60
+    for a, result in zip(sends, results, strict=True):
+        _, key, payload, sender, accepted_at, digest, seq = stored[a.message_id]
+        assert (key, payload, sender, accepted_at, bytes(digest), seq) == (
+            a.key, a.payload, a.sender, a.accepted_at, a.payload_hash, result.entry.seq)
+    runs = await sql(pg_url, "SELECT key, start_input FROM runs")
+    assert sorted(runs) == sorted((f"k-{i} \u00e9\U0001f600", '{"s":"\u00e9"}')
+                                  for i in range(7))
+    for i in range(7):  # every entity's seqs 1..n, none repeated
+        seqs = sorted(r.entry.seq for a, r in zip(sends, results, strict=True)
+                      if a.key.startswith(f"k-{i} "))
+        assert seqs == list(range(1, len(seqs) + 1))
 
 async def test_two_stores_sending_at_once_start_one_run_and_never_repeat_a_seq(
     store: PostgresStore, other: PostgresStore,

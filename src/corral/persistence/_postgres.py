@@ -8,7 +8,7 @@ Any number of processes, on any number of machines, share one database. The piec
   each caller a retryable `StoreUnavailableError`.
 - `_pg_txn`: the transaction, its locks (acceptance linearised under READ COMMITTED
   by the shard's tick row and the entity rows; fenced writes hold their lease row) and
-  its set-based writes (`unnest` of arrays, one statement per batch).
+  its set-based writes (the rows as JSON, one statement per batch).
 - `_pg_ops`, `_pg_lifecycle`: the write ops, each the twin of a SQLite op.
 - `_pg_reads`: reads on the pool, and the journal tail: per shard, in commit order.
 - `_pg_session`: LISTEN/NOTIFY (a host hears of other processes' acceptances for its
