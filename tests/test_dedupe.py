@@ -228,6 +228,9 @@ async def test_generated_message_ids_never_collide(db_path: str) -> None:
     assert len(status.inbox) == 50
 
 
+# Python 3.12+ warns of fork() while threads run (a session's Ray or metrics threads); the
+# child here only draws ids and writes them to a pipe.
+@pytest.mark.filterwarnings("ignore:This process.*multi-threaded:DeprecationWarning")
 def test_a_forked_child_never_repeats_its_parents_message_ids() -> None:
     # The random bits are drawn from a buffer: a child that kept its parent's buffer
     # would make the very ids the parent makes next.

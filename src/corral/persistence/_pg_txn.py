@@ -338,14 +338,12 @@ class PgTxn:
         shards = sorted(self.dirty_ticks)
         loud = [s for s in shards if s not in self.quiet]
         note = f"{self.token} {','.join(map(str, loud))}" if loud else ""
-        runs, journal = _json_chunks(self.runs_rows), _json_chunks(self.journal_rows)
-        for i in range(max(len(runs), len(journal))):  # one, unless the rows are huge
+        tables = (_json_chunks(self.runs_rows), _json_chunks(self.journal_rows), _json_chunks(
+            [(k[0], k[1], r.shard, r.run_id, r.status._value_, r.next_seq) for k, r in dirty]))
+        for i in range(max(map(len, tables))):  # one statement, unless the rows are huge
             first = i == 0
             await self.conn.execute(
-                _FLUSH, runs[i] if i < len(runs) else "[]",
-                journal[i] if i < len(journal) else "[]",
-                _json_chunks([(k[0], k[1], r.shard, r.run_id, r.status._value_, r.next_seq)
-                              for k, r in dirty])[0] if first else "[]",
+                _FLUSH, *(chunks[i] if i < len(chunks) else "[]" for chunks in tables),
                 shards if first else [], [self.ticks[s] for s in shards] if first else [],
                 NOTIFY_CHANNEL, (note if len(note) < 7900 else f"{self.token} *")
                 if first else "",
