@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import gc
 import importlib
 import json
 import os
@@ -37,7 +38,7 @@ from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
 from corral.runtime._backend import LocalBackend
 from corral.runtime._host import LocalHost
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
-from corral.runtime._ray_host import actor_name, host_fingerprint
+from corral.runtime._ray_host import YOUNG_OBJECTS_PER_COLLECTION, actor_name, host_fingerprint
 from corral.runtime._router import Router
 from procs import sql, wait_until
 from ray_workers import (
@@ -817,3 +818,15 @@ async def test_shard_actors_export_their_series_through_rays_metrics_agent(
             return False
 
         await until(exported, f"Ray's metrics agent to export {expected}", timeout=90)
+
+
+async def test_a_shard_actor_collects_young_garbage_less_often_than_cpython_defaults(
+        tmp_path: Path, namespace: str) -> None:
+    # Its process is corral's own; the driver's (the application's) is left as it was.
+    driver = gc.get_threshold()
+    async with ray_runtime(str(tmp_path / "s.db"), namespace) as rt:
+        await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="1"),
+                                                     start=Start(tenant="t"))
+        info = await (await backend(rt).actor("Counter", "k")).info.remote()
+    assert tuple(info["gc_threshold"]) == (YOUNG_OBJECTS_PER_COLLECTION, *driver[1:])
+    assert gc.get_threshold() == driver

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
 import os
@@ -58,6 +59,16 @@ __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "registe
            "stop_ray_hosts"]
 
 log = logging.getLogger("corral.ray")
+
+YOUNG_OBJECTS_PER_COLLECTION = 20_000
+"""A shard actor's process is corral's own: its garbage collector starts a young
+collection after 20,000 new container objects, not CPython's 700. Messages allocate
+short-lived ones (futures, coroutines, records) that outlive a young collection only
+while in flight, and every 10th and 100th young collection walks older generations (all
+the hosted entities): with the default a host spent 3-8% of its time collecting (~650
+young, 60 middle, 6 full collections per 90,000 messages). Hot keys on 4 shard actors,
+repeated bursts: 15,700-20,600 -> 17,400-22,300 signals/s, 38-50 -> 35-42 us of shard
+CPU each. Reference counting still frees everything acyclic at once."""
 
 _DEDICATED_SPACE = 1 << 62
 """Pseudo-shard indices of dedicated entities: shards + [0, 2**62), inside SQLite's int64."""
@@ -157,6 +168,7 @@ class ShardHost:
         self._open.set()
         self._exit_task: asyncio.Task[None] | None = None
         metrics.export_to_ray()
+        gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
         self.store: Store = await open_store(spec.store, shards=spec.shards)
         try:
             self.host = LocalHost(
@@ -370,6 +382,7 @@ class ShardHost:
             "epoch": shard.fence.epoch if shard else None, "hosted": len(shard) if shard else 0,
             "entity_types": sorted(self.definitions),
             "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
+            "gc_threshold": gc.get_threshold(),
         }
 
     async def crash(self, owner: str) -> None:
