@@ -271,7 +271,7 @@ async def test_termination_closes_an_open_wait_and_a_delivery_after_it_is_stale(
     assert (late.status, late.run_id) == ("stale", 1)
 
 
-async def test_continue_as_new_closes_the_runs_waits_and_a_late_retry_is_still_a_duplicate(
+async def test_a_delivery_buffered_before_continue_as_new_is_received_by_the_next_runs_wait(
         db_path: str) -> None:
     async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
         ref = rt.ref(Order, fresh_key("order"))
@@ -281,14 +281,32 @@ async def test_continue_as_new_closes_the_runs_waits_and_a_late_retry_is_still_a
         await wait_until(lambda: _run_ids(db_path, ref.key) == [1, 2], "run 2 started")
         to_run_1 = await ref.deliver(Order.approval, YES, key="k2", run_id=1)
         retry = await ref.deliver(Order.approval, NO, key="k1", sender="ana")
-        fresh = await ref.deliver(Order.approval, YES, key="k3", sender="bob")
+        other = await ref.deliver(Order.approval, YES, key="k3", sender="bob")
         await ref.signal(Order.go)
         outcome = await ref.result(timeout=10)
     assert (buffered.status, buffered.run_id) == ("buffered", 1)
-    assert (to_run_1.status, to_run_1.run_id) == ("stale", 1)
-    assert (retry.status, retry.run_id) == ("duplicate", 1)  # not delivered to run 2
-    assert (fresh.status, fresh.run_id) == ("buffered", 2)
-    assert outcome == Outcome(approved=True, note="yes", generation=1)
+    assert (to_run_1.status, to_run_1.payload, to_run_1.run_id) == ("stale", None, 1)
+    # Carried like an unconsumed signal: run 2's wait holds it, and it counted there.
+    assert retry == corral.Delivery("duplicate", NO, "ana", buffered.delivered_at, 2)
+    assert other == corral.Delivery("already_delivered", NO, "ana", buffered.delivered_at, 2)
+    assert outcome == Outcome(approved=False, note="no", generation=1)
+    assert sql(db_path, "SELECT run_id, status, delivery_key FROM signal_waits WHERE key=?",
+               ref.key) == [(2, "delivered", "k1")]
+
+
+async def test_a_retry_of_a_buffered_delivery_whose_run_ended_before_waiting_is_stale(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+        ref = rt.ref(Order, fresh_key("order"))
+        await ref.start(start=OrderInput(hold=True))
+        buffered = await ref.deliver(Order.approval, YES, key="k", sender="ana")
+        await ref.terminate("withdrawn")  # before run() ever reached the wait
+        retry = await ref.deliver(Order.approval, YES, key="k", sender="ana")
+        with pytest.raises(corral.IdempotencyConflictError):
+            await ref.deliver(Order.approval, NO, key="k", sender="ana")
+    assert (buffered.status, buffered.run_id) == ("buffered", 1)
+    # Not "duplicate": the caller is told its delivery was never used.
+    assert retry == corral.Delivery("stale", None, None, None, 1)
 
 
 def _run_ids(db_path: str, key: str) -> list[int]:

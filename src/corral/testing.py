@@ -128,7 +128,7 @@ async def open_test_runtime(*, entities: Sequence[type[Entity]], store: str = ":
         **options: passed to `open_runtime` (`authorize`, `limits`, ...).
     """
     clock = VirtualClock(start)
-    the_store = await open_sqlite_store(store, shards=shards)
+    the_store = await open_sqlite_store(store, shards=shards, clock=clock.time)
     try:
         async with open_runtime(the_store, entities=entities, shards=shards, clock=clock,
                                 **options) as rt:

@@ -181,7 +181,7 @@ class ContinueAsNewOp:
                    (*ident, self.run_id))
         db.execute("DELETE FROM snapshots WHERE etype=? AND key=?", ident)
         db.execute("DELETE FROM timers WHERE etype=? AND key=?", ident)
-        close_waits(db, *ident, self.run_id)
+        close_waits(db, *ident, self.run_id, carry_to=new)
         db.execute("UPDATE entities SET passivated_seq=NULL WHERE etype=? AND key=?", ident)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         db.execute(

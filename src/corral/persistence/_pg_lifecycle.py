@@ -191,7 +191,7 @@ class ContinueAsNewOp:
                           "UPDATE entities SET passivated_seq = NULL "
                           "WHERE etype = $1 AND key = $2"):
             await conn.execute(statement, *ident)
-        await close_waits(conn, *ident, self.run_id)
+        await close_waits(conn, *ident, self.run_id, carry_to=new)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         await conn.execute(
             "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "

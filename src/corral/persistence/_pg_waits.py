@@ -29,6 +29,16 @@ from ._waits import (
 __all__ = ["DeliverOp", "ExpireWaitOp", "OpenWaitOp", "close_waits", "open_waits"]
 
 
+# One statement: the copy reads the rows as they were before the update clears them.
+_CARRY = (
+    f"WITH c AS (INSERT INTO signal_waits ({WAIT_COLUMNS}, shard) SELECT etype, key, "
+    "$4::bigint, name, status, opened_at, deadline, delivery_key, payload, sender, "
+    "delivered_at, shard "
+    "FROM signal_waits WHERE etype = $1 AND key = $2 AND run_id = $3 AND status = 'buffered') "
+    "UPDATE signal_waits SET delivery_key = NULL, payload = NULL, sender = NULL, "
+    "delivered_at = NULL WHERE etype = $1 AND key = $2 AND run_id = $3 AND status = 'buffered'")
+
+
 async def _wait(conn: Any, etype: str, key: str, run_id: int, name: str) -> WaitRecord | None:
     r = await conn.fetchrow(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype = $1 "
                             "AND key = $2 AND run_id = $3 AND name = $4", etype, key, run_id, name)
@@ -47,8 +57,13 @@ async def _store(conn: Any, w: WaitRecord, shard: int) -> None:
         w.delivery_key, w.payload, w.sender, w.delivered_at, shard)
 
 
-async def close_waits(conn: Any, etype: str, key: str, run_id: int) -> None:
-    """The run ends: close its open or buffered waits; forget the runs before it."""
+async def close_waits(conn: Any, etype: str, key: str, run_id: int, *,
+                      carry_to: int | None = None) -> None:
+    """The run ends: close its open or buffered waits; forget the runs before it. With
+    `carry_to` (continue-as-new) a buffered delivery moves to that run's wait of the
+    same name, still buffered; the closed wait left in this run keeps none."""
+    if carry_to is not None:
+        await conn.execute(_CARRY, etype, key, run_id, carry_to)
     await conn.execute(
         "WITH c AS (UPDATE signal_waits SET status = 'closed' WHERE etype = $1 AND key = $2 "
         "AND run_id = $3 AND status IN ('open', 'buffered')) "
@@ -58,6 +73,9 @@ async def close_waits(conn: Any, etype: str, key: str, run_id: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DeliverOp:
+    """Decide a delivery (`_waits.decide_delivery`) on the database server's clock, the
+    one clock every process sharing the store agrees on (leases are judged by it too)."""
+
     req: DeliveryRequest
     buffered: ClassVar[bool] = True  # reads only its own table; appends like an accept
 
@@ -74,7 +92,9 @@ class DeliverOp:
             f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype = $1 AND key = $2 "
             "AND name = $3 AND delivery_key = $4 ORDER BY run_id DESC LIMIT 1",
             r.entity_type, r.key, r.name, r.delivery_key)
-        decision = decide_delivery(r, row, target, None if k is None else wait_from_row(k))
+        now = await txn.clock()
+        decision = decide_delivery(r, row, target, None if k is None else wait_from_row(k),
+                                   now=now)
         entry = None
         if decision.write:
             assert decision.wait is not None
@@ -83,8 +103,7 @@ class DeliverOp:
             assert row is not None
             entry = JournalEntry(
                 r.entity_type, r.key, row.next_seq, run_id, EntryKind.DELIVER, r.name,
-                delivery_message_id(run_id, r.name, r.delivery_key), r.payload, r.sender,
-                r.delivered_at)
+                delivery_message_id(run_id, r.name, r.delivery_key), r.payload, r.sender, now)
             await txn.append(r.shard, entry, b"")
             row.next_seq += 1
             txn.put_entity(r.entity_type, r.key, row)

@@ -216,7 +216,8 @@ class DeliveryRequest:
     """A `deliver` call, validated: close the wait `name` of the entity's current run
     (or of run `run_id`) with `payload`, idempotently by `delivery_key`.
 
-    `early` is the type's `early_signals` ("buffer" or "reject").
+    `early` is the type's `early_signals` ("buffer" or "reject"). It carries no time:
+    the store judges the wait's deadline, and stamps the delivery, on its own clock.
     """
 
     entity_type: str
@@ -227,7 +228,6 @@ class DeliveryRequest:
     payload: str
     sender: str | None
     early: str
-    delivered_at: float
     run_id: int | None = None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -116,11 +117,14 @@ class SqliteStore:
     """The SQLite implementation of `Store`. Open it with `open_sqlite_store`.
 
     Several processes may open the same file: SQLite's write lock serialises their
-    transactions (`BEGIN IMMEDIATE`, 30 s busy timeout).
+    transactions (`BEGIN IMMEDIATE`, 30 s busy timeout). `clock` is the store's sense
+    of wall time, which judges a signal wait's deadline when a delivery arrives: the
+    machine's (every process sharing the file reads it alike), never a caller's.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        self.clock = clock
         self.durable = path not in _MEMORY
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -295,7 +299,7 @@ class SqliteStore:
         return await self._queue.write_many([AcceptOp(acc) for acc in accs])
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
-        return await self.write(DeliverOp(req))  # type: ignore[no-any-return]
+        return await self.write(DeliverOp(req, self.clock))  # type: ignore[no-any-return]
 
     async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
                         deadline: float | None, now: float) -> WaitRecord:
@@ -593,10 +597,14 @@ class SqliteStore:
                           stacklevel=1)
 
 
-async def open_sqlite_store(path: str, *, shards: int) -> SqliteStore:
-    """Open (creating if needed) the store at `path`; `":memory:"` for a non-durable store."""
+async def open_sqlite_store(path: str, *, shards: int,
+                            clock: Callable[[], float] = time.time) -> SqliteStore:
+    """Open (creating if needed) the store at `path`; `":memory:"` for a non-durable store.
+
+    `clock` is the store's wall clock (see `SqliteStore`); `corral.testing` passes its
+    virtual one."""
     if path.startswith("sqlite:///") and path not in _MEMORY:
         path = path[len("sqlite:///"):]
-    store = SqliteStore(path)
+    store = SqliteStore(path, clock=clock)
     await store._open(shards=shards)
     return store

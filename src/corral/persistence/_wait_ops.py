@@ -8,6 +8,7 @@ are linearised with each other and with every acceptance into the same entity.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,15 @@ from ._waits import (
 __all__ = ["DeliverOp", "ExpireWaitOp", "OpenWaitOp", "close_waits", "open_waits"]
 
 
+_CARRY = (
+    f"INSERT INTO signal_waits ({WAIT_COLUMNS}, shard) SELECT etype, key, ?, name, status, "
+    "opened_at, deadline, delivery_key, payload, sender, delivered_at, shard "
+    "FROM signal_waits WHERE etype=? AND key=? AND run_id=? AND status='buffered'")
+_FORGET_CARRIED = (
+    "UPDATE signal_waits SET delivery_key=NULL, payload=NULL, sender=NULL, delivered_at=NULL "
+    "WHERE etype=? AND key=? AND run_id=? AND status='buffered'")
+
+
 def _wait(db: sqlite3.Connection, etype: str, key: str, run_id: int, name: str
           ) -> WaitRecord | None:
     r = db.execute(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype=? AND key=? "
@@ -43,9 +53,16 @@ def _store(db: sqlite3.Connection, w: WaitRecord, shard: int) -> None:
          w.delivery_key, w.payload, w.sender, w.delivered_at, shard))
 
 
-def close_waits(db: sqlite3.Connection, etype: str, key: str, run_id: int) -> None:
+def close_waits(db: sqlite3.Connection, etype: str, key: str, run_id: int, *,
+                carry_to: int | None = None) -> None:
     """The run ends: close its waits still open or buffered, and forget the waits of
-    the runs before it (a delivery's key is remembered for this run and the next)."""
+    the runs before it (a delivery's key is remembered for this run and the next).
+
+    With `carry_to` (continue-as-new) a buffered delivery moves to that run's wait of
+    the same name, still buffered; the closed wait left in this run keeps none."""
+    if carry_to is not None:
+        db.execute(_CARRY, (carry_to, etype, key, run_id))
+        db.execute(_FORGET_CARRIED, (etype, key, run_id))
     db.execute("UPDATE signal_waits SET status='closed' WHERE etype=? AND key=? AND run_id=? "
                "AND status IN ('open', 'buffered')", (etype, key, run_id))
     db.execute("DELETE FROM signal_waits WHERE etype=? AND key=? AND run_id<?",
@@ -54,18 +71,23 @@ def close_waits(db: sqlite3.Connection, etype: str, key: str, run_id: int) -> No
 
 @dataclass(frozen=True, slots=True)
 class DeliverOp:
+    """Decide a delivery (`_waits.decide_delivery`) on `clock`, the store's: the
+    machine's, which every process sharing the file reads alike."""
+
     req: DeliveryRequest
+    clock: Callable[[], float]
     buffered: ClassVar[bool] = True  # reads only its own table; appends like an accept
 
     def apply(self, txn: Txn) -> DeliveryResult:
-        r, db = self.req, txn.db
+        r, db, now = self.req, txn.db, self.clock()
         row = txn.entity(r.entity_type, r.key)
         run_id = row.run_id if row is not None and r.run_id is None else (r.run_id or 0)
         target = _wait(db, r.entity_type, r.key, run_id, r.name)
         k = db.execute(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype=? AND key=? "
                        "AND name=? AND delivery_key=? ORDER BY run_id DESC LIMIT 1",
                        (r.entity_type, r.key, r.name, r.delivery_key)).fetchone()
-        decision = decide_delivery(r, row, target, None if k is None else wait_from_row(k))
+        decision = decide_delivery(r, row, target, None if k is None else wait_from_row(k),
+                                   now=now)
         entry = None
         if decision.write:
             assert decision.wait is not None
@@ -74,13 +96,12 @@ class DeliverOp:
             assert row is not None
             entry = JournalEntry(
                 r.entity_type, r.key, row.next_seq, run_id, EntryKind.DELIVER, r.name,
-                delivery_message_id(run_id, r.name, r.delivery_key), r.payload, r.sender,
-                r.delivered_at)
+                delivery_message_id(run_id, r.name, r.delivery_key), r.payload, r.sender, now)
             txn.journal_rows.append((
                 r.entity_type, r.key, entry.seq, run_id, r.shard, entry.kind.value, r.name,
-                entry.message_id, r.payload, r.sender, r.delivered_at))
+                entry.message_id, r.payload, r.sender, now))
             txn.dedupe_rows.append((r.entity_type, r.key, entry.message_id, entry.seq, run_id,
-                                    b"", r.sender, r.delivered_at))
+                                    b"", r.sender, now))
             row.next_seq += 1
             txn.put_entity(r.entity_type, r.key, row)
             db.execute("DELETE FROM timers WHERE etype=? AND key=? AND timer_id=?",

@@ -9,10 +9,21 @@ winner's; losers change nothing. The transitions:
     (none) --run() reaches it--> open --deliver--> delivered
                                  open --deadline passes--> timed_out
     buffered, open --the run ends (any way, continue-as-new included)--> closed
+    buffered --the run continues as new--> its delivery buffered in the next run too
+
+A buffered delivery is carried into the next run the way continue-as-new carries
+signals that were accepted but not consumed: run N+1's wait of that name receives it.
+A buffered delivery whose run ends otherwise (completed, failed, terminated) was never
+used: its retry is answered `stale`, not `duplicate`, and no `stale` answer carries a
+payload.
 
 A delivery after an open wait's deadline is `stale` and times the wait out, whether
 or not its host has done so yet (it may be down, or passivated with its timer not yet
-due): deadlines and deliveries are compared on the hosts' and callers' wall clocks.
+due). The store judges that on its own clock, `now`, never on the caller's (which may
+be another machine's, hours off): PostgreSQL on the database server's clock, as it
+judges leases, SQLite on the machine's (virtual under `corral.testing`). A deadline is
+set on the host's clock when `run()` reaches the wait, like every durable timer, so
+hosts are expected to keep their clocks in step with the store's.
 
 A delivery's key is checked first against every retained wait of that name (this
 run's and the previous run's, see `close_waits`), so a retry that arrives after the
@@ -92,12 +103,13 @@ class Decision:
 
 
 def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRecord | None,
-                    keyed: WaitRecord | None) -> Decision:
+                    keyed: WaitRecord | None, *, now: float) -> Decision:
     """Decide a delivery.
 
     `row` is the entity's (locked) row; `target` the wait `req.name` of the run the
     delivery addresses; `keyed` a retained wait of that name whose delivery has
-    `req.delivery_key` (any retained run), if there is one.
+    `req.delivery_key` (any retained run), if there is one; `now` the store's clock
+    (what a deadline is judged by, and when a kept delivery was made).
 
     Raises `EntityNotRunningError` (no run, or the addressed run ended without ever
     reaching or buffering this wait) or `IdempotencyConflictError` (the key was used
@@ -124,20 +136,21 @@ def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRec
                 f"delivery key {req.delivery_key!r} of wait {req.name!r} was delivered "
                 f"before by sender {keyed.sender!r}, not {req.sender!r}",
                 run_id=keyed.run_id, **ident)
+        if keyed.status is WaitStatus.CLOSED:  # buffered, and its run ended before waiting
+            return Decision("stale", _unused(keyed))
         return Decision("duplicate", keyed)
     running = row.status is RunStatus.RUNNING and run_id == row.run_id
     if target is not None:
         if target.status.has_delivery:
             return Decision("already_delivered", target)
         if target.status is WaitStatus.OPEN and running and target.deadline is not None \
-                and req.delivered_at >= target.deadline:  # its host has not timed it out yet
+                and now >= target.deadline:  # its host has not timed it out yet
             return Decision("stale", replace(target, status=WaitStatus.TIMED_OUT), write=True)
         if target.status is WaitStatus.OPEN and running:
             won = replace(target, status=WaitStatus.DELIVERED, delivery_key=req.delivery_key,
-                          payload=req.payload, sender=req.sender,
-                          delivered_at=req.delivered_at)
+                          payload=req.payload, sender=req.sender, delivered_at=now)
             return Decision("delivered", won, write=True, wake=True)
-        return Decision("stale", target)  # timed out, or its run ended
+        return Decision("stale", _unused(target))  # timed out, or its run ended
     if run_id != row.run_id:
         return Decision("stale", None)  # an earlier run, ended (its waits may be pruned)
     if not running:
@@ -148,8 +161,14 @@ def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRec
         return Decision("not_waiting", None)
     buffered = WaitRecord(req.entity_type, req.key, run_id, req.name, WaitStatus.BUFFERED,
                           delivery_key=req.delivery_key, payload=req.payload,
-                          sender=req.sender, delivered_at=req.delivered_at)
+                          sender=req.sender, delivered_at=now)
     return Decision("buffered", buffered, write=True)
+
+
+def _unused(wait: WaitRecord) -> WaitRecord:
+    """A closed wait as a `stale` answer shows it: without the delivery it may keep (one
+    buffered before its run ended), which was never used."""
+    return replace(wait, delivery_key=None, payload=None, sender=None, delivered_at=None)
 
 
 def decide_open(row: EntityRow | None, wait: WaitRecord | None, etype: str, key: str,

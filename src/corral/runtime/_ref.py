@@ -307,6 +307,17 @@ class EntityRef(Generic[E_co, S]):
         is then `stale`, rather than buffered for the next run). The `authorize` hook
         sees it as kind "deliver"; the recorded sender is the one it returns.
 
+        A `buffered` delivery (made before `run()` reached the wait) whose run continues
+        as new first is carried into the next run, like a signal accepted but not yet
+        consumed: that run's wait of the same name receives it, and a retry is
+        `duplicate` with the next run's id. If its run ends any other way (completed,
+        failed, terminated) it was never used, and a retry is answered `stale`.
+
+        The wait's deadline is judged on the store's clock (PostgreSQL: the database
+        server's; SQLite: the machine's), never on this process's: a caller whose clock
+        is off neither times a wait out early nor beats a deadline that passed.
+        `Delivery.delivered_at` is on the store's clock too.
+
         Raises:
             IdempotencyConflictError: `key` was delivered with another payload or sender.
             EntityNotRunningError: the entity is not running (and its last run never
@@ -328,7 +339,7 @@ class EntityRef(Generic[E_co, S]):
             who = await b.sender(sender, d, self.key, "deliver", w.name)
             res = await self._backend.deliver(DeliveryRequest(
                 d.name, self.key, self.shard, w.name, delivery_key, text, who,
-                d.early_signals, self._clock.time(), run_id))
+                d.early_signals, run_id))
             kept = res.wait
             if kept is None:
                 return Delivery(res.status, None, None, None, None)  # type: ignore[arg-type]
