@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -20,6 +21,7 @@ from pg import _CLUSTERS, find_bindir, run_as_postgres
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
 from procs import wait_until
+from stores import sql
 
 SENDERS, KEYS = 8, 8
 CALL_TIMEOUT = 30.0  # a call that takes longer counts as a hang
@@ -105,3 +107,72 @@ async def test_a_crash_restart_and_killed_connections_lose_and_duplicate_nothing
     print(f"\n[postgres faults] {len(acked)} acks through a crash restart and killed "
           f"connections; callers retried {sum(unavailable.values())} StoreUnavailableErrors "
           f"({dict(unavailable)}); 0 lost, none applied twice")
+
+
+async def backends(url: str) -> set[int]:
+    """The pids of every other session on the database."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = "
+                                "current_database() AND pid <> pg_backend_pid()")
+        return {r[0] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def kill_and_wait_ended(url: str) -> None:
+    """`kill_every_connection`, then wait until every killed session has ended."""
+    killed = await backends(url)
+    assert await kill_every_connection(url) >= 2  # at least the writer and the listener
+
+    async def ended() -> bool:
+        return not killed & await backends(url)
+    await wait_until(ended, "the killed sessions have ended")
+
+
+def all_applied(ref: corral.EntityRef[Ticket]) -> Callable[[], Awaitable[bool]]:
+    async def applied() -> bool:
+        info = await ref.describe()
+        return info.applied_seq == info.accepted_seq
+    return applied
+
+
+async def test_a_send_after_the_server_closed_the_idle_writer_connection_is_acknowledged(
+    pg_url: str,
+) -> None:
+    """Issue 21, item 3: the server kills the writer's connection while it is idle;
+    the next send (no retry) takes a fresh connection and is acknowledged, each time."""
+    async with corral.open_runtime(pg_url, entities=[Ticket], shards=2) as rt:
+        ref = rt.ref(Ticket, "ticket-idle-kill")
+        sent = [f"m{i}" for i in range(5)]
+        for mid in sent:
+            await ref.signal_with_start(Ticket.reply, Reply(text=mid),
+                                        start=Start(tenant="acme"), message_id=mid)
+            await wait_until(all_applied(ref), f"message {mid} is applied")
+            await kill_and_wait_ended(pg_url)
+        await ref.signal(Ticket.reply, Reply(text="last"), message_id="last")
+        await wait_until(all_applied(ref), "every acknowledged message is applied")
+        inbox = (await ref.query(Ticket.status)).inbox
+    assert inbox == [f"acme:{mid}" for mid in [*sent, "last"]]  # each once, in order
+
+
+async def test_a_send_right_after_the_idle_writer_connection_was_killed_is_acknowledged(
+    pg_url: str,
+) -> None:
+    """The same kill, but the send is queued before the event loop could read the
+    server's goodbye: the writer's `BEGIN` meets the dead connection, and the batch
+    runs again on a fresh one instead of failing its caller."""
+    key = "ticket-idle-kill-unread"
+    async with corral.open_runtime(pg_url, entities=[Ticket], shards=2) as rt:
+        ref = rt.ref(Ticket, key)
+        await ref.signal_with_start(Ticket.reply, Reply(text="first"),
+                                    start=Start(tenant="acme"), message_id="first")
+        await wait_until(all_applied(ref), "the first message is applied")
+        # Blocking the event loop (a synchronous call) until every other session has
+        # ended: nothing here reads the goodbye before the next send is queued.
+        sql(pg_url, "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        await ref.signal(Ticket.reply, Reply(text="second"), message_id="second")
+        await wait_until(all_applied(ref), "every acknowledged message is applied")
+        inbox = (await ref.query(Ticket.status)).inbox
+    assert inbox == ["acme:first", "acme:second"]

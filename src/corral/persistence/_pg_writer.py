@@ -13,6 +13,13 @@ the op that fails fails alone, each caller with its own `StoreError` whose `__ca
 is the driver's error. A lost or timed-out connection fails every op of its batch with
 a `StoreUnavailableError` (retryable) and is dropped; the next batch takes a new one
 from the pool. Every path leaves the connection outside a transaction, or drops it.
+
+A connection the server closed while it sat idle between batches (an idle timeout, a
+`pg_terminate_backend`, a server restart) is replaced without failing anyone: asyncpg
+hands it back to the pool the moment it reads the server's goodbye (from then on every
+method of the writer's proxy raises), and one whose end was not read yet fails on its
+first statement, `BEGIN`, before anything of the batch was sent, so the batch runs
+once more on a fresh connection.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine, Sequence
 from typing import Any
+
+import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
 import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
@@ -99,28 +108,40 @@ class GroupCommit:
     async def _apply_batch(self, ops: list[PgOp]) -> list[Any]:
         """One transaction for the batch; on failure, one per op (see the module doc)."""
         try:
-            return await self._commit(ops)
+            return await self._attempt(ops)
         except _CommitFailed as failed:
             if failed.connection_lost or len(ops) == 1:
                 return [failed.error_for(len(ops) > 1) for _ in ops]
         results: list[Any] = []
         for op in ops:  # isolate the failing op: nothing of the batch was committed
             try:
-                results.extend(await self._commit([op]))
+                results.extend(await self._attempt([op]))
             except _CommitFailed as one:
                 results.append(one.error_for(False))
         return results
 
+    async def _attempt(self, ops: list[PgOp]) -> list[Any]:
+        """`_commit`, run once more on a fresh connection if the held one turned out
+        dead before the transaction began (closed while idle, its end not read yet)."""
+        try:
+            return await self._commit(ops)
+        except _CommitFailed as failed:
+            if not failed.stale:
+                raise
+        return await self._commit(ops)
+
     async def _commit(self, ops: list[PgOp]) -> list[Any]:
         """Apply `ops` in one transaction and commit; on any failure roll back (or drop
         the connection) and raise `_CommitFailed`."""
-        sent_commit = False
+        held = began = sent_commit = False
         try:
+            held = self._conn is not None and _usable(self._conn)
             conn = await self._connection()
             txn, plan = PgTxn(conn, self._token, frozenset(self._held)), LockPlan()
             for op in ops:
                 op.plan(plan)
             await conn.execute("BEGIN")
+            began = True
             await txn.lock(plan)
             results: list[Any] = []
             for op in ops:
@@ -134,9 +155,10 @@ class GroupCommit:
             sent_commit = True
             await conn.execute("COMMIT")
         except Exception as err:
-            lost = is_connection_error(err) or self._conn is None or self._conn.is_closed()
+            lost = is_connection_error(err) or self._conn is None or not _usable(self._conn)
             await (self._drop() if lost else self._rollback())
-            raise _CommitFailed(err, lost, committed=None if sent_commit else False) from err
+            raise _CommitFailed(err, lost, committed=None if sent_commit else False,
+                                stale=lost and held and not began) from err
         except BaseException:  # cancelled mid-transaction (the loop is closing)
             await self._drop()
             raise
@@ -146,14 +168,14 @@ class GroupCommit:
         return results
 
     async def _connection(self) -> Any:
-        if self._conn is None or self._conn.is_closed():
+        if self._conn is None or not _usable(self._conn):
             await self._drop()
             self._conn = await self._pool.acquire(timeout=self._timeout)
         return self._conn
 
     async def _rollback(self) -> None:
         conn = self._conn
-        if conn is None or conn.is_closed() or not conn.is_in_transaction():
+        if conn is None or not _usable(conn) or not conn.is_in_transaction():
             return
         try:
             await conn.execute("ROLLBACK", timeout=self._timeout)
@@ -164,21 +186,32 @@ class GroupCommit:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if not conn.is_closed():
+        if _usable(conn):
             conn.terminate()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a connection already handed back: a no-op
             await self._pool.release(conn)
+
+
+def _usable(conn: Any) -> bool:
+    """Whether the pooled connection `conn` is still the writer's and open. asyncpg
+    hands a connection the server closed back to the pool at once, and from then on
+    every method of its proxy (`is_closed` too) raises `InterfaceError`."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
 
 
 class _CommitFailed(Exception):
     """A batch's transaction failed (rolled back, or its connection dropped)."""
 
     def __init__(self, cause: Exception, connection_lost: bool, *,
-                 committed: bool | None) -> None:
+                 committed: bool | None, stale: bool = False) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.connection_lost = connection_lost
         self.committed = committed
+        self.stale = stale  # a held connection was dead before BEGIN: nothing was sent
 
     def error_for(self, in_batch: bool) -> StoreError:
         """A fresh error for one caller (each caller gets its own object)."""
