@@ -1,16 +1,27 @@
 """The stored form of payloads: canonical JSON (never pickle for anything a caller
-sends) and the hash that says whether two messages are the same."""
+sends) and the hash that says whether two messages are the same; and the stored form
+of text that user code makes (`storable_text`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-__all__ = ["canonical_encoder", "canonical_json", "payload_hash", "plain_canonical_json"]
+__all__ = [
+    "canonical_encoder",
+    "canonical_json",
+    "closing_texts",
+    "payload_hash",
+    "plain_canonical_json",
+    "storable_text",
+]
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def canonical_encoder(default: Callable[[Any], Any] | None = None) -> json.JSONEncoder:
@@ -44,3 +55,28 @@ def plain_canonical_json(value: Any) -> str | None:
 def payload_hash(name: str, payload: str) -> bytes:
     """What "the same message" means for deduplication: the same handler and payload."""
     return hashlib.blake2b(f"{name}\0{payload}".encode(), digest_size=16).digest()
+
+
+def storable_text(text: str) -> str:
+    """`text` as both stores can keep it, and keep alike: each NUL (PostgreSQL refuses
+    it) and each lone surrogate (not UTF-8: neither engine can encode it) becomes its
+    escape, `\\u0000` or `\\udcff`.
+
+    For the text user code makes and corral writes as it is: an exception's message
+    and traceback (dead letters, failed runs), a run's result. In JSON text (a result)
+    only a lone surrogate can occur raw, inside a string, where its escape is JSON's
+    own: the JSON stays valid and means the same.
+
+    Example:
+        >>> storable_text("bad\\x00input")
+        'bad\\\\u0000input'
+    """
+    if _UNSTORABLE.search(text) is None:  # nearly always: one scan, no copy
+        return text
+    return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def closing_texts(result: str | None, error: str | None) -> tuple[str | None, str | None]:
+    """A closing run's result (JSON) and error text, each as `storable_text`."""
+    return (None if result is None else storable_text(result),
+            None if error is None else storable_text(error))

@@ -11,7 +11,7 @@ from corral._errors import (
 )
 
 from ._accept import AcceptOp
-from ._codec import payload_hash
+from ._codec import payload_hash, storable_text
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 from ._txn import Fence, Txn
 
@@ -56,7 +56,8 @@ class RecordDeadLetterOp:
             f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (e.entity_type, e.key, e.run_id, e.seq, e.message_id, e.name, e.payload, e.sender,
-             self.error, self.traceback, self.attempts, self.failed_at),
+             storable_text(self.error), storable_text(self.traceback), self.attempts,
+             self.failed_at),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
 
+from ._codec import closing_texts
 from ._records import JournalEntry
 from ._txn import Fence, Txn
 from ._wait_ops import close_waits
@@ -73,8 +74,8 @@ class CloseRunOp:
         txn.db.execute(
             "UPDATE runs SET status=?, result=?, error=?, closed_at=? "
             "WHERE etype=? AND key=? AND run_id=?",
-            (self.status.value, self.result, self.error, time.time(), self.entity_type,
-             self.key, self.run_id),
+            (self.status.value, *closing_texts(self.result, self.error), time.time(),
+             self.entity_type, self.key, self.run_id),
         )
         return True
 

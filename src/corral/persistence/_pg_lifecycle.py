@@ -12,6 +12,7 @@ from typing import ClassVar
 from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
 
+from ._codec import closing_texts, storable_text
 from ._dead_letters import DEAD_LETTER_COLUMNS
 from ._pg_txn import LockPlan, PgTxn
 from ._pg_waits import close_waits
@@ -83,8 +84,8 @@ class CloseRunOp:
         await txn.conn.execute(
             "UPDATE runs SET status = $1, result = $2, error = $3, closed_at = $4 "
             "WHERE etype = $5 AND key = $6 AND run_id = $7",
-            self.status.value, self.result, self.error, time.time(), self.entity_type,
-            self.key, self.run_id)
+            self.status.value, *closing_texts(self.result, self.error), time.time(),
+            self.entity_type, self.key, self.run_id)
         return True
 
 
@@ -298,5 +299,6 @@ class RecordDeadLetterOp:
             f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, "
             "$6, $7, $8, $9, $10, $11, $12) RETURNING id",
             e.entity_type, e.key, e.run_id, e.seq, e.message_id, e.name, e.payload, e.sender,
-            self.error, self.traceback, self.attempts, self.failed_at)
+            storable_text(self.error), storable_text(self.traceback), self.attempts,
+            self.failed_at)
         return int(new_id)
