@@ -1,7 +1,9 @@
 """The application `tests/test_cli.py` points the `corral` command at (`--app cli_app:app`).
 
-`Board` takes notes by signal and has a signal that raises while `Board.broken` is set
+`Board` takes notes by signal and has signals that raise while `Board.broken` is set
 (one attempt: a dead letter at once); `Approval` waits, durably, for one decision.
+`Flare` fails its run with its start input as the error. `limited` is the same
+application with limits of its own (`--app cli_app:limited`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pydantic import BaseModel, Field
 
 import corral
 
-__all__ = ["Approval", "Board", "BoardInput", "Decision", "Note", "app"]
+__all__ = ["LIMITS", "Approval", "Board", "BoardInput", "Decision", "Flare", "Note", "app",
+           "limited"]
 
 
 class BoardInput(BaseModel):
@@ -57,6 +60,12 @@ class Board(corral.Entity):
             raise RuntimeError(f"cannot take {note.text!r}")
         self.notes.append(note.text)
 
+    @corral.signal
+    def shout(self, note: Note) -> None:
+        if type(self).broken:
+            raise RuntimeError(note.text)  # the note as it is: control characters and all
+        self.notes.append(note.text)
+
     @corral.update
     def count(self) -> int:
         return len(self.notes)
@@ -75,4 +84,19 @@ class Approval(corral.Entity):
         return (await self.wait_for_signal(Approval.decision)).approved
 
 
-app = corral.App(entities=[Board, Approval])
+class Flare(corral.Entity):
+    """A run that fails at once, with its start input (as it is) for the error."""
+
+    def __init__(self, init: Note) -> None:
+        self.text = init.text
+
+    async def run(self) -> None:
+        raise RuntimeError(self.text)
+
+
+app = corral.App(entities=[Board, Approval, Flare])
+
+LIMITS = corral.Limits(max_payload_bytes=1024, key_pattern=r"[a-z0-9-]+(~[a-z0-9-]+)?")
+"""Payloads up to 1 KiB, and keys that may hold one `~` (the default pattern refuses it)."""
+
+limited = corral.App(entities=[Board, Approval, Flare], limits=LIMITS)

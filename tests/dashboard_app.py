@@ -6,11 +6,13 @@ them. The dashboard runs in a subprocess through `corral.dashboard.run` (`start`
 pure client (`host=False`) as `corral ui` is; the test process opens its own runtime on
 the same store and hosts the entities, so dead letters appear, and replayed signals are
 applied, where `BROKEN` is set and cleared. No test process imports `corral.dashboard`.
+The dashboard never creates a store, so `start` has the application create it first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -32,6 +34,8 @@ __all__ = [
     "BROKEN",
     "ENTITIES",
     "HEADER_APP",
+    "LIMITED_APP",
+    "LIMITS",
     "OPERATORS",
     "Dashboard",
     "Decision",
@@ -41,6 +45,7 @@ __all__ = [
     "RefundInput",
     "Tally",
     "authorize",
+    "create_store",
     "dead_notes",
     "eventually",
     "fresh",
@@ -145,12 +150,21 @@ HEADER_APP = corral.App(entities=ENTITIES, authorize=authorize,
 """Signed in by `from_header`."""
 
 
+LIMITS = corral.Limits(max_payload_bytes=1024, key_pattern=r"[a-z0-9-]+(~[a-z0-9-]+)?")
+"""The application's own limits: payloads up to 1 KiB, and keys that may hold one `~`
+(which the default pattern refuses)."""
+
+LIMITED_APP = corral.App(entities=ENTITIES, authorize=authorize, limits=LIMITS)
+"""Signed in with the bearer token, validating with `LIMITS`."""
+
+_APPS = {"token": APP, "header": HEADER_APP, "limited": LIMITED_APP}
+
+
 def serve(store: str, app: str, token: str) -> None:
     """`corral.dashboard.run` on a port the kernel picks (it prints the URL)."""
     import corral.dashboard
 
-    corral.dashboard.run(store, APP if app == "token" else HEADER_APP, port=0,
-                         token=token or None)
+    corral.dashboard.run(store, _APPS[app], port=0, token=token or None)
 
 
 
@@ -170,7 +184,9 @@ class Dashboard:
 @contextmanager
 def start(store: str, tmp: Path, app: str = "token") -> Iterator[Dashboard]:
     """`corral.dashboard.run` in a subprocess on a free port, until SIGTERM, after which
-    it must have exited cleanly and logged no error (a server-side exception would be)."""
+    it must have exited cleanly and logged no error (a server-side exception would be).
+    The store is created first, as the application would (`create_store`)."""
+    create_store(store)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     log = tmp / f"dashboard-{app}.log"
@@ -180,12 +196,12 @@ def start(store: str, tmp: Path, app: str = "token") -> Iterator[Dashboard]:
              store, app, ""], stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
     try:
         assert proc.stdout is not None
-        printed = [proc.stdout.readline() for _ in range(3 if app == "token" else 1)]
+        printed = [proc.stdout.readline() for _ in range(1 if app == "header" else 3)]
         assert printed[0].startswith("corral dashboard: http://127.0.0.1:"), \
             f"{printed!r}\n{log.read_text()}"
         url = printed[0].split()[-1].rstrip("/")
         token = None
-        if app == "token":  # the URL, the generated token, the sign-in link
+        if app != "header":  # the URL, the generated token, the sign-in link
             assert printed[1].startswith("token: "), printed
             token = printed[1].split()[-1]
             assert printed[2].strip() == f"sign in: {url}/login?token={token}", printed
@@ -204,6 +220,17 @@ def start(store: str, tmp: Path, app: str = "token") -> Iterator[Dashboard]:
     assert code == 0, f"the dashboard exited with {code}:\n{logged}"
     assert "Traceback" not in logged, logged
     assert "ERROR" not in logged, logged
+
+
+def create_store(store: str, *, shards: int = 16) -> None:
+    """Open (so create) the store at `store` as the application does, and close it; in
+    a thread of its own, so that a test's running event loop may call it too."""
+    async def create() -> None:
+        async with corral.open_runtime(store, entities=ENTITIES, shards=shards, host=False):
+            pass
+
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+        worker.submit(asyncio.run, create()).result()
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float = 15.0,

@@ -6,9 +6,13 @@ operator tool is validated against the same models and goes through the same
 
 - a list (or tuple) of `Entity` subclasses;
 - or an object with an `entities` attribute (that list) and optionally `authorize`
-  (the `open_runtime` hook) and `authenticate` (the dashboard's: request -> operator
-  name, or None to refuse);
+  (the `open_runtime` hook), `limits` (the application's `Limits`) and `authenticate`
+  (the dashboard's: request -> operator name, or None to refuse);
 - or a callable taking no arguments that returns either of those.
+
+Whatever goes wrong while loading it (the module raises or does not compile, the
+callable raises or needs arguments, `entities` is not a list of entity types) is an
+`InvalidArgumentError` naming `--app`, with the original error as its `__cause__`.
 
 Example (`myapp/corral_app.py`):
     app = corral.App(entities=[TicketAgent, Cart], authorize=check_sender)
@@ -17,17 +21,20 @@ Example (`myapp/corral_app.py`):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral._errors import InvalidArgumentError
 from corral.actors import Entity
+from corral.persistence import stored_shards
+from corral.runtime import Limits, Runtime, open_runtime
 
-__all__ = ["App", "load_app"]
+__all__ = ["App", "load_app", "open_operator_runtime"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +46,14 @@ class App:
         authorize: the `open_runtime` authorize hook (None: the claimed sender is kept).
         authenticate: the dashboard's hook: given the HTTP request, the operator's name,
             or None to refuse it (None here: a bearer token given at start).
+        limits: the application's input limits (`open_runtime(limits=...)`), so the
+            tools accept and refuse what the application does (None: the defaults).
     """
 
     entities: Sequence[type[Entity]]
     authorize: Callable[..., Any] | None = None
     authenticate: Callable[[Any], Any] | None = field(default=None)
+    limits: Limits | None = None
 
 
 def load_app(spec: str | None = None) -> App:
@@ -52,8 +62,9 @@ def load_app(spec: str | None = None) -> App:
     The current directory is importable, as for `python -m`.
 
     Raises:
-        InvalidArgumentError: no spec, a module or attribute that is not there, or an
-            attribute that is not an application (see the module docstring).
+        InvalidArgumentError: no spec, a module or attribute that is not there, a module
+            or callable that raises, or an attribute that is not an application (see
+            the module docstring).
     """
     spec = spec or os.environ.get("CORRAL_APP")
     if not spec:
@@ -68,23 +79,33 @@ def load_app(spec: str | None = None) -> App:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise InvalidArgumentError(f"--app {spec}: cannot import {module_name!r}: {err}") from None
+        raise InvalidArgumentError(f"--app {spec}: cannot import {module_name!r}: {err}") from err
+    except Exception as err:  # the application's module itself fails: one line, exit 2
+        raise InvalidArgumentError(
+            f"--app {spec}: importing {module_name!r} raised {_named(err)}") from err
     try:
         value = getattr(module, attr)
     except AttributeError:
         raise InvalidArgumentError(f"--app {spec}: {module_name} has no {attr!r}") from None
-    return _as_app(spec, value() if callable(value) and not isinstance(value, type) else value)
+    if callable(value) and not isinstance(value, type):
+        try:
+            value = value()
+        except Exception as err:
+            raise InvalidArgumentError(
+                f"--app {spec}: calling {attr}() raised {_named(err)}") from err
+    return _as_app(spec, value)
+
+
+def _named(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def _as_app(spec: str, value: Any) -> App:
-    if isinstance(value, App):
-        found: App = value
-    elif isinstance(value, list | tuple):
-        found = App(entities=tuple(value))
-    elif hasattr(value, "entities"):
-        found = App(entities=tuple(value.entities), authorize=getattr(value, "authorize", None),
-                    authenticate=getattr(value, "authenticate", None))
-    else:
+    try:
+        found = _found_app(value)
+    except TypeError as err:  # `entities` is not iterable
+        raise InvalidArgumentError(f"--app {spec}: {err}") from err
+    if found is None:
         raise InvalidArgumentError(
             f"--app {spec}: expected a list of corral.Entity classes or a corral.App, got "
             f"{type(value).__name__}")
@@ -92,4 +113,59 @@ def _as_app(spec: str, value: Any) -> App:
     if bad or not found.entities:
         raise InvalidArgumentError(
             f"--app {spec}: {'no entity types' if not bad else f'not entity types: {bad!r}'}")
+    names = [e._corral_definition.name for e in found.entities]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidArgumentError(f"--app {spec}: two entity types are named {twice[0]!r}")
+    if found.limits is not None and not isinstance(found.limits, Limits):
+        raise InvalidArgumentError(
+            f"--app {spec}: limits must be a corral.Limits, got {type(found.limits).__name__}")
     return found
+
+
+def _found_app(value: Any) -> App | None:
+    """`value` as an `App` (its entities a tuple), or None if it is not one."""
+    if isinstance(value, App):
+        return App(entities=_entity_tuple(value.entities), authorize=value.authorize,
+                   authenticate=value.authenticate, limits=value.limits)
+    if isinstance(value, list | tuple):
+        return App(entities=tuple(value))
+    if hasattr(value, "entities"):
+        return App(entities=_entity_tuple(value.entities),
+                   authorize=getattr(value, "authorize", None),
+                   authenticate=getattr(value, "authenticate", None),
+                   limits=getattr(value, "limits", None))
+    return None
+
+
+def _entity_tuple(entities: Any) -> tuple[Any, ...]:
+    if isinstance(entities, str | bytes) or not hasattr(entities, "__iter__"):
+        raise TypeError(f"entities must be a list of entity types, got "
+                        f"{type(entities).__name__}")
+    return tuple(entities)
+
+
+@contextlib.asynccontextmanager
+async def open_operator_runtime(store: str, app: App, *, shards: int | None = None
+                                ) -> AsyncIterator[Runtime]:
+    """A pure client runtime (`host=False`) on the application's existing store, with
+    its entity types, `authorize` hook and `Limits`: what the operator tools write
+    through.
+
+    The store must already be there (`stored_shards`): an operator tool never creates
+    a store, adds corral's tables to another database or migrates one, and never
+    opens `:memory:`, which would be gone (with whatever was written) when it exits.
+    Its shard count is the store's own; `shards`, if given, must be that count.
+
+    Raises:
+        InvalidArgumentError: no corral store at `store`, or another shard count.
+        StoreError: the store cannot be read, or has another schema version.
+    """
+    found = await stored_shards(store)
+    if shards is not None and shards != found:
+        raise InvalidArgumentError(
+            f"--shards {shards}: the store was created with {found} shards (leave "
+            f"--shards out to use the store's own count)")
+    async with open_runtime(store, entities=app.entities, authorize=app.authorize,
+                            limits=app.limits, shards=found, host=False) as rt:
+        yield rt

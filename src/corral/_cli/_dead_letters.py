@@ -90,7 +90,7 @@ def list_dead_letters(
         "--after", metavar="ID", help="Only ids above this one: the last id of the "
         "previous page.", show_default=False)] = None,
     as_json: JsonFlag = False,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """List dead letters, oldest first (`corral dead-letters TYPE` is the same)."""
     found = Connection(store, app, shards).run(
@@ -121,7 +121,7 @@ def replay(
     key: _KeyFilter = None,
     sender: SenderOption = None,
     as_json: JsonFlag = False,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """Deliver dead letters again as new signals to their entities' running runs, and
     delete them (one transaction each); use it after fixing the handler.
@@ -150,7 +150,7 @@ def discard(
     key: _KeyFilter = None,
     sender: SenderOption = None,
     as_json: JsonFlag = False,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """Delete dead letters without delivering them.
 

@@ -24,7 +24,18 @@ from ._connection import (
     entity_class,
 )
 from ._errors import guard, parse_json
-from ._output import Format, Output, age, cells, out, print_json, print_result, table, when
+from ._output import (
+    Format,
+    Output,
+    age,
+    cells,
+    out,
+    print_json,
+    print_result,
+    printable,
+    table,
+    when,
+)
 
 __all__ = ["ack_line", "list_entities", "send_signal", "show_entity", "signal_handler"]
 
@@ -44,7 +55,7 @@ def list_entities(
         "--after", metavar="CURSOR", help="The next page: the cursor the last page printed.")
         ] = None,
     as_json: JsonFlag = False,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """List entities in (type, key) order, a page at a time."""
     page = Connection(store, app, shards).run(
@@ -74,7 +85,7 @@ def show_entity(
     entity_type: TypeArgument,
     key: KeyArgument,
     as_json: JsonFlag = False,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """Describe one entity: status, runs, snapshot, timers, open waits, dead letters.
 
@@ -126,7 +137,7 @@ def _facts(d: corral.EntityDescription) -> Table:
         ("open waits", str(len(d.open_waits))),
         ("dead letters", str(d.dead_letters)),
     ]:
-        grid.add_row(name, value)
+        grid.add_row(name, printable(value))
     return grid
 
 
@@ -152,7 +163,7 @@ def send_signal(
              "input (null for a type whose __init__ takes none).")] = None,
     sender: SenderOption = None,
     output: Output = Format.TEXT,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """Send a signal to an entity (with --start: starting a run if none is running).
 

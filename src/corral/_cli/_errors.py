@@ -30,6 +30,8 @@ from corral._errors import (
     UnknownHandlerError,
 )
 
+from ._output import printable
+
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "Settings", "debugging", "execute", "exit_status",
            "guard", "one_line", "parse_json", "report"]
 
@@ -66,9 +68,11 @@ def one_line(err: BaseException) -> str:
 
 
 def report(err: BaseException, *, about: str = "") -> None:
-    """Print `err` as one line on stderr: `error: ErrorType: [about: ]message`."""
+    """Print `err` as one line on stderr: `error: ErrorType: [about: ]message`, its
+    control characters escaped (`_output.printable`)."""
     name, _, text = one_line(err).partition(": ")
-    print(f"error: {name}: {about}{': ' if about else ''}{text}", file=sys.stderr)
+    line = f"error: {name}: {about}{': ' if about else ''}{text}"
+    print(printable(line), file=sys.stderr)
 
 
 def execute(ctx: typer.Context, work: Coroutine[Any, Any, T]) -> T:

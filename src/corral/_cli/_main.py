@@ -13,7 +13,7 @@ import corral
 from corral._app import load_app
 
 from . import _dead_letters, _entities, _waits
-from ._connection import AppOption, StoreOption, existing_store
+from ._connection import AppOption, ShardsOption, StoreOption
 from ._errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -105,10 +105,10 @@ def ui(
         "--token", envvar="CORRAL_UI_TOKEN", show_envvar=True,
         help="The bearer token operators sign in with (unless the app authenticates).")
         ] = None,
+    shards: ShardsOption = None,
 ) -> None:
     """Serve the web dashboard (needs the ui extra: pip install 'corral[ui]')."""
     with guard(ctx):
-        existing_store(store)
         loaded = load_app(app_spec)
     try:
         from corral.dashboard import run
@@ -118,7 +118,7 @@ def ui(
         report(err, about="the dashboard needs the ui extra (pip install 'corral[ui]')")
         raise typer.Exit(EXIT_FAILED) from None
     with guard(ctx, ValueError, OSError):  # a bad token, a port taken
-        run(store, loaded, host=host, port=port, token=token)
+        run(store, loaded, host=host, port=port, token=token, shards=shards)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

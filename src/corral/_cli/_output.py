@@ -2,7 +2,10 @@
 
 Tables go to stdout through one rich `Console` with markup off (keys, errors and
 payloads are shown as they are, never read as rich markup); when stdout is not a
-terminal it is as wide as a line needs, so `corral ls | grep` sees whole rows.
+terminal it is as wide as a line needs, so `corral ls | grep` sees whole rows. Every
+cell is `printable`: a control character in a handler's error or an application's key
+(an escape sequence that would retitle or clear the operator's terminal) is shown as
+its Python escape, `\\x1b`, never sent to the terminal. JSON escapes them itself.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -22,9 +26,12 @@ from rich.console import Console
 from rich.table import Table
 
 __all__ = ["Format", "Output", "age", "cells", "err_console", "jsonable", "out", "print_json",
-           "print_result", "table", "when"]
+           "print_result", "printable", "table", "when"]
 
 _PIPE_WIDTH = 1000  # characters: rows are never wrapped or cut when piped
+# C0 and C1 controls, DEL, the line and paragraph separators, and the bidirectional
+# overrides and isolates (which reorder what the terminal shows).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class Format(str, enum.Enum):
@@ -103,6 +110,11 @@ def age(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def printable(text: str) -> str:
+    r"""`text` with each control character as its escape: `"a\x1b[2J"` -> `"a\\x1b[2J"`."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def cells(values: Sequence[object]) -> list[str]:
-    """Table cells: None as '-', everything else by `str`."""
-    return ["-" if v is None else str(v) for v in values]
+    """Table cells: None as '-', everything else by `str`, `printable`."""
+    return ["-" if v is None else printable(str(v)) for v in values]

@@ -38,7 +38,7 @@ def list_waits(
         "--after", metavar="CURSOR", help="The next page: the cursor the last page printed.")
         ] = None,
     as_json: JsonFlag = False,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """List open durable signal waits, oldest first (never their payloads)."""
     page = Connection(store, app, shards).run(
@@ -80,7 +80,7 @@ def deliver(
         help="Only this run (a delivery meant for a run that moved on is then stale).")
         ] = None,
     output: Output = Format.TEXT,
-    shards: ShardsOption = 16,
+    shards: ShardsOption = None,
 ) -> None:
     """Close a durable signal wait of an entity's run, once.
 

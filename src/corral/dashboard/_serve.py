@@ -11,6 +11,7 @@ from types import FrameType
 import uvicorn
 
 import corral
+from corral._app import open_operator_runtime
 
 from ._app import create_app
 from ._auth import check_token
@@ -43,9 +44,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _serve(store: str, app: corral.App, host: str, port: int, token: str | None) -> None:
-    async with corral.open_runtime(store, entities=app.entities, authorize=app.authorize,
-                                   host=False) as rt:
+async def _serve(store: str, app: corral.App, host: str, port: int, token: str | None,
+                 shards: int | None) -> None:
+    async with open_operator_runtime(store, app, shards=shards) as rt:
         web = create_app(rt, authenticate=app.authenticate, token=token)
         with contextlib.closing(_bind(host, port)) as sock:
             bound = sock.getsockname()[1]
@@ -61,12 +62,14 @@ async def _serve(store: str, app: corral.App, host: str, port: int, token: str |
 
 
 def run(store: str, app: corral.App, *, host: str = "127.0.0.1", port: int = 8765,
-        token: str | None = None) -> None:
+        token: str | None = None, shards: int | None = None) -> None:
     """Serve the dashboard on `host:port` until interrupted (Ctrl-C or SIGTERM).
 
     Opens a pure client runtime on `store` (`host=False`: an operator tool hosts no
     shards; the application's processes apply what it delivers) with the application's
-    entity types and `authorize` hook. Unless the application authenticates operators
+    entity types, `authorize` hook and `Limits`. The store must exist: the dashboard
+    never creates or migrates one, and uses the shard count the store was created with
+    (`shards`, if given, must be that count). Unless the application authenticates operators
     itself (`app.authenticate`), they sign in with a bearer token: `token`, or one made
     with `secrets.token_urlsafe` and printed with the URL. Port 0 picks a free port
     (the printed URL has it).
@@ -75,6 +78,7 @@ def run(store: str, app: corral.App, *, host: str = "127.0.0.1", port: int = 876
         ValueError: both `token` and `app.authenticate` were given, or a token shorter
             than 16 characters.
         OSError: the port is taken.
+        InvalidArgumentError: no corral store at `store` (or not `shards` shards).
 
     Example:
         corral.dashboard.run("corral.db", corral.App(entities=[Order]), port=8765)
@@ -86,4 +90,4 @@ def run(store: str, app: corral.App, *, host: str = "127.0.0.1", port: int = 876
         token = secrets.token_urlsafe(32)
     if token is not None:
         check_token(token)  # before the runtime opens
-    asyncio.run(_serve(store, app, host, port, token))
+    asyncio.run(_serve(store, app, host, port, token, shards))

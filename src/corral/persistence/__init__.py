@@ -3,6 +3,7 @@
 several machines; imported only when a `postgresql://` store is opened)."""
 
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
+from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
 from ._records import (
     Acceptance,
@@ -48,4 +49,5 @@ __all__ = [
     "open_store",
     "payload_hash",
     "plain_canonical_json",
+    "stored_shards",
 ]

@@ -6,6 +6,8 @@ import base64
 import binascii
 import functools
 import json
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -135,12 +137,30 @@ def decode_cursor(cursor: object, shape: tuple[type, ...]) -> tuple[Any, ...] | 
         if not isinstance(fields, list) or len(fields) != len(shape):
             raise ValueError(cursor)
         for value, kind in zip(fields, shape, strict=True):
-            ok = isinstance(value, int | float) if kind is float else isinstance(value, kind)
-            if not ok or isinstance(value, bool):
+            if not _fits(value, kind):
                 raise ValueError(cursor)
-    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        return tuple(float(v) if k is float else v for v, k in zip(fields, shape, strict=True))
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeError):
         raise InvalidArgumentError(f"not a cursor of this listing: {cursor!r:.80}") from None
-    return tuple(float(v) if k is float else v for v, k in zip(fields, shape, strict=True))
+
+
+_SURROGATE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def _fits(value: object, kind: type) -> bool:
+    """Whether a decoded cursor field is a `kind` that both stores can bind: text without
+    NUL or lone surrogates (neither store takes them), integers of 64 bits, finite
+    floats. A forged cursor is refused here, before it reaches the store as a driver
+    error (a `StoreError`, which would say that retrying may work)."""
+    if isinstance(value, bool):
+        return False
+    if kind is str:
+        return isinstance(value, str) and _SURROGATE.search(value) is None
+    if kind is int:
+        return isinstance(value, int) and -(2**63) <= value < 2**63
+    if kind is float:
+        return isinstance(value, int | float) and math.isfinite(value)
+    return isinstance(value, kind)
 
 
 @dataclass(frozen=True, slots=True)
