@@ -86,6 +86,20 @@ async def test_a_store_written_by_a_newer_corral_is_refused_and_left_untouched(
     assert "timers_shard_due" not in indexes(path)
 
 
+async def test_a_store_with_an_unreadable_schema_version_is_refused_with_a_store_error(
+    db_path: str,
+) -> None:
+    """Issue 21, item 5: SQLite let `int()`'s ValueError out of `open_runtime`."""
+    async with corral.open_runtime(db_path, entities=[Ticket], shards=4):
+        pass
+    sql(db_path, "UPDATE meta SET v='garbage' WHERE k='schema_version'")
+    with pytest.raises(corral.StoreError, match="unreadable schema version 'garbage'") as caught:
+        async with corral.open_runtime(db_path, entities=[Ticket], shards=4):
+            pass
+    assert "meta" in str(caught.value)  # where to look
+    assert sql(db_path, "SELECT v FROM meta WHERE k='schema_version'") == [("garbage",)]
+
+
 async def test_a_store_is_refused_with_another_shard_count(tmp_path: Path) -> None:
     path = str(tmp_path / "old.db")
     shutil.copy(SCHEMA_1, path)

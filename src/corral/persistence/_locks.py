@@ -19,6 +19,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from corral._errors import StoreError
+
 __all__ = ["LeaseLocks"]
 
 
@@ -30,11 +32,15 @@ class LeaseLocks:
         self._held: dict[int, int] = {}  # shard -> file descriptor holding its lock
 
     def try_lock(self, shard: int) -> bool:
-        """Take the shard's lock if no live process holds it (never blocks)."""
+        """Take the shard's lock if no live process holds it (never blocks).
+
+        Raises:
+            StoreError: the lock file cannot be opened or created (its cause the OS
+                error): no space or inodes left, no permission, something in the way.
+        """
         if shard in self._held:
             return True
-        self._dir.mkdir(exist_ok=True)
-        fd = os.open(self._dir / f"shard-{shard}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open(self._dir / f"shard-{shard}.lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -42,6 +48,17 @@ class LeaseLocks:
             return False
         self._held[shard] = fd
         return True
+
+    def _open(self, path: Path) -> int:
+        try:
+            self._dir.mkdir(exist_ok=True)
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise StoreError(
+                f"cannot create the lease lock file {str(path)!r}: {err}; the store keeps "
+                f"one lock file per shard in {str(self._dir)!r}, beside the store: make it "
+                "a directory this process can write, on a file system with free space and "
+                "inodes") from err
 
     def unlock(self, shard: int) -> None:
         fd = self._held.pop(shard, None)

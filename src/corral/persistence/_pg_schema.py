@@ -24,6 +24,8 @@ from typing import Any
 
 from corral._errors import StoreError
 
+from ._schema import parse_schema_version
+
 __all__ = ["NOTIFY_CHANNEL", "SCHEMA_VERSION", "ensure_schema"]
 
 NOTIFY_CHANNEL = "corral_journal"  # payload: "<store token> <shard>,<shard>,..."
@@ -185,7 +187,7 @@ async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
         found = None
         if await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
             found = await conn.fetchval("SELECT v FROM meta WHERE k = 'schema_version'")
-        version = 0 if found is None else _parse_version(found, where)
+        version = 0 if found is None else parse_schema_version(found, where)
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"store {where} has schema version {version}, written by a newer corral; "
@@ -219,10 +221,3 @@ async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
             "INSERT INTO shard_ticks (shard, tick) SELECT s, 0 FROM generate_series(0, $1 - 1) s "
             "ON CONFLICT DO NOTHING", shards,
         )
-
-
-def _parse_version(found: str, where: str) -> int:
-    try:
-        return int(found)
-    except ValueError:
-        raise StoreError(f"store {where} has an unreadable schema version {found!r}") from None

@@ -12,6 +12,8 @@ transaction, and a store written by a newer corral is refused (see `SqliteStore`
 
 from __future__ import annotations
 
+from corral._errors import StoreError
+
 _DEAD_LETTER_FIELDS = ("id, etype, key, run_id, seq, message_id, name, payload, sender, "
                        "error, traceback, attempts, failed_at")
 
@@ -85,6 +87,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""
+
+
+def parse_schema_version(found: str, where: str) -> int:
+    """The schema version a store recorded (`found`, the text of its `meta` row), as
+    both engines read it; a `StoreError` saying what to fix if it is not an integer."""
+    try:
+        return int(found)
+    except ValueError:
+        raise StoreError(
+            f"store {where} has an unreadable schema version {found!r} (the "
+            "'schema_version' row of its meta table, where corral writes an integer): "
+            "restore the store from a backup, or set that row back to the version of "
+            "the corral that wrote the store") from None
+
 
 PRAGMAS = (
     "PRAGMA journal_mode=WAL",

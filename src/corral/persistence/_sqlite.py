@@ -61,7 +61,7 @@ from ._records import (
     UpdateOutcome,
     WaitRecord,
 )
-from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION
+from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
 from ._txn import Fence, Txn, WriteOp
 from ._wait_ops import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
 from ._waits import WaitPosition
@@ -169,7 +169,7 @@ class SqliteStore:
                 row = await cur.fetchone()
         except sqlite3.OperationalError:  # no meta table: a new store
             return 0
-        return 1 if row is None else int(row[0])
+        return 1 if row is None else parse_schema_version(row[0], repr(self.path))
 
     def _refuse_newer(self, found: int) -> None:
         if found > SCHEMA_VERSION:
@@ -189,7 +189,8 @@ class SqliteStore:
         await db.execute("BEGIN IMMEDIATE")
         try:
             meta = {k: v async for k, v in await db.execute("SELECT k, v FROM meta")}
-            found = int(meta.get("schema_version", "1" if meta else "0"))
+            found = parse_schema_version(meta.get("schema_version", "1" if meta else "0"),
+                                         repr(self.path))
             self._refuse_newer(found)
             if meta.get("shards", str(shards)) != str(shards):
                 raise StoreError(
