@@ -10,8 +10,10 @@ here. Each test uses keys of its own. Requests go through httpx; the browser wal
 
 from __future__ import annotations
 
+import base64
 import html
 import importlib.util
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -473,3 +475,16 @@ async def test_an_application_authenticate_hook_names_the_operator_and_there_is_
             assert retry.status == "duplicate"
             with pytest.raises(corral.IdempotencyConflictError):
                 await ref.deliver(Refund.approval, decision, key="k-ana", sender="ops-bob")
+
+
+async def test_a_forged_listing_cursor_is_a_400_page_not_a_503(web: httpx.AsyncClient) -> None:
+    def forged(fields: list[Any]) -> str:
+        return quote(base64.urlsafe_b64encode(json.dumps(fields).encode()).decode())
+
+    surrogate, nul = forged(["\ud800", "k"]), forged(["Tally", "k\x00"])
+    too_big = forged([1.0, "Refund", "r", 2**64, "approval"])  # a run id over 2^63
+    for path in (f"/?after={surrogate}", f"/?type=Tally&after={nul}",
+                 f"/waits?after={too_big}"):
+        page = await web.get(path)
+        assert page.status_code == 400, (path, page.text)
+        assert "not a cursor of this listing" in page.text
