@@ -17,8 +17,8 @@ import enum
 import logging
 import traceback
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import corral.metrics as metrics
 from corral._common import RunStatus
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["Activation"]
 
 log = logging.getLogger("corral.activation")
+T = TypeVar("T")
 
 
 class _State(enum.Enum):
@@ -130,11 +131,30 @@ class Activation:
         self._timers += 1
         timer_id = f"{self._run_id}.{self.applied_seq}.{self._timers}"
         store, fence = self._shard.store, self._shard.fence
-        await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id,
-                              deadline)
+        await self.retrying("timer", lambda: store.set_timer(
+            fence, self.entity_type, self.key, self._run_id, timer_id, deadline))
         result = await self.wait_until(predicate, max(0.0, deadline - self.now()))
-        await store.set_timer(fence, self.entity_type, self.key, self._run_id, timer_id, None)
+        await self.retrying("timer", lambda: store.set_timer(
+            fence, self.entity_type, self.key, self._run_id, timer_id, None))
         return result
+
+    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A store call `run()` made through the context (a timer, a snapshot, a signal
+        wait), repeated with the type's backoff while the store fails: an outage or a full
+        disk never reaches `run()`, which waits it out where it is. A lost lease does
+        reach it (the next holder runs `run()` again); a closing host cancels the wait."""
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except LeaseLostError:
+                raise
+            except StoreError as err:
+                failures += 1
+                delay = self.definition.retry.backoff(failures)
+                log.warning("%s %r run %d: %s failed (%s); run() waits, retrying in %.3fs",
+                            self.entity_type, self.key, self._run_id, what, err, delay)
+                await asyncio.sleep(delay)
 
     @property
     def shard(self) -> Shard:
@@ -357,9 +377,16 @@ class Activation:
         except LeaseLostError:
             log.warning("%s %r: shard lease lost; evicting", self.entity_type, self.key)
             self._finish()
-        except Exception:
-            log.exception("%s %r: activation failed; evicting", self.entity_type, self.key)
-            self._finish()
+        except Exception as err:
+            # A store error while applying (recording an update, a snapshot due) or a
+            # failure of the host's own: the journal keeps every entry, so evict and come
+            # back from the store. Nothing else would: a retried update is a duplicate,
+            # which is not delivered again, and the journal tail has moved past it.
+            if isinstance(err, StoreError):
+                log.warning("%s %r: %s; evicting", self.entity_type, self.key, err)
+            else:
+                log.exception("%s %r: activation failed; evicting", self.entity_type, self.key)
+            self._suspend()
         finally:
             if self._worker is not None and self._worker.done() is False \
                     and self._worker is asyncio.current_task(self._worker.get_loop()):
@@ -381,7 +408,7 @@ class Activation:
                 return  # continue-as-new carries the rest to the next run
             await self._apply(entry, replaying=True)
         if self._snapshot_due():
-            await self.checkpoint()
+            await self.snapshot()
 
     async def _drain(self) -> None:
         inbox = self._inbox
@@ -466,14 +493,18 @@ class Activation:
         if outcome is not None:
             await self._shard.record_update(self, entry, outcome, replaying=replaying)
         if not replaying and self._snapshot_due():
-            await self.checkpoint()
+            await self.snapshot()
 
     def _snapshot_due(self) -> bool:
         every = self.definition.snapshots.every
         return (every is not None and self.applied_seq - self._snapshot_seq >= every
                 and not self.closed and not self._switching)
 
-    async def checkpoint(self, *, passivate: bool = False) -> None:
+    async def checkpoint(self) -> None:
+        """`Entity.checkpoint()`: a snapshot now, retried while the store fails."""
+        await self.retrying("checkpoint", self.snapshot)
+
+    async def snapshot(self, *, passivate: bool = False) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
 
         Writes even when no message was applied since the last snapshot: `run()` calls
@@ -528,7 +559,7 @@ class Activation:
         """
         self._switching = True
         try:
-            await self.checkpoint(passivate=True)
+            await self.snapshot(passivate=True)
         except Exception:
             self._switching = False
             log.exception("%s %r: passivation failed; staying resident", self.entity_type,
@@ -559,6 +590,18 @@ class Activation:
             await self._settle(self._continue(can.next_input, watermark,
                                               abort_handler=in_handler))
             return
+        except LeaseLostError:
+            log.warning("%s %r: lease lost under run(); the next host reruns it",
+                        self.entity_type, self.key)
+            self._finish()
+            return
+        except StoreError as err:
+            # Not the run's failure: the store's. Evict; run() starts again from the top
+            # when the activation comes back (`retrying` spares it most of these).
+            log.warning("%s %r run %d: run() met a store error (%s); evicting",
+                        self.entity_type, self.key, self._run_id, err)
+            self._suspend()
+            return
         except Exception:
             status = RunStatus.FAILED
             error = traceback.format_exc()
@@ -581,9 +624,20 @@ class Activation:
         except StoreError as err:
             log.warning("%s %r run %d: closing failed (%s); activating it again",
                         self.entity_type, self.key, self._run_id, err)
-            self._finish()
-            self._shard.activate_later(self.entity_type, self.key,
-                                       self.definition.retry.max_backoff)
+            self._suspend()
+
+    def _suspend(self) -> None:
+        """Evict after a failure that is not the entity's (the store's, or the host's),
+        and activate the entity again after the type's longest backoff, unless a message
+        brings it back first. Its run stays running; recovery replays the journal."""
+        lifecycle("activation suspended", self.entity_type, self.key, self._run_id,
+                  retry_in=self.definition.retry.max_backoff)
+        worker = self._worker
+        if worker is not None and worker is not asyncio.current_task():
+            worker.cancel()
+        self._finish()
+        self._shard.activate_later(self.entity_type, self.key,
+                                   self.definition.retry.max_backoff)
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""

@@ -154,7 +154,7 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: 
     # Snapshot at this entry so that recovery starts after it (see the module docstring).
     act.applied_seq = entry.seq
     try:
-        await act.checkpoint()
+        await act.snapshot()
     except StoreError:  # lease lost or store failing: the activation stops
         raise
     except Exception as snap_err:  # state that does not pickle

@@ -36,15 +36,15 @@ class RunWaits:
         store, fence = act.shard.store, act.shard.fence
         if name not in seen:
             now = act.now()
-            self._learn(name, await store.open_wait(
+            self._learn(name, await act.retrying("signal wait", lambda: store.open_wait(
                 fence, act.entity_type, act.key, act.run_id, name,
-                deadline=None if timeout is None else now + timeout, now=now))
+                deadline=None if timeout is None else now + timeout, now=now)))
         while seen[name].status is WaitStatus.OPEN:
             deadline = seen[name].deadline
             remaining = None if deadline is None else deadline - act.now()
             if remaining is not None and remaining <= 0:
-                self._learn(name, await store.expire_wait(
-                    fence, act.entity_type, act.key, act.run_id, name, now=act.now()))
+                self._learn(name, await act.retrying("signal wait", lambda: store.expire_wait(
+                    fence, act.entity_type, act.key, act.run_id, name, now=act.now())))
                 break
             await act.wait_until(lambda: seen[name].status is not WaitStatus.OPEN, remaining)
         found = seen[name]
