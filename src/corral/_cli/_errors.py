@@ -5,8 +5,8 @@ Exit statuses: 0 done; 1 the runtime refused or failed (not running, no such dea
 letter, an idempotency conflict, unauthorized, the store failed, or some items of a
 bulk command failed); 2 bad input, which no retry fixes (a usage error, an unknown
 type, handler or wait, a bad key, payload, JSON or argument, an `--app` that does not
-load, a store file that is not there). Nothing is stored for bad input: the runtime
-validates every call before it stores anything.
+load or build, a store that is not there or is no corral store, `:memory:`). Nothing is
+stored for bad input: the runtime validates every call before it stores anything.
 """
 
 from __future__ import annotations
