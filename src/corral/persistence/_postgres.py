@@ -291,12 +291,18 @@ class PostgresStore:
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for another process's commit for a shard held
         here; woken at once by its NOTIFY."""
+        self._refuse_if_closed()
         return await self._session.wait(timeout)
 
     async def foreign_commit_seen(self) -> bool:
         """Whether another process accepted entries (for a shard held here) since the
         last call: at once through LISTEN/NOTIFY, else at least every `poll_fallback`."""
+        self._refuse_if_closed()
         return self._session.seen()
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise StoreError("store is closed")
 
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = 2000
                            ) -> tuple[int, list[JournalEntry]]:

@@ -287,11 +287,25 @@ class SqliteStore:
 
     async def foreign_commit_seen(self) -> bool:
         """Whether another process committed since the last call (cheap; no transaction)."""
-        assert self._writer is not None
         if self._queue.empty:  # idle writer: ask directly instead of waiting for a batch
-            await _in_thread(self._writer, self._note_data_version)
+            await self._on(self._writer, self._note_data_version)
         seen, self._foreign_commit = self._foreign_commit, False
         return seen
+
+    async def _on(self, conn: aiosqlite.Connection | None, fn: Callable[..., T],
+                  *args: Any) -> T:
+        """`fn(connection, *args)` in `conn`'s thread. Once `close` has begun, the
+        `StoreError` every caller handles: never an assert or aiosqlite's `ValueError`
+        for a connection closed between the check and the call (a host's task may be
+        past its last await when the store closes under it)."""
+        if conn is None or self._queue.closed:
+            raise StoreError("store is closed")
+        try:
+            return await _in_thread(conn, fn, *args)
+        except (ValueError, sqlite3.ProgrammingError) as err:
+            if not self._queue.closed:
+                raise
+            raise StoreError("store is closed") from err
 
     def accept(self, acc: Acceptance) -> Coroutine[Any, Any, AcceptResult]:
         return self.write(AcceptOp(acc))  # no frame of its own: every send comes here
@@ -436,9 +450,7 @@ class SqliteStore:
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` on the reader connection inside one read transaction."""
-        if self._reader is None:
-            raise StoreError("store is closed")
-        return await _in_thread(self._reader, self._read_txn, fn)
+        return await self._on(self._reader, self._read_txn, fn)
 
     @staticmethod
     def _read_txn(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:

@@ -60,6 +60,7 @@ class LocalHost:
         # renewal, and until then the lock looks free, which would read as "its holder
         # died" and let this host take the shard straight back.
         self._lost: dict[int, float] = {}
+        self._failures: dict[str, int] = {}  # a loop's failed rounds in a row
 
     async def start(self) -> None:
         metrics.track_residents(self)
@@ -75,11 +76,18 @@ class LocalHost:
         return self.shards.get(index)
 
     async def close(self) -> None:
+        """Stop in order: the host's own tasks (cancelled and awaited, wherever they
+        were), then its shards' activations, then its leases. The store is closed only
+        after this returns, so nothing of the host reaches a closed store; a task that
+        had died of a bug is logged here, never raised out of the runtime's close."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        ended = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task, outcome in zip(self._tasks, ended, strict=True):
+            if isinstance(outcome, Exception):
+                log.error("host %s: task %s had failed", self.owner, task.get_name(),
+                          exc_info=outcome)
+        self._tasks = []
         await asyncio.gather(*(s.stop() for s in self.shards.values()))
         self.shards.clear()
         with contextlib.suppress(StoreError):
@@ -96,7 +104,15 @@ class LocalHost:
             shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
                           self.clock)
             self.shards[index] = shard
-            recovered = await shard.start()
+            try:
+                recovered = await shard.start()
+            except BaseException:
+                # Its recovery read failed: hosting it now would strand its running
+                # entities. Drop it and keep the lease: the next round takes it again
+                # (already ours, same epoch) and recovers it then.
+                del self.shards[index]
+                await shard.stop()
+                raise
             lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
             log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
                      index, epoch, recovered)
@@ -113,8 +129,9 @@ class LocalHost:
                     self._lost[index] = time.monotonic()
                     await self.shards.pop(index).stop()
                 await self._acquire()
-            except StoreError:
-                log.exception("host %s: lease renewal failed; retrying", self.owner)
+                self._failures.pop("lease renewal", None)
+            except Exception as err:
+                await self._backoff("lease renewal", err)
 
     async def _housekeep(self) -> None:
         """Fire due durable timers of entities not in memory; passivate idle ones."""
@@ -129,8 +146,9 @@ class LocalHost:
                 if sweep_every is not None and time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + sweep_every
                     await self.passivate_idle()
-            except StoreError:
-                log.exception("host %s: housekeeping failed; retrying", self.owner)
+                self._failures.pop("housekeeping", None)
+            except Exception as err:
+                await self._backoff("housekeeping", err)
 
     async def fire_due_timers(self) -> int:
         """Activate the entities of our shards, not in memory, with a durable timer due."""
@@ -178,5 +196,21 @@ class LocalHost:
                         shard = self.shards.get(self.router.shard_of(entry.entity_type, entry.key))
                         if shard is not None:
                             shard.deliver(entry)
-            except StoreError:
-                log.exception("host %s: journal tail failed; retrying", self.owner)
+                self._failures.pop("journal tail", None)
+            except Exception as err:
+                await self._backoff("journal tail", err)
+
+    async def _backoff(self, what: str, err: Exception) -> None:
+        """A round of one of the host's loops failed: log it and wait before the next,
+        longer after each failure in a row (up to a second), so that a store refusing at
+        once (down, or closed under the host) is neither hammered nor logged in a spin.
+        A store error is the operator's news; anything else is a bug, with its trace."""
+        failures = self._failures[what] = self._failures.get(what, 0) + 1
+        delay = min(0.01 * 2 ** failures, 1.0)
+        if isinstance(err, StoreError):
+            log.warning("host %s: %s failed (%s); retrying in %.2fs", self.owner, what, err,
+                        delay)
+        else:
+            log.error("host %s: %s failed; retrying in %.2fs", self.owner, what, delay,
+                      exc_info=err)
+        await asyncio.sleep(delay)
