@@ -3,9 +3,10 @@
 What corral writes from user code as text: an exception's message and traceback (a
 dead letter, a failed run), and a run's result. Such text may hold what PostgreSQL
 refuses to store (NUL, in text and as `\\u0000` in jsonb) or what neither engine can
-encode (a lone surrogate: not UTF-8). Each such code point is stored as its escape
-(`\\u0000`, `\\udcff`), the same on both stores: a handler quoting a payload never
-freezes its entity, and a run that raises or returns such text still closes.
+encode (a lone surrogate: not UTF-8). A NUL is stored as its escape `\\u0000` and a
+lone surrogate as U+FFFD (`persistence._codec.storable_text`), the same on both stores:
+a handler quoting a payload never freezes its entity, and a run that raises or returns
+such text still closes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from stores import sql
 # A handler quoting what it was sent (NUL), and bytes decoded with surrogateescape (a
 # lone surrogate): both reach the message of the exception it raises.
 UNSTORABLE = "bad\x00input " + b"\xff".decode("utf-8", "surrogateescape")
-STORED = "bad\\u0000input \\udcff"
+STORED = "bad\\u0000input \ufffd"
 
 
 class Init(BaseModel):
@@ -112,8 +113,7 @@ async def test_a_run_returning_a_nul_and_a_lone_surrogate_closes_with_its_result
         ref = rt.ref(Echo, "e")
         await ref.start(start=Init(owner="ops"))
 
-        async def closed() -> bool:
-            return (await ref.describe()).status is corral.RunStatus.COMPLETED
-        await wait_until(closed, "the run is closed as completed")
+        value = await ref.result(timeout=30)
+    assert value == "done: bad\x00input \ufffd"  # the NUL was JSON's own escape
     [(result,)] = sql(db_path, "SELECT result FROM runs WHERE etype='Echo' AND key='e'")
-    assert result == f'"done: {STORED}"'  # still JSON: the escapes are JSON's own
+    assert result == f'"done: {STORED}"'

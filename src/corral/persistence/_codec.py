@@ -59,21 +59,29 @@ def payload_hash(name: str, payload: str) -> bytes:
 
 def storable_text(text: str) -> str:
     """`text` as both stores can keep it, and keep alike: each NUL (PostgreSQL refuses
-    it) and each lone surrogate (not UTF-8: neither engine can encode it) becomes its
-    escape, `\\u0000` or `\\udcff`.
+    it) becomes its escape `\\u0000`, and each lone surrogate (not UTF-8: neither
+    engine can encode it) the replacement character U+FFFD, as `errors="replace"`
+    decoding would have made it.
 
     For the text user code makes and corral writes as it is: an exception's message
     and traceback (dead letters, failed runs), a run's result. In JSON text (a result)
-    only a lone surrogate can occur raw, inside a string, where its escape is JSON's
-    own: the JSON stays valid and means the same.
+    a NUL is always escaped already and a lone surrogate can only sit in a string, so
+    the JSON stays valid, and pydantic reads it back (it refuses a lone surrogate's
+    escape).
 
     Example:
         >>> storable_text("bad\\x00input")
         'bad\\\\u0000input'
+        >>> storable_text("\\udcff") == "\\ufffd"
+        True
     """
     if _UNSTORABLE.search(text) is None:  # nearly always: one scan, no copy
         return text
-    return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSTORABLE.sub(_storable, text)
+
+
+def _storable(found: re.Match[str]) -> str:
+    return "\\u0000" if found.group() == "\x00" else "\ufffd"
 
 
 def closing_texts(result: str | None, error: str | None) -> tuple[str | None, str | None]:

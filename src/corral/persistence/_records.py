@@ -168,9 +168,9 @@ class DeadLetter:
         name: the signal handler's name.
         payload: the payload as canonical JSON text (as accepted; never unpickled).
         sender: the recorded (authenticated) sender, or None.
-        error: the last exception, as `Type: message` (a NUL or a lone surrogate in it
-            stored as its escape, `\\u0000`: see `storable_text`).
-        traceback: the last exception's formatted traceback (escaped alike).
+        error: the last exception, as `Type: message` (a NUL in it stored as the
+            escape `\\u0000`, a lone surrogate as U+FFFD: see `storable_text`).
+        traceback: the last exception's formatted traceback (stored alike).
         attempts: how many times the handler was called.
         failed_at: when the last attempt failed (seconds since the epoch).
     """
