@@ -81,6 +81,9 @@ async def test_a_crash_restart_and_killed_connections_lose_and_duplicate_nothing
             after_restart = len(acked)
             await wait_until(lambda: len(acked) >= after_restart + 300,
                              "the stream resumes after the restart", timeout=60)
+            async def sessions_back() -> bool:  # the writer's and the listener's
+                return len(await backends(pg_url)) >= 2
+            await wait_until(sessions_back, "the host reconnected after the restart")
             killed = await kill_every_connection(pg_url)
             assert killed >= 2  # at least the writer and the listener
             after_kill = len(acked)
