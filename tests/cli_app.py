@@ -85,7 +85,10 @@ class Approval(corral.Entity):
 
 
 class Flare(corral.Entity):
-    """A run that fails at once, with its start input (as it is) for the error."""
+    """A run that fails at once, with its start input (as it is) for the error (a type in
+    `fail_on`: any other exception would suspend the run, not fail it)."""
+
+    fail_on = (RuntimeError,)
 
     def __init__(self, init: Note) -> None:
         self.text = init.text

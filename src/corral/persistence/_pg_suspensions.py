@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ._codec import storable_text
 from ._pg_txn import LockPlan, PgTxn
 from ._records import Suspension
 from ._suspensions import CLEAR, SUSPEND, numbered
@@ -30,7 +31,7 @@ class PgSuspendOp:
         await txn.check(self.fence)
         r = self.record
         await txn.conn.execute(_SUSPEND, r.entity_type, r.key, r.run_id, self.fence.shard,
-                               r.error, r.attempts, r.since, r.next_attempt_at)
+                               storable_text(r.error), r.attempts, r.since, r.next_attempt_at)
 
 
 @dataclass(frozen=True, slots=True)

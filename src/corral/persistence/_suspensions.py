@@ -16,6 +16,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from ._codec import storable_text
 from ._records import Suspension
 from ._txn import Fence, Txn
 
@@ -81,7 +82,8 @@ class SuspendOp:
     def apply(self, txn: Txn) -> None:
         txn.check(self.fence)
         r = self.record
-        txn.db.execute(SUSPEND, (r.entity_type, r.key, r.run_id, self.fence.shard, r.error,
+        txn.db.execute(SUSPEND, (r.entity_type, r.key, r.run_id, self.fence.shard,
+                                 storable_text(r.error),
                                  r.attempts, r.since, r.next_attempt_at))
 
 
