@@ -298,3 +298,12 @@ async def test_listing_and_metrics_show_a_suspended_run(db_path: str) -> None:
 def _count(name: str, etype: str) -> float:
     value = metrics.REGISTRY.get_sample_value(name, {"entity_type": etype})
     return 0.0 if value is None else value
+
+
+def test_fail_on_and_an_endless_handler_retry_are_checked_when_the_class_is_defined() -> None:
+    with pytest.raises(corral.EntityDefinitionError, match="fail_on must be a tuple"):
+        class BadFailOn(corral.Entity):
+            fail_on = ("KeyError",)  # type: ignore[assignment]
+    with pytest.raises(corral.EntityDefinitionError, match=r"retry.max_attempts must be a num"):
+        class EndlessHandlers(corral.Entity):
+            retry = corral.RetryPolicy(max_attempts=None)

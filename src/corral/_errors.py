@@ -17,6 +17,7 @@ __all__ = [
     "EntityFailedError",
     "EntityNotRunningError",
     "EntityTerminatedError",
+    "FailRun",
     "IdempotencyConflictError",
     "InvalidArgumentError",
     "InvalidKeyError",
