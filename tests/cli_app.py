@@ -85,7 +85,10 @@ class Approval(corral.Entity):
 
 
 class Flare(corral.Entity):
-    """A run that fails at once, with its start input (as it is) for the error."""
+    """A run that fails at once, with its start input (as it is) for the error (a type in
+    `fail_on`: any other exception would suspend the run, not fail it)."""
+
+    fail_on = (RuntimeError,)
 
     def __init__(self, init: Note) -> None:
         self.text = init.text
@@ -94,7 +97,19 @@ class Flare(corral.Entity):
         raise RuntimeError(self.text)
 
 
-app = corral.App(entities=[Board, Approval, Flare])
+class Stuck(corral.Entity):
+    """A run with a bug: `run()` raises, so the run is suspended (retried an hour later)."""
+
+    run_retry = corral.RetryPolicy(max_attempts=None, initial_backoff=3600, max_backoff=3600)
+
+    def __init__(self, init: Note) -> None:
+        self.text = init.text
+
+    async def run(self) -> None:
+        raise KeyError(self.text)
+
+
+app = corral.App(entities=[Board, Approval, Flare, Stuck])
 
 LIMITS = corral.Limits(max_payload_bytes=1024, key_pattern=r"[a-z0-9-]+(~[a-z0-9-]+)?")
 """Payloads up to 1 KiB, and keys that may hold one `~` (the default pattern refuses it)."""

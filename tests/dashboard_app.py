@@ -124,7 +124,16 @@ class Tally(corral.Entity):
         self.count += 1
 
 
-ENTITIES: list[type[corral.Entity]] = [Refund, Ledger, Tally]
+class Stuck(corral.Entity):
+    """`run()` has a bug: the run is suspended (retried an hour later, unless resumed)."""
+
+    run_retry = corral.RetryPolicy(max_attempts=None, initial_backoff=3600, max_backoff=3600)
+
+    async def run(self) -> None:
+        raise KeyError("no template <b>for</b> this")
+
+
+ENTITIES: list[type[corral.Entity]] = [Refund, Ledger, Tally, Stuck]
 
 
 def authorize(request: corral.AuthRequest) -> str | bool | None:

@@ -183,7 +183,8 @@ class JobResult(BaseModel):
 
 
 class Job(corral.Entity):
-    """Runs until a `finish` signal: completes or fails on request."""
+    """Runs until a `finish` signal: completes or fails on request (`corral.FailRun`: any
+    other exception would suspend the run, not fail it)."""
 
     def __init__(self, init: Start) -> None:
         self.instance = next(_INSTANCES)
@@ -208,7 +209,7 @@ class Job(corral.Entity):
     async def run(self) -> JobResult:
         await self.wait_for(lambda: self.mode is not None)
         if self.mode == "fail":
-            raise RuntimeError("job failed on purpose")
+            raise corral.FailRun("job failed on purpose")
         return JobResult(run_id=self.run_id, tenant=self.tenant, pokes=list(self.pokes))
 
 

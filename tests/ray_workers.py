@@ -162,7 +162,36 @@ class Brittle(corral.Entity):
         return self.items
 
 
-ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate, Brittle]
+class Patchy(corral.Entity):
+    """`run()` answers items in order, and has a bug: an item whose id starts with "bug"
+    raises until an item "patch" has arrived (the fix, shipped as data: a Ray actor runs
+    the code it was started with). Suspended runs are retried an hour later, unless
+    resumed."""
+
+    run_retry = corral.RetryPolicy(max_attempts=None, initial_backoff=3600, max_backoff=3600)
+
+    def __init__(self, init: Start) -> None:
+        self.inbox: list[str] = []
+        self.answered: list[str] = []
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        self.inbox.append(item.id)
+
+    @corral.query
+    def seen(self) -> list[str]:
+        return self.answered
+
+    async def run(self) -> None:
+        while True:
+            await self.wait_for(lambda: self.inbox)
+            while self.inbox:
+                if self.inbox[0].startswith("bug") and "patch" not in self.inbox:
+                    raise RuntimeError(f"cannot answer {self.inbox[0]}")
+                self.answered.append(self.inbox.pop(0))
+
+
+ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate, Brittle, Patchy]
 
 
 # -- a storm sender (a driver process or a Ray task) -----------------------------------

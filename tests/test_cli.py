@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import corral
-from cli_app import Approval, Board, BoardInput, Note, app
+from cli_app import Approval, Board, BoardInput, Note, Stuck, app
 from corral.cli import main
 from procs import wait_until
 from stores import row_counts
@@ -171,6 +171,29 @@ def _row(out: str, *cells: str) -> bool:
     """Whether a table line holds `cells` in this order."""
     pattern = r"\s+".join(re.escape(c) for c in cells)
     return any(re.search(rf"(^|\s){pattern}(\s|$)", line) for line in out.splitlines())
+
+
+async def test_ls_and_show_say_a_run_is_suspended_and_show_prints_its_error(
+    db_path: str, tmp_path: Path,
+) -> None:
+    async with corral.open_runtime(db_path, entities=app.entities) as rt:
+        ref = rt.ref(Stuck, "s-1")
+        await ref.start(start=Note(text="no template for s-1"))
+
+        async def suspended() -> bool:
+            return (await ref.describe()).suspension is not None
+        await wait_until(suspended, "the run is suspended")
+    ls, show, show_json = await _all(["ls", "Stuck"], ["show", "Stuck", "s-1"],
+                                     ["show", "Stuck", "s-1", "--json"],
+                                     store=db_path, cwd=tmp_path)
+    assert _row(ls.ok(), "Stuck", "s-1", "running (suspended)", "1")
+    assert _row(show.ok(), "status", "running (suspended)")
+    assert _row(show.stdout, "suspended", "1", "failed", "attempt", "since")
+    assert "KeyError: 'no template for s-1'" in show.stdout
+    assert "Traceback" in show.stdout
+    found = show_json.json()["suspension"]
+    assert (found["attempts"], found["run_id"]) == (1, 1)
+    assert "KeyError" in found["error"]
 
 
 async def test_ls_show_waits_and_dead_letters_print_tables_and_json_and_write_nothing(

@@ -148,7 +148,7 @@ async def test_result_of_a_failed_run_raises_with_the_error(db_path: str) -> Non
         with pytest.raises(corral.EntityFailedError) as caught:
             await ref.result(timeout=30)
         info = await ref.describe()
-    assert "RuntimeError: job failed on purpose" in str(caught.value)
+    assert "FailRun: job failed on purpose" in str(caught.value)
     assert info.status is corral.RunStatus.FAILED
     assert "job failed on purpose" in (info.runs[0].error or "")
 

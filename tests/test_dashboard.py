@@ -32,6 +32,7 @@ from dashboard_app import (
     Decision,
     Ledger,
     Refund,
+    Stuck,
     Tally,
     dead_notes,
     eventually,
@@ -475,6 +476,28 @@ async def test_an_application_authenticate_hook_names_the_operator_and_there_is_
             assert retry.status == "duplicate"
             with pytest.raises(corral.IdempotencyConflictError):
                 await ref.deliver(Refund.approval, decision, key="k-ana", sender="ops-bob")
+
+
+async def test_the_entity_page_and_listing_show_a_suspended_run_with_its_error(
+    rt: corral.Runtime, web: httpx.AsyncClient,
+) -> None:
+    key = fresh("stuck")
+    ref = rt.ref(Stuck, key)
+    await ref.start(start=None)
+
+    async def suspended() -> bool:
+        return (await ref.describe()).suspension is not None
+    await eventually(suspended, what="the run is suspended")
+    page = await web.get(entity_path("Stuck", key))
+    assert page.status_code == 200, page.text
+    assert shown(page, "status") == "running (suspended)"
+    assert 'id="suspension"' in page.text
+    assert "1 failed attempt(s)" in page.text
+    assert "KeyError: &#x27;no template &lt;b&gt;for&lt;/b&gt; this&#x27;" in page.text
+    listing = await web.get("/", params={"type": "Stuck"})
+    assert listing.status_code == 200, listing.text
+    assert re.search(rf"{key}</a></td><td class=\"status\">running \(suspended\)</td>",
+                     listing.text), listing.text
 
 
 async def test_a_forged_listing_cursor_is_a_400_page_not_a_503(web: httpx.AsyncClient) -> None:

@@ -614,6 +614,26 @@ async def test_a_store_at_schema_1_is_upgraded_and_keeps_its_entities(pg_url: st
     assert await sql(pg_url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'dedupe_sweep'") \
         == [("CREATE INDEX dedupe_sweep ON public.dedupe USING btree (etype, key, seq) "
              "WHERE (seq > 0)",)]  # schema 3
+    assert await sql(pg_url, "SELECT count(*) FROM suspensions") == [(0,)]  # schema 4
+
+
+async def test_a_store_at_schema_3_gains_the_suspensions_table(pg_url: str) -> None:
+    async with corral.open_runtime(pg_url, entities=[Recorder], shards=SHARDS) as rt:
+        await rt.ref(Recorder, "old").signal_with_start(
+            Recorder.note, Note(mid="m-1"), start=Start(origin="v1"), message_id="m-1")
+    # Back to what a corral of schema 3 wrote: no suspensions table.
+    await sql(pg_url, "DROP TABLE suspensions")
+    await sql(pg_url, "UPDATE meta SET v = '3' WHERE k = 'schema_version'")
+    async with corral.open_runtime(pg_url, entities=[Recorder], shards=SHARDS) as rt:
+        ref = rt.ref(Recorder, "old")
+        await ref.signal(Recorder.note, Note(mid="m-2"), message_id="m-2")
+        assert (await ref.describe()).suspension is None
+        assert [e.suspended for e in (await rt.entities(Recorder)).items] == [False]
+    assert await sql(pg_url, "SELECT v FROM meta WHERE k = 'schema_version'") == \
+        [(str(PG_SCHEMA_VERSION),)]
+    assert await sql(pg_url, "SELECT count(*) FROM suspensions") == [(0,)]
+    assert await sql(pg_url, "SELECT count(*) FROM pg_indexes WHERE indexname = "
+                     "'suspensions_shard'") == [(1,)]
 
 
 async def test_the_dedupe_sweep_reads_only_what_it_forgets_and_ids_keep_the_primary_key(

@@ -148,3 +148,9 @@ def test_no_source_file_of_a_lower_layer_names_a_higher_one(
         imports = imported_corral_modules(path)
         bad = {m for m in imports if m == "corral" or m.startswith(forbidden)}
         assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_fail_run_is_a_public_corral_error_that_user_code_raises() -> None:
+    assert "FailRun" in corral.__all__
+    assert issubclass(corral.FailRun, corral.CorralError)
+    assert corral.Entity.run_retry.max_attempts is None  # suspended runs retry forever

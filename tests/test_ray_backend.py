@@ -52,6 +52,7 @@ from ray_workers import (
     Heavy,
     Item,
     Metered,
+    Patchy,
     Seen,
     Start,
     Tally,
@@ -147,6 +148,37 @@ async def test_durable_signal_waits_work_the_same_on_ray(db_path: str, namespace
     assert result == winners[0].payload
     assert retry.status == ("duplicate" if answers[3].status == "delivered"
                             else "already_delivered")
+
+
+async def test_a_suspended_run_keeps_its_signals_and_resume_applies_them_on_ray(
+    db_path: str, namespace: str,
+) -> None:
+    async with ray_runtime(db_path, namespace) as rt:
+        ref = rt.ref(Patchy, fresh_key("patchy"))
+        await ref.signal_with_start(Patchy.add, Item(id="bug-1"), start=Start(tenant="t"))
+
+        async def suspended() -> bool:
+            return (await ref.describe()).suspension is not None
+        await until(suspended, "the run is suspended")
+        ids = ["bug-1", *(f"i{n}" for n in range(49)), "patch"]
+        for item in ids[1:]:  # 50 signals accepted while suspended
+            await ref.signal(Patchy.add, Item(id=item))
+        info = await ref.describe()
+        assert info.status is RunStatus.RUNNING
+        assert info.suspension is not None
+        assert info.suspension.attempts == 1  # no message brought it back early
+        assert "cannot answer bug-1" in info.suspension.error
+        assert [e.suspended for e in (await rt.entities(Patchy)).items] == [True]
+        await ref.resume()
+
+        async def answered() -> bool:
+            return await ref.query(Patchy.seen) == ids
+        await until(answered, "every item answered, in order, after resume()")
+        await until(lambda: _not_suspended(ref), "the suspension is cleared")
+
+
+async def _not_suspended(ref: Any) -> bool:
+    return (await ref.describe()).suspension is None
 
 
 async def test_operators_list_and_inspect_entities_the_same_on_ray(db_path: str,

@@ -59,6 +59,30 @@ async def test_a_store_made_with_schema_1_is_upgraded_and_keeps_working(tmp_path
     [(dead_letters,)] = sql(path, "SELECT sql FROM sqlite_master WHERE name='dead_letters'")
     assert "AUTOINCREMENT" in dead_letters  # schema 4 rebuilt the table, keeping its rows
     assert sql(path, "SELECT id, message_id, attempts FROM dead_letters") == [(7, "m-1", 3)]
+    assert sql(path, "SELECT count(*) FROM suspensions") == [(0,)]  # schema 6
+    assert "suspensions_shard" in indexes(path)
+
+
+async def test_a_store_at_schema_5_gains_the_suspensions_table_and_suspends_runs(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "five.db")
+    async with corral.open_runtime(path, entities=[Ticket]) as rt:
+        await rt.ref(Ticket, "t-1").signal_with_start(Ticket.reply, Reply(text="a"),
+                                                      start=Start(tenant="acme"))
+    # Back to what a corral of schema 5 wrote: no suspensions table.
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP TABLE suspensions")
+        db.execute("UPDATE meta SET v='5' WHERE k='schema_version'")
+    async with corral.open_runtime(path, entities=[Ticket]) as rt:
+        ref = rt.ref(Ticket, "t-1")
+        await ref.signal(Ticket.reply, Reply(text="b"))
+        await wait_applied(ref, 2)
+        assert (await ref.describe()).suspension is None
+        assert [e.suspended for e in (await rt.entities(Ticket)).items] == [False]
+    assert sql(path, "SELECT v FROM meta WHERE k='schema_version'") == [(str(SCHEMA_VERSION),)]
+    assert sql(path, "SELECT count(*) FROM suspensions") == [(0,)]
+    assert "suspensions_shard" in indexes(path)
 
 
 async def test_a_new_store_is_created_at_the_current_version(db_path: str) -> None:

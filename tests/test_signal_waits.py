@@ -475,7 +475,7 @@ def test_definition_checks_see_waits_and_early_signals() -> None:
     assert Base._corral_definition.fingerprint != Order._corral_definition.fingerprint
 
 
-async def test_waiting_on_an_undeclared_wait_fails_the_run_with_a_clear_error(
+async def test_waiting_on_an_undeclared_wait_suspends_the_run_with_a_clear_error(
         tmp_path: Any) -> None:
     class Stray(corral.Entity):
         async def run(self) -> None:
@@ -484,8 +484,13 @@ async def test_waiting_on_an_undeclared_wait_fails_the_run_with_a_clear_error(
     async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Stray]) as rt:
         ref = rt.ref(Stray, "s")
         await ref.start(start=None)
-        with pytest.raises(corral.EntityFailedError, match="not a wait of Stray"):
-            await ref.result(timeout=10)
+
+        async def suspended() -> bool:
+            return (await ref.describe()).suspension is not None
+        await wait_until(suspended, "the run is suspended (a bug in run())")
+        found = (await ref.describe()).suspension
+        assert found is not None
+        assert "not a wait of Stray" in found.error
 
 
 # -- operators and authorization ------------------------------------------------------------

@@ -54,7 +54,9 @@ class Parser(corral.Entity):
 
 
 class Job(corral.Entity):
-    """`run()` raises with the unstorable text in its message."""
+    """`run()` fails its run with the unstorable text in its message."""
+
+    fail_on = (ValueError,)
 
     def __init__(self, init: Init) -> None:
         self.owner = init.owner
@@ -62,6 +64,19 @@ class Job(corral.Entity):
     async def run(self) -> None:
         await asyncio.sleep(0)
         raise ValueError(f"job failed: {UNSTORABLE}")
+
+
+class Buggy(corral.Entity):
+    """`run()` has a bug whose message holds the unstorable text: the run is suspended."""
+
+    run_retry = corral.RetryPolicy(max_attempts=None, initial_backoff=3600, max_backoff=3600)
+
+    def __init__(self, init: Init) -> None:
+        self.owner = init.owner
+
+    async def run(self) -> None:
+        await asyncio.sleep(0)
+        raise ValueError(f"bug: {UNSTORABLE}")
 
 
 class Echo(corral.Entity):
@@ -104,6 +119,22 @@ async def test_a_run_raising_with_a_nul_and_a_lone_surrogate_closes_as_failed(
     assert info.status is corral.RunStatus.FAILED
     [(error,)] = sql(db_path, "SELECT error FROM runs WHERE etype='Job' AND key='j'")
     assert f"ValueError: job failed: {STORED}" in error
+
+
+async def test_a_run_suspended_by_an_error_with_a_nul_and_a_lone_surrogate_records_it(
+    db_path: str,
+) -> None:
+    async with corral.open_runtime(db_path, entities=[Buggy]) as rt:
+        ref = rt.ref(Buggy, "b")
+        await ref.start(start=Init(owner="ops"))
+
+        async def suspended() -> bool:
+            return (await ref.describe()).suspension is not None
+        await wait_until(suspended, "the run is suspended")
+        info = await ref.describe()
+    assert info.status is corral.RunStatus.RUNNING
+    assert info.suspension is not None
+    assert f"ValueError: bug: {STORED}" in info.suspension.error
 
 
 async def test_a_run_returning_a_nul_and_a_lone_surrogate_closes_with_its_result_stored(

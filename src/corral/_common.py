@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 
 __all__ = [
+    "DEFAULT_RUN_RETRY",
     "ContinueAsNewPolicy",
     "DedupeWindow",
     "IdReusePolicy",
@@ -142,8 +143,13 @@ class RetryPolicy:
     replaying it is an operator's decision. A crash during the retries loses nothing:
     the message is retried from the first attempt after recovery.
 
+    The same policy, as `run_retry`, paces the retries of a run whose `run()` raised or
+    whose activation could not be built (the run is suspended, not failed; see
+    `Entity.run_retry`): there `max_attempts=None`, the default, retries forever.
+
     Attributes:
-        max_attempts: handler calls before the message is dead-lettered (>= 1).
+        max_attempts: handler calls before the message is dead-lettered (>= 1); for
+            `run_retry`, attempts before the run is failed (None: never).
         initial_backoff: seconds to wait after the first failure.
         max_backoff: the longest wait between two attempts.
         multiplier: growth of the wait from one attempt to the next (>= 1).
@@ -153,16 +159,17 @@ class RetryPolicy:
             retry = corral.RetryPolicy(max_attempts=5, initial_backoff=0.1)
     """
 
-    max_attempts: int = 3
+    max_attempts: int | None = 3
     initial_backoff: float = 0.05
     max_backoff: float = 5.0
     multiplier: float = 2.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
-                or self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy.max_attempts must be an int >= 1, "
-                             f"got {self.max_attempts!r}")
+        if self.max_attempts is not None and (
+                isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int)
+                or self.max_attempts < 1):
+            raise ValueError(f"RetryPolicy.max_attempts must be an int >= 1 or None (retry "
+                             f"forever), got {self.max_attempts!r}")
         for name in ("initial_backoff", "max_backoff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -179,6 +186,12 @@ class RetryPolicy:
         except OverflowError:
             delay = self.max_backoff
         return float(min(delay, self.max_backoff))
+
+
+DEFAULT_RUN_RETRY = RetryPolicy(max_attempts=None, initial_backoff=1.0, max_backoff=60.0,
+                                multiplier=2.0)
+"""`Entity.run_retry` by default: like Temporal's workflow-task retries, forever, 1 s
+after the first failure, doubling up to a minute."""
 
 
 @dataclass(frozen=True, slots=True)

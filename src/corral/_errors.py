@@ -17,6 +17,7 @@ __all__ = [
     "EntityFailedError",
     "EntityNotRunningError",
     "EntityTerminatedError",
+    "FailRun",
     "IdempotencyConflictError",
     "InvalidArgumentError",
     "InvalidKeyError",
@@ -129,6 +130,22 @@ class EntityClosedError(CorralError):
 
 class EntityFailedError(CorralError):
     """`result()` of a run whose `run()` raised; the message carries the error text."""
+
+
+class FailRun(CorralError):
+    """Raised by an entity's own code to fail its run for good.
+
+    Any other exception escaping `run()` (or the building of an activation) suspends the
+    run instead: it stays running, keeps accepting messages, and is retried under the
+    class's `run_retry` until a fix is deployed. `FailRun` (or an exception type listed
+    in the class's `fail_on`) closes the run as failed with the message as its error;
+    `result()` then raises `EntityFailedError`.
+
+    Example:
+        async def run(self) -> Outcome:
+            if self.budget < 0:
+                raise corral.FailRun("budget exhausted")
+    """
 
 
 class EntityTerminatedError(CorralError):

@@ -22,6 +22,10 @@ Series (each labelled by `entity_type`, where it has one):
     corral_continue_as_new_total              runs continued as new
     corral_dead_letters_total                 signals dead-lettered
     corral_timers_fired_total                 due durable timers that woke an entity
+    corral_run_suspensions_total              run() raising (or an activation failing to
+                                              build): each failed attempt suspends the run
+    corral_suspended_entities                 runs held suspended by this process (gauge,
+                                              at scrape): alert on > 0
     corral_accept_seconds                     acceptance latency (histogram)
     corral_group_commit_ops{store}            write ops per group commit (histogram)
     corral_resident_entities                  entities in memory (gauge, at scrape)
@@ -56,6 +60,7 @@ __all__ = [
     "rejected",
     "serve",
     "snapshotted",
+    "suspended",
     "timer_fired",
     "track_residents",
 ]
@@ -79,6 +84,8 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "corral_continue_as_new": ("Runs continued as new.", ("entity_type",)),
     "corral_dead_letters": ("Signals dead-lettered.", ("entity_type",)),
     "corral_timers_fired": ("Due durable timers that woke an entity.", ("entity_type",)),
+    "corral_run_suspensions": ("Failed attempts of run() or of an activation, each of which "
+                               "suspended its run.", ("entity_type",)),
 }
 # Histograms: name -> (help, label names, bucket upper bounds).
 _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
@@ -199,6 +206,11 @@ def timer_fired(etype: str) -> None:
     _count("corral_timers_fired", (etype,))
 
 
+def suspended(etype: str) -> None:
+    """A run's `run()` raised (or its activation failed to build): it is suspended."""
+    _count("corral_run_suspensions", (etype,))
+
+
 def batch(store: str, ops: int) -> None:
     """One group-commit transaction of `ops` write ops."""
     _observe("corral_group_commit_ops", (store,), ops)
@@ -214,7 +226,8 @@ _sources: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def track_residents(host: Any) -> None:
     """Count `host`'s resident entities at every scrape while it lives (`host` has a
-    `residents()` method yielding (entity_type, entities, mailbox depth))."""
+    `residents()` method yielding (entity_type, entities, mailbox depth), and a
+    `suspended()` method yielding (entity_type, suspended runs))."""
     _sources.add(host)
 
 
@@ -224,17 +237,26 @@ class _Residents(Collector):
                                      labels=["entity_type"])
         depth = GaugeMetricFamily("corral_mailbox_depth", "Mailbox payloads waiting for "
                                   "run().", labels=["entity_type"])
+        held = GaugeMetricFamily("corral_suspended_entities", "Runs suspended (run() raised, "
+                                 "or the activation failed to build) held by this process.",
+                                 labels=["entity_type"])
         totals: dict[str, list[int]] = {}
+        suspended: dict[str, int] = {}
         for host in list(_sources):
             for etype, count, waiting in host.residents():
                 t = totals.setdefault(etype, [0, 0])
                 t[0] += count
                 t[1] += waiting
+            for etype, count in host.suspended():
+                suspended[etype] = suspended.get(etype, 0) + count
         for etype, (count, waiting) in sorted(totals.items()):
             entities.add_metric([etype], count)
             depth.add_metric([etype], waiting)
+        for etype, count in sorted(suspended.items()):
+            held.add_metric([etype], count)
         yield entities
         yield depth
+        yield held
 
 
 REGISTRY.register(_Residents())

@@ -70,7 +70,8 @@ def list_entities(
         rows = table("TYPE", "KEY", "STATUS", "RUN", "ACCEPTED", "APPLIED", "PASSIVATED",
                      "UPDATED", "SHARD")
         for e in page.items:
-            rows.add_row(*cells([e.entity_type, e.key, e.status.value, e.run_id,
+            status = f"{e.status.value} (suspended)" if e.suspended else e.status.value
+            rows.add_row(*cells([e.entity_type, e.key, status, e.run_id,
                                  e.accepted_seq, e.applied_seq, "yes" if e.passivated else "no",
                                  when(e.updated_at), e.shard]))
         console.print(rows)
@@ -99,6 +100,11 @@ def show_entity(
         return
     console = out()
     console.print(_facts(found))
+    if found.suspension is not None:  # the bug to fix: its whole traceback
+        console.print()
+        console.print("[bold]suspended by:[/bold]")
+        for line in found.suspension.error.rstrip().splitlines():
+            console.print(printable(line), markup=False, highlight=False)
     if found.runs:
         runs = table("RUN", "STATUS", "STARTED", "CLOSED", "CONTINUED FROM", "ERROR",
                      title="runs")
@@ -125,9 +131,14 @@ def _facts(d: corral.EntityDescription) -> Table:
         f"at seq {d.snapshot_seq}, taken {age(d.snapshot_age)} ago"
     timers = "none" if not d.timers else \
         f"{len(d.timers)}, the next due {when(min(d.timers))}"
+    s = d.suspension
+    suspended = [] if s is None else [(
+        "suspended", f"{s.attempts} failed attempt{'' if s.attempts == 1 else 's'} since "
+                     f"{when(s.since)}, the next at {when(s.next_attempt_at)}")]
     for name, value in [
         ("entity", f"{d.entity_type} {d.key!r} (shard {d.shard})"),
-        ("status", d.status.value),
+        ("status", d.status.value if s is None else f"{d.status.value} (suspended)"),
+        *suspended,
         ("run", "-" if d.run_id == 0 else str(d.run_id)),
         ("accepted seq", str(d.accepted_seq)),
         ("applied seq", "-" if d.applied_seq is None else str(d.applied_seq)),

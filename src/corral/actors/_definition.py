@@ -20,13 +20,14 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 from pydantic import BaseModel
 
 from corral._common import (
+    DEFAULT_RUN_RETRY,
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
     RetryPolicy,
     SnapshotPolicy,
 )
-from corral._errors import EntityDefinitionError
+from corral._errors import EntityDefinitionError, FailRun
 
 from ._waits import EARLY_SIGNALS, SignalWait, WaitDefinition
 
@@ -179,9 +180,19 @@ class EntityDefinition:
     early_signals: str = "buffer"
     """A delivery before `run()` waits: `"buffer"` it (it wins when `run()` gets there)
     or `"reject"` it (answered `not_waiting`, nothing kept)."""
+    run_retry: RetryPolicy = DEFAULT_RUN_RETRY
+    """How a suspended run (its `run()` raised, or its activation could not be built) is
+    retried; `max_attempts=None` retries until a fix."""
+    fail_on: tuple[type[BaseException], ...] = ()
+    """Exception types that fail the run (besides `corral.FailRun`) instead of suspending it."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
+
+    def fails_run(self, err: BaseException) -> bool:
+        """Whether `err`, escaping `run()` or the building of an activation, fails the run
+        (`corral.FailRun` or a type in `fail_on`) rather than suspending it."""
+        return isinstance(err, (FailRun, *self.fail_on))
 
     @property
     def fingerprint(self) -> str:
@@ -266,6 +277,11 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
     retry = _policy(issues, "retry", RetryPolicy, hint=(
         " (the class attribute `retry` is reserved for the retry policy; rename a handler "
         "called so)"))
+    run_retry = _policy(issues, "run_retry", RetryPolicy, DEFAULT_RUN_RETRY)
+    if retry.max_attempts is None:
+        issues.add(f"{cls.__name__}.retry.max_attempts must be a number: a signal whose handler "
+                   "keeps raising blocks every message behind it (None is for `run_retry`)")
+    fail_on = _fail_on(cls, issues)
     idle_timeout = getattr(cls, "idle_timeout", None)
     if idle_timeout is not None and (
         isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float)
@@ -296,8 +312,21 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
-        waits=waits, early_signals=early,
+        waits=waits, early_signals=early, run_retry=run_retry, fail_on=fail_on,
     )
+
+
+def _fail_on(cls: type, issues: _Issues) -> tuple[type[BaseException], ...]:
+    """The class's `fail_on`: a tuple of exception classes."""
+    value = getattr(cls, "fail_on", ())
+    if isinstance(value, type):
+        value = (value,)
+    if not isinstance(value, tuple | list) or not all(
+            isinstance(t, type) and issubclass(t, Exception) for t in value):
+        issues.add(f"{cls.__name__}.fail_on must be a tuple of exception classes (the errors "
+                   f"that fail the run instead of suspending it), got {value!r}")
+        return ()
+    return tuple(value)
 
 
 def _waits(cls: type, issues: _Issues) -> dict[str, WaitDefinition]:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 from pydantic import BaseModel
 
 from corral._common import (
+    DEFAULT_RUN_RETRY,
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
@@ -64,6 +65,18 @@ class Entity:
     retry: ClassVar[RetryPolicy] = RetryPolicy()
     """How often a raising signal handler is retried before its message is dead-lettered
     (see `RetryPolicy`). Update handlers are never retried: the caller gets the error."""
+
+    run_retry: ClassVar[RetryPolicy] = DEFAULT_RUN_RETRY
+    """How a suspended run is retried. An exception escaping `run()` (or the building of
+    an activation: the start input, `__init__`, the snapshot) does not fail the run: it
+    is suspended (still running, messages still accepted and journaled, not applied),
+    and retried from its latest snapshot after this policy's backoff, until it gets
+    past the point. Default: forever, 1 s doubling up to 60 s. `ref.resume()` or a host
+    started with fixed code retries at once."""
+
+    fail_on: ClassVar[tuple[type[Exception], ...]] = ()
+    """Exception types that fail the run (closed as failed, for good) instead of
+    suspending it, as `raise corral.FailRun("reason")` does."""
 
     dedupe_window: ClassVar[DedupeWindow] = DedupeWindow()
     """How many and how old message ids are remembered for deduplication."""

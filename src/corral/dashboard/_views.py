@@ -66,8 +66,9 @@ def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: st
                   render("<label>Per page <input type=\"number\" name=\"limit\" min=\"1\" "
                          "max=\"1000\" value=\"$limit\"></label>", limit=limit)], "")
     rows = [render(_ENTITY_ROW, type=e.entity_type, key=_entity_link(e.entity_type, e.key),
-                   status=e.status.value, run=e.run_id, accepted=e.accepted_seq,
-                   applied=opt(e.applied_seq), mailbox=opt(e.mailbox_depth),
+                   status=f"{e.status.value} (suspended)" if e.suspended else e.status.value,
+                   run=e.run_id, accepted=e.accepted_seq, applied=opt(e.applied_seq),
+                   mailbox=opt(e.mailbox_depth),
                    passivated="yes" if e.passivated else "no", updated=when(e.updated_at))
             for e in page.items]
     table = render(
@@ -99,7 +100,8 @@ def entity_detail(visit: Visit, d: EntityDescription, models: Models,
     live = " (known only to the process hosting it)" if not d.hosted_here else ""
     snapshot = "none yet" if d.snapshot_seq is None else \
         f"at seq {d.snapshot_seq}, {age(d.snapshot_age)} old"
-    facts = render(_FACTS, type=d.entity_type, key=d.key, status=d.status.value,
+    status = d.status.value if d.suspension is None else f"{d.status.value} (suspended)"
+    facts = render(_FACTS, type=d.entity_type, key=d.key, status=status,
                    run=d.run_id, accepted=d.accepted_seq,
                    applied=f"{opt(d.applied_seq)}{live if d.applied_seq is None else ''}",
                    mailbox=f"{opt(d.mailbox_depth)}{live if d.mailbox_depth is None else ''}",
@@ -112,6 +114,7 @@ def entity_detail(visit: Visit, d: EntityDescription, models: Models,
             for r in d.runs]
     return join([
         facts,
+        _suspension(d),
         render("<h2>Open waits</h2>"),
         join(waits) if waits else render("<p class=\"muted\">No open waits.</p>"),
         render("<h2>Runs</h2><table class=\"runs\"><thead><tr><th>Run</th><th>Status</th>"
@@ -121,6 +124,19 @@ def entity_detail(visit: Visit, d: EntityDescription, models: Models,
         render("<h2>Dead letters</h2>"),
         _letters(visit, letters),
     ])
+
+
+def _suspension(d: EntityDescription) -> Html:
+    """Why a running run is suspended, and when it is retried (nothing when it is not)."""
+    s = d.suspension
+    if s is None:
+        return render("")
+    return render(
+        "<div class=\"card suspension\" id=\"suspension\" role=\"alert\"><h2>Suspended</h2>"
+        "<p>run() raised (or the activation could not be built): the run is kept running, "
+        "its messages are kept, and it is retried. $attempts failed attempt(s) since $since; "
+        "the next at $next. Deploy a fix, then resume it.</p><pre>$error</pre></div>",
+        attempts=s.attempts, since=when(s.since), next=when(s.next_attempt_at), error=s.error)
 
 
 def _wait_card(visit: Visit, w: SignalWaitInfo, models: Models) -> Html:

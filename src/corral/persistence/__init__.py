@@ -16,6 +16,7 @@ from ._records import (
     EntryKind,
     JournalEntry,
     RunRecord,
+    Suspension,
     UpdateOutcome,
     WaitRecord,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RunRecord",
     "SqliteStore",
     "Store",
+    "Suspension",
     "UpdateOutcome",
     "WaitPosition",
     "WaitRecord",

@@ -13,16 +13,18 @@ from typing import Any
 from corral._common import RunStatus
 
 from ._records import EntityDetails, EntityRecord
+from ._suspensions import SUSPENDED_COLUMN, suspension_of
 from ._waits import WAIT_COLUMNS, wait_from_row
 
 __all__ = ["ENTITY_COLUMNS", "after_within", "entity_details", "entity_from_row",
            "list_entities"]
 
-ENTITY_COLUMNS = "etype, key, shard, run_id, status, next_seq - 1, passivated_seq, updated_at"
+ENTITY_COLUMNS = ("etype, key, shard, run_id, status, next_seq - 1, passivated_seq, updated_at, "
+                  f"{SUSPENDED_COLUMN}")
 
 
 def entity_from_row(r: Any) -> EntityRecord:
-    return EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7])
+    return EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7], bool(r[8]))
 
 
 def after_within(etype: str | None, after: tuple[str, str] | None
@@ -73,4 +75,4 @@ def entity_details(db: sqlite3.Connection, etype: str, key: str, run_id: int) ->
                       ident).fetchone()[0]
     return EntityDetails(None if snap is None else snap[0], None if snap is None else snap[1],
                          tuple(t[0] for t in timers), tuple(wait_from_row(w) for w in waits),
-                         int(dead))
+                         int(dead), suspension_of(db, etype, key))

@@ -83,8 +83,8 @@ class AcceptOp:
             state = "was never started" if row is None else f"is {row.status.value}"
             raise EntityNotRunningError(
                 f"{a.entity_type} {a.key!r} {state}; use {a.kind.value}_with_start"
-                if a.kind is not EntryKind.TERMINATE
-                else f"{a.entity_type} {a.key!r} {state}; nothing to terminate",
+                if a.kind not in (EntryKind.TERMINATE, EntryKind.RESUME)
+                else f"{a.entity_type} {a.key!r} {state}; nothing to {a.kind.value}",
                 entity_type=a.entity_type, key=a.key, message_id=a.message_id,
                 run_id=None if row is None else row.run_id,
             )

@@ -27,8 +27,10 @@ from ._records import (
     EntryKind,
     JournalEntry,
     RunRecord,
+    Suspension,
     UpdateOutcome,
 )
+from ._suspensions import OF_ENTITY, OF_SHARD, numbered, suspension_from_row
 from ._waits import WAIT_COLUMNS, wait_from_row
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "read_tail",
     "running_entities",
     "runs",
+    "shard_suspensions",
+    "suspension_of",
     "unpack_position",
     "update_outcome",
 ]
@@ -242,4 +246,15 @@ async def entity_details(conn: Any, etype: str, key: str, run_id: int) -> Entity
                                "AND key = $2", etype, key)
     return EntityDetails(None if snap is None else snap[0], None if snap is None else snap[1],
                          tuple(t[0] for t in timers), tuple(wait_from_row(w) for w in waits),
-                         int(dead))
+                         int(dead), await suspension_of(conn, etype, key))
+
+
+async def suspension_of(conn: Any, etype: str, key: str) -> Suspension | None:
+    """The suspension of the entity's running run (see `_suspensions`)."""
+    row = await conn.fetchrow(numbered(OF_ENTITY), etype, key)
+    return None if row is None else suspension_from_row(row)
+
+
+async def shard_suspensions(conn: Any, shard: int) -> list[Suspension]:
+    """The suspended running runs of `shard`."""
+    return [suspension_from_row(r) for r in await conn.fetch(numbered(OF_SHARD), shard)]

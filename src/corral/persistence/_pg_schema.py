@@ -68,6 +68,22 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # this one for them (a scan of the entity's window per id: 1 entity at 1,000
     # senders fell from ~10,000 to 1,000 acks/s).
     3: ("CREATE INDEX IF NOT EXISTS dedupe_sweep ON dedupe (etype, key, seq) WHERE seq > 0",),
+    # Suspended runs (`_suspensions`): a run whose `run()` raised, or whose activation
+    # could not be built, stays running and is retried; this row says so, durably.
+    4: (
+        """CREATE TABLE IF NOT EXISTS suspensions (
+            etype text NOT NULL,
+            key text NOT NULL,
+            run_id bigint NOT NULL,
+            shard integer NOT NULL,
+            error text NOT NULL,
+            attempts integer NOT NULL,
+            since double precision NOT NULL,
+            next_at double precision NOT NULL,
+            PRIMARY KEY (etype, key))""",
+        # A host taking a shard reads its suspended runs.
+        "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

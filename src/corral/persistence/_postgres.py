@@ -50,6 +50,7 @@ from ._pg_ops import (
 )
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
+from ._pg_suspensions import PgClearSuspensionOp, PgSuspendOp
 from ._pg_txn import PgOp, is_connection_error, store_error
 from ._pg_waits import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
 from ._pg_writer import GroupCommit
@@ -63,6 +64,7 @@ from ._records import (
     EntityRecord,
     JournalEntry,
     RunRecord,
+    Suspension,
     UpdateOutcome,
     WaitRecord,
 )
@@ -256,6 +258,16 @@ class PostgresStore:
 
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
         await self.write(ActivatedOp(fence, etype, key))
+
+    async def suspend_run(self, fence: Fence, record: Suspension) -> None:
+        await self.write(PgSuspendOp(fence, record))
+
+    async def clear_suspension(self, fence: Fence, etype: str, key: str, run_id: int
+                               ) -> None:
+        await self.write(PgClearSuspensionOp(fence, etype, key, run_id))
+
+    async def suspensions(self, shard: int) -> list[Suspension]:
+        return await self.read(reads.shard_suspensions, shard)
 
     async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
                         timer_id: str, due_at: float | None) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "EntryKind",
     "JournalEntry",
     "RunRecord",
+    "Suspension",
     "UpdateOutcome",
     "WaitRecord",
 ]
@@ -44,6 +45,9 @@ class EntryKind(str, enum.Enum):
     TERMINATE = "terminate"
     START = "start"
     DELIVER = "deliver"
+    RESUME = "resume"
+    """`EntityRef.resume()`: applied as nothing; a host holding the run suspended
+    retries it at once when it receives this entry."""
 
 
 class Acceptance(NamedTuple):
@@ -264,6 +268,8 @@ class EntityRecord:
     accepted_seq: int
     passivated_seq: int | None
     updated_at: float | None
+    suspended: bool = False
+    """Its running run is suspended (see `Suspension`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,3 +282,27 @@ class EntityDetails:
     timers: tuple[float, ...]
     waits: tuple[WaitRecord, ...]
     dead_letters: int
+    suspension: Suspension | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """A running run that is suspended: its `run()` raised (or its activation could not
+    be built), and the host retries it after a backoff until it gets past the point.
+
+    Attributes:
+        entity_type, key, run_id: whose run.
+        error: the last failure: the exception with its traceback.
+        attempts: failed attempts in a row.
+        since: when the first of them failed (seconds since the epoch).
+        next_attempt_at: when the host tries again (seconds since the epoch); a host
+            started with other code, or `EntityRef.resume()`, tries at once.
+    """
+
+    entity_type: str
+    key: str
+    run_id: int
+    error: str
+    attempts: int
+    since: float
+    next_attempt_at: float

@@ -82,6 +82,23 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # forgets, where it read every row of the entity's window (~10 ms a snapshot at a
     # window of 100,000 ids). PostgreSQL's index is partial (`_pg_schema`, schema 3).
     5: ("CREATE INDEX IF NOT EXISTS dedupe_seq ON dedupe (etype, key, seq)",),
+    # Suspended runs (`_suspensions`): a run whose `run()` raised, or whose activation
+    # could not be built, stays running and is retried; this row says so, durably.
+    6: (
+        """CREATE TABLE IF NOT EXISTS suspensions (
+            etype TEXT NOT NULL,
+            key TEXT NOT NULL,
+            run_id INTEGER NOT NULL,
+            shard INTEGER NOT NULL,
+            error TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            since REAL NOT NULL,
+            next_at REAL NOT NULL,
+            PRIMARY KEY (etype, key)
+        ) WITHOUT ROWID""",
+        # A host taking a shard reads its suspended runs.
+        "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
+    ),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -58,10 +58,12 @@ from ._records import (
     EntryKind,
     JournalEntry,
     RunRecord,
+    Suspension,
     UpdateOutcome,
     WaitRecord,
 )
 from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
+from ._suspensions import ClearSuspensionOp, SuspendOp, shard_suspensions
 from ._txn import Fence, Txn, WriteOp
 from ._wait_ops import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
 from ._waits import WaitPosition
@@ -401,6 +403,16 @@ class SqliteStore:
 
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
         await self.write(ActivatedOp(fence, etype, key))
+
+    async def suspend_run(self, fence: Fence, record: Suspension) -> None:
+        await self.write(SuspendOp(fence, record))
+
+    async def clear_suspension(self, fence: Fence, etype: str, key: str, run_id: int
+                               ) -> None:
+        await self.write(ClearSuspensionOp(fence, etype, key, run_id))
+
+    async def suspensions(self, shard: int) -> list[Suspension]:
+        return await self.read(lambda db: shard_suspensions(db, shard))
 
     async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
                         timer_id: str, due_at: float | None) -> None:

@@ -17,6 +17,7 @@ from ._records import (
     EntityRecord,
     JournalEntry,
     RunRecord,
+    Suspension,
     UpdateOutcome,
     WaitRecord,
 )
@@ -181,5 +182,19 @@ class Store(Protocol):
     async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
                            limit: int = 100, after: int = 0) -> list[DeadLetter]: ...
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]: ...
+
+    async def suspend_run(self, fence: Fence, record: Suspension) -> None:
+        """Record that the run is suspended (its `run()` raised, or its activation could
+        not be built), replacing the entity's earlier record (fenced)."""
+        ...
+
+    async def clear_suspension(self, fence: Fence, etype: str, key: str, run_id: int
+                               ) -> None:
+        """The run got past the point that suspended it: drop its record (fenced)."""
+        ...
+
+    async def suspensions(self, shard: int) -> list[Suspension]:
+        """The suspended running runs of `shard` (a host taking it continues their count)."""
+        ...
 
     async def close(self) -> None: ...

@@ -43,6 +43,7 @@ from ._poison import apply_live, apply_now, retried_handler
 from ._results import decode_value, encode_value
 from ._signal_waits import RunWaits
 from ._snapshot import capture, rebuild
+from ._suspension import end_suspension, next_suspension, record_suspension
 
 if TYPE_CHECKING:
     from ._shard import Shard
@@ -64,7 +65,7 @@ class Activation:
 
     __slots__ = (
         "_applying", "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
-        "_last_active", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
+        "_last_active", "_resuming", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
         "_state_waiters", "_switching", "_timers", "_waiting", "_waits", "_worker", "applied_seq",
         "closed", "definition", "entity",
     )
@@ -90,6 +91,8 @@ class Activation:
         self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
         self._waits: RunWaits | None = None  # this run's signal waits, once it has any
         self._last_active = self._shard.clock.monotonic()
+        # Retrying a suspended run: the suspension ends when run() gets past the point.
+        self._resuming = shard.suspended(definition.name, key) is not None
         self._state = _State.LOADING
         # A fresh run's first entry goes first: entries other callers deliver while
         # the load task has not run yet would otherwise precede it and open a gap.
@@ -168,6 +171,10 @@ class Activation:
         self._waiting += 1
         try:
             while not predicate():
+                if self._resuming and asyncio.current_task() is self._run_task:
+                    self._resuming = False
+                    await end_suspension(self)  # run() got back to waiting: past the point
+                    continue
                 if self._changed is None:
                     self._changed = asyncio.Event()
                 remaining = None if deadline is None else deadline - clock.monotonic()
@@ -276,15 +283,16 @@ class Activation:
 
     async def _load(self, previous: Activation | None, fresh: JournalEntry | None,
                     start_input: str | None) -> None:
-        """Build the entity, retrying with backoff; fail the run if it never builds.
+        """Build the entity; suspend the run if it cannot be built.
 
         `fresh` is the first entry of a run this process just started: nothing else
         can precede it, so the first attempt need not read the store. A failure to
         build (the start input no longer fits its model, `__init__` raising, a snapshot
-        that does not restore) is retried under the type's `RetryPolicy`; after the last
-        attempt the run is closed as failed with the error, so it never sits running
-        while accepting messages it cannot apply. Store errors are retried without a
-        limit (they say nothing about the entity); a lost lease stops at once.
+        that does not restore) suspends the run, visibly, until a fix (see
+        `_suspension`): it never applies messages it cannot apply, and never drops
+        them. Only `corral.FailRun` or a type in the class's `fail_on` fails the run.
+        Store errors are retried without a limit (they say nothing about the entity); a
+        lost lease stops at once.
         """
         async def load() -> None:
             if previous is not None:
@@ -301,11 +309,10 @@ class Activation:
                     raise
                 except Exception as err:
                     failures += 1
-                    policy = self.definition.retry
-                    if not isinstance(err, StoreError) and failures >= policy.max_attempts:
-                        await self._fail_run(err, failures)
+                    if not isinstance(err, StoreError):
+                        await self._cannot_build(err)
                         return
-                    delay = policy.backoff(failures)
+                    delay = self.definition.retry.backoff(failures)
                     log.warning("%s %r run %d: activation attempt %d failed (%s: %s); "
                                 "retrying in %.3fs", self.entity_type, self.key, self._run_id,
                                 failures, type(err).__name__, err, delay)
@@ -327,6 +334,7 @@ class Activation:
         found = await self._shard.store.latest_run(self.entity_type, self.key)
         if found is None or found[0].status is not RunStatus.RUNNING:
             self._run_id = found[0].run_id if found else 0
+            self._shard.release(self.entity_type, self.key, self._run_id)
             self._finish()
             return False
         run = found[0]
@@ -341,6 +349,17 @@ class Activation:
         # read-your-writes queries would wait for seqs that belong to the closed run.
         self.applied_seq = max(self.applied_seq, run.first_seq - 1)
         return True
+
+    async def _cannot_build(self, err: Exception) -> None:
+        """The activation cannot be built: suspend the run, or fail it if the code says so."""
+        record = None if self.definition.fails_run(err) else \
+            next_suspension(self, err, "activation failed")
+        if record is None:
+            held = self._shard.suspended(self.entity_type, self.key)
+            await self._fail_run(err, 1 if held is None else held.attempts + 1)
+            return
+        self._evict()
+        await record_suspension(self, record)
 
     async def _fail_run(self, err: Exception, attempts: int) -> None:
         """Close the run as failed: its activation cannot be built."""
@@ -364,6 +383,9 @@ class Activation:
     async def _serve(self) -> None:
         metrics.activated(self.entity_type)
         self._set_state(_State.READY)
+        if self._resuming and not self.definition.has_run:
+            self._resuming = False
+            await end_suspension(self)  # built: nothing else of it can fail the run
         if self.definition.has_run:
             self._run_task = asyncio.create_task(self._run_main())
         await self._drain()
@@ -472,7 +494,7 @@ class Activation:
             self.applied_seq = entry.seq
             self._terminated(entry.payload)
             return
-        if entry.kind is EntryKind.START:  # a start mark: nothing to apply
+        if entry.kind is EntryKind.START or entry.kind is EntryKind.RESUME:  # marks
             self.applied_seq = entry.seq
             return
         if entry.kind is EntryKind.DELIVER:  # wakes run() waiting on its signal wait
@@ -602,7 +624,13 @@ class Activation:
                         self.entity_type, self.key, self._run_id, err)
             self._suspend()
             return
-        except Exception:
+        except Exception as err:
+            record = None if self.definition.fails_run(err) else \
+                next_suspension(self, err, "run() raised")
+            if record is not None:  # a bug, not the run's end: keep the run, retry it
+                self._evict()
+                await record_suspension(self, record)
+                return
             status = RunStatus.FAILED
             error = traceback.format_exc()
             log.warning("%s %r run %d: run() failed:\n%s", self.entity_type, self.key,
@@ -632,12 +660,16 @@ class Activation:
         brings it back first. Its run stays running; recovery replays the journal."""
         lifecycle("activation suspended", self.entity_type, self.key, self._run_id,
                   retry_in=self.definition.retry.max_backoff)
+        self._evict()
+        self._shard.activate_later(self.entity_type, self.key,
+                                   self.definition.retry.max_backoff)
+
+    def _evict(self) -> None:
+        """Drop this activation and its in-memory state; the run stays running."""
         worker = self._worker
         if worker is not None and worker is not asyncio.current_task():
             worker.cancel()
         self._finish()
-        self._shard.activate_later(self.entity_type, self.key,
-                                   self.definition.retry.max_backoff)
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
@@ -717,6 +749,8 @@ class Activation:
             return
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
+        if self.closed and self._resuming:  # the run ended: nothing is suspended any more
+            self._shard.release(self.entity_type, self.key, self._run_id)
         self._set_state(_State.FINISHED)
         self.notify()  # waits that hold for a finished activation (wait_applied) return
         self._shard.forget(self)

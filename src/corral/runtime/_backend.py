@@ -190,7 +190,7 @@ class LocalBackend:
         return EntitySummary(
             r.entity_type, r.key, r.shard, r.status, r.run_id, r.accepted_seq,
             live.applied_seq if live else (r.passivated_seq if passivated else None),
-            live.mailbox_depth if live else None, passivated, r.updated_at)
+            live.mailbox_depth if live else None, passivated, r.updated_at, r.suspended)
 
     def _live(self, etype: str, key: str, run_id: int) -> Activation | None:
         """This process's ready activation of the entity's run `run_id`, if any."""
@@ -305,6 +305,7 @@ class LocalBackend:
             open_waits=tuple(SignalWaitInfo.of(w) for w in more.waits
                              if w.status is WaitStatus.OPEN),
             dead_letters=more.dead_letters,
+            suspension=more.suspension if run.status is RunStatus.RUNNING else None,
         )
 
     async def latest_run(self, etype: str, key: str) -> RunRecord | None:

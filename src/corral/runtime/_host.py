@@ -157,8 +157,8 @@ class LocalHost:
         for etype, key in due:
             shard = self.shards.get(self.router.shard_of(etype, key))
             if shard is not None and etype in self._definitions \
-                    and shard.get(etype, key) is None:
-                shard.activate(etype, key)
+                    and shard.get(etype, key) is None \
+                    and shard.activate(etype, key) is not None:  # None: suspended
                 metrics.timer_fired(etype)
                 fired += 1
         return fired
@@ -173,6 +173,14 @@ class LocalHost:
                 t[1] += act.mailbox_depth
         for etype, (count, depth) in totals.items():
             yield etype, count, depth
+
+    def suspended(self) -> Iterator[tuple[str, int]]:
+        """(entity type, suspended runs) held by this host's shards (a gauge to alert on)."""
+        totals: dict[str, int] = {}
+        for shard in list(self.shards.values()):
+            for etype, count in shard.held_runs().items():
+                totals[etype] = totals.get(etype, 0) + count
+        yield from totals.items()
 
     async def passivate_idle(self) -> int:
         """Passivate every resident entity idle past its type's `idle_timeout`."""

@@ -76,8 +76,9 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
                  entry.entity_type, entry.key, entry.seq)
         return None
     policy = definition.retry
+    limit = policy.max_attempts or 1  # never None: the definition refuses it for `retry`
     attempts, err = (0, None) if failed is None else (1, failed)
-    while err is None or attempts < policy.max_attempts:
+    while err is None or attempts < limit:
         if err is not None:
             delay = policy.backoff(attempts)
             log.warning("%s %r: signal %r (seq %d) raised %s: %s; attempt %d of %d, retrying "

@@ -432,6 +432,32 @@ class EntityRef(Generic[E_co, S]):
                                          None)
             return _ack(res)
 
+    async def resume(self, *, message_id: str | None = None, sender: str | None = None) -> Ack:
+        """Retry a suspended run now, rather than at its next attempt.
+
+        A run whose `run()` raised (or whose activation could not be built) is suspended:
+        still running, accepting messages, retried under the type's `run_retry`
+        (`describe().suspension` says why and when). After deploying a fix, `resume()`
+        makes the host retry it at once, from any process: it appends a `resume` mark to
+        the journal (applied as nothing), which the shard's host receives like any
+        message. On a run that is not suspended it changes nothing, so it is safe to
+        repeat. The `authorize` hook sees it as kind "resume".
+
+        Raises:
+            EntityNotRunningError: the entity has no running run.
+
+        Example:
+            if (await ref.describe()).suspension is not None:
+                await ref.resume()
+        """
+        with self._about(message_id):
+            b = self._boundary
+            mid = b.check_message_id(message_id)
+            who = await b.sender(sender, self.definition, self.key, "resume", "resume")
+            res = await self._accept(EntryKind.RESUME, "resume", canonical_json(None), mid,
+                                     who, None)
+            return _ack(res)
+
     # -- dead letters (operators) ------------------------------------------------------
 
     async def dead_letters(self, *, limit: int = 100, after: int | None = None

@@ -17,7 +17,7 @@ from pydantic_core import to_jsonable_python
 
 from corral._common import RunStatus
 from corral._errors import InvalidArgumentError
-from corral.persistence import WaitRecord, canonical_json
+from corral.persistence import Suspension, WaitRecord, canonical_json
 
 __all__ = [
     "Ack",
@@ -178,6 +178,8 @@ class EntitySummary:
         mailbox_depth: payloads waiting for `run()` (live activations only, else None).
         passivated: snapshotted and evicted from memory (its run still running).
         updated_at: when it last accepted a message or changed status.
+        suspended: its running run is suspended (`run()` raised, or its activation
+            could not be built; `describe()` says why): retried, messages kept.
     """
 
     entity_type: str
@@ -190,6 +192,7 @@ class EntitySummary:
     mailbox_depth: int | None
     passivated: bool
     updated_at: float | None
+    suspended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +240,10 @@ class EntityDescription:
     """The current run's signal waits that `run()` is waiting on."""
     dead_letters: int = 0
     """How many of the entity's signals are dead-lettered."""
+    suspension: Suspension | None = None
+    """Set while the running run is suspended (its `run()` raised, or its activation
+    could not be built): the error with its traceback, the failed attempts, since when,
+    and when the host tries next. The status stays `running`; nothing is lost."""
 
 
 def encode_value(value: Any) -> str:

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from corral._common import RunStatus
 from corral._errors import CorralError
 from corral.actors import EntityDefinition
-from corral.persistence import Fence, JournalEntry, Store, UpdateOutcome
+from corral.persistence import EntryKind, Fence, JournalEntry, Store, Suspension, UpdateOutcome
 
 from ._activation import Activation
 from ._clock import Clock
+from ._suspension import HeldRun
 
 __all__ = ["Shard", "ShardStopped"]
 
@@ -45,6 +46,7 @@ class Shard:
         self.dead_seqs: OrderedDict[tuple[str, str, int], frozenset[int]] = OrderedDict()
         self._update_waiters: dict[tuple[str, str, str], list[asyncio.Future[UpdateOutcome]]] = {}
         self._later: set[asyncio.TimerHandle] = set()
+        self._held: dict[_Ident, HeldRun] = {}  # suspended runs (see `_suspension`)
         self._stopped = False
 
     @property
@@ -52,7 +54,13 @@ class Shard:
         return self.fence.shard
 
     async def start(self) -> int:
-        """Activate every running entity of this shard (recovery after a restart/takeover)."""
+        """Activate every running entity of this shard (recovery after a restart/takeover).
+
+        Suspended runs too, at once: this host may run the fixed code. Their count of
+        attempts goes on from the store's record.
+        """
+        for s in await self.store.suspensions(self.index):
+            self._held[(s.entity_type, s.key)] = HeldRun(s.run_id, s.attempts, s.since)
         running = await self.store.running_entities(self.index)
         for etype, key in running:
             if etype in self._definitions:
@@ -67,6 +75,10 @@ class Shard:
         for handle in self._later:
             handle.cancel()
         self._later.clear()
+        for held in self._held.values():
+            if held.handle is not None:
+                held.handle.cancel()
+        self._held.clear()
         acts = list(self._activations.values())
         self._activations.clear()
         await asyncio.gather(*(a.stop() for a in acts))
@@ -79,8 +91,20 @@ class Shard:
     # -- routing entries to activations ----------------------------------------------
 
     def deliver(self, entry: JournalEntry) -> None:
-        """Hand an accepted journal entry to its entity, activating it if needed."""
+        """Hand an accepted journal entry to its entity, activating it if needed.
+
+        A suspended run's entries stay in the journal until its next attempt (they never
+        bring it back early); a `RESUME` or `TERMINATE` entry brings it back at once.
+        """
         ident = (entry.entity_type, entry.key)
+        held = self._held.get(ident)
+        if held is not None and held.waiting:
+            if entry.run_id > held.run_id:
+                self.release(*ident, held.run_id)  # a newer run: the suspended one closed
+            elif entry.kind is EntryKind.RESUME or entry.kind is EntryKind.TERMINATE:
+                self.resume(*ident)
+            else:
+                return
         act = self._activations.get(ident)
         if act is None or act.is_finished or (act.is_ready and entry.run_id > act.run_id):
             act = self._get_or_create(*ident, force_new=True)
@@ -89,6 +113,9 @@ class Shard:
     def deliver_started(self, entry: JournalEntry, start_input: str | None) -> None:
         """Host a run this process just started, from its first entry (no store read)."""
         ident = (entry.entity_type, entry.key)
+        held = self._held.get(ident)
+        if held is not None:
+            self.release(*ident, held.run_id)  # that run closed, or this one is new
         previous = self._activations.get(ident)
         if previous is not None and not previous.is_finished and (
                 previous.run_id >= entry.run_id or not previous.is_ready):
@@ -117,9 +144,56 @@ class Shard:
             self._activations[ident] = act
         return act
 
-    def activate(self, etype: str, key: str) -> Activation:
-        """Bring the entity into memory (a due timer, the next run after continue-as-new)."""
+    def activate(self, etype: str, key: str) -> Activation | None:
+        """Bring the entity into memory (a due timer, the next run after continue-as-new);
+        None while it is suspended and waits for its next attempt."""
+        held = self._held.get((etype, key))
+        if held is not None and held.waiting:
+            return None
         return self._get_or_create(etype, key)
+
+    # -- suspended runs ------------------------------------------------------------------
+
+    def suspended(self, etype: str, key: str) -> HeldRun | None:
+        """The entity's suspended run, if it has one (waiting, or being retried)."""
+        return self._held.get((etype, key))
+
+    def hold(self, record: Suspension, delay: float) -> None:
+        """Keep the (evicted) entity out of memory for `delay` seconds, then retry it."""
+        ident = (record.entity_type, record.key)
+        old = self._held.get(ident)
+        if old is not None and old.handle is not None:
+            old.handle.cancel()
+        held = self._held[ident] = HeldRun(record.run_id, record.attempts, record.since)
+        if not self._stopped:
+            held.handle = asyncio.get_running_loop().call_later(delay, self.resume, *ident)
+
+    def resume(self, etype: str, key: str) -> bool:
+        """Retry a suspended run now (its next attempt is due, or `EntityRef.resume()`);
+        whether it was waiting. Its note stays until the attempt gets past the point."""
+        held = self._held.get((etype, key))
+        if held is None or held.handle is None:
+            return False
+        held.handle.cancel()
+        held.handle = None
+        if not self._stopped:
+            self._get_or_create(etype, key)
+        return True
+
+    def release(self, etype: str, key: str, run_id: int) -> None:
+        """Forget the suspension of run `run_id` (or an older one) of the entity."""
+        held = self._held.get((etype, key))
+        if held is not None and held.run_id <= run_id:
+            if held.handle is not None:
+                held.handle.cancel()
+            del self._held[(etype, key)]
+
+    def held_runs(self) -> dict[str, int]:
+        """Suspended runs held here, by entity type."""
+        counts: dict[str, int] = {}
+        for etype, _ in self._held:
+            counts[etype] = counts.get(etype, 0) + 1
+        return counts
 
     def activate_later(self, etype: str, key: str, delay: float) -> None:
         """Activate the entity after `delay` seconds unless it is in memory by then (an
@@ -127,7 +201,7 @@ class Shard:
         def fire() -> None:
             self._later.discard(handle)
             if not self._stopped and self.get(etype, key) is None:
-                self._get_or_create(etype, key)
+                self.activate(etype, key)
         handle = asyncio.get_running_loop().call_later(delay, fire)
         self._later.add(handle)
 
