@@ -15,13 +15,12 @@ import corral
 from rename_entities import Reply, TicketV1
 
 
-async def send(db: str, key: str, count: int, done: Path) -> None:
+async def send(db: str, key: str, count: int) -> None:
     async with corral.open_runtime(db, entities=[TicketV1], shards=2, host=False) as rt:
         ref = rt.ref(TicketV1, key)
         for i in range(count):
             await ref.signal_with_start(TicketV1.customer_reply, Reply(text=f"old-{i}"),
                                         start=None, message_id=f"old-{i}")
-    done.write_text("done")
 
 
 def main() -> None:
@@ -32,7 +31,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--done", type=Path, required=True)
     args = parser.parse_args()
-    asyncio.run(send(args.db, args.key, args.count, args.done))
+    asyncio.run(send(args.db, args.key, args.count))
+    args.done.write_text("done")
 
 
 if __name__ == "__main__":
