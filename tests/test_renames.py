@@ -165,9 +165,11 @@ def test_renamed_from_takes_a_name_or_a_tuple_of_names_for_signals_updates_and_w
                                "old_assign": "assign"}
     for old, new in d.renamed.items():
         found = d.handler(old)
-        assert found is not None and found.name == new
+        assert found is not None
+        assert found.name == new
     found_wait = d.wait("manager_ok")
-    assert found_wait is not None and found_wait.name == "approval"
+    assert found_wait is not None
+    assert found_wait.name == "approval"
     assert signal_wait(d, "manager_ok") is Order.approval
 
 
@@ -182,7 +184,8 @@ def test_an_old_name_that_is_another_handlers_name_is_refused_naming_both() -> N
 
 
 def test_an_old_name_claimed_by_two_handlers_is_refused_naming_both() -> None:
-    with pytest.raises(corral.EntityDefinitionError, match=r"Twice\.b and \.a both declare renamed_from=.old."):
+    with pytest.raises(corral.EntityDefinitionError,
+                       match=r"Twice\.b and \.a both declare renamed_from=.old."):
         class Twice(corral.Entity):
             @corral.signal(renamed_from="old")
             def a(self, note: Note) -> None: ...
