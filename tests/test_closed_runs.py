@@ -29,12 +29,17 @@ from stores import row_counts
 START = Start(tenant="acme")
 
 
-async def close_run(ref: corral.EntityRef[Job], how: str) -> None:
-    """Close the running run of `ref` as completed, failed or terminated."""
+async def close_run(ref: corral.EntityRef[Job], how: str, db_path: str | None = None
+                    ) -> None:
+    """Close the running run of `ref` as completed, failed or terminated (and with
+    `db_path`, wait for the snapshot its host writes at a terminate it applies)."""
     if how == "terminated":
         await ref.terminate(reason="operator said so")
         with pytest.raises(corral.EntityTerminatedError, match="operator said so"):
             await ref.result(timeout=30)
+        if db_path is not None:
+            await wait_until(lambda: row_counts(db_path)["snapshots"] == 1,
+                             "the terminated run's last snapshot is written")
         return
     await ref.signal(Job.finish, Finish(mode="complete" if how == "completed" else "fail"))
     if how == "completed":
@@ -67,7 +72,7 @@ async def test_signal_with_start_after_a_closed_run_follows_the_id_reuse_policy(
         ref = rt.ref(etype, key)
         first = await ref.signal_with_start(etype.poke, Poke(n=1), start=START)
         assert (first.run_id, first.started) == (1, True)
-        await close_run(ref, how)
+        await close_run(ref, how, db_path)
 
         if STARTS_AGAIN[(etype, how)]:
             ack = await ref.signal_with_start(etype.poke, Poke(n=2), start=Start(tenant="new"))
@@ -98,7 +103,7 @@ async def test_a_plain_signal_to_a_closed_entity_is_refused_not_dropped(
     async with corral.open_runtime(db_path, entities=ALL_ENTITIES) as rt:
         ref = rt.ref(Job, key)
         await ref.signal_with_start(Job.poke, Poke(n=1), start=START)
-        await close_run(ref, how)
+        await close_run(ref, how, db_path)
         counts = row_counts(db_path)
         with pytest.raises(corral.EntityNotRunningError, match=f"is {how}"):
             await ref.signal(Job.poke, Poke(n=2))

@@ -6,8 +6,9 @@ truncation, forgetting and passivation, continue-as-new with carried entries, ti
 update outcomes, dead letters with replays and discards, lease takeovers that fence the
 old holder) runs on both stores side by side. After every op the two must have answered
 the same (the same result, or the same error type and message) and must read back the
-same state. Only what is meant to differ is normalised: wall-clock stamps (`closed_at`, and
-`started_at` of a run opened by continue-as-new),
+same state. Only what is meant to differ is normalised: wall-clock stamps (`closed_at`,
+`started_at` of a run opened by continue-as-new, `failed_at` of the dead letters a close
+keeps),
 and dead-letter ids (SQLite reuses the highest id after a delete, PostgreSQL never
 reuses one), which also appear inside replay message ids.
 """
@@ -64,6 +65,8 @@ def normal(value: Any) -> Any:
             out["closed_at"] = out["closed_at"] is not None
         if isinstance(out.get("started_at"), float) and out["started_at"] > 1e9:
             out["started_at"] = "wall clock"  # continue-as-new stamps the time it ran
+        if isinstance(out.get("failed_at"), float) and out["failed_at"] > 1e9:
+            out["failed_at"] = "wall clock"  # a close keeps what its run never applied
         return (type(value).__name__, out)
     if isinstance(value, dict):
         return {normal(k): normal(v) for k, v in value.items()}

@@ -204,7 +204,8 @@ def send_signal(
 
 
 def signal_handler(definition: EntityDefinition, name: str) -> Any:
-    """The signal handler `name` of the type, as its class declares it.
+    """The signal handler `name` of the type, as its class declares it (an old name
+    given by `renamed_from=` finds the handler under today's name).
 
     Raises:
         UnknownHandlerError: the type declares no signal of that name.
@@ -218,7 +219,7 @@ def signal_handler(definition: EntityDefinition, name: str) -> Any:
             f"{kind} handler, not a signal"
         raise UnknownHandlerError(f"{definition.name}.{name}: {what} (its signals: {signals})",
                                   entity_type=definition.name)
-    return getattr(definition.cls, name)
+    return getattr(definition.cls, declared.name)
 
 
 def ack_line(ack: corral.Ack) -> str:

@@ -103,7 +103,7 @@ def deliver(
 
 def signal_wait(definition: EntityDefinition, name: str) -> Any:
     """The wait `name` of the type: the class attribute, or the wait declared under that
-    name (`corral.wait(Model, name=...)`).
+    name (`corral.wait(Model, name=...)`), or had under it (`renamed_from=`).
 
     Raises:
         UnknownHandlerError: the type declares no wait of that name.
@@ -111,6 +111,8 @@ def signal_wait(definition: EntityDefinition, name: str) -> Any:
     found = getattr(definition.cls, name, None)
     if isinstance(found, SignalWait):
         return found
+    declared = definition.wait(name)
+    name = name if declared is None else declared.name
     for attr in dir(definition.cls):
         value = getattr(definition.cls, attr, None)
         if isinstance(value, SignalWait) and value.name == name:

@@ -11,6 +11,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import typing
 from collections.abc import Callable, Mapping
@@ -63,6 +64,9 @@ class HandlerDefinition:
     input_type: type[BaseModel] | None
     output_type: Any = None
     is_async: bool = False
+    renamed_from: tuple[str, ...] = ()
+    """The names this handler had in earlier releases, oldest first (`renamed_from=`):
+    journal entries, dead letters and senders of an old name reach it."""
 
 
 Owner = TypeVar("Owner")
@@ -85,14 +89,16 @@ class MailboxSignal(Generic[M]):
             customer_reply = corral.signal(Reply)   # run() drains self.mailbox
     """
 
-    def __init__(self, model: type[M]) -> None:
+    def __init__(self, model: type[M], *, renamed_from: tuple[str, ...] = ()) -> None:
         self.model = model
+        self.renamed_from = renamed_from
         self.owner: type | None = None
         self._corral_handler: HandlerDefinition | None = None
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.owner = owner
-        self._corral_handler = HandlerDefinition(HandlerKind.SIGNAL, name, None, self.model)
+        self._corral_handler = HandlerDefinition(HandlerKind.SIGNAL, name, None, self.model,
+                                                 renamed_from=self.renamed_from)
 
     @overload
     def __get__(self, instance: None, owner: type[Owner]) -> MailboxHandler[Owner, M]: ...
@@ -106,11 +112,17 @@ class MailboxSignal(Generic[M]):
         return f"<mailbox signal {name}({self.model.__name__})>"
 
 
+RenamedFrom = str | tuple[str, ...] | None
+"""`renamed_from=`: the name (or names, oldest first) a handler or wait had before."""
+
+
 @overload
-def signal(fn_or_model: type[M], /) -> MailboxSignal[M]: ...
+def signal(fn_or_model: type[M], /, *, renamed_from: RenamedFrom = None) -> MailboxSignal[M]: ...
 @overload
-def signal(fn_or_model: F, /) -> F: ...
-def signal(fn_or_model: Any, /) -> Any:
+def signal(fn_or_model: F, /, *, renamed_from: RenamedFrom = None) -> F: ...
+@overload
+def signal(*, renamed_from: RenamedFrom) -> Callable[[F], F]: ...
+def signal(fn_or_model: Any = None, /, *, renamed_from: RenamedFrom = None) -> Any:
     """Declare a signal: fire-and-forget, durable, applied once in acceptance order.
 
     Use as a decorator on a method taking one pydantic model (or nothing), or call it
@@ -119,28 +131,67 @@ def signal(fn_or_model: Any, /) -> Any:
     A handler that raises is retried with backoff under the class's `retry` policy;
     after the last attempt the message moves to the dead letters and the entity goes
     on with the next one (see `RetryPolicy`).
+
+    `renamed_from` declares the name (or names, oldest first) the signal had in earlier
+    releases: journal entries, dead letters and senders still using an old name reach
+    this handler, and hosts on this code accept clients still on the old one.
+
+    Example:
+        @corral.signal(renamed_from="customer_reply")
+        def reply_from_customer(self, reply: Reply) -> None: ...
+
+        inbox = corral.signal(Msg, renamed_from="messages")   # a mailbox signal
     """
+    old = _old_names(renamed_from, "signal")
+    if fn_or_model is None:
+        return lambda fn: _mark(fn, HandlerKind.SIGNAL, old)
     if isinstance(fn_or_model, type) and issubclass(fn_or_model, BaseModel):
-        return MailboxSignal(fn_or_model)
-    return _mark(fn_or_model, HandlerKind.SIGNAL)
+        return MailboxSignal(fn_or_model, renamed_from=old)
+    return _mark(fn_or_model, HandlerKind.SIGNAL, old)
 
 
-def update(fn: F, /) -> F:
+@overload
+def update(fn: F, /, *, renamed_from: RenamedFrom = None) -> F: ...
+@overload
+def update(*, renamed_from: RenamedFrom) -> Callable[[F], F]: ...
+def update(fn: Any = None, /, *, renamed_from: RenamedFrom = None) -> Any:
     """Declare an update: durable like a signal, and the caller receives its return value.
 
     A handler that raises is not retried and never dead-lettered: its error is recorded
     as the update's outcome and the caller (and every retry of the same update id) gets
-    `UpdateFailedError`.
+    `UpdateFailedError`. `renamed_from` works as for `signal`.
+
+    Example:
+        @corral.update(renamed_from="assign")
+        async def assign_agent(self, req: Assign) -> Assigned: ...
     """
-    return _mark(fn, HandlerKind.UPDATE)
+    old = _old_names(renamed_from, "update")
+    if fn is None:
+        return lambda f: _mark(f, HandlerKind.UPDATE, old)
+    return _mark(fn, HandlerKind.UPDATE, old)
+
+
+def _old_names(renamed_from: object, what: str) -> tuple[str, ...]:
+    if renamed_from is None:
+        return ()
+    names = (renamed_from,) if isinstance(renamed_from, str) else renamed_from
+    if not isinstance(names, tuple) or not names or not all(
+            isinstance(n, str) and n.isidentifier() for n in names):
+        raise EntityDefinitionError(
+            f"@corral.{what}(renamed_from=...) takes the old name, or a tuple of old names "
+            f"(oldest first), each an identifier; got {renamed_from!r}")
+    if len(set(names)) != len(names):
+        raise EntityDefinitionError(
+            f"@corral.{what}(renamed_from={renamed_from!r}) names one old name twice")
+    return names
 
 
 def query(fn: F, /) -> F:
     """Declare a query: a synchronous read of state that must not change it."""
-    return _mark(fn, HandlerKind.QUERY)
+    return _mark(fn, HandlerKind.QUERY)  # a query is never journaled: nothing to rename
 
 
-def _mark(fn: F, kind: HandlerKind) -> F:
+def _mark(fn: F, kind: HandlerKind, renamed_from: tuple[str, ...] = ()) -> F:
     if not callable(fn) or isinstance(fn, type):
         raise EntityDefinitionError(
             f"@corral.{kind.value} decorates a method; got {fn!r}"
@@ -148,7 +199,8 @@ def _mark(fn: F, kind: HandlerKind) -> F:
                else "")
         )
     # Unresolved until the class is defined: annotations may name later classes.
-    setattr(fn, _ATTR, HandlerDefinition(kind, fn.__name__, fn, None))
+    setattr(fn, _ATTR, HandlerDefinition(kind, fn.__name__, fn, None,
+                                         renamed_from=renamed_from))
     return fn
 
 
@@ -185,9 +237,22 @@ class EntityDefinition:
     retried; `max_attempts=None` retries until a fix."""
     fail_on: tuple[type[BaseException], ...] = ()
     """Exception types that fail the run (besides `corral.FailRun`) instead of suspending it."""
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    """Old handler names (`renamed_from=`) -> today's name."""
+    renamed_waits: Mapping[str, str] = field(default_factory=dict)
+    """Old wait names (`corral.wait(..., renamed_from=)`) -> today's name."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
-        return self.handlers.get(name)
+        """The handler called `name` today or, through `renamed_from`, in an earlier
+        release: the one place a journaled or sent name meets today's code."""
+        found = self.handlers.get(name)
+        if found is None and self.renamed:
+            found = self.handlers.get(self.renamed.get(name, ""))
+        return found
+
+    def wait(self, name: str) -> WaitDefinition | None:
+        """The wait called `name` today or in an earlier release (`renamed_from=`)."""
+        return self.waits.get(self.renamed_waits.get(name, name))
 
     def fails_run(self, err: BaseException) -> bool:
         """Whether `err`, escaping `run()` or the building of an activation, fails the run
@@ -199,20 +264,55 @@ class EntityDefinition:
         """A short hash of what callers and hosts must agree on: the type's name, its
         start and result types, each handler (name, kind, models, sync or async) and
         its policies. Handler bodies are not part of it."""
-        return _fingerprint(self.cls)
+        return _fingerprint(self.cls, ())
+
+    @property
+    def compatible_fingerprints(self) -> frozenset[str]:
+        """The fingerprints of the releases a host on this code accepts clients of: its
+        own, and the same definition with declared renames undone (a client on the old
+        code sends old names, which `handler()` resolves). Not the other way round: a
+        host on old code refuses a client that sends names it does not know."""
+        return _compatible(self.cls)
+
+
+_MAX_VARIANTS = 64  # beyond: today's names, and every renamed name at its k-th old name
 
 
 @functools.cache
-def _fingerprint(cls: type) -> str:
+def _compatible(cls: type) -> frozenset[str]:
     d: EntityDefinition = cls._corral_definition  # type: ignore[attr-defined]
+    choices = [(h.name, *h.renamed_from) for h in d.handlers.values() if h.renamed_from]
+    choices += [(w.name, *w.renamed_from) for w in d.waits.values() if w.renamed_from]
+    if not choices:
+        return frozenset({_fingerprint(cls, ())})
+    count = 1
+    for names in choices:
+        count *= len(names)
+    if count <= _MAX_VARIANTS:
+        picks = list(itertools.product(*choices))
+    else:
+        depth = max(len(names) for names in choices)
+        picks = [tuple(names[min(k, len(names) - 1)] for names in choices) for k in range(depth)]
+    return frozenset(_fingerprint(cls, tuple(zip((c[0] for c in choices), p, strict=True)))
+                     for p in picks)
+
+
+@functools.cache
+def _fingerprint(cls: type, names: tuple[tuple[str, str], ...]) -> str:
+    """`names`: (today's name, the name to fingerprint it under) for undone renames."""
+    d: EntityDefinition = cls._corral_definition  # type: ignore[attr-defined]
+    as_named = dict(names)
+    handlers = sorted(((as_named.get(h.name, h.name), h) for h in d.handlers.values()),
+                      key=lambda pair: pair[0])
+    waits = sorted(((as_named.get(w.name, w.name), w) for w in d.waits.values()),
+                   key=lambda pair: pair[0])
     parts = [
         f"name={d.name}", f"start={_describe(d.start_type)}", f"result={_describe(d.result_type)}",
-        *(f"handler={h.name}:{h.kind.value}:{_describe(h.input_type)}:"
+        *(f"handler={name}:{h.kind.value}:{_describe(h.input_type)}:"
           f"{_describe(h.output_type)}:{'async' if h.is_async else 'sync'}:"
           f"{'mailbox' if h.fn is None else 'body'}"
-          for h in sorted(d.handlers.values(), key=lambda h: h.name)),
-        *(f"wait={w.name}:{_describe(w.model)}:{w.max_timeout!r}"
-          for w in sorted(d.waits.values(), key=lambda w: w.name)),
+          for name, h in handlers),
+        *(f"wait={name}:{_describe(w.model)}:{w.max_timeout!r}" for name, w in waits),
         *(f"{attr}={getattr(d, attr)!r}" for attr in (
             "id_reuse", "snapshots", "continue_as_new", "idle_timeout", "retry",
             "placement", "dedupe_window", "early_signals")),
@@ -307,13 +407,37 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         issues.add(f"{cls.__name__}.run must be `async def run(self)`")
     else:
         result_type = (_hints(cls, run, localns, issues) or {}).get("return")
+    renamed = _renames(cls, issues, {h.name: h.renamed_from for h in handlers.values()},
+                       "handler")
+    renamed_waits = _renames(cls, issues, {w.name: w.renamed_from for w in waits.values()},
+                             "wait")
     issues.raise_if_any()
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
         waits=waits, early_signals=early, run_retry=run_retry, fail_on=fail_on,
+        renamed=renamed, renamed_waits=renamed_waits,
     )
+
+
+def _renames(cls: type, issues: _Issues, declared: Mapping[str, tuple[str, ...]],
+             what: str) -> dict[str, str]:
+    """Old name -> today's name; an old name that is another handler's (or wait's) name
+    today, or that two of them claim, is a problem naming both."""
+    renamed: dict[str, str] = {}
+    for name, old_names in sorted(declared.items()):
+        for old in old_names:
+            if old in declared:
+                issues.add(f"{cls.__name__}.{name}: renamed_from={old!r} is the name of the "
+                           f"{what} {cls.__name__}.{old} today; an old name must be free so "
+                           "that old messages reach one handler (drop it or rename that one)")
+            elif old in renamed:
+                issues.add(f"{cls.__name__}.{name} and .{renamed[old]} both declare "
+                           f"renamed_from={old!r}; an old name reaches one {what} only")
+            else:
+                renamed[old] = name
+    return renamed
 
 
 def _fail_on(cls: type, issues: _Issues) -> tuple[type[BaseException], ...]:
@@ -476,7 +600,8 @@ def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any],
     input_type = _single_model(cls, h.fn, h.name, localns, issues,
                                what=f"{kind} handler `{h.name}`")
     output = (_hints(cls, h.fn, localns, issues) or {}).get("return")
-    return HandlerDefinition(h.kind, h.name, h.fn, input_type, output, is_async)
+    return HandlerDefinition(h.kind, h.name, h.fn, input_type, output, is_async,
+                             renamed_from=h.renamed_from)
 
 
 def _single_model(

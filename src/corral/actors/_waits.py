@@ -50,6 +50,8 @@ class WaitDefinition:
     name: str
     model: type[BaseModel]
     max_timeout: float
+    renamed_from: tuple[str, ...] = ()
+    """The names the wait had in earlier releases, oldest first."""
 
 
 class WaitHandle(Protocol[Owner_contra, M]):
@@ -79,7 +81,8 @@ class SignalWait(Generic[M]):
     """
 
     def __init__(self, model: type[M], *, name: str | None = None,
-                 max_timeout: float = MAX_WAIT_TIMEOUT) -> None:
+                 max_timeout: float = MAX_WAIT_TIMEOUT,
+                 renamed_from: str | tuple[str, ...] | None = None) -> None:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise EntityDefinitionError(
                 f"corral.wait takes the payload's pydantic model class, got {model!r}")
@@ -93,6 +96,7 @@ class SignalWait(Generic[M]):
         self.model = model
         self.name = name or ""
         self.max_timeout = float(max_timeout)
+        self.renamed_from = _old_names(renamed_from)
         self.owner: type | None = None
 
     def __set_name__(self, owner: type, attr: str) -> None:
@@ -102,7 +106,7 @@ class SignalWait(Generic[M]):
 
     @property
     def definition(self) -> WaitDefinition:
-        return WaitDefinition(self.name, self.model, self.max_timeout)
+        return WaitDefinition(self.name, self.model, self.max_timeout, self.renamed_from)
 
     def belongs_to(self, cls: type) -> bool:
         """Whether this is a wait of the entity class `cls` (declared on it or a base)."""
@@ -121,15 +125,35 @@ class SignalWait(Generic[M]):
         return f"<signal wait {self.name or '?'}({self.model.__name__})>"
 
 
-def wait(model: type[M], *, name: str | None = None,
-         max_timeout: float = MAX_WAIT_TIMEOUT) -> SignalWait[M]:
+def wait(model: type[M], *, name: str | None = None, max_timeout: float = MAX_WAIT_TIMEOUT,
+         renamed_from: str | tuple[str, ...] | None = None) -> SignalWait[M]:
     """Declare a durable signal wait on an entity class (see `SignalWait`).
 
     `name` defaults to the attribute's name; a wait name is 1-200 characters, with no
     surrounding whitespace and no control characters. `max_timeout` is the longest
-    timeout `wait_for_signal` accepts for it (default 7 days).
+    timeout `wait_for_signal` accepts for it (default 7 days). `renamed_from` names the
+    wait had in earlier releases (oldest first): deliveries by an old name reach it.
+
+    Example:
+        approval = corral.wait(Decision, renamed_from="manager_ok")
     """
-    return SignalWait(model, name=name, max_timeout=max_timeout)
+    return SignalWait(model, name=name, max_timeout=max_timeout, renamed_from=renamed_from)
+
+
+def _old_names(renamed_from: object) -> tuple[str, ...]:
+    if renamed_from is None:
+        return ()
+    names = (renamed_from,) if isinstance(renamed_from, str) else renamed_from
+    if not isinstance(names, tuple) or not names:
+        raise EntityDefinitionError(
+            "corral.wait(renamed_from=...) takes the old name or a tuple of old names "
+            f"(oldest first), got {renamed_from!r}")
+    for old in names:
+        _check_name(old)
+    if len(set(names)) != len(names):
+        raise EntityDefinitionError(f"corral.wait(renamed_from={renamed_from!r}) names one "
+                                    "old name twice")
+    return tuple(names)
 
 
 def _check_name(name: object) -> None:

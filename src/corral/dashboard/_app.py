@@ -276,7 +276,8 @@ class _Dashboard:
     async def deliver(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
         ref = self._ref(form.get("entity_type", ""), form.get("key", ""))
         etype, name = ref.definition.name, form.get("name", "")
-        wait = self.waits.get((etype, name))
+        declared = ref.definition.wait(name)  # an old name (`renamed_from=`) finds it too
+        wait = None if declared is None else self.waits.get((etype, declared.name))
         if wait is None:
             raise UnknownHandlerError(f"{etype} has no wait {name!r}", entity_type=etype)
         run_id, text = _int(form.get("run_id"), "run id"), form.get("payload", "")

@@ -12,6 +12,7 @@ from corral._errors import EntityNotRunningError
 from ._codec import closing_texts
 from ._records import JournalEntry
 from ._txn import Fence, Txn
+from ._unapplied import settle_run
 from ._wait_ops import close_waits
 
 __all__ = [
@@ -47,7 +48,8 @@ class CloseRunOp:
     Returns False when newer messages exist: the host applies them and tries again, so
     a message accepted before the close is never left unapplied. With `force` (a run
     whose activation cannot be built, closed as failed) it closes regardless: its
-    unapplied messages stay in the journal of a failed run, visible, never applied.
+    messages after `applied_seq`, and the `pending` mailbox entries `run()` never took,
+    become dead letters of the run in the same transaction (`_unapplied.settle_run`).
     """
 
     fence: Fence
@@ -59,6 +61,7 @@ class CloseRunOp:
     result: str | None
     error: str | None
     force: bool = False
+    pending: tuple[JournalEntry, ...] = ()
 
     def apply(self, txn: Txn) -> bool:
         txn.check(self.fence)
@@ -77,6 +80,8 @@ class CloseRunOp:
             (self.status.value, *closing_texts(self.result, self.error), time.time(),
              self.entity_type, self.key, self.run_id),
         )
+        settle_run(txn.db, self.entity_type, self.key, self.run_id, self.applied_seq,
+                   self.pending, time.time())
         return True
 
 

@@ -6,8 +6,9 @@ its `Fence` (holding the lease row `FOR SHARE` until commit) before it writes.""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
@@ -18,6 +19,7 @@ from ._pg_txn import LockPlan, PgTxn
 from ._pg_waits import close_waits
 from ._records import JournalEntry
 from ._txn import Fence
+from ._unapplied import MESSAGE_KINDS, unapplied_reason
 
 __all__ = [
     "ActivatedOp",
@@ -25,6 +27,7 @@ __all__ = [
     "ContinueAsNewOp",
     "RecordDeadLetterOp",
     "RecordUpdateOp",
+    "SettleRunOp",
     "SnapshotOp",
     "TimerOp",
 ]
@@ -63,6 +66,7 @@ class CloseRunOp:
     result: str | None
     error: str | None
     force: bool = False
+    pending: tuple[JournalEntry, ...] = ()
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
@@ -86,6 +90,8 @@ class CloseRunOp:
             "WHERE etype = $5 AND key = $6 AND run_id = $7",
             self.status.value, *closing_texts(self.result, self.error), time.time(),
             self.entity_type, self.key, self.run_id)
+        await settle_run(txn.conn, self.entity_type, self.key, self.run_id, self.applied_seq,
+                         self.pending, time.time())
         return True
 
 
@@ -269,6 +275,64 @@ class TimerOp:
             "SET run_id = excluded.run_id, shard = excluded.shard, due_at = excluded.due_at",
             self.entity_type, self.key, self.run_id, self.timer_id, self.fence.shard,
             self.due_at)
+
+
+async def settle_run(conn: Any, etype: str, key: str, run_id: int, applied_seq: int | None,
+                     pending: Sequence[JournalEntry], failed_at: float) -> int:
+    """`_unapplied.settle_run` in PostgreSQL's statements (same decision, same reasons)."""
+    row = await conn.fetchrow("SELECT status, first_seq FROM runs WHERE etype = $1 AND "
+                              "key = $2 AND run_id = $3", etype, key, run_id)
+    if row is None or row["status"] == RunStatus.RUNNING.value:
+        return 0
+    status = RunStatus(row["status"])
+    if applied_seq is None and status is not RunStatus.TERMINATED:
+        return 0  # other closes are the host's, which settled them with its watermark
+    if applied_seq is None:
+        snap = await conn.fetchval("SELECT max(applied_seq) FROM snapshots WHERE etype = $1 "
+                                   "AND key = $2 AND run_id = $3", etype, key, run_id)
+        applied_seq = int(snap) if snap is not None else int(row["first_seq"]) - 1
+    rows = await conn.fetch(
+        "SELECT seq, message_id, name, payload, sender FROM journal WHERE etype = $1 AND "
+        "key = $2 AND run_id = $3 AND seq > $4 AND kind = ANY($5::text[]) ORDER BY seq",
+        etype, key, run_id, applied_seq, list(MESSAGE_KINDS))
+    letters = [(r["seq"], r["message_id"], r["name"], r["payload"], r["sender"],
+                unapplied_reason(run_id, status, mailbox=False)) for r in rows]
+    letters += [(e.seq, e.message_id, e.name, e.payload, e.sender,
+                 unapplied_reason(run_id, status, mailbox=True)) for e in pending]
+    added = 0
+    for seq, mid, name, payload, sender, reason in letters:
+        if await conn.fetchval("SELECT 1 FROM dead_letters WHERE etype = $1 AND key = $2 AND "
+                               "run_id = $3 AND seq = $4", etype, key, run_id, seq) is not None:
+            continue
+        await conn.execute(
+            f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, "
+            "$6, $7, $8, $9, $10, $11, $12)", etype, key, run_id, seq, mid, name, payload,
+            sender, storable_text(reason), "", 0, failed_at)
+        added += 1
+    return added
+
+
+@dataclass(frozen=True, slots=True)
+class SettleRunOp:
+    """`settle_run` as a fenced write (see `_unapplied`)."""
+
+    fence: Fence
+    entity_type: str
+    key: str
+    run_id: int
+    applied_seq: int | None
+    pending: tuple[JournalEntry, ...]
+    failed_at: float
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.add(self.fence.shard)
+        plan.entities.add((self.entity_type, self.key))
+
+    async def apply(self, txn: PgTxn) -> int:
+        await txn.check(self.fence)
+        return await settle_run(txn.conn, self.entity_type, self.key, self.run_id,
+                                self.applied_seq, self.pending, self.failed_at)
 
 
 @dataclass(frozen=True, slots=True)

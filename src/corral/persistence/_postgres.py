@@ -37,6 +37,7 @@ from ._pg_lifecycle import (
     ContinueAsNewOp,
     RecordDeadLetterOp,
     RecordUpdateOp,
+    SettleRunOp,
     SnapshotOp,
     TimerOp,
 )
@@ -204,8 +205,16 @@ class PostgresStore:
 
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
-                        error: str | None, force: bool = False) -> bool:
-        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force)
+                        error: str | None, force: bool = False,
+                        pending: Sequence[JournalEntry] = ()) -> bool:
+        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
+                        tuple(pending))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                         applied_seq: int | None, pending: Sequence[JournalEntry] = (),
+                         failed_at: float) -> int:
+        op = SettleRunOp(fence, etype, key, run_id, applied_seq, tuple(pending), failed_at)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,

@@ -65,6 +65,7 @@ from ._records import (
 from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
 from ._suspensions import ClearSuspensionOp, SuspendOp, shard_suspensions
 from ._txn import Fence, Txn, WriteOp
+from ._unapplied import SettleRunOp
 from ._wait_ops import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
 from ._waits import WaitPosition
 
@@ -345,8 +346,16 @@ class SqliteStore:
 
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
-                        error: str | None, force: bool = False) -> bool:
-        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force)
+                        error: str | None, force: bool = False,
+                        pending: Sequence[JournalEntry] = ()) -> bool:
+        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
+                        tuple(pending))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                         applied_seq: int | None, pending: Sequence[JournalEntry] = (),
+                         failed_at: float) -> int:
+        op = SettleRunOp(fence, etype, key, run_id, applied_seq, tuple(pending), failed_at)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,

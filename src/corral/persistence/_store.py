@@ -89,9 +89,20 @@ class Store(Protocol):
 
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
-                        error: str | None, force: bool = False) -> bool:
+                        error: str | None, force: bool = False,
+                        pending: Sequence[JournalEntry] = ()) -> bool:
         """Close the run unless messages after `applied_seq` exist (then return False);
-        with `force`, close it regardless (a run failed because it cannot activate)."""
+        with `force`, close it regardless (a run failed because it cannot activate).
+        Its messages after `applied_seq` (with `force`) and the `pending` mailbox entries
+        `run()` never took become dead letters of the run, in the same transaction."""
+        ...
+
+    async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                         applied_seq: int | None, pending: Sequence[JournalEntry] = (),
+                         failed_at: float) -> int:
+        """Dead-letter what closed run `run_id` never applied: its messages after
+        `applied_seq` (None: after its latest snapshot) and the `pending` mailbox
+        entries, each with the reason; nothing for a running run. Returns the count."""
         ...
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,

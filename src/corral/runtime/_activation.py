@@ -243,6 +243,13 @@ class Activation:
             if not fut.done():
                 fut.set_result(None)
 
+    def untaken(self) -> list[JournalEntry]:
+        """The entries behind mailbox payloads `run()` has not taken: a run closing
+        with them keeps each as a dead letter of the run (`Store.close_run(pending=)`)."""
+        if self.entity is None:
+            return []
+        return [t for t in self.entity.mailbox.pending_tokens() if isinstance(t, JournalEntry)]
+
     @property
     def mailbox_depth(self) -> int:
         return len(self.entity.mailbox) if self.entity is not None else 0
@@ -302,6 +309,8 @@ class Activation:
                 try:
                     if fresh is not None and failures == 0:
                         self._start_fresh(fresh, start_input)
+                        if fresh.run_id > 1:  # it replaced a closed run
+                            await self._settle_terminated(fresh.run_id - 1)
                     elif not await self._recover():
                         return  # closed or terminated before we got here
                     break
@@ -331,15 +340,19 @@ class Activation:
 
         Returns False if the entity has no running run.
         """
-        found = await self._shard.store.latest_run(self.entity_type, self.key)
+        store = self._shard.store
+        found = await store.latest_run(self.entity_type, self.key)
         if found is None or found[0].status is not RunStatus.RUNNING:
             self._run_id = found[0].run_id if found else 0
             self._shard.release(self.entity_type, self.key, self._run_id)
+            if found is not None and found[0].status is RunStatus.TERMINATED:
+                await self._settle_terminated(found[0].run_id)
             self._finish()
             return False
         run = found[0]
+        if run.run_id > 1 and run.continued_from is None:  # it replaced a closed run
+            await self._settle_terminated(run.run_id - 1)
         self._run_id, self._first_seq = run.run_id, run.first_seq
-        store = self._shard.store
         await store.mark_activated(self._shard.fence, self.entity_type, self.key)
         self.entity, covered = await rebuild(store, self.definition, run, self)
         self.applied_seq = self._snapshot_seq = self._floor = covered
@@ -361,14 +374,27 @@ class Activation:
         self._evict()
         await record_suspension(self, record)
 
+    async def _settle_terminated(self, run_id: int) -> None:
+        """A run terminated while no host had it in memory: the messages after its latest
+        snapshot were never applied; they become its dead letters (see
+        `persistence._unapplied`). A no-op for a run settled before or not terminated."""
+        added = await self._shard.store.settle_run(
+            self._shard.fence, self.entity_type, self.key, run_id, applied_seq=None,
+            failed_at=self._shard.clock.time())
+        if added:
+            log.warning("%s %r run %d: %d messages it never applied are kept as dead letters",
+                        self.entity_type, self.key, run_id, added)
+
     async def _fail_run(self, err: Exception, attempts: int) -> None:
         """Close the run as failed: its activation cannot be built."""
         text = "".join(traceback.format_exception(err))
         log.error("%s %r run %d: activation failed %d times; the run is failed:\n%s",
                   self.entity_type, self.key, self._run_id, attempts, text)
+        # What the discarded state had applied beyond its snapshot was never applied:
+        # the close keeps every message after the snapshot as a dead letter of the run.
         await self._shard.store.close_run(
             self._shard.fence, self.entity_type, self.key, self._run_id,
-            applied_seq=self.applied_seq, status=RunStatus.FAILED, result=None,
+            applied_seq=self._snapshot_seq, status=RunStatus.FAILED, result=None,
             error=f"activation failed after {attempts} attempts: {type(err).__name__}: "
                   f"{err}\n{text}", force=True,
         )
@@ -492,7 +518,13 @@ class Activation:
                      failed: Exception | None = None) -> None:
         if entry.kind is EntryKind.TERMINATE:
             self.applied_seq = entry.seq
-            self._terminated(entry.payload)
+            self.closed = True  # run() stops taking from its mailbox, then settle
+            if self._run_task is not None and self._run_task is not asyncio.current_task():
+                self._run_task.cancel()
+            try:
+                await self._settle_applied_terminate(entry)
+            finally:  # its waiters learn of the terminate once what it left is kept
+                self._terminated(entry.payload)
             return
         if entry.kind is EntryKind.START or entry.kind is EntryKind.RESUME:  # marks
             self.applied_seq = entry.seq
@@ -635,9 +667,9 @@ class Activation:
             error = traceback.format_exc()
             log.warning("%s %r run %d: run() failed:\n%s", self.entity_type, self.key,
                         self._run_id, error)
-        if self.entity.mailbox:
-            log.warning("%s %r: run() ended with %d mailbox payloads not taken", self.entity_type,
-                        self.key, len(self.entity.mailbox))
+        if self.entity.mailbox:  # the close keeps each as a dead letter of the run
+            log.warning("%s %r: run() ended with %d mailbox payloads not taken; they become "
+                        "dead letters", self.entity_type, self.key, len(self.entity.mailbox))
         await self._settle(self._close(status, result, error))
 
     async def _settle(self, closing: Coroutine[Any, Any, None]) -> None:
@@ -735,6 +767,21 @@ class Activation:
         await self.wait_for(
             lambda: self.applied_seq >= seq or self.closed or self.is_finished, None
         )
+
+    async def _settle_applied_terminate(self, entry: JournalEntry) -> None:
+        """Everything before the terminate is applied: snapshot at it (so that no later
+        activation takes an older snapshot for this run's watermark) and keep the
+        mailbox payloads `run()` never took as dead letters of the run."""
+        try:
+            await self.snapshot()
+        except StoreError:
+            raise
+        except Exception as err:  # state that cannot be captured: the journal decides
+            log.warning("%s %r: no snapshot at terminate (%s: %s)", self.entity_type,
+                        self.key, type(err).__name__, err)
+        await self._shard.store.settle_run(
+            self._shard.fence, self.entity_type, self.key, self._run_id,
+            applied_seq=entry.seq, pending=self.untaken(), failed_at=self._shard.clock.time())
 
     def _terminated(self, reason: str) -> None:
         self.closed = True

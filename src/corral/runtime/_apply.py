@@ -18,6 +18,7 @@ from corral.actors import (
     Entity,
     EntityContext,
     EntityDefinition,
+    HandlerDefinition,
     HandlerKind,
     Mailbox,
 )
@@ -26,7 +27,16 @@ from corral.persistence import JournalEntry, UpdateOutcome
 from ._codec import decode_model, encode_model
 from ._results import encode_value
 
-__all__ = ["ReplicaContext", "apply_entry", "encode_start", "instantiate", "run_query"]
+__all__ = [
+    "ReplicaContext",
+    "Unappliable",
+    "apply_entry",
+    "decode_arg",
+    "encode_start",
+    "entry_handler",
+    "instantiate",
+    "run_query",
+]
 
 log = logging.getLogger("corral.apply")
 
@@ -57,6 +67,50 @@ def encode_start(definition: EntityDefinition, value: object, *,
                         what=f"{definition.name} start input")
 
 
+class Unappliable(Exception):
+    """This code cannot apply a journal entry: no handler of its name (today's or a
+    `renamed_from=` one), or a payload today's model refuses. A live host moves the
+    entry to the dead letters with `reason` (replayable once the code is fixed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def entry_handler(definition: EntityDefinition, entry: JournalEntry) -> HandlerDefinition:
+    """The handler of a signal or update entry, found through `renamed_from=` as well.
+
+    Raises:
+        Unappliable: this code has no signal or update handler of the entry's name.
+    """
+    handler = definition.handler(entry.name)
+    if handler is None or handler.kind is HandlerKind.QUERY:
+        known = sorted(h.name for h in definition.handlers.values()
+                       if h.kind is not HandlerKind.QUERY)
+        raise Unappliable(
+            f"no {entry.kind.value} handler {entry.name!r} in this code of {definition.name} "
+            f"(its signals and updates: {known}); deploy code that has it (or declares "
+            f"renamed_from={entry.name!r}), then replay this dead letter")
+    return handler
+
+
+def decode_arg(handler: HandlerDefinition, entry: JournalEntry) -> tuple[BaseModel, ...]:
+    """The handler's argument decoded from the entry's payload: () or (model,).
+
+    Raises:
+        Unappliable: the stored payload no longer validates against today's model.
+    """
+    if handler.input_type is None:
+        return ()
+    try:
+        return (decode_model(handler.input_type, entry.payload),)
+    except ValueError as err:  # pydantic's ValidationError, also for text that is not JSON
+        raise Unappliable(
+            f"payload no longer validates against {handler.input_type.__name__} of "
+            f"{handler.kind.value} {handler.name!r}: {err}; fix the model (an optional "
+            "field, a default) or the payload, then replay this dead letter") from err
+
+
 async def apply_entry(definition: EntityDefinition, entity: Entity, entry: JournalEntry
                       ) -> UpdateOutcome | None:
     """Apply a signal or update entry; return the outcome for updates.
@@ -66,15 +120,14 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
     which retries a raising signal handler and then dead-letters the entry. An update
     handler that raises has its error recorded as the outcome (`UpdateFailedError` for
     the caller), never retried and never dead-lettered.
+
+    Raises:
+        Unappliable: no handler of the entry's name, or a payload today's model refuses
+            (a live host dead-letters the entry; a replica passes over it).
     """
-    handler = definition.handler(entry.name)
-    if handler is None or handler.kind is HandlerKind.QUERY:
-        log.error("%s %r: no handler %r for seq %d; skipped", definition.name, entity.key,
-                  entry.name, entry.seq)
-        return None
+    handler = entry_handler(definition, entry)
+    arg = decode_arg(handler, entry)
     try:
-        arg: tuple[BaseModel, ...] = () if handler.input_type is None else (
-            decode_model(handler.input_type, entry.payload),)
         if handler.fn is None:
             entity.mailbox.put(arg[0] if arg else None, entry)
             result = None

@@ -37,7 +37,7 @@ from corral.persistence import (
 )
 
 from ._activation import Activation
-from ._apply import ReplicaContext, apply_entry, run_query
+from ._apply import ReplicaContext, Unappliable, apply_entry, run_query
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._host import LocalHost
@@ -281,7 +281,10 @@ class LocalBackend:
         entity, after = await rebuild(self.store, definition, run, context)
         for entry in await self.store.journal(etype, key, run_id=run.run_id, after_seq=after):
             if entry.kind in (EntryKind.SIGNAL, EntryKind.UPDATE):
-                await apply_entry(definition, entity, entry)
+                try:
+                    await apply_entry(definition, entity, entry)
+                except Unappliable:  # the live host dead-letters it; a replica only reads
+                    continue
         return run_query(definition, entity, name, payload)
 
     async def describe(self, etype: str, key: str) -> EntityDescription:

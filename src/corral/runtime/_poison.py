@@ -32,6 +32,8 @@ import logging
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 import corral.metrics as metrics
 from corral._errors import StoreError
 from corral.actors import (
@@ -43,8 +45,7 @@ from corral.actors import (
 )
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
-from ._apply import apply_entry
-from ._codec import decode_model
+from ._apply import Unappliable, apply_entry, decode_arg
 from ._events import lifecycle
 
 if TYPE_CHECKING:
@@ -62,15 +63,23 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
                      replaying: bool, failed: Exception | None = None) -> UpdateOutcome | None:
     """Apply a signal or update entry on a live host; return the outcome for updates.
 
-    Signals with a handler body get the retry policy and the dead-letter path; updates,
-    mailbox signals and entries without a handler are applied by `apply_entry`.
+    Signals with a handler body get the retry policy and the dead-letter path; updates
+    and mailbox signals are applied by `apply_entry`. An entry this code cannot apply
+    (no handler of its name, a payload today's model refuses: `Unappliable`) moves to
+    the dead letters at once, with the reason; an update's caller gets that reason.
     `failed`: the error of a first attempt already made by `apply_now`, which counts.
     """
     definition, entity = act.definition, act.entity
     assert entity is not None
-    handler = retried_handler(definition, entry)
-    if handler is None:
-        return await apply_entry(definition, entity, entry)
+    try:
+        handler = retried_handler(definition, entry)
+        if handler is None:
+            return await apply_entry(definition, entity, entry)
+        if isinstance(failed, Unappliable):
+            raise failed
+        arg = decode_arg(handler, entry)
+    except Unappliable as why:
+        return await _unappliable(shard, act, entry, why, replaying=replaying)
     if replaying and entry.seq in await _dead_lettered(shard, entry):
         log.info("%s %r: seq %d was dead-lettered before; not applied again",
                  entry.entity_type, entry.key, entry.seq)
@@ -86,8 +95,8 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
                         type(err).__name__, err, attempts, policy.max_attempts, delay)
             await asyncio.sleep(delay)
         attempts += 1
-        try:  # a payload that no longer validates counts as a failure
-            result = _call(handler, entity, entry)
+        try:
+            result = _call(handler, entity, arg)
             if handler.is_async:
                 await result
             return None
@@ -96,7 +105,18 @@ async def apply_live(shard: Shard, act: Activation, entry: JournalEntry, *,
             return None
         except Exception as error:
             err = error
-    await _dead_letter(shard, act, entry, err, attempts)
+    await _dead_letter(shard, act, entry, f"{type(err).__name__}: {err}",
+                       "".join(traceback.format_exception(err)), attempts)
+    return None
+
+
+async def _unappliable(shard: Shard, act: Activation, entry: JournalEntry, why: Unappliable,
+                       *, replaying: bool) -> UpdateOutcome | None:
+    """Dead-letter an entry this code cannot apply (once: recovery finds its row)."""
+    if not (replaying and entry.seq in await _dead_lettered(shard, entry)):
+        await _dead_letter(shard, act, entry, why.reason, "", 0)
+    if entry.kind is EntryKind.UPDATE:
+        return UpdateOutcome(None, f"DeadLettered: {why.reason}")
     return None
 
 
@@ -114,10 +134,11 @@ def retried_handler(definition: EntityDefinition, entry: JournalEntry
 def apply_now(entity: Entity, entry: JournalEntry, handler: HandlerDefinition
               ) -> Exception | None:
     """The first attempt of a sync signal handler, in the caller's frame (no task, no
-    coroutine): None once applied, or the error it raised, for `apply_live(failed=...)`
-    to retry under the type's `RetryPolicy`."""
+    coroutine): None once applied, or the error it raised (`Unappliable` for a payload
+    today's model refuses), for `apply_live(failed=...)` to retry under the type's
+    `RetryPolicy` or dead-letter."""
     try:
-        _call(handler, entity, entry)
+        _call(handler, entity, decode_arg(handler, entry))
     except ContinueAsNew:
         _continue_in_handler(entry)
     except Exception as err:
@@ -125,11 +146,11 @@ def apply_now(entity: Entity, entry: JournalEntry, handler: HandlerDefinition
     return None
 
 
-def _call(handler: HandlerDefinition, entity: Entity, entry: JournalEntry) -> Any:
+def _call(handler: HandlerDefinition, entity: Entity, arg: tuple[BaseModel, ...]) -> Any:
     """The handler's return value: a coroutine when it is async."""
-    fn, model = handler.fn, handler.input_type
+    fn = handler.fn
     assert fn is not None
-    return fn(entity) if model is None else fn(entity, decode_model(model, entry.payload))
+    return fn(entity, *arg)
 
 
 def _continue_in_handler(entry: JournalEntry) -> None:
@@ -137,12 +158,11 @@ def _continue_in_handler(entry: JournalEntry) -> None:
               "Ignored.", entry.entity_type, entry.key, entry.name, entry.seq)
 
 
-async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: Exception,
-                       attempts: int) -> None:
-    text = "".join(traceback.format_exception(err))
+async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, error: str,
+                       text: str, attempts: int) -> None:
     dead_id = await shard.store.record_dead_letter(
-        shard.fence, entry, error=f"{type(err).__name__}: {err}", traceback=text,
-        attempts=attempts, failed_at=shard.clock.time(),
+        shard.fence, entry, error=error, traceback=text, attempts=attempts,
+        failed_at=shard.clock.time(),
     )
     metrics.dead_lettered(entry.entity_type)
     lifecycle("dead-lettered", entry.entity_type, entry.key, entry.run_id, seq=entry.seq,
@@ -150,8 +170,9 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, err: 
     ident = (entry.entity_type, entry.key, entry.run_id)
     if ident in shard.dead_seqs:
         shard.dead_seqs[ident] = shard.dead_seqs[ident] | {entry.seq}
-    log.error("%s %r: signal %r (seq %d) failed %d times; moved to dead letter %d:\n%s",
-              entry.entity_type, entry.key, entry.name, entry.seq, attempts, dead_id, text)
+    log.error("%s %r: %s %r (seq %d) moved to dead letter %d after %d attempts: %s\n%s",
+              entry.entity_type, entry.key, entry.kind.value, entry.name, entry.seq, dead_id,
+              attempts, error, text)
     # Snapshot at this entry so that recovery starts after it (see the module docstring).
     act.applied_seq = entry.seq
     try:

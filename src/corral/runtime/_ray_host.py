@@ -125,6 +125,13 @@ def host_fingerprint(definition: EntityDefinition) -> str:
     return f"{definition.fingerprint}-p{HOST_PROTOCOL}"
 
 
+def accepted_fingerprints(definition: EntityDefinition) -> frozenset[str]:
+    """The client fingerprints a host running `definition` accepts: its own, and those
+    of the same definition before its declared renames (a client on the old code sends
+    old names, which the host resolves). `host_fingerprint` is one of them."""
+    return frozenset(f"{fp}-p{HOST_PROTOCOL}" for fp in definition.compatible_fingerprints)
+
+
 def actor_name(spec: RayHostSpec, index: int) -> str:
     """`corral/<namespace>/shard-<k>`, or `.../dedicated-<hex>` for a dedicated entity."""
     if index < spec.shards:
@@ -359,7 +366,8 @@ class ShardHost:
         for etype, theirs in sorted(fingerprints.items()):
             definition = self.definitions.get(etype)
             mine = None if definition is None else host_fingerprint(definition)
-            if mine is not None and mine != theirs:
+            if definition is not None and mine is not None \
+                    and theirs not in accepted_fingerprints(definition):
                 name = actor_name(self.spec, self.index)
                 raise DefinitionMismatchError(
                     f"{name} runs another definition of {etype} (fingerprint "

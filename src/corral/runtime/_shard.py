@@ -257,7 +257,7 @@ class Shard:
                         error: str | None) -> bool:
         return await self.store.close_run(
             self.fence, act.entity_type, act.key, act.run_id, applied_seq=act.applied_seq,
-            status=status, result=result, error=error,
+            status=status, result=result, error=error, pending=act.untaken(),
         )
 
     def wait_update(self, etype: str, key: str, message_id: str

@@ -1,0 +1,85 @@
+"""Two releases of one entity type, `Ticket`, for tests/test_renames.py and its worker.
+
+Release 1 calls its signal `customer_reply`; release 2 renamed it `reply_from_customer`
+(declared with `renamed_from=`); `TicketNoAlias` is a release that forgot to declare
+it, and `TicketStrict` one whose payload model gained a required field.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+import corral
+
+
+class Reply(BaseModel):
+    text: str
+
+
+class StrictReply(BaseModel):
+    text: str
+    channel: str  # required: payloads of release 1 no longer validate
+
+
+class Replies(BaseModel):
+    texts: list[str]
+
+
+class TicketV1(corral.Entity):
+    name = "Ticket"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    @corral.signal
+    def customer_reply(self, reply: Reply) -> None:
+        self.texts.append(reply.text)
+
+    @corral.query
+    def replies(self) -> Replies:
+        return Replies(texts=self.texts)
+
+
+class TicketV2(corral.Entity):
+    name = "Ticket"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    @corral.signal(renamed_from="customer_reply")
+    def reply_from_customer(self, reply: Reply) -> None:
+        self.texts.append("v2:" + reply.text)
+
+    @corral.query
+    def replies(self) -> Replies:
+        return Replies(texts=self.texts)
+
+
+class TicketNoAlias(corral.Entity):
+    name = "Ticket"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    @corral.signal
+    def reply_from_customer(self, reply: Reply) -> None:
+        self.texts.append("v2:" + reply.text)
+
+    @corral.query
+    def replies(self) -> Replies:
+        return Replies(texts=self.texts)
+
+
+class TicketStrict(corral.Entity):
+    name = "Ticket"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    @corral.signal
+    def customer_reply(self, reply: StrictReply) -> None:
+        self.texts.append(f"{reply.channel}:{reply.text}")
+
+    @corral.query
+    def replies(self) -> Replies:
+        return Replies(texts=self.texts)
