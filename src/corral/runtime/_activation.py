@@ -434,7 +434,7 @@ class Activation:
                 log.warning("%s %r: %s; evicting", self.entity_type, self.key, err)
             else:
                 log.exception("%s %r: activation failed; evicting", self.entity_type, self.key)
-            self._suspend()
+            self._evict_and_retry()
         finally:
             if self._worker is not None and self._worker.done() is False \
                     and self._worker is asyncio.current_task(self._worker.get_loop()):
@@ -654,7 +654,7 @@ class Activation:
             # when the activation comes back (`retrying` spares it most of these).
             log.warning("%s %r run %d: run() met a store error (%s); evicting",
                         self.entity_type, self.key, self._run_id, err)
-            self._suspend()
+            self._evict_and_retry()
             return
         except Exception as err:
             record = None if self.definition.fails_run(err) else \
@@ -684,9 +684,9 @@ class Activation:
         except StoreError as err:
             log.warning("%s %r run %d: closing failed (%s); activating it again",
                         self.entity_type, self.key, self._run_id, err)
-            self._suspend()
+            self._evict_and_retry()
 
-    def _suspend(self) -> None:
+    def _evict_and_retry(self) -> None:
         """Evict after a failure that is not the entity's (the store's, or the host's),
         and activate the entity again after the type's longest backoff, unless a message
         brings it back first. Its run stays running; recovery replays the journal."""
