@@ -36,8 +36,11 @@ from corral._errors import (
     InvalidPayloadError,
     LeaseLostError,
     PayloadTooLargeError,
+    PickledSnapshotError,
     SignalTimeoutError,
+    SnapshotCaptureError,
     SnapshotRestoreError,
+    SnapshotVersionError,
     StoreError,
     StoreUnavailableError,
     UnauthorizedError,
@@ -53,6 +56,7 @@ from corral.actors import (
     query,
     signal,
     update,
+    upgrade,
     wait,
 )
 from corral.runtime import (
@@ -101,6 +105,7 @@ __all__ = [
     "Mailbox",
     "Page",
     "PayloadTooLargeError",
+    "PickledSnapshotError",
     "RetryPolicy",
     "RunStatus",
     "RunSummary",
@@ -108,8 +113,10 @@ __all__ = [
     "SignalTimeoutError",
     "SignalWait",
     "SignalWaitInfo",
+    "SnapshotCaptureError",
     "SnapshotPolicy",
     "SnapshotRestoreError",
+    "SnapshotVersionError",
     "StoreError",
     "StoreUnavailableError",
     "UnauthorizedError",
@@ -122,6 +129,7 @@ __all__ = [
     "query",
     "signal",
     "update",
+    "upgrade",
     "wait",
 ]
 __version__ = "0.1.0"

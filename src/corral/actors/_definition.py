@@ -28,6 +28,7 @@ from corral._common import (
 )
 from corral._errors import EntityDefinitionError
 
+from ._state import StateSchema, build_state_schema
 from ._waits import EARLY_SIGNALS, SignalWait, WaitDefinition
 
 __all__ = [
@@ -179,6 +180,8 @@ class EntityDefinition:
     early_signals: str = "buffer"
     """A delivery before `run()` waits: `"buffer"` it (it wins when `run()` gets there)
     or `"reject"` it (answered `not_waiting`, nothing kept)."""
+    state: StateSchema = field(default_factory=StateSchema)
+    """The declared state: `state_version`, annotated attributes, upgrade hooks."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         return self.handlers.get(name)
@@ -206,6 +209,10 @@ def _fingerprint(cls: type) -> str:
             "id_reuse", "snapshots", "continue_as_new", "idle_timeout", "retry",
             "placement", "dedupe_window", "early_signals")),
         f"ray_options={sorted(d.ray_options.items())!r}",
+        # Annotations are not part of it: adding or removing an attribute is compatible
+        # (restore validates against today's). A new state version is not: an older
+        # host would refuse the snapshots a newer one writes.
+        f"state_version={d.state.version}",
     ]
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
 
@@ -224,6 +231,7 @@ def _describe(annotation: Any) -> str:
 RESERVED_NAMES = frozenset({
     "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
     "run_id", "sleep", "sleep_until", "wait_for", "wait_for_signal", "now", "early_signals",
+    "state_version",
 })
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
@@ -249,7 +257,8 @@ class _Issues:
                 f"{self.cls.__name__} has {len(self.found)} problems:{listed}")
 
 
-def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> EntityDefinition:
+def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
+                  custom_state: bool = False) -> EntityDefinition:
     """Validate an entity class and build its definition (called by `__init_subclass__`).
 
     Every problem of the class is collected and raised at once as one
@@ -291,12 +300,13 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         issues.add(f"{cls.__name__}.run must be `async def run(self)`")
     else:
         result_type = (_hints(cls, run, localns, issues) or {}).get("return")
+    state = build_state_schema(cls, localns, issues, custom=custom_state)
     issues.raise_if_any()
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
-        waits=waits, early_signals=early,
+        waits=waits, early_signals=early, state=state,
     )
 
 

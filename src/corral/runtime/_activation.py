@@ -28,6 +28,7 @@ from corral._errors import (
     EntityTerminatedError,
     InvalidPayloadError,
     LeaseLostError,
+    SnapshotRestoreError,
     StoreError,
 )
 from corral.actors import (
@@ -66,7 +67,7 @@ class Activation:
         "_applying", "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
         "_last_active", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
         "_state_waiters", "_switching", "_timers", "_waiting", "_waits", "_worker", "applied_seq",
-        "closed", "definition", "entity",
+        "closed", "definition", "entity", "restore_error",
     )
 
     def __init__(self, shard: Shard, definition: EntityDefinition, key: str,
@@ -96,6 +97,9 @@ class Activation:
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
         self._changed: asyncio.Event | None = None
         self._state_waiters: list[asyncio.Future[None]] | None = None
+        # The snapshot this code cannot restore, while it retries: a query answers it
+        # (from the store) instead of waiting for a load that needs other code.
+        self.restore_error: SnapshotRestoreError | None = None
         self._run_task: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = asyncio.create_task(
             self._load(previous, fresh, start_input)
@@ -214,8 +218,9 @@ class Activation:
         return self._state is _State.FINISHED
 
     async def wait_settled(self) -> None:
-        """Wait until the activation is ready or finished."""
-        while self._state is _State.LOADING:
+        """Wait until the activation is ready or finished, or its snapshot turned out
+        not to restore with this code (`restore_error`)."""
+        while self._state is _State.LOADING and self.restore_error is None:
             await self._wait_state()
 
     async def wait_finished(self) -> None:
@@ -283,8 +288,10 @@ class Activation:
         build (the start input no longer fits its model, `__init__` raising, a snapshot
         that does not restore) is retried under the type's `RetryPolicy`; after the last
         attempt the run is closed as failed with the error, so it never sits running
-        while accepting messages it cannot apply. Store errors are retried without a
-        limit (they say nothing about the entity); a lost lease stops at once.
+        while accepting messages it cannot apply. Store errors and snapshots this code
+        cannot restore (`SnapshotRestoreError`: a rollback, a missing upgrade hook) are
+        retried without a limit under capped backoff, the run left running and its
+        snapshot untouched; a lost lease stops at once.
         """
         async def load() -> None:
             if previous is not None:
@@ -296,13 +303,20 @@ class Activation:
                         self._start_fresh(fresh, start_input)
                     elif not await self._recover():
                         return  # closed or terminated before we got here
+                    self.restore_error = None
                     break
                 except (LeaseLostError, asyncio.CancelledError):
                     raise
                 except Exception as err:
                     failures += 1
                     policy = self.definition.retry
-                    if not isinstance(err, StoreError) and failures >= policy.max_attempts:
+                    # A store error or a snapshot this code cannot restore says nothing
+                    # about the run: never fail it for that (a rollback, a missing
+                    # upgrade hook), wait for the store or for a host with the right code.
+                    if isinstance(err, SnapshotRestoreError):
+                        self.restore_error = err
+                        self._set_state(self._state)  # wake queries waiting for the load
+                    elif not isinstance(err, StoreError) and failures >= policy.max_attempts:
                         await self._fail_run(err, failures)
                         return
                     delay = policy.backoff(failures)
@@ -516,7 +530,7 @@ class Activation:
         window = self.definition.dedupe_window
         self._floor = await self._shard.store.write_snapshot(
             self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
-            state=capture(self.entity), keep=self.definition.snapshots.keep,
+            state=capture(self.definition, self.entity), keep=self.definition.snapshots.keep,
             passivate=passivate,
             forget_seq=seq - window.max_count if window.max_count is not None else 0,
             forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,
