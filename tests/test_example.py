@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import importlib.util
+import json
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
