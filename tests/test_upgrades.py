@@ -160,7 +160,9 @@ async def test_a_rollback_is_refused_without_failing_the_run_or_touching_the_sto
         async with corral.open_runtime(db_path, entities=[DocV2]) as rt:  # the older code
             ref = rt.ref(DocV2, "d-1")
             ack = await ref.signal(DocV2.edit, Edit(text="sent during the rollback"))
-            await attempts.done.wait()  # retried past max_attempts: never failed
+            # Retried past max_attempts, never failed (a run failed instead stops the
+            # attempts: the guard turns that into a failure rather than a hang).
+            await asyncio.wait_for(attempts.done.wait(), 60)
             with pytest.raises(corral.SnapshotVersionError, match="newer than this code"):
                 await ref.query(DocV2.view)
             info = await ref.describe()
