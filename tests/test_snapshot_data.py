@@ -151,7 +151,7 @@ async def test_a_hostile_snapshot_row_cannot_execute_code(db_path: str, tmp_path
     before = sql(db_path, "SELECT applied_seq, state FROM snapshots ORDER BY applied_seq")
     async with corral.open_runtime(db_path, entities=[Ticket], host=False) as rt:
         with pytest.raises(corral.PickledSnapshotError,
-                           match=r"Ticket 't-1'.*seq 8.*convert-snapshots") as caught:
+                           match=r"Ticket 't-1'.*seq 8.*never unpickles") as caught:
             await rt.ref(Ticket, "t-1").query(Ticket.view)
     assert (caught.value.entity_type, caught.value.key, caught.value.applied_seq) == \
         ("Ticket", "t-1", 8)

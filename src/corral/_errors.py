@@ -233,11 +233,9 @@ class SnapshotVersionError(SnapshotRestoreError):
 class PickledSnapshotError(SnapshotRestoreError):
     """The snapshot was written as a pickle by a corral release before snapshots were
     JSON. corral never unpickles what it reads from a store (a crafted row would run
-    code), so it is refused as it is; it is left untouched in the store.
-
-    The fix: `corral convert-snapshots --store URL --app module:APP --trust-pickles`,
-    run once by an operator who trusts that store's contents, rewrites each pickled
-    snapshot as JSON with the code given.
+    code), so it is refused as it is and left untouched in the store; the entity is
+    not activated (retried with backoff, never failed, never reset). No converter ships
+    yet: keep such a store on the release that wrote it.
     """
 
 

@@ -76,10 +76,11 @@ def decode(definition: EntityDefinition, key: str, applied_seq: int, blob: bytes
     what = f"{definition.name} {key!r}: snapshot at seq {applied_seq}"
     if bytes(blob[:1]) == _PICKLE:
         raise PickledSnapshotError(
-            f"{what} is a pickle written by an older corral; corral never unpickles store "
-            "data, so it is left as it is and the entity is not activated. If you trust "
-            "this store, convert it once: corral convert-snapshots --store URL --app "
-            "module:APP --trust-pickles", **where)
+            f"{what} is a pickle written by a corral release before snapshots were JSON; "
+            "corral never unpickles what it reads from a store (a crafted row would run "
+            "code), so it is left untouched and the entity is not activated: keep this "
+            "store on the release that wrote it until its snapshots are converted",
+            **where)
     try:
         envelope = json.loads(bytes(blob))
     except ValueError as err:
