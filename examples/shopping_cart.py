@@ -57,10 +57,15 @@ class Cart(corral.Entity):
     id_reuse = corral.IdReusePolicy.ALLOW_DUPLICATE  # after checkout, a new cart run
     continue_as_new_policy = corral.ContinueAsNewPolicy(max_signals=50)
 
+    # The state snapshots keep: annotated attributes are encoded by pydantic (plain
+    # JSON values such as `customer` need no annotation).
+    lines: list[CartItem]
+    receipt: Receipt | None
+
     def __init__(self, init: CartInput) -> None:
         self.customer = init.customer
         self.lines = list(init.lines)
-        self.receipt: Receipt | None = None
+        self.receipt = None
 
     @corral.signal
     def add_item(self, added: AddItem) -> None:

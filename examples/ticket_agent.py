@@ -11,8 +11,10 @@ standalone program). In short:
 The entity is the ticket. Its key is the ticket id, so a webhook never looks it up:
 
     class TicketAgent(corral.Entity):
+        inbox: list[Reply]                      # state: snapshotted as JSON
+
         def __init__(self, init: TicketInput) -> None:
-            self.inbox: list[Reply] = []        # before any handler, even the first
+            self.inbox = []                     # before any handler, even the first
 
         @corral.signal
         def customer_reply(self, reply: Reply) -> None:

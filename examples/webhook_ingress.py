@@ -77,9 +77,11 @@ class Reply(BaseModel):
 class Ticket(corral.Entity):
     """A support ticket: buffers every customer reply it is sent, once each."""
 
+    replies: list[Reply]  # state: snapshots encode it through pydantic
+
     def __init__(self, init: TicketInput) -> None:
         self.tenant = init.tenant
-        self.replies: list[Reply] = []
+        self.replies = []
 
     @corral.signal
     def customer_reply(self, reply: Reply) -> None:

@@ -89,6 +89,9 @@ class StormLedger(corral.Entity):
     continue_as_new_policy = corral.ContinueAsNewPolicy(
         max_signals=100, max_journal_entries=None, max_journal_bytes=None)
 
+    applied: list[Applied]
+    carried: list[int]
+
     def __init__(self, init: Chain) -> None:
         self.applied = list(init.applied)
         self.expect = init.expect
@@ -122,6 +125,9 @@ class StormMailbox(corral.Entity):
 
     notes = corral.signal(Note)
 
+    applied: list[Applied]
+    carried: list[int]
+
     def __init__(self, init: Chain) -> None:
         self.applied = list(init.applied)
         self.expect = init.expect
@@ -149,6 +155,8 @@ class Rollover(corral.Entity):
     """Snapshots every 10 signals (keeping one); continues as new when told to `roll`."""
 
     snapshots = corral.SnapshotPolicy(every=10, keep=1)
+
+    applied: list[Applied]
 
     def __init__(self, init: Chain) -> None:
         self.applied = list(init.applied)
@@ -178,6 +186,8 @@ class ChurnLedger(corral.Entity):
     continue_as_new_policy = corral.ContinueAsNewPolicy(
         max_signals=40, max_journal_entries=None, max_journal_bytes=None)
 
+    applied: list[Applied]
+
     def __init__(self, init: Chain) -> None:
         self.applied = list(init.applied)
 
@@ -201,6 +211,9 @@ class ChurnMailbox(corral.Entity):
 
     snapshots = corral.SnapshotPolicy(every=5, keep=2)
     notes = corral.signal(Note)
+
+    applied: list[Applied]
+    carried: list[int]
 
     def __init__(self, init: Chain) -> None:
         self.applied = list(init.applied)

@@ -65,8 +65,10 @@ class Recorder(corral.Entity):
 class Clocked(corral.Entity):
     """Records when each signal was applied (test instrumentation: replays re-stamp)."""
 
+    stamps: list[Stamp]
+
     def __init__(self, init: Start) -> None:
-        self.stamps: list[Stamp] = []
+        self.stamps = []
 
     @corral.signal
     def note(self, msg: Note) -> None:

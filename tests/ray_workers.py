@@ -252,6 +252,25 @@ def client_task(store: str, namespace: str, shards: int, key: str, count: int) -
     return asyncio.run(_send_and_read(store, namespace, shards, key, "task", count))
 
 
+class Entry(BaseModel):
+    amount: int
+
+
+class Ledger(corral.Entity):
+    """Snapshots every 2 entries; `ray_workers_v2.Ledger` is its next release (a new
+    attribute and a new optional field), deployed over entities mid-life."""
+
+    snapshots = corral.SnapshotPolicy(every=2, keep=1)
+    entries: list[Entry]
+
+    def __init__(self, init: Start) -> None:
+        self.entries = []
+
+    @corral.signal
+    def book(self, entry: Entry) -> None:
+        self.entries.append(entry)
+
+
 class ClientActor:
     """An async Ray actor using corral from its own event loop."""
 

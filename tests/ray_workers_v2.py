@@ -3,6 +3,8 @@ handler. The Ray tests deploy it over actors started with the first version."""
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 import corral
 from ray_workers import Item, Seen, Start
 
@@ -27,3 +29,25 @@ class Counter(corral.Entity):
     @corral.query
     def how_many(self) -> int:  # new in this version
         return len(self.items)
+
+
+class Entry(BaseModel):
+    amount: int
+    memo: str = ""  # new in this version: optional
+
+
+class Ledger(corral.Entity):
+    snapshots = corral.SnapshotPolicy(every=2, keep=1)
+    entries: list[Entry]
+
+    def __init__(self, init: Start) -> None:
+        self.entries = []
+        self.currency = "EUR"  # new in this version
+
+    @corral.signal
+    def book(self, entry: Entry) -> None:
+        self.entries.append(entry)
+
+    @corral.query
+    def lines(self) -> list[str]:
+        return [f"{e.amount} {self.currency} {e.memo}".strip() for e in self.entries]

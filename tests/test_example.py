@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
-import cloudpickle
 import pytest
 
 import corral
@@ -109,7 +109,7 @@ async def _until_snapshot_holds_answers(rt: corral.Runtime, count: int) -> None:
     deadline = asyncio.get_running_loop().time() + 30
     while True:
         found = await rt.store.latest_snapshot(TicketAgent.__name__, f"ticket-{TICKET_ID}", 1)
-        answered = len(cloudpickle.loads(found[1])["answered"]) if found else 0
+        answered = len(json.loads(found[1])["state"]["answered"]) if found else 0
         if answered >= count:
             return
         assert asyncio.get_running_loop().time() < deadline, \

@@ -809,6 +809,32 @@ async def test_a_client_with_new_entity_code_is_refused_by_actors_running_the_ol
         assert await rt.ref(new, key).query(new.how_many) == 2
 
 
+async def test_an_entity_mid_life_restarts_on_ray_under_code_with_a_new_attribute_and_field(
+        db_path: str, namespace: str) -> None:
+    import ray_workers
+    import ray_workers_v2
+
+    key = fresh_key()
+    old, new = ray_workers.Ledger, ray_workers_v2.Ledger
+    async with ray_runtime(db_path, namespace, entities=[old]) as rt:
+        ref = rt.ref(old, key)
+        for amount in (1, 2, 3):
+            await ref.signal_with_start(old.book, ray_workers.Entry(amount=amount),
+                                        start=Start(tenant="t"))
+        await until(lambda: _snapshot_at(db_path, key, 2), "a snapshot at seq 2")
+    stop_hosts(namespace)  # the deploy: new actors run the new code
+    async with ray_runtime(db_path, namespace, entities=[new]) as rt:
+        ref = rt.ref(new, key)
+        await ref.signal(new.book, ray_workers_v2.Entry(amount=4, memo="refund"))
+        assert await ref.query(new.lines) == ["1 EUR", "2 EUR", "3 EUR", "4 EUR refund"]
+        assert (await ref.describe()).status is RunStatus.RUNNING
+
+
+async def _snapshot_at(db_path: str, key: str, seq: int) -> bool:
+    return sql(db_path, "SELECT count(*) FROM snapshots WHERE key=? AND applied_seq>=?",
+               key, seq) == [(1,)]
+
+
 def ray_metrics() -> dict[str, float]:
     """Ray's own metrics export of this node (its metrics agent, as a Prometheus scrape
     sees it): each corral series of `Metered`, summed over the processes that sent it."""

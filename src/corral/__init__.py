@@ -37,8 +37,11 @@ from corral._errors import (
     InvalidPayloadError,
     LeaseLostError,
     PayloadTooLargeError,
+    PickledSnapshotError,
     SignalTimeoutError,
+    SnapshotCaptureError,
     SnapshotRestoreError,
+    SnapshotVersionError,
     StoreError,
     StoreUnavailableError,
     UnauthorizedError,
@@ -54,6 +57,7 @@ from corral.actors import (
     query,
     signal,
     update,
+    upgrade,
     wait,
 )
 from corral.runtime import (
@@ -103,6 +107,7 @@ __all__ = [
     "Mailbox",
     "Page",
     "PayloadTooLargeError",
+    "PickledSnapshotError",
     "RetryPolicy",
     "RunStatus",
     "RunSummary",
@@ -110,8 +115,10 @@ __all__ = [
     "SignalTimeoutError",
     "SignalWait",
     "SignalWaitInfo",
+    "SnapshotCaptureError",
     "SnapshotPolicy",
     "SnapshotRestoreError",
+    "SnapshotVersionError",
     "StoreError",
     "StoreUnavailableError",
     "UnauthorizedError",
@@ -124,6 +131,7 @@ __all__ = [
     "query",
     "signal",
     "update",
+    "upgrade",
     "wait",
 ]
 __version__ = "0.1.0"

@@ -122,14 +122,19 @@ class Outcome(BaseModel):
 class TicketAgent(corral.Entity):
     """An agent working one support ticket; its key is the ticket id (`ticket-9104`)."""
 
+    # The state its snapshots keep, as JSON through pydantic (plain values such as
+    # `tenant` need no annotation; a list of models does).
+    inbox: list[Reply]
+    answered: list[Answer]
+
     def __init__(self, init: TicketInput) -> None:
         # Runs before any handler, on every activation: the first reply, the one that
         # started the run, finds the inbox here even though run() has not begun.
         self.tenant = init.tenant
         self.subject = init.subject
         self.assignee: str | None = None
-        self.inbox: list[Reply] = []
-        self.answered: list[Answer] = []
+        self.inbox = []
+        self.answered = []
         self.resolved = False
 
     @corral.signal

@@ -24,8 +24,11 @@ __all__ = [
     "InvalidPayloadError",
     "LeaseLostError",
     "PayloadTooLargeError",
+    "PickledSnapshotError",
     "SignalTimeoutError",
+    "SnapshotCaptureError",
     "SnapshotRestoreError",
+    "SnapshotVersionError",
     "StoreError",
     "StoreUnavailableError",
     "UnauthorizedError",
@@ -215,8 +218,55 @@ class LeaseLostError(StoreError):
 class SnapshotRestoreError(CorralError):
     """A stored snapshot could not be restored; the entity is not activated.
 
-    Never a silent reset: the message names the entity and the snapshot's sequence.
+    Never a silent reset and never a failed run: the host leaves the entity unapplied
+    and retries with backoff (messages are still accepted and journaled), and the
+    snapshot stays in the store until a host with code that restores it comes.
+    `applied_seq` is the journal seq the snapshot covers; `attribute` names the state
+    attribute that does not validate against today's annotation, where one does.
     """
+
+    def __init__(self, message: str = "", *, applied_seq: int | None = None,
+                 attribute: str | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.applied_seq = applied_seq
+        self.attribute = attribute
+
+
+class SnapshotVersionError(SnapshotRestoreError):
+    """The snapshot's `state_version` cannot be brought to this code's: it is newer (a
+    rollback to older code) or an `@corral.upgrade` step is missing. Nothing is reset:
+    deploy code with `state_version >= stored_version` (or add the hook from
+    `missing_from`), and the entity carries on from where it was.
+    """
+
+    def __init__(self, message: str = "", *, stored_version: int = 0, code_version: int = 0,
+                 missing_from: int | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.stored_version = stored_version
+        self.code_version = code_version
+        self.missing_from = missing_from
+
+
+class PickledSnapshotError(SnapshotRestoreError):
+    """The snapshot was written as a pickle by a corral release before snapshots were
+    JSON. corral never unpickles what it reads from a store (a crafted row would run
+    code), so it is refused as it is and left untouched in the store; the entity is
+    not activated (retried with backoff, never failed, never reset). No converter ships
+    yet: keep such a store on the release that wrote it.
+    """
+
+
+class SnapshotCaptureError(CorralError):
+    """The entity's state cannot be written as JSON: `attribute` names what does not
+    encode (a value its annotation refuses, or an unannotated attribute that is not
+    plain JSON). Annotate it on the class (`inbox: list[Reply]`) with a pydantic model
+    or JSON types. The previous snapshot stays the latest, so nothing is lost.
+    """
+
+    def __init__(self, message: str = "", *, attribute: str | None = None,
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.attribute = attribute
 
 
 class DeadLetterNotFoundError(CorralError, LookupError):

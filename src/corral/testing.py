@@ -24,13 +24,16 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from corral.actors import Entity
-from corral.persistence import SqliteStore, open_sqlite_store
+from corral._errors import InvalidArgumentError
+from corral.actors import Entity, EntityDefinition
+from corral.persistence import SqliteStore, Store, open_sqlite_store, open_store, stored_shards
 from corral.runtime import Runtime, open_runtime
+from corral.runtime._check import SnapshotCheck, SnapshotFailure, TypeCheck, check_store
 from corral.runtime._clock import VirtualClock
 from corral.runtime._host import LocalHost
 
-__all__ = ["TestRuntime", "open_test_runtime"]
+__all__ = ["SnapshotCheck", "SnapshotFailure", "TestRuntime", "TypeCheck", "check_snapshots",
+           "open_test_runtime"]
 
 _SETTLE_ROUNDS = 20_000
 
@@ -139,3 +142,50 @@ async def open_test_runtime(*, entities: Sequence[type[Entity]], store: str = ":
             yield env
     finally:
         await the_store.close()
+
+
+async def check_snapshots(store: str | Store, *, entities: Sequence[type[Entity]],
+                          entity_type: str | None = None, sample: int | None = None,
+                          seed: int | None = None) -> SnapshotCheck:
+    """Whether the running entities in `store` restore with the code of `entities`.
+
+    For each running entity of those types (or `sample` chosen at random per type) the
+    latest snapshot is decoded, brought forward by the `@corral.upgrade` hooks and
+    restored, and the journal after it is replayed through the handlers, as a
+    read-only replica does: `run()` never runs and nothing is written. Point it at a
+    copy of production in CI, with the code about to be deployed; `corral
+    check-snapshots` is the same from the command line.
+
+    Args:
+        store: an open `Store`, or where one is (a SQLite path or a PostgreSQL URL);
+            an existing corral store, opened and closed here.
+        entities: the entity classes of the release to check.
+        entity_type: only this type (its name).
+        sample: at most this many entities per type.
+
+    Example:
+        async def test_production_snapshots_restore_with_this_release() -> None:
+            report = await corral.testing.check_snapshots("prod-copy.db",
+                                                          entities=[Ticket])
+            assert report.ok, report.summary()
+    """
+    definitions = _definitions(entities, entity_type)
+    if not isinstance(store, str):
+        return await check_store(store, definitions, sample=sample, seed=seed)
+    opened = await open_store(store, shards=await stored_shards(store))
+    try:
+        return await check_store(opened, definitions, sample=sample, seed=seed)
+    finally:
+        await opened.close()
+
+
+def _definitions(entities: Sequence[type[Entity]], entity_type: str | None
+                 ) -> list[EntityDefinition]:
+    found = [e._corral_definition for e in entities]
+    if entity_type is None:
+        return found
+    chosen = [d for d in found if d.name == entity_type]
+    if not chosen:
+        raise InvalidArgumentError(
+            f"no entity type {entity_type!r} among {sorted(d.name for d in found)}")
+    return chosen

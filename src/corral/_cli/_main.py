@@ -12,7 +12,7 @@ import typer
 import corral
 from corral._app import load_app
 
-from . import _dead_letters, _entities, _waits
+from . import _dead_letters, _entities, _snapshots, _waits
 from ._connection import AppOption, ShardsOption, StoreOption
 from ._errors import (
     EXIT_BAD_INPUT,
@@ -62,6 +62,7 @@ app.command("waits")(_waits.list_waits)
 app.add_typer(_dead_letters.commands, name="dead-letters")
 app.command("signal")(_entities.send_signal)
 app.command("deliver")(_waits.deliver)
+app.command("check-snapshots")(_snapshots.check)
 
 
 @app.command("demo")

@@ -19,6 +19,7 @@ from ._definition import (
     update,
 )
 from ._entity import Entity
+from ._state import StateSchema, StateUpgrade, upgrade
 from ._waits import SignalWait, WaitDefinition, wait
 
 __all__ = [
@@ -31,9 +32,12 @@ __all__ = [
     "Mailbox",
     "MailboxSignal",
     "SignalWait",
+    "StateSchema",
+    "StateUpgrade",
     "WaitDefinition",
     "query",
     "signal",
     "update",
+    "upgrade",
     "wait",
 ]

@@ -30,6 +30,7 @@ from corral._common import (
 )
 from corral._errors import EntityDefinitionError, FailRun
 
+from ._state import StateSchema, build_state_schema
 from ._waits import EARLY_SIGNALS, SignalWait, WaitDefinition
 
 __all__ = [
@@ -241,6 +242,8 @@ class EntityDefinition:
     """Old handler names (`renamed_from=`) -> today's name."""
     renamed_waits: Mapping[str, str] = field(default_factory=dict)
     """Old wait names (`corral.wait(..., renamed_from=)`) -> today's name."""
+    state: StateSchema = field(default_factory=StateSchema)
+    """The declared state: `state_version`, annotated attributes, upgrade hooks."""
 
     def handler(self, name: str) -> HandlerDefinition | None:
         """The handler called `name` today or, through `renamed_from`, in an earlier
@@ -317,6 +320,10 @@ def _fingerprint(cls: type, names: tuple[tuple[str, str], ...]) -> str:
             "id_reuse", "snapshots", "continue_as_new", "idle_timeout", "retry",
             "placement", "dedupe_window", "early_signals")),
         f"ray_options={sorted(d.ray_options.items())!r}",
+        # Annotations are not part of it: adding or removing an attribute is compatible
+        # (restore validates against today's). A new state version is not: an older
+        # host would refuse the snapshots a newer one writes.
+        f"state_version={d.state.version}",
     ]
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
 
@@ -335,6 +342,7 @@ def _describe(annotation: Any) -> str:
 RESERVED_NAMES = frozenset({
     "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
     "run_id", "sleep", "sleep_until", "wait_for", "wait_for_signal", "now", "early_signals",
+    "state_version",
 })
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
@@ -360,7 +368,8 @@ class _Issues:
                 f"{self.cls.__name__} has {len(self.found)} problems:{listed}")
 
 
-def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> EntityDefinition:
+def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
+                  custom_state: bool = False) -> EntityDefinition:
     """Validate an entity class and build its definition (called by `__init_subclass__`).
 
     Every problem of the class is collected and raised at once as one
@@ -411,6 +420,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
                        "handler")
     renamed_waits = _renames(cls, issues, {w.name: w.renamed_from for w in waits.values()},
                              "wait")
+    state = build_state_schema(cls, localns, issues, custom=custom_state)
     issues.raise_if_any()
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
@@ -418,6 +428,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool) -> En
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
         waits=waits, early_signals=early, run_retry=run_retry, fail_on=fail_on,
         renamed=renamed, renamed_waits=renamed_waits,
+        state=state,
     )
 
 

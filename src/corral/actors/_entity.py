@@ -101,8 +101,15 @@ class Entity:
     """Ray resources of each dedicated actor: `num_cpus`, `num_gpus`, `memory`,
     `resources`, `accelerator_type`, `runtime_env` (with `placement = "dedicated"`)."""
 
+    state_version: ClassVar[int] = 1
+    """The version of this class's state; raise it when a change needs an
+    `@corral.upgrade(from_version=...)` hook (a rename, a type change, a split).
+    Adding or removing an attribute, or an optional model field, needs neither."""
+
     _corral_definition: ClassVar[EntityDefinition]
     _corral_context: EntityContext
+    _corral_init_attrs: frozenset[str]
+    """The attributes `__init__` set (unannotated ones may be snapshotted as JSON)."""
     mailbox: Mailbox
     """Payloads of mailbox signals (declared as `name = corral.signal(Model)`)."""
 
@@ -110,7 +117,10 @@ class Entity:
         super().__init_subclass__(**kwargs)
         # The frame defining the class, so annotations may name models local to it.
         localns = sys._getframe(1).f_locals
-        cls._corral_definition = define_entity(cls, localns, has_run=cls.run is not Entity.run)
+        custom = (cls.__getstate__ is not Entity.__getstate__
+                  or cls.__setstate__ is not Entity.__setstate__)
+        cls._corral_definition = define_entity(cls, localns, has_run=cls.run is not Entity.run,
+                                               custom_state=custom)
 
     async def run(self) -> Any:
         """The main loop. The default keeps the entity alive until it is terminated."""
@@ -209,13 +219,24 @@ class Entity:
         await self._corral_context.checkpoint()
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a snapshot holds: the instance's attributes minus the host's context.
+        """The instance's attributes minus the host's context and the mailbox.
 
-        Override `__getstate__`/`__setstate__` to customise snapshots (pickle protocol).
+        Snapshots do not call this unless a class overrides `__getstate__` or
+        `__setstate__`: then it is the escape hatch, and its state is whatever
+        `__getstate__` returns, which must be JSON data (dicts, lists, str, numbers,
+        bool, None). On restore the host calls `__init__(start_input)` and then
+        `__setstate__` with that data, upgraded by the class's `@corral.upgrade` hooks.
+        The mailbox is kept by the host either way.
+
+        Example:
+            def __getstate__(self) -> dict[str, Any]:
+                return {"total": self.total}
+
+            def __setstate__(self, state: dict[str, Any]) -> None:
+                self.total = state["total"]
         """
-        state = self.__dict__.copy()
-        state.pop("_corral_context", None)
-        return state
+        return {name: value for name, value in vars(self).items()
+                if name != "mailbox" and not name.startswith("_corral")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

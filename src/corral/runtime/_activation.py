@@ -99,6 +99,8 @@ class Activation:
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
         self._changed: asyncio.Event | None = None
         self._state_waiters: list[asyncio.Future[None]] | None = None
+        # The snapshot this code cannot restore, while it retries: a query answers it
+        # (from the store) instead of waiting for a load that needs other code.
         self._run_task: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = asyncio.create_task(
             self._load(previous, fresh, start_input)
@@ -221,7 +223,8 @@ class Activation:
         return self._state is _State.FINISHED
 
     async def wait_settled(self) -> None:
-        """Wait until the activation is ready or finished."""
+        """Wait until the activation is ready or finished (a run whose activation
+        cannot be built is suspended: evicted, so finished here)."""
         while self._state is _State.LOADING:
             await self._wait_state()
 
@@ -570,7 +573,7 @@ class Activation:
         window = self.definition.dedupe_window
         self._floor = await self._shard.store.write_snapshot(
             self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
-            state=capture(self.entity), keep=self.definition.snapshots.keep,
+            state=capture(self.definition, self.entity), keep=self.definition.snapshots.keep,
             passivate=passivate,
             forget_seq=seq - window.max_count if window.max_count is not None else 0,
             forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,

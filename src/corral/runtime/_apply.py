@@ -52,6 +52,8 @@ def instantiate(definition: EntityDefinition, start_input: str | None,
         entity.__init__()  # type: ignore[misc]
     else:
         entity.__init__(decode_model(definition.start_type, start_input or "{}"))  # type: ignore[misc]
+    # What `__init__` sets may be snapshotted unannotated (plain JSON): see `_snapshot`.
+    entity._corral_init_attrs = frozenset(vars(entity))
     return entity
 
 
