@@ -46,4 +46,5 @@ def test_every_readme_snippet_runs_as_written(
     assert "reminder: pay invoice 77" in out
     assert "True" in out  # the reminder's start started a run
     assert "['already_delivered', 'delivered']\nduplicate True\nexpired stale" in out
+    assert "True\n3 notes by email, high, triage\n" in out  # "Changing entity code"
     assert os.path.exists(tmp_path / "corral.db")

@@ -192,7 +192,7 @@ CREATE TABLE IF NOT EXISTS dedupe (
     PRIMARY KEY (etype, key, message_id)
 ) WITHOUT ROWID;
 
--- Pickled entity state covering the journal up to applied_seq.
+-- Entity state (a JSON envelope, see runtime/_snapshot) covering the journal up to applied_seq.
 CREATE TABLE IF NOT EXISTS snapshots (
     etype TEXT NOT NULL,
     key TEXT NOT NULL,

@@ -458,7 +458,7 @@ class SqliteStore:
 
     async def latest_snapshot(self, etype: str, key: str, run_id: int
                               ) -> tuple[int, bytes] | None:
-        """The newest snapshot of the run: (applied_seq, pickled state), or None."""
+        """The newest snapshot of the run: (applied_seq, its JSON envelope), or None."""
         def q(db: sqlite3.Connection) -> tuple[int, bytes] | None:
             row = db.execute(
                 "SELECT applied_seq, state FROM snapshots WHERE etype=? AND key=? AND run_id=? "

@@ -179,7 +179,7 @@ async def _dead_letter(shard: Shard, act: Activation, entry: JournalEntry, error
         await act.snapshot()
     except StoreError:  # lease lost or store failing: the activation stops
         raise
-    except Exception as snap_err:  # state that does not pickle
+    except Exception as snap_err:  # state that does not encode (SnapshotCaptureError)
         log.warning("%s %r: no snapshot after dead letter %d (%s: %s); recovery skips the "
                     "entry by its dead letter row", entry.entity_type, entry.key, dead_id,
                     type(snap_err).__name__, snap_err)
