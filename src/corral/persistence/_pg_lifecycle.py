@@ -19,7 +19,7 @@ from ._pg_txn import LockPlan, PgTxn
 from ._pg_waits import close_waits
 from ._records import JournalEntry
 from ._txn import Fence
-from ._unapplied import MESSAGE_KINDS, unapplied_reason
+from ._unapplied import MESSAGE_KINDS, unapplied_letters
 
 __all__ = [
     "ActivatedOp",
@@ -295,12 +295,9 @@ async def settle_run(conn: Any, etype: str, key: str, run_id: int, applied_seq: 
         "SELECT seq, message_id, name, payload, sender FROM journal WHERE etype = $1 AND "
         "key = $2 AND run_id = $3 AND seq > $4 AND kind = ANY($5::text[]) ORDER BY seq",
         etype, key, run_id, applied_seq, list(MESSAGE_KINDS))
-    letters = [(r["seq"], r["message_id"], r["name"], r["payload"], r["sender"],
-                unapplied_reason(run_id, status, mailbox=False)) for r in rows]
-    letters += [(e.seq, e.message_id, e.name, e.payload, e.sender,
-                 unapplied_reason(run_id, status, mailbox=True)) for e in pending]
     added = 0
-    for seq, mid, name, payload, sender, reason in letters:
+    for seq, mid, name, payload, sender, reason in unapplied_letters(
+            run_id, status, [tuple(r) for r in rows], pending):
         if await conn.fetchval("SELECT 1 FROM dead_letters WHERE etype = $1 AND key = $2 AND "
                                "run_id = $3 AND seq = $4", etype, key, run_id, seq) is not None:
             continue

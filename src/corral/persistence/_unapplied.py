@@ -19,6 +19,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from corral._common import RunStatus
 
@@ -27,7 +28,7 @@ from ._dead_letters import DEAD_LETTER_COLUMNS
 from ._records import EntryKind, JournalEntry
 from ._txn import Fence, Txn
 
-__all__ = ["SettleRunOp", "settle_run", "unapplied_reason"]
+__all__ = ["SettleRunOp", "settle_run", "unapplied_letters", "unapplied_reason"]
 
 _PHRASE = {RunStatus.TERMINATED: "was terminated", RunStatus.FAILED: "failed",
            RunStatus.COMPLETED: "completed"}
@@ -46,6 +47,17 @@ def unapplied_reason(run_id: int, status: RunStatus, *, mailbox: bool) -> str:
     phrase = _PHRASE.get(status, f"ended as {status.value}")
     what = "run() took it from its mailbox" if mailbox else "applying it"
     return f"run {run_id} {phrase} before {what}; replay it into the next run"
+
+
+def unapplied_letters(run_id: int, status: RunStatus, rows: Sequence[Sequence[Any]],
+                      pending: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
+    """The dead letters (seq, message id, name, payload, sender, reason) of closed run
+    `run_id`: its journal `rows` (seq, message_id, name, payload, sender) after the
+    watermark, then the mailbox entries `run()` never took."""
+    letters = [(*row, unapplied_reason(run_id, status, mailbox=False)) for row in rows]
+    letters += [(e.seq, e.message_id, e.name, e.payload, e.sender,
+                 unapplied_reason(run_id, status, mailbox=True)) for e in pending]
+    return letters
 
 
 def settle_run(db: sqlite3.Connection, etype: str, key: str, run_id: int,
@@ -71,12 +83,9 @@ def settle_run(db: sqlite3.Connection, etype: str, key: str, run_id: int,
         "SELECT seq, message_id, name, payload, sender FROM journal WHERE etype=? AND key=? "
         "AND run_id=? AND seq>? AND kind IN (?, ?) ORDER BY seq",
         (etype, key, run_id, applied_seq, *MESSAGE_KINDS)).fetchall()
-    letters = [(seq, mid, name, payload, sender, unapplied_reason(run_id, status, mailbox=False))
-               for seq, mid, name, payload, sender in rows]
-    letters += [(e.seq, e.message_id, e.name, e.payload, e.sender,
-                 unapplied_reason(run_id, status, mailbox=True)) for e in pending]
     added = 0
-    for seq, mid, name, payload, sender, reason in letters:
+    for seq, mid, name, payload, sender, reason in unapplied_letters(run_id, status, rows,
+                                                                     pending):
         if db.execute("SELECT 1 FROM dead_letters WHERE etype=? AND key=? AND run_id=? "
                       "AND seq=?", (etype, key, run_id, seq)).fetchone() is not None:
             continue
