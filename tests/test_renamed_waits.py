@@ -23,8 +23,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         yield start
 
 
-async def _open_waits(rt: corral.Runtime, key: str) -> list[str]:
-    return [w.name for w in (await rt.signal_waits(OrderV2)).items if w.key == key]
+async def _open_waits(rt: corral.Runtime, key: str,
+                      etype: type[corral.Entity] = OrderV2) -> list[str]:
+    return [w.name for w in (await rt.signal_waits(etype)).items if w.key == key]
 
 
 async def _old_code_delivers(db_path: str, key: str) -> str:
@@ -92,3 +93,26 @@ async def test_a_delivery_by_the_old_name_after_the_renamed_wait_timed_out_is_st
 
 async def _outcome(ref: corral.EntityRef[OrderV2, OrderInput], outcome: str) -> bool:
     return await ref.query(OrderV2.result_so_far) == outcome
+
+
+async def test_a_wait_the_old_code_opened_is_taken_over_by_the_new_code_and_closed_by_the_old_name(
+        db_path: str) -> None:
+    key = fresh_key("order")
+    async with corral.open_runtime(db_path, entities=[OrderV1], shards=2) as rt:
+        await rt.ref(OrderV1, key).start(start=OrderInput(timeout=86400))
+        await wait_until(lambda: _waits_as(rt, key, "decision", OrderV1),
+                         "release 1's run() opened its wait")
+        (opened,) = (await rt.signal_waits(OrderV1)).items
+    async with corral.open_runtime(db_path, entities=[OrderV2], shards=2) as rt:
+        ref = rt.ref(OrderV2, key)
+        await wait_until(lambda: _waits_as(rt, key, "approval"), "release 2 took it over")
+        (taken,) = (await rt.signal_waits(OrderV2)).items
+        assert taken.deadline == opened.deadline  # kept from the first time, not re-armed
+        assert await _old_code_delivers(db_path, key) == "delivered"
+        await wait_until(lambda: _completed(ref), "run() took the old-name delivery")
+        assert await ref.result() == "approved"
+
+
+async def _waits_as(rt: corral.Runtime, key: str, name: str,
+                    etype: type[corral.Entity] = OrderV2) -> bool:
+    return await _open_waits(rt, key, etype) == [name]
