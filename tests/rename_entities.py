@@ -83,3 +83,51 @@ class TicketStrict(corral.Entity):
     @corral.query
     def replies(self) -> Replies:
         return Replies(texts=self.texts)
+
+
+class Decision(BaseModel):
+    approved: bool
+
+
+class OrderInput(BaseModel):
+    timeout: float | None = None  # the wait's, in seconds (None: for ever)
+
+
+class OrderV1(corral.Entity):
+    name = "Order"
+
+    decision = corral.wait(Decision)
+
+    def __init__(self, init: OrderInput) -> None:
+        self.timeout = init.timeout
+        self.outcome = ""
+
+    @corral.query
+    def result_so_far(self) -> str:
+        return self.outcome
+
+    async def run(self) -> str:
+        decision = await self.wait_for_signal(OrderV1.decision, timeout=self.timeout)
+        return "approved" if decision.approved else "refused"
+
+
+class OrderV2(corral.Entity):
+    name = "Order"
+
+    approval = corral.wait(Decision, renamed_from="decision")
+
+    def __init__(self, init: OrderInput) -> None:
+        self.timeout = init.timeout
+        self.outcome = ""
+
+    @corral.query
+    def result_so_far(self) -> str:
+        return self.outcome
+
+    async def run(self) -> str:
+        try:
+            decision = await self.wait_for_signal(OrderV2.approval, timeout=self.timeout)
+        except corral.SignalTimeoutError:
+            self.outcome = "expired"
+            await self.wait_for(lambda: False)  # stays running: its wait timed out, not it
+        return "approved" if decision.approved else "refused"

@@ -74,6 +74,10 @@ class WaitStatus(str, enum.Enum):
     """Closed by its timeout."""
     CLOSED = "closed"
     """Closed because its run ended (completed, failed, terminated, continued as new)."""
+    RENAMED = "renamed"
+    """An old name of a renamed wait (`corral.wait(..., renamed_from=...)`) in a run that
+    reached the wait under today's name: a delivery by the old name is decided against
+    today's wait. Never listed as an open wait."""
 
     @property
     def has_delivery(self) -> bool:

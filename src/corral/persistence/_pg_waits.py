@@ -8,7 +8,7 @@ entity across processes: exactly one delivery wins a wait.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ._pg_txn import LockPlan, PgTxn
@@ -24,6 +24,7 @@ from ._waits import (
     delivery_message_id,
     timer_id,
     wait_from_row,
+    wait_name,
 )
 
 __all__ = ["DeliverOp", "ExpireWaitOp", "OpenWaitOp", "close_waits", "open_waits"]
@@ -87,11 +88,15 @@ class DeliverOp:
         r, conn = self.req, txn.conn
         row = await txn.entity(r.entity_type, r.key)
         run_id = row.run_id if row is not None and r.run_id is None else (r.run_id or 0)
-        target = await _wait(conn, r.entity_type, r.key, run_id, r.name)
+        asked = r.name
+        target = await _wait(conn, r.entity_type, r.key, run_id, asked)
+        if (name := wait_name(asked, target)) != asked:  # an old name: today's wait decides
+            r = replace(r, name=name)
+            target = await _wait(conn, r.entity_type, r.key, run_id, name)
         k = await conn.fetchrow(
             f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype = $1 AND key = $2 "
-            "AND name = $3 AND delivery_key = $4 ORDER BY run_id DESC LIMIT 1",
-            r.entity_type, r.key, r.name, r.delivery_key)
+            "AND name IN ($3, $4) AND delivery_key = $5 ORDER BY run_id DESC LIMIT 1",
+            r.entity_type, r.key, asked, r.name, r.delivery_key)
         now = await txn.clock()
         decision = decide_delivery(r, row, target, None if k is None else wait_from_row(k),
                                    now=now)
@@ -123,6 +128,7 @@ class OpenWaitOp:
     name: str
     deadline: float | None
     now: float
+    aliases: tuple[str, ...] = ()
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
@@ -131,9 +137,13 @@ class OpenWaitOp:
 
     async def apply(self, txn: PgTxn) -> WaitRecord:
         await txn.check(self.fence)
-        wait = await _wait(txn.conn, self.entity_type, self.key, self.run_id, self.name)
+        conn, ident = txn.conn, (self.entity_type, self.key, self.run_id)
+        wait = await _wait(conn, *ident, self.name)
+        olds = [w for w in [await _wait(conn, *ident, old) for old in self.aliases]
+                if w is not None]
         d = decide_open(await txn.entity(self.entity_type, self.key), wait, self.entity_type,
-                        self.key, self.run_id, self.name, deadline=self.deadline, now=self.now)
+                        self.key, self.run_id, self.name, deadline=self.deadline, now=self.now,
+                        olds=olds, aliases=self.aliases)
         return await _settle(txn, self.fence, d)
 
 
@@ -163,6 +173,10 @@ async def _settle(txn: PgTxn, fence: Fence, d: Decision) -> WaitRecord:
     """Store a host's wait decision, with the wait's durable timer armed while it is open."""
     w = d.wait
     assert w is not None
+    for alias in d.aliases:  # an old name: its row now points here, its timer is gone
+        await _store(txn.conn, alias, fence.shard)
+        await txn.conn.execute("DELETE FROM timers WHERE etype = $1 AND key = $2 "
+                               "AND timer_id = $3", w.entity_type, w.key, timer_id(alias.name))
     if d.write:
         await _store(txn.conn, w, fence.shard)
     if w.deadline is not None and w.status.value == "open":

@@ -320,8 +320,9 @@ class SqliteStore:
         return await self.write(DeliverOp(req, self.clock))  # type: ignore[no-any-return]
 
     async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
-                        deadline: float | None, now: float) -> WaitRecord:
-        op = OpenWaitOp(fence, etype, key, run_id, name, deadline, now)
+                        deadline: float | None, now: float,
+                        aliases: tuple[str, ...] = ()) -> WaitRecord:
+        op = OpenWaitOp(fence, etype, key, run_id, name, deadline, now, aliases)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,

@@ -58,9 +58,12 @@ class Store(Protocol):
         ...
 
     async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
-                        deadline: float | None, now: float) -> WaitRecord:
+                        deadline: float | None, now: float,
+                        aliases: tuple[str, ...] = ()) -> WaitRecord:
         """`run()` reached the wait: open it with `deadline` (kept from the first time it
-        was opened) and arm its durable timer, or take its buffered delivery (fenced)."""
+        was opened) and arm its durable timer, or take its buffered delivery (fenced).
+        `aliases` are the wait's old names: what this run holds under them is adopted,
+        and later deliveries by them are decided against this wait (see `_waits`)."""
         ...
 
     async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,

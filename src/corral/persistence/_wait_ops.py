@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ._records import DeliveryRequest, DeliveryResult, EntryKind, JournalEntry, WaitRecord
@@ -24,6 +24,7 @@ from ._waits import (
     delivery_message_id,
     timer_id,
     wait_from_row,
+    wait_name,
 )
 
 __all__ = ["DeliverOp", "ExpireWaitOp", "OpenWaitOp", "close_waits", "open_waits"]
@@ -82,10 +83,14 @@ class DeliverOp:
         r, db, now = self.req, txn.db, self.clock()
         row = txn.entity(r.entity_type, r.key)
         run_id = row.run_id if row is not None and r.run_id is None else (r.run_id or 0)
-        target = _wait(db, r.entity_type, r.key, run_id, r.name)
+        asked = r.name
+        target = _wait(db, r.entity_type, r.key, run_id, asked)
+        if (name := wait_name(asked, target)) != asked:  # an old name: today's wait decides
+            r = replace(r, name=name)
+            target = _wait(db, r.entity_type, r.key, run_id, name)
         k = db.execute(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype=? AND key=? "
-                       "AND name=? AND delivery_key=? ORDER BY run_id DESC LIMIT 1",
-                       (r.entity_type, r.key, r.name, r.delivery_key)).fetchone()
+                       "AND name IN (?, ?) AND delivery_key=? ORDER BY run_id DESC LIMIT 1",
+                       (r.entity_type, r.key, asked, r.name, r.delivery_key)).fetchone()
         decision = decide_delivery(r, row, target, None if k is None else wait_from_row(k),
                                    now=now)
         entry = None
@@ -120,12 +125,16 @@ class OpenWaitOp:
     name: str
     deadline: float | None
     now: float
+    aliases: tuple[str, ...] = ()
 
     def apply(self, txn: Txn) -> WaitRecord:
         txn.check(self.fence)
-        wait = _wait(txn.db, self.entity_type, self.key, self.run_id, self.name)
+        db, ident = txn.db, (self.entity_type, self.key, self.run_id)
+        wait = _wait(db, *ident, self.name)
+        olds = [w for w in (_wait(db, *ident, old) for old in self.aliases) if w is not None]
         d = decide_open(txn.entity(self.entity_type, self.key), wait, self.entity_type,
-                        self.key, self.run_id, self.name, deadline=self.deadline, now=self.now)
+                        self.key, self.run_id, self.name, deadline=self.deadline, now=self.now,
+                        olds=olds, aliases=self.aliases)
         return _settle(txn, self.fence, d)
 
 
@@ -150,6 +159,10 @@ def _settle(txn: Txn, fence: Fence, d: Decision) -> WaitRecord:
     """Store a host's wait decision, with the wait's durable timer armed while it is open."""
     w = d.wait
     assert w is not None
+    for alias in d.aliases:  # an old name: its row now points here, its timer is gone
+        _store(txn.db, alias, fence.shard)
+        txn.db.execute("DELETE FROM timers WHERE etype=? AND key=? AND timer_id=?",
+                       (w.entity_type, w.key, timer_id(alias.name)))
     if d.write:
         _store(txn.db, w, fence.shard)
     if w.deadline is not None and w.status.value == "open":

@@ -28,6 +28,17 @@ hosts are expected to keep their clocks in step with the store's.
 A delivery's key is checked first against every retained wait of that name (this
 run's and the previous run's, see `close_waits`), so a retry that arrives after the
 entity moved on to its next run is still a `duplicate`, never a second delivery.
+
+A renamed wait (`corral.wait(..., renamed_from=...)`) is opened with its old names
+(`aliases`). In the same transaction the open adopts what a process on the old code
+left under an old name in this run (a buffered delivery, which then wins; or the wait
+itself, opened, delivered or timed out under the old name, with its deadline) and
+leaves one `renamed` row per old name, whose `payload` column holds today's name. A
+later delivery by an old name is decided against today's wait (`wait_name`), so one
+delivery wins across both names, and its `DELIVER` entry carries today's name:
+
+    (none), buffered, open, delivered, timed_out under an old name
+        --run() reaches the wait under today's name--> renamed (its state adopted)
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ __all__ = [
     "delivery_run",
     "timer_id",
     "wait_from_row",
+    "wait_name",
 ]
 
 WaitPosition = tuple[float, str, str, int, str]
@@ -100,6 +112,20 @@ class Decision:
     wait: WaitRecord | None
     write: bool = False
     wake: bool = False
+    aliases: tuple[WaitRecord, ...] = ()
+    """`renamed` rows of the wait's old names, to store with it (see `decide_open`)."""
+
+
+def wait_name(name: str, found: WaitRecord | None) -> str:
+    """The name a delivery to wait `name` is decided under: today's name, when `found`
+    (this run's row of `name`) is an old name's `renamed` row; else `name` itself.
+
+    Example:
+        wait_name("decision", alias_row) == "approval"
+    """
+    if found is not None and found.status is WaitStatus.RENAMED and found.payload:
+        return found.payload
+    return name
 
 
 def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRecord | None,
@@ -172,12 +198,33 @@ def _unused(wait: WaitRecord) -> WaitRecord:
 
 
 def decide_open(row: EntityRow | None, wait: WaitRecord | None, etype: str, key: str,
-                run_id: int, name: str, *, deadline: float | None, now: float) -> Decision:
+                run_id: int, name: str, *, deadline: float | None, now: float,
+                olds: Sequence[WaitRecord] = (), aliases: Sequence[str] = ()) -> Decision:
     """`run()` reached the wait: open it (with its deadline, kept from the first time),
-    or take the buffered delivery. Status "closed" if the run is no longer running."""
+    or take the buffered delivery. Status "closed" if the run is no longer running.
+
+    `aliases` are the wait's old names and `olds` this run's rows under them. Without a
+    row of today's name, the wait adopts an old name's row (one holding a delivery
+    first): a delivery buffered by a process on the old code wins, and a wait that code
+    opened keeps its deadline. Every old name not yet one becomes a `renamed` row
+    (`Decision.aliases`) pointing here."""
     if row is None or row.run_id != run_id or row.status is not RunStatus.RUNNING:
         return Decision("closed", wait or WaitRecord(etype, key, run_id, name,
                                                      WaitStatus.CLOSED))
+    kept = [o for o in olds if o.status is not WaitStatus.RENAMED]
+    adopted = wait is None and bool(kept)
+    if wait is None and kept:
+        chosen = next((o for o in kept if o.status.has_delivery), kept[0])
+        wait = replace(chosen, name=name)
+    done = {o.name for o in olds if o.status is WaitStatus.RENAMED and o.payload == name}
+    renamed = tuple(WaitRecord(etype, key, run_id, old, WaitStatus.RENAMED, payload=name)
+                    for old in aliases if old not in done)
+    d = _open(wait, etype, key, run_id, name, deadline=deadline, now=now)
+    return replace(d, write=d.write or adopted, aliases=renamed)
+
+
+def _open(wait: WaitRecord | None, etype: str, key: str, run_id: int, name: str, *,
+          deadline: float | None, now: float) -> Decision:
     if wait is None:
         return Decision("open", WaitRecord(etype, key, run_id, name, WaitStatus.OPEN,
                                            opened_at=now, deadline=deadline), write=True)

@@ -4,6 +4,9 @@
 there (the store keeps the deadline of the first time ever, so a restart never re-arms
 it) and then waits until a `DELIVER` entry arrives or the deadline passes; the store
 decides every transition (`persistence._waits`), this only remembers the answers.
+A renamed wait is opened with its old names, so the store adopts and redirects what a
+process on the old code delivers by them; a `DELIVER` entry journaled under an old name
+(by a store before the rename reached it) wakes today's wait.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ class RunWaits:
         store, fence = act.shard.store, act.shard.fence
         if name not in seen:
             now = act.now()
+            declared = act.definition.wait(name)
+            aliases = () if declared is None else declared.renamed_from
             self._learn(name, await act.retrying("signal wait", lambda: store.open_wait(
                 fence, act.entity_type, act.key, act.run_id, name,
-                deadline=None if timeout is None else now + timeout, now=now)))
+                deadline=None if timeout is None else now + timeout, now=now,
+                aliases=aliases)))
         while seen[name].status is WaitStatus.OPEN:
             deadline = seen[name].deadline
             remaining = None if deadline is None else deadline - act.now()
@@ -60,8 +66,10 @@ class RunWaits:
         one into the next run, whose wait of that name it did not close)."""
         if delivery_run(entry.message_id) != self._act.run_id:
             return False
-        self._seen[entry.name] = WaitRecord(
-            entry.entity_type, entry.key, entry.run_id, entry.name, WaitStatus.DELIVERED,
+        declared = self._act.definition.wait(entry.name)  # an old name: today's wait
+        name = entry.name if declared is None else declared.name
+        self._seen[name] = WaitRecord(
+            entry.entity_type, entry.key, entry.run_id, name, WaitStatus.DELIVERED,
             payload=entry.payload, sender=entry.sender, delivered_at=entry.accepted_at)
         return True
 
