@@ -13,9 +13,9 @@ wait to `approval`, and turns `labels` from a comma-joined string into a list (s
 version 2, an upgrade hook). The runtimes of the later releases see a clock the test
 can move forward (`_JumpClock`) so the 30 s timer fires without waiting 30 s.
 
-The two xfail tests pin a known gap: a wait's `renamed_from=` is not yet resolved by
-the store or the run (a wait opened, or delivered, under the old name is not the
-renamed wait). They turn into failures (strict) once that is fixed: drop the marks.
+The last two tests are about the renamed wait itself: a wait release 1's run() opened
+under the old name is closed by a delivery by the new name, and a delivery a release-1
+process made under the old name reaches release 2's run().
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import contextlib
 import time
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 import corral
@@ -323,8 +322,9 @@ async def test_entities_mid_life_carry_on_under_a_release_that_changes_their_cod
         sleeper, waiter = rt.ref(CaseV2, "timer-first"), rt.ref(CaseV2, "wait-first")
         # The wait release 1's run() sits on, delivered by its new name from here.
         got = await waiter.deliver(CaseV2.approval, Approval(by="mia"), key="ok-wait-first")
-        # "delivered" (closing the wait opened under the old name) is what the wait
-        # rename owes; see the xfail test below. Either way run() must receive it.
+        # "delivered" once release 2's run() reopened the wait under the new name (it
+        # takes over the old one), "buffered" if it has not got there yet: either way
+        # run() receives it.
         assert got.status in {"delivered", "buffered"}
         await wait_until(lambda: _approved(waiter), "wait-first: run() got its approval")
         assert not (await waiter.query(CaseV2.view))["woke"]  # now on the 30 s timer
@@ -407,11 +407,6 @@ async def test_a_bug_in_the_next_release_suspends_the_run_and_the_fix_applies_ev
     assert outcome.labels == ["urgent", "vip", "late", "v3"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "wait renames are not resolved by the store: a delivery by the new name of a wait "
-    "opened under the old name is `buffered` into a second wait row, and the old one "
-    "stays open (persistence/_waits.py, _wait_ops.py, _pg_waits.py, "
-    "runtime/_signal_waits.py match waits by exact name)"))
 async def test_a_wait_opened_under_its_old_name_is_delivered_and_closed_by_its_new_name(
         db_path: str) -> None:
     await _mid_life(db_path, {"w-1": False})
@@ -424,10 +419,6 @@ async def test_a_wait_opened_under_its_old_name_is_delivered_and_closed_by_its_n
         assert (await ref.describe()).open_waits == ()  # run() sleeps; no wait is open
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "wait renames are not resolved by the store or the run: a delivery a release-1 "
-    "process made under the old name (answered `delivered`) never reaches release 2's "
-    "run(), which opens a second wait under the new name and waits on it for ever"))
 async def test_a_delivery_accepted_under_the_old_name_reaches_the_renamed_wait(
         db_path: str) -> None:
     await _mid_life(db_path, {"w-1": False})

@@ -23,6 +23,7 @@ from ._waits import (
     decide_open,
     delivery_message_id,
     timer_id,
+    under_old_name,
     wait_from_row,
     wait_name,
 )
@@ -93,6 +94,9 @@ class DeliverOp:
         if (name := wait_name(asked, target)) != asked:  # an old name: today's wait decides
             r = replace(r, name=name)
             target = await _wait(conn, r.entity_type, r.key, run_id, name)
+        elif target is None and r.aliases and (old := under_old_name(
+                [await _wait(conn, r.entity_type, r.key, run_id, a) for a in r.aliases])):
+            r, target = replace(r, name=old.name), old  # the old code's wait is this one
         k = await conn.fetchrow(
             f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype = $1 AND key = $2 "
             "AND name IN ($3, $4) AND delivery_key = $5 ORDER BY run_id DESC LIMIT 1",

@@ -234,6 +234,9 @@ class DeliveryRequest:
     sender: str | None
     early: str
     run_id: int | None = None
+    aliases: tuple[str, ...] = ()
+    """The wait's old names (`renamed_from`): where no wait of `name` is there yet, a
+    wait the old code opened, or a delivery it buffered, under one of them is this one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from ._waits import (
     decide_open,
     delivery_message_id,
     timer_id,
+    under_old_name,
     wait_from_row,
     wait_name,
 )
@@ -88,6 +89,9 @@ class DeliverOp:
         if (name := wait_name(asked, target)) != asked:  # an old name: today's wait decides
             r = replace(r, name=name)
             target = _wait(db, r.entity_type, r.key, run_id, name)
+        elif target is None and r.aliases and (old := under_old_name(
+                [_wait(db, r.entity_type, r.key, run_id, a) for a in r.aliases])):
+            r, target = replace(r, name=old.name), old  # the old code's wait is this one
         k = db.execute(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype=? AND key=? "
                        "AND name IN (?, ?) AND delivery_key=? ORDER BY run_id DESC LIMIT 1",
                        (r.entity_type, r.key, asked, r.name, r.delivery_key)).fetchone()

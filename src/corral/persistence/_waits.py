@@ -63,6 +63,7 @@ __all__ = [
     "delivery_message_id",
     "delivery_run",
     "timer_id",
+    "under_old_name",
     "wait_from_row",
     "wait_name",
 ]
@@ -126,6 +127,15 @@ def wait_name(name: str, found: WaitRecord | None) -> str:
     if found is not None and found.status is WaitStatus.RENAMED and found.payload:
         return found.payload
     return name
+
+
+def under_old_name(found: Sequence[WaitRecord | None]) -> WaitRecord | None:
+    """Of this run's rows under a wait's old names (`DeliveryRequest.aliases`, in
+    order), the wait the old code opened or buffered a delivery into, if any: a
+    delivery from the new code is decided against it, so that one delivery wins across
+    both names before the new code's `run()` reopens the wait under its new name."""
+    return next((w for w in found if w is not None and w.status is not WaitStatus.RENAMED),
+                None)
 
 
 def decide_delivery(req: DeliveryRequest, row: EntityRow | None, target: WaitRecord | None,

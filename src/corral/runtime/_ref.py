@@ -339,7 +339,7 @@ class EntityRef(Generic[E_co, S]):
             who = await b.sender(sender, d, self.key, "deliver", w.name)
             res = await self._backend.deliver(DeliveryRequest(
                 d.name, self.key, self.shard, w.name, delivery_key, text, who,
-                d.early_signals, run_id))
+                d.early_signals, run_id, w.renamed_from))
             kept = res.wait
             if kept is None:
                 return Delivery(res.status, None, None, None, None)  # type: ignore[arg-type]
