@@ -23,7 +23,10 @@ from . import _pg_schema, _schema
 __all__ = ["stored_shards"]
 
 _MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
-_NOT_OURS = ("SQLITE_ERROR", "SQLITE_NOTADB")  # no such table or column; not a database
+# What a file that is not corral's answers: no such table or column, not a database.
+# Told by message: `sqlite_errorname` exists only from Python 3.11 (on 3.10 every
+# such file read as unreadable, a StoreError, not "not a corral store").
+_NOT_OURS = ("no such table", "no such column", "not a database")
 
 
 async def stored_shards(location: str) -> int:
@@ -85,7 +88,7 @@ def _sqlite_meta(path: str, where: str) -> dict[str, str]:
     try:
         return {str(k): str(v) for k, v in db.execute("SELECT k, v FROM meta")}
     except sqlite3.Error as err:
-        if getattr(err, "sqlite_errorname", "") in _NOT_OURS:
+        if any(phrase in str(err) for phrase in _NOT_OURS):
             return {}
         raise StoreError(f"cannot read {where}: {err}") from err
     finally:
