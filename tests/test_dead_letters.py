@@ -213,7 +213,7 @@ async def test_an_entry_delivered_again_after_it_was_applied_is_dropped_without_
         entries = await rt.store.journal("Fragile", "k", run_id=1, after_seq=0)
         assert [e.seq for e in entries] == [1, 2, 3]
         for entry in entries:
-            shard.deliver(entry)
+            shard.enqueue(entry)
         assert act._worker is None and not act._inbox  # noqa: PT018 (one state)
         assert act.applied_seq == 3
         assert Fragile.order == [1, 2, 3]  # no handler called again

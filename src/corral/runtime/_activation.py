@@ -94,7 +94,7 @@ class Activation:
         # Retrying a suspended run: the suspension ends when run() gets past the point.
         self._resuming = shard.suspended(definition.name, key) is not None
         self._state = _State.LOADING
-        # A fresh run's first entry goes first: entries other callers deliver while
+        # A fresh run's first entry goes first: entries other callers enqueue while
         # the load task has not run yet would otherwise precede it and open a gap.
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
         self._changed: asyncio.Event | None = None
@@ -259,7 +259,7 @@ class Activation:
 
     # -- feeding -----------------------------------------------------------------------
 
-    def deliver(self, entry: JournalEntry) -> None:
+    def enqueue(self, entry: JournalEntry) -> None:
         """Queue an entry; duplicates and stale entries are dropped when applied.
 
         The next entry of a ready entity with nothing pending is applied at once when it
@@ -466,7 +466,7 @@ class Activation:
         while inbox and not self.closed and not self._switching:
             entry = inbox.popleft()
             if entry.run_id > self._run_id:
-                self._shard.deliver_to_successor(self, entry)
+                self._shard.enqueue_for_successor(self, entry)
             elif self._applied_already(entry):
                 continue
             elif entry.seq > self.applied_seq + 1:
@@ -714,7 +714,7 @@ class Activation:
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
             )
             for entry in late:
-                self.deliver(entry)
+                self.enqueue(entry)
             if late:
                 await self.wait_applied(late[-1].seq)
             if self.closed:  # terminated while we waited
@@ -807,5 +807,5 @@ class Activation:
         if not self._evicted and self._inbox:  # entries of a newer run go to its activation
             for entry in self._inbox:
                 if forward_all or entry.run_id > self._run_id:
-                    self._shard.deliver(entry)
+                    self._shard.enqueue(entry)
         self._inbox = None

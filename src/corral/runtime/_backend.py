@@ -158,9 +158,9 @@ class LocalBackend:
                       by=acc.kind.value)
         shard = self.host.shard(acc.shard) if self.host else None  # routed by the ref
         if shard is not None and result.started:
-            shard.deliver_started(result.entry, acc.start)
+            shard.enqueue_started(result.entry, acc.start)
         elif shard is not None and not result.duplicate:
-            shard.deliver(result.entry)  # the fast path; other hosts tail the journal
+            shard.enqueue(result.entry)  # the fast path; other hosts tail the journal
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         began = time.perf_counter()
@@ -171,7 +171,7 @@ class LocalBackend:
             metrics.duplicate(req.entity_type, "deliver")
         shard = self.host.shard(req.shard) if self.host else None
         if shard is not None and result.entry is not None:
-            shard.deliver(result.entry)  # the fast path; other hosts tail the journal
+            shard.enqueue(result.entry)  # the fast path; other hosts tail the journal
         return result
 
     async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
@@ -326,7 +326,7 @@ class LocalBackend:
         )
         shard = self._shard(etype, key)
         if shard is not None and not result.duplicate:
-            shard.deliver(result.entry)  # other hosts tail the journal
+            shard.enqueue(result.entry)  # other hosts tail the journal
         return result
 
     async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:

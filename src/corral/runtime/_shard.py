@@ -90,7 +90,7 @@ class Shard:
 
     # -- routing entries to activations ----------------------------------------------
 
-    def deliver(self, entry: JournalEntry) -> None:
+    def enqueue(self, entry: JournalEntry) -> None:
         """Hand an accepted journal entry to its entity, activating it if needed.
 
         A suspended run's entries stay in the journal until its next attempt (they never
@@ -108,9 +108,9 @@ class Shard:
         act = self._activations.get(ident)
         if act is None or act.is_finished or (act.is_ready and entry.run_id > act.run_id):
             act = self._get_or_create(*ident, force_new=True)
-        act.deliver(entry)
+        act.enqueue(entry)
 
-    def deliver_started(self, entry: JournalEntry, start_input: str | None) -> None:
+    def enqueue_started(self, entry: JournalEntry, start_input: str | None) -> None:
         """Host a run this process just started, from its first entry (no store read)."""
         ident = (entry.entity_type, entry.key)
         held = self._held.get(ident)
@@ -123,18 +123,18 @@ class Shard:
             # this process committed before the accept that committed it gets here. A
             # loading activation does not know its run yet (run id 0); it reads the
             # latest, and forwards entries of a newer run to a successor itself.
-            previous.deliver(entry)
+            previous.enqueue(entry)
             return
         self._activations[ident] = Activation(
             self, self._definitions[entry.entity_type], entry.key, previous, entry, start_input
         )
 
-    def deliver_to_successor(self, act: Activation, entry: JournalEntry) -> None:
+    def enqueue_for_successor(self, act: Activation, entry: JournalEntry) -> None:
         """`act` met an entry of a newer run: the newer run gets its own activation."""
         ident = (act.entity_type, act.key)
         if self._activations.get(ident) is act:
             self._get_or_create(*ident, force_new=True)
-        self._activations[ident].deliver(entry)
+        self._activations[ident].enqueue(entry)
 
     def _get_or_create(self, etype: str, key: str, *, force_new: bool = False) -> Activation:
         ident = (etype, key)
