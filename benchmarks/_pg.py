@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server for the benchmarks, and fresh databases on it.
 
-The approach of `tests/pg.py`, without pytest: a cluster made with the newest installed
+The approach of `tests/support/pg.py`, without pytest: a cluster made with the newest installed
 `initdb`/`pg_ctl` (Debian: `apt-get install postgresql`; or `CORRAL_PG_BINDIR`) in a temp
 dir, listening on 127.0.0.1 at a free port only, with `fsync=on` and
 `synchronous_commit=on` (every commit waits for its WAL flush, as a real deployment's

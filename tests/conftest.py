@@ -1,9 +1,20 @@
 """Shared fixtures. SQLite files live under tmp_path; nothing touches the home directory.
 
+The tests mirror the layers of `src/corral`: `actors/` (definitions, typing, state
+versions and upgrades), `persistence/` (the store: `test_store_contract.py` runs every
+store op on both engines; the engine-specific tests say their engine in their name),
+`runtime/` (hosts, activations, the client, on both stores), `ray/` (the Ray backend),
+`operators/` (the `corral` command, the dashboard, metrics, lifecycle logs) and
+`examples/` (the examples, the README's snippets, the peers benchmark). Every helper
+module and worker script is in `support/`, which this file puts on `sys.path`: tests
+import helpers by name (`from stores import sql`), as worker scripts run by path do
+(their own folder is on their `sys.path`; `procs.Worker` adds `support/` to a
+subprocess's `PYTHONPATH`).
+
 `db_path` is where a test's store lives, and every test that takes it runs once per
 store: `[sqlite]`, a fresh file under `tmp_path`, and `[postgres]`, a database on the
-session's PostgreSQL cluster (`tests/pg.py`, started only if a test asks for it),
-emptied before the test. Reading a store directly goes through `tests/stores.py`, which
+session's PostgreSQL cluster (`tests/support/pg.py`, started only if a test asks for it),
+emptied before the test. Reading a store directly goes through `tests/support/stores.py`, which
 takes either location. Tests about SQLite itself (its schema migrations, a schema-1 file
 made by an earlier corral) make their own file under `tmp_path`.
 """
@@ -12,15 +23,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from pg import _unavailable, create_database, find_bindir
-from pg import postgres_url as cluster_fixture  # noqa: F401 (a fixture, found by name)
-from stores import reset_postgres
+SUPPORT = str(Path(__file__).resolve().parent / "support")
+if SUPPORT not in sys.path:  # the helpers, imported by name as worker scripts import them
+    sys.path.insert(0, SUPPORT)
+
+from pg import _unavailable, create_database, find_bindir  # noqa: E402
+from pg import postgres_url as cluster_fixture  # noqa: E402, F401 (a fixture, found by name)
+from stores import reset_postgres  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 

@@ -1,0 +1,118 @@
+"""The application `tests/operators/test_cli.py` points the `corral` command at
+(`--app cli_app:app`).
+
+`Board` takes notes by signal and has signals that raise while `Board.broken` is set
+(one attempt: a dead letter at once); `Approval` waits, durably, for one decision.
+`Flare` fails its run with its start input as the error. `limited` is the same
+application with limits of its own (`--app cli_app:limited`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, Field
+
+import corral
+
+__all__ = ["LIMITS", "Approval", "Board", "BoardInput", "Decision", "Flare", "Note", "app",
+           "limited"]
+
+
+class BoardInput(BaseModel):
+    """A board's start input."""
+
+    title: str
+
+
+class Note(BaseModel):
+    """One note: 1 to 40 characters."""
+
+    text: str = Field(min_length=1, max_length=40)
+
+
+class Decision(BaseModel):
+    """The payload of `Approval.decision`."""
+
+    approved: bool
+
+
+class Board(corral.Entity):
+    """Notes, in order; `fragile` raises while `Board.broken` is set."""
+
+    retry = corral.RetryPolicy(max_attempts=1)
+    broken: ClassVar[bool] = True  # process-wide: the test "fixes the handler" by clearing it
+
+    def __init__(self, init: BoardInput) -> None:
+        self.title = init.title
+        self.notes: list[str] = []
+
+    @corral.signal
+    def post(self, note: Note) -> None:
+        self.notes.append(note.text)
+
+    @corral.signal
+    def clear(self) -> None:
+        self.notes.clear()
+
+    @corral.signal
+    def fragile(self, note: Note) -> None:
+        if type(self).broken:
+            raise RuntimeError(f"cannot take {note.text!r}")
+        self.notes.append(note.text)
+
+    @corral.signal
+    def shout(self, note: Note) -> None:
+        if type(self).broken:
+            raise RuntimeError(note.text)  # the note as it is: control characters and all
+        self.notes.append(note.text)
+
+    @corral.update
+    def count(self) -> int:
+        return len(self.notes)
+
+    @corral.query
+    def read(self) -> list[str]:
+        return self.notes
+
+
+class Approval(corral.Entity):
+    """Waits for `decision`, then returns whether it approved."""
+
+    decision = corral.wait(Decision)
+
+    async def run(self) -> bool:
+        return (await self.wait_for_signal(Approval.decision)).approved
+
+
+class Flare(corral.Entity):
+    """A run that fails at once, with its start input (as it is) for the error (a type in
+    `fail_on`: any other exception would suspend the run, not fail it)."""
+
+    fail_on = (RuntimeError,)
+
+    def __init__(self, init: Note) -> None:
+        self.text = init.text
+
+    async def run(self) -> None:
+        raise RuntimeError(self.text)
+
+
+class Stuck(corral.Entity):
+    """A run with a bug: `run()` raises, so the run is suspended (retried an hour later)."""
+
+    run_retry = corral.RetryPolicy(max_attempts=None, initial_backoff=3600, max_backoff=3600)
+
+    def __init__(self, init: Note) -> None:
+        self.text = init.text
+
+    async def run(self) -> None:
+        raise KeyError(self.text)
+
+
+app = corral.App(entities=[Board, Approval, Flare, Stuck])
+
+LIMITS = corral.Limits(max_payload_bytes=1024, key_pattern=r"[a-z0-9-]+(~[a-z0-9-]+)?")
+"""Payloads up to 1 KiB, and keys that may hold one `~` (the default pattern refuses it)."""
+
+limited = corral.App(entities=[Board, Approval, Flare], limits=LIMITS)
