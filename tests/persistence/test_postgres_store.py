@@ -1,10 +1,14 @@
-"""`PostgresStore`: the guarantees of the store, on a real PostgreSQL server.
+"""`PostgresStore`: what only the PostgreSQL store has, on a real PostgreSQL server.
 
+What every store does is the contract suite's (`test_store_contract.py`, on both
+engines). Here: its JSON flush of a batch's rows, its row locks and their waiters, its
+server faults (a lost connection, a lock that never frees, a restart), NOTIFY, its
+schema migrations and query plans, and the tail that orders commits by shard.
 Store-level properties are tested on the store directly (two store objects are two
 writers with their own pools, as two processes would be); multi-process properties with
 `pg_worker.py` subprocesses; the whole runtime through `corral.open_runtime(store=...)`.
-The server is a throwaway cluster for the session (`tests/support/pg.py`); each test gets a
-fresh database (`pg_url`).
+The server is a throwaway cluster for the session (`tests/support/pg.py`); each test gets
+a fresh database (`pg_url`).
 """
 
 from __future__ import annotations
@@ -23,14 +27,13 @@ import pytest
 asyncpg = pytest.importorskip("asyncpg")
 
 import corral  # noqa: E402
+from acceptances import acc, fence_for  # noqa: E402
 from corral import StoreUnavailableError  # noqa: E402
 from corral.persistence import (  # noqa: E402
     Acceptance,
     AcceptResult,
-    EntryKind,
     Fence,
     _pg_txn,
-    payload_hash,
 )
 from corral.persistence._pg_lifecycle import _TRIM  # noqa: E402
 from corral.persistence._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION  # noqa: E402
@@ -44,22 +47,11 @@ from procs import Worker, spawner, wait_until  # noqa: E402
 
 SHARDS = 16
 WORKER = Path(__file__).resolve().parents[1] / "support" / "pg_worker.py"
-ALLOW = corral.IdReusePolicy.ALLOW_DUPLICATE
-_CLOCK = iter(range(1, 10**9))
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def acc(key: str, mid: str, *, shard: int = 1, payload: str = '{"v":1}', name: str = "note",
-        sender: str | None = None, start: str | None = "{}",
-        kind: EntryKind = EntryKind.SIGNAL, reuse: corral.IdReusePolicy = ALLOW,
-        etype: str = "E") -> Acceptance:
-    """An acceptance as the client builds it (accepted_at: a deterministic clock)."""
-    return Acceptance(etype, key, shard, kind, name, mid, payload, payload_hash(name, payload),
-                      sender, start, reuse, float(next(_CLOCK)))
 
 
 async def sql(url: str, query: str, *args: Any) -> list[Any]:
@@ -102,11 +94,6 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         yield start
 
 
-async def fence_for(store: PostgresStore, shard: int, owner: str = "host") -> Fence:
-    epochs = await store.acquire_leases(owner, [shard], 60.0)
-    return Fence(shard, owner, epochs[shard])
-
-
 @dataclass
 class Held:
     """A write op that waits on `gate` inside its transaction (after `check`ing `fence`)."""
@@ -146,43 +133,7 @@ def held() -> Iterator[Callable[..., Held]]:
         op.gate.set()
 
 
-# -- acceptance: atomic start, dedupe, linearised seqs -------------------------------
-
-
-async def test_a_message_id_is_accepted_once_then_answered_duplicate_or_conflicting(
-    store: PostgresStore,
-) -> None:
-    first = await store.accept(acc("k", "m1"))
-    assert (first.duplicate, first.started, first.entry.seq, first.entry.run_id) == (
-        False, True, 1, 1)
-    again = await store.accept(acc("k", "m1"))
-    assert (again.duplicate, again.entry.seq, again.started) == (True, 1, False)
-    assert again.entry.accepted_at == first.entry.accepted_at  # the original acceptance
-    with pytest.raises(corral.IdempotencyConflictError, match="different payload"):
-        await store.accept(acc("k", "m1", payload='{"v":2}'))
-    with pytest.raises(corral.IdempotencyConflictError, match="sender"):
-        await store.accept(acc("k", "m1", sender="mallory"))
-    second = await store.accept(acc("k", "m2", start=None))
-    assert (second.duplicate, second.started, second.entry.seq) == (False, False, 2)
-    assert [e.message_id for e in await store.journal("E", "k", run_id=1, after_seq=0)] == [
-        "m1", "m2"]
-
-
-async def test_one_message_id_twice_in_one_batch_is_one_acceptance_and_one_duplicate(
-    store: PostgresStore,
-) -> None:
-    before = store.commits
-    a, b, c = await asyncio.gather(store.accept(acc("k", "m")), store.accept(acc("k", "m")),
-                                   store.accept(acc("k", "m", payload='{"v":9}')),
-                                   return_exceptions=True)
-    assert store.commits == before + 1  # one group commit
-    assert isinstance(a, AcceptResult)
-    assert (a.duplicate, a.started) == (False, True)
-    assert isinstance(b, AcceptResult)
-    assert b.duplicate
-    assert isinstance(c, corral.IdempotencyConflictError)
-    assert len(await store.journal("E", "k", run_id=1, after_seq=0)) == 1
-
+# -- a batch's rows in one JSON flush -------------------------------------------------
 
 
 async def test_rows_cross_the_json_flush_exactly_and_a_huge_batch_in_several_statements(
@@ -219,189 +170,8 @@ async def test_rows_cross_the_json_flush_exactly_and_a_huge_batch_in_several_sta
                       if a.key.startswith(f"k-{i} "))
         assert seqs == list(range(1, len(seqs) + 1))
 
-async def test_two_stores_sending_at_once_start_one_run_and_never_repeat_a_seq(
-    store: PostgresStore, other: PostgresStore,
-) -> None:
-    sends = [s.accept(acc("hot", f"{i}-{n}")) for n in range(150)
-             for i, s in enumerate((store, other))]
-    results = await asyncio.gather(*sends)
-    assert sum(r.started for r in results) == 1
-    assert {r.entry.run_id for r in results} == {1}
-    assert sorted(r.entry.seq for r in results) == list(range(1, 301))
-    stored = await store.journal("E", "hot", run_id=1, after_seq=0)
-    assert {e.seq: e.message_id for e in stored} == {
-        r.entry.seq: r.entry.message_id for r in results}
-
-
-# -- closed runs, id reuse, continue-as-new ------------------------------------------
-
-
-async def test_closed_runs_follow_the_id_reuse_policy(store: PostgresStore) -> None:
-    fence = await fence_for(store, 1)
-    await store.accept(acc("k", "a"))
-    assert await store.close_run(fence, "E", "k", 1, applied_seq=0, status=corral.RunStatus
-                                 .COMPLETED, result=None, error=None) is False  # unapplied
-    assert await store.close_run(fence, "E", "k", 1, applied_seq=1,
-                                 status=corral.RunStatus.COMPLETED, result='"ok"', error=None)
-    with pytest.raises(corral.EntityNotRunningError, match="is completed"):
-        await store.accept(acc("k", "b", start=None))
-    for policy in (corral.IdReusePolicy.REJECT_DUPLICATE,
-                   corral.IdReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY):
-        with pytest.raises(corral.EntityClosedError, match=policy.name):
-            await store.accept(acc("k", "b", reuse=policy))
-    second = await store.accept(acc("k", "b"))
-    assert (second.started, second.entry.run_id, second.entry.seq) == (True, 2, 2)
-    await store.accept(acc("k", "c", start=None))
-    assert await store.close_run(fence, "E", "k", 2, applied_seq=2, status=corral.RunStatus
-                                 .FAILED, result=None, error="boom", force=True)
-    third = await store.accept(acc("k", "d", reuse=corral.IdReusePolicy
-                                   .ALLOW_DUPLICATE_FAILED_ONLY))
-    assert (third.started, third.entry.run_id, third.entry.seq) == (True, 3, 4)
-    await store.accept(acc("k", "t", kind=EntryKind.TERMINATE, start=None, payload='"bye"'))
-    with pytest.raises(corral.EntityNotRunningError, match="nothing to terminate"):
-        await store.accept(acc("k", "t2", kind=EntryKind.TERMINATE, start=None))
-    runs = await store.runs("E", "k")
-    assert [(r.run_id, r.status.value, r.first_seq) for r in runs] == [
-        (1, "completed", 1), (2, "failed", 2), (3, "terminated", 4)]
-    assert (runs[1].error, runs[2].error) == ("boom", '"bye"')
-
-
-async def test_continue_as_new_carries_unapplied_and_untaken_entries_and_the_dedupe_window(
-    store: PostgresStore,
-) -> None:
-    fence = await fence_for(store, 1)
-    for mid in ("m1", "m2", "m3", "m4"):
-        await store.accept(acc("k", mid))
-    old = await store.journal("E", "k", run_id=1, after_seq=0)
-    floor = await store.write_snapshot(fence, "E", "k", 1, applied_seq=2, state=b"s", keep=1)
-    assert floor == 2  # m1 and m2 left the journal
-    # Applied up to 3; m2 was applied into the mailbox but never taken: carried (re-inserted).
-    new = await store.continue_as_new(fence, "E", "k", 1, applied_seq=3, next_input='{"n":2}',
-                                      carried=[old[1]])
-    assert new == 2
-    carried = await store.journal("E", "k", run_id=2, after_seq=0)
-    assert [(e.seq, e.message_id, e.run_id) for e in carried] == [(2, "m2", 2), (4, "m4", 2)]
-    assert await store.latest_snapshot("E", "k", 1) is None
-    late = await store.accept(acc("k", "m5", start=None))
-    assert (late.entry.run_id, late.entry.seq) == (2, 5)
-    assert (await store.accept(acc("k", "m1"))).duplicate  # the window carried over
-    runs = await store.runs("E", "k")
-    assert [(r.status.value, r.continued_from, r.first_seq) for r in runs] == [
-        ("continued", None, 1), ("running", 1, 4)]
-    assert runs[1].start_input == '{"n":2}'
-    with pytest.raises(corral.EntityNotRunningError, match="no longer running"):
-        await store.continue_as_new(fence, "E", "k", 1, applied_seq=3, next_input="{}",
-                                    carried=[])
-
-
-# -- bounded storage ------------------------------------------------------------------
-
-
-async def test_snapshots_keep_the_newest_and_truncate_the_journal_and_the_window(
-    store: PostgresStore, pg_url: str,
-) -> None:
-    fence = await fence_for(store, 1)
-    for n in range(1, 11):
-        await store.accept(acc("k", f"m{n}"))
-    assert await store.write_snapshot(fence, "E", "k", 1, applied_seq=4, state=b"4", keep=2) == 4
-    assert await store.write_snapshot(fence, "E", "k", 1, applied_seq=6, state=b"6", keep=2) == 4
-    assert await store.write_snapshot(fence, "E", "k", 1, applied_seq=8, state=b"8", keep=2,
-                                      forget_seq=5) == 6
-    assert await store.latest_snapshot("E", "k", 1) == (8, b"8")
-    kept = await sql(pg_url, "SELECT applied_seq FROM snapshots ORDER BY 1")
-    assert [r[0] for r in kept] == [6, 8]
-    assert [e.seq for e in await store.journal("E", "k", run_id=1, after_seq=0)] == [
-        7, 8, 9, 10]
-    ids = await sql(pg_url, "SELECT message_id FROM dedupe ORDER BY seq")
-    assert [r[0] for r in ids] == [f"m{n}" for n in range(6, 11)]  # m1..m5 forgotten
-    assert not (await store.accept(acc("k", "m1", start=None))).duplicate
-    assert (await store.accept(acc("k", "m6"))).duplicate  # still in the window
-    # Passivated with everything applied: not recovered at startup until a message comes.
-    await store.write_snapshot(fence, "E", "k", 1, applied_seq=11, state=b"11", keep=1,
-                               passivate=True)
-    assert await store.running_entities(1) == []
-    await store.accept(acc("k", "wake", start=None))
-    assert await store.running_entities(1) == [("E", "k")]
-
-
-# -- dead letters ---------------------------------------------------------------------
-
-
-async def test_a_dead_letter_is_recorded_once_replayed_once_and_discarded(
-    store: PostgresStore,
-) -> None:
-    fence = await fence_for(store, 1)
-    entry = (await store.accept(acc("k", "poison", payload='{"v":13}'))).entry
-    dl = await store.record_dead_letter(fence, entry, error="ValueError: 13", traceback="tb",
-                                        attempts=3, failed_at=5.0)
-    assert await store.record_dead_letter(fence, entry, error="again", traceback="tb",
-                                          attempts=4, failed_at=6.0) == dl
-    [letter] = await store.dead_letters("E", "k")
-    assert (letter.id, letter.seq, letter.payload, letter.error) == (dl, 1, '{"v":13}',
-                                                                      "ValueError: 13")
-    assert await store.dead_letter_seqs("E", "k", 1) == frozenset({1})
-    replayed = await store.replay_dead_letter("E", "k", 1, dl, accepted_at=7.0)
-    assert not replayed.duplicate
-    assert (replayed.entry.seq, replayed.entry.message_id) == (2, f"replay:{dl}:poison")
-    assert await store.dead_letters() == []
-    retried = await store.replay_dead_letter("E", "k", 1, dl, accepted_at=8.0)
-    assert (retried.duplicate, retried.entry.seq) == (True, 2)
-    with pytest.raises(corral.DeadLetterNotFoundError):
-        await store.replay_dead_letter("E", "k", 1, dl + 1000, accepted_at=9.0)
-    other_dl = await store.record_dead_letter(fence, replayed.entry, error="e", traceback="",
-                                              attempts=1, failed_at=9.0)
-    assert other_dl > dl  # ids are never reused
-    assert await store.discard_dead_letter("E", "k", other_dl) is True
-    assert await store.discard_dead_letter("E", "k", other_dl) is False
-    await store.accept(acc("k", "end", kind=EntryKind.TERMINATE, start=None))
-    third = await store.record_dead_letter(fence, entry, error="e", traceback="", attempts=1,
-                                           failed_at=9.0)
-    with pytest.raises(corral.EntityNotRunningError, match="cannot replay"):
-        await store.replay_dead_letter("E", "k", 1, third, accepted_at=10.0)
-    assert [d.id for d in await store.dead_letters()] == [third]  # refused: nothing changed
-
 
 # -- leases and fencing ---------------------------------------------------------------
-
-
-async def test_a_lease_is_exclusive_until_it_expires_and_a_takeover_fences_the_old_holder(
-    store: PostgresStore, other: PostgresStore, pg_url: str,
-) -> None:
-    assert await store.acquire_leases("a", [1, 2], 0.5) == {1: 1, 2: 1}
-    assert await other.acquire_leases("b", [1, 2, 3], 0.5) == {3: 1}  # 1 and 2 are live
-    assert await store.acquire_leases("a", [1], 0.5) == {1: 1}  # ours: same epoch
-    old = Fence(1, "a", 1)
-    await wait_until(lambda: _expired(other, "b", 1), "a's lease on shard 1 expires")
-    new = Fence(1, "b", 2)
-    with pytest.raises(corral.LeaseLostError, match="epoch 1 of a"):
-        await store.write_snapshot(old, "E", "k", 1, applied_seq=1, state=b"z", keep=1)
-    with pytest.raises(corral.LeaseLostError):
-        await store.set_timer(old, "E", "k", 1, "t", 1.0)
-    assert await sql(pg_url, "SELECT * FROM snapshots") == []  # refused before writing
-    assert await sql(pg_url, "SELECT * FROM timers") == []
-    assert await store.renew_leases("a", {1: 1, 2: 1}, 0.5) == {2}
-    await other.set_timer(new, "E", "k", 1, "t", 1.0)
-    assert await other.acquire_leases("c", [1], 60.0, force=True) == {1: 3}
-    with pytest.raises(corral.LeaseLostError):
-        await other.set_timer(new, "E", "k", 1, "t", 2.0)
-
-
-async def test_a_dead_holders_shards_are_taken_at_once_without_waiting_for_expiry(
-    pg_url: str, other: PostgresStore,
-) -> None:
-    dying = await open_postgres_store(pg_url, shards=SHARDS)
-    try:
-        assert await dying.acquire_leases("dying", [7, 8], 3600.0) == {7: 1, 8: 1}
-        assert await other.acquire_leases("heir", [7, 8], 60.0) == {}  # alive: live leases
-    finally:
-        await dying.close()  # its session ends, as a killed process's would
-    assert await other.acquire_leases("heir", [7, 8], 60.0) == {7: 2, 8: 2}
-    with pytest.raises(corral.LeaseLostError):
-        await other.set_timer(Fence(7, "dying", 1), "E", "k", 1, "t", 1.0)
-
-
-async def _expired(store: PostgresStore, owner: str, shard: int) -> bool:
-    return shard in await store.acquire_leases(owner, [shard], 60.0)
 
 
 async def test_a_takeover_waits_for_a_fenced_write_in_flight_then_fences_its_writer(
@@ -577,20 +347,6 @@ async def test_a_store_that_cannot_be_reached_is_refused_at_once_and_retryably()
                                   timeout=2.0)
     assert time.monotonic() - started < 10
     assert "secret" not in str(caught.value)  # the password stays out of messages
-
-
-async def test_a_store_written_by_a_newer_corral_or_with_other_shards_is_refused(
-    pg_url: str,
-) -> None:
-    store = await open_postgres_store(pg_url, shards=SHARDS)
-    await store.close()
-    with pytest.raises(corral.StoreError, match="shards=16, this runtime uses 8"):
-        await open_postgres_store(pg_url, shards=8)
-    await sql(pg_url, "UPDATE meta SET v = '99' WHERE k = 'schema_version'")
-    with pytest.raises(corral.StoreError,
-                       match=rf"schema version 99.*up to {PG_SCHEMA_VERSION}\b"):
-        await open_postgres_store(pg_url, shards=SHARDS)
-    assert await sql(pg_url, "SELECT v FROM meta WHERE k = 'schema_version'") == [("99",)]
 
 
 async def test_a_store_at_schema_1_is_upgraded_and_keeps_its_entities(pg_url: str) -> None:

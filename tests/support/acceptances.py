@@ -1,0 +1,33 @@
+"""Store ops as the runtime builds them, for tests that call a `Store` directly.
+
+A plain module, like `procs`: `tests/persistence/test_store_contract.py` (every engine)
+and `tests/persistence/test_postgres_store.py` (PostgreSQL's own) build acceptances and
+take fences through these, on whichever store they hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import corral
+from corral.persistence import Acceptance, EntryKind, Fence, Store, payload_hash
+
+__all__ = ["ALLOW", "acc", "fence_for"]
+
+ALLOW = corral.IdReusePolicy.ALLOW_DUPLICATE
+_CLOCK = itertools.count(1)
+
+
+def acc(key: str, mid: str, *, shard: int = 1, payload: str = '{"v":1}', name: str = "note",
+        sender: str | None = None, start: str | None = "{}",
+        kind: EntryKind = EntryKind.SIGNAL, reuse: corral.IdReusePolicy = ALLOW,
+        etype: str = "E") -> Acceptance:
+    """An acceptance as the client builds it (accepted_at: a deterministic clock)."""
+    return Acceptance(etype, key, shard, kind, name, mid, payload, payload_hash(name, payload),
+                      sender, start, reuse, float(next(_CLOCK)))
+
+
+async def fence_for(store: Store, shard: int, owner: str = "host") -> Fence:
+    """Lease `shard` to `owner` on `store` (for 60 s): the fence its writes carry."""
+    epochs = await store.acquire_leases(owner, [shard], 60.0)
+    return Fence(shard, owner, epochs[shard])
