@@ -20,7 +20,15 @@ import pytest
 
 import corral
 from acceptances import acc, fence_for
-from corral.persistence import AcceptResult, EntryKind, Fence, Store, open_store
+from corral.persistence import (
+    AcceptResult,
+    EntryKind,
+    Fence,
+    Store,
+    Suspension,
+    UpdateOutcome,
+    open_store,
+)
 from procs import wait_until
 from stores import sql
 
@@ -95,6 +103,54 @@ async def test_two_stores_sending_at_once_start_one_run_and_never_repeat_a_seq(
     stored = await store.journal("E", "hot", run_id=1, after_seq=0)
     assert {e.seq: e.message_id for e in stored} == {
         r.entry.seq: r.entry.message_id for r in results}
+
+async def test_accept_many_answers_each_acceptance_and_a_refusal_stays_its_own(
+    store: Store,
+) -> None:
+    results = await store.accept_many([
+        acc("k", "m1"), acc("k", "m1", payload='{"v":2}'), acc("never", "x", start=None),
+        acc("k", "m2", start=None)])
+    first, conflict, not_running, second = results
+    assert isinstance(first, AcceptResult)
+    assert (first.started, first.entry.seq) == (True, 1)
+    assert isinstance(conflict, corral.IdempotencyConflictError)
+    assert isinstance(not_running, corral.EntityNotRunningError)
+    assert isinstance(second, AcceptResult)
+    assert (second.started, second.entry.seq) == (False, 2)
+    assert [e.message_id for e in await store.journal("E", "k", run_id=1, after_seq=0)] == [
+        "m1", "m2"]
+    assert await store.latest_run("E", "never") is None
+
+
+async def test_the_journal_tail_reads_each_entry_once_in_order_for_the_shards_asked(
+    store: Store, other: Store,
+) -> None:
+    """In acceptance order within a shard; across shards no order is promised (SQLite
+    tails by one global position, PostgreSQL by one position per shard)."""
+    start = await store.journal_end()
+    for i in range(6):
+        await other.accept(acc(f"k{i}", "m", shard=1 + i % 2))
+    _, odd = await store.journal_tail(start, frozenset({1}))
+    assert [e.key for e in odd] == ["k0", "k2", "k4"]
+    pos, page = await store.journal_tail(start, frozenset({1, 2}), limit=2)
+    assert len(page) == 2
+    pos, rest = await store.journal_tail(pos, frozenset({1, 2}))
+    tailed = page + rest
+    assert sorted(e.key for e in tailed) == [f"k{i}" for i in range(6)]  # each once
+    for shard in (1, 2):
+        assert [e.key for e in tailed if int(e.key[1:]) % 2 == shard - 1] == [
+            f"k{i}" for i in range(shard - 1, 6, 2)]
+    assert {(e.seq, e.run_id) for e in tailed} == {(1, 1)}
+    assert await store.journal_tail(pos, frozenset({1, 2})) == (pos, [])
+    end = await store.journal_end()
+    assert await store.journal_tail(end, frozenset({1, 2})) == (end, [])
+
+
+async def test_another_stores_commit_on_a_held_shard_is_seen(store: Store, other: Store) -> None:
+    await store.acquire_leases("h", [5], 60.0)
+    await other.accept(acc("k", "theirs", shard=5))
+    await wait_until(lambda: store.wait_foreign_commit(0.5), "the foreign commit is seen")
+
 
 # -- closed runs, id reuse, continue-as-new ------------------------------------------
 
@@ -184,6 +240,97 @@ async def test_snapshots_keep_the_newest_and_truncate_the_journal_and_the_window
     await store.accept(acc("k", "wake", start=None))
     assert await store.running_entities(1) == [("E", "k")]
 
+async def test_reads_list_entities_page_by_page_and_count_the_running_per_shard(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    for key in ("b", "a", "c"):
+        await store.accept(acc(key, "m"))
+    await store.accept(acc("x", "m", shard=2, etype="T"))
+    await store.close_run(fence, "E", "c", 1, applied_seq=1, status=corral.RunStatus.COMPLETED,
+                          result='"done"', error=None)
+    page = await store.entities(None, None, limit=2)
+    assert [(e.entity_type, e.key, e.shard, e.run_id) for e in page] == [
+        ("E", "a", 1, 1), ("E", "b", 1, 1)]
+    rest = await store.entities(None, None, limit=10, after=("E", "b"))
+    assert [(e.entity_type, e.key) for e in rest] == [("E", "c"), ("T", "x")]
+    assert [e.key for e in await store.entities("T", None, limit=10)] == ["x"]
+    closed = await store.entities(None, corral.RunStatus.COMPLETED, limit=10)
+    assert [(e.key, e.status, e.accepted_seq) for e in closed] == [
+        ("c", corral.RunStatus.COMPLETED, 1)]
+    latest = await store.latest_run("E", "c")
+    assert latest is not None
+    run, next_seq = latest
+    assert (run.run_id, run.status, run.result, next_seq) == (
+        1, corral.RunStatus.COMPLETED, '"done"', 2)
+    assert (await store.count_running(1), await store.count_running(2)) == (2, 1)
+    assert sorted(await store.running_entities(1)) == [("E", "a"), ("E", "b")]
+
+
+async def test_a_passivated_entity_is_marked_and_an_activation_unmarks_it(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    await store.accept(acc("k", "m"))
+    await store.write_snapshot(fence, "E", "k", 1, applied_seq=1, state=b"1", keep=1,
+                               passivate=True)
+    [record] = await store.entities("E", None, limit=10)
+    assert record.passivated_seq == 1
+    assert await store.count_running(1) == 1  # passivated, still running
+    await store.mark_activated(fence, "E", "k")
+    [record] = await store.entities("E", None, limit=10)
+    assert record.passivated_seq is None
+
+
+async def test_an_update_outcome_is_recorded_once_under_its_message_id(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    await store.accept(acc("k", "u1", kind=EntryKind.UPDATE, name="ask"))
+    assert await store.update_outcome("E", "k", "u1") is None  # not applied yet
+    await store.record_update(fence, "E", "k", "u1", UpdateOutcome('{"answer":42}', None))
+    assert await store.update_outcome("E", "k", "u1") == UpdateOutcome('{"answer":42}', None)
+    assert await store.update_outcome("E", "k", "u2") is None
+    with pytest.raises(corral.LeaseLostError):
+        await store.record_update(Fence(1, "host", 99), "E", "k", "u1",
+                                  UpdateOutcome(None, "late"))
+    assert await store.update_outcome("E", "k", "u1") == UpdateOutcome('{"answer":42}', None)
+
+
+async def test_durable_timers_are_due_by_shard_and_a_cleared_one_is_gone(store: Store) -> None:
+    fence = await fence_for(store, 1)
+    for key in ("a", "b"):
+        await store.accept(acc(key, "m"))
+    await store.set_timer(fence, "E", "a", 1, "t", 50.0)
+    await store.set_timer(fence, "E", "b", 1, "t", 20.0)
+    assert await store.next_timer(frozenset({1})) == 20.0
+    assert await store.next_timer(frozenset({2})) is None
+    assert await store.due_timers(frozenset({1}), 30.0) == [("E", "b")]
+    assert await store.due_timers(frozenset({2}), 60.0) == []
+    assert sorted(await store.due_timers(frozenset({1}), 60.0)) == [("E", "a"), ("E", "b")]
+    await store.set_timer(fence, "E", "b", 1, "t", None)
+    assert await store.due_timers(frozenset({1}), 60.0) == [("E", "a")]
+    assert (await store.entity_details("E", "a", 1)).timers == (50.0,)
+    assert (await store.entity_details("E", "b", 1)).timers == ()
+
+
+async def test_a_suspension_is_recorded_listed_and_cleared(store: Store) -> None:
+    fence = await fence_for(store, 1)
+    await store.accept(acc("k", "m"))
+    record = Suspension("E", "k", 1, "RuntimeError: boom", 2, 10.0, 20.0)
+    await store.suspend_run(fence, record)
+    assert await store.suspensions(1) == [record]
+    assert await store.suspensions(2) == []
+    assert (await store.entity_details("E", "k", 1)).suspension == record
+    assert [e.suspended for e in await store.entities("E", None, limit=10)] == [True]
+    again = Suspension("E", "k", 1, "RuntimeError: boom", 3, 10.0, 40.0)
+    await store.suspend_run(fence, again)  # replaces the entity's earlier record
+    assert await store.suspensions(1) == [again]
+    await store.clear_suspension(fence, "E", "k", 1)
+    assert await store.suspensions(1) == []
+    assert [e.suspended for e in await store.entities("E", None, limit=10)] == [False]
+
+
 # -- dead letters ---------------------------------------------------------------------
 
 
@@ -219,6 +366,38 @@ async def test_a_dead_letter_is_recorded_once_replayed_once_and_discarded(
     with pytest.raises(corral.EntityNotRunningError, match="cannot replay"):
         await store.replay_dead_letter("E", "k", 1, third, accepted_at=10.0)
     assert [d.id for d in await store.dead_letters()] == [third]  # refused: nothing changed
+
+async def test_a_forced_close_dead_letters_the_unapplied_and_settling_adds_nothing_twice(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    for mid in ("m1", "m2", "m3"):
+        await store.accept(acc("k", mid))
+    assert await store.settle_run(fence, "E", "k", 1, applied_seq=1, failed_at=5.0) == 0
+    assert await store.close_run(fence, "E", "k", 1, applied_seq=1, status=corral.RunStatus
+                                 .FAILED, result=None, error="boom", force=True)
+    assert await store.dead_letter_seqs("E", "k", 1) == frozenset({2, 3})
+    letters = await store.dead_letters("E", "k")
+    assert [(d.seq, d.message_id, d.run_id) for d in letters] == [(2, "m2", 1), (3, "m3", 1)]
+    assert await store.settle_run(fence, "E", "k", 1, applied_seq=1, failed_at=6.0) == 0
+    assert len(await store.dead_letters("E", "k")) == 2
+
+
+async def test_dead_letters_are_read_page_by_page_and_by_entity(store: Store) -> None:
+    fence = await fence_for(store, 1)
+    ids = []
+    for key in ("a", "b", "c"):
+        entry = (await store.accept(acc(key, "poison"))).entry
+        ids.append(await store.record_dead_letter(fence, entry, error="E", traceback="tb",
+                                                  attempts=1, failed_at=1.0))
+    assert ids == sorted(ids)
+    first = await store.dead_letters(limit=2)
+    assert [d.id for d in first] == ids[:2]
+    assert [d.id for d in await store.dead_letters(limit=2, after=first[-1].id)] == ids[2:]
+    assert [d.key for d in await store.dead_letters("E", "b")] == ["b"]
+    assert await store.dead_letters("T") == []
+    assert (await store.entity_details("E", "a", 1)).dead_letters == 1
+
 
 # -- leases and fencing ---------------------------------------------------------------
 
@@ -259,6 +438,16 @@ async def test_a_dead_holders_shards_are_taken_at_once_without_waiting_for_expir
 
 async def _expired(store: Store, owner: str, shard: int) -> bool:
     return shard in await store.acquire_leases(owner, [shard], 60.0)
+
+
+async def test_released_leases_are_free_at_once_for_the_next_owner_and_fence_the_last(
+    store: Store, other: Store,
+) -> None:
+    assert await store.acquire_leases("a", [1, 2], 600.0) == {1: 1, 2: 1}
+    await store.release_leases("a")
+    assert await other.acquire_leases("b", [1, 2], 60.0) == {1: 2, 2: 2}
+    with pytest.raises(corral.LeaseLostError):
+        await store.set_timer(Fence(1, "a", 1), "E", "k", 1, "t", 1.0)
 
 
 # -- the versioned schema -------------------------------------------------------------
