@@ -7,7 +7,7 @@ them (`acceptances.py`), rows are read with `stores.sql`, which takes either loc
 Two store objects on one location are two writers, as two processes are. What only one
 engine has (SQLite's file locks and WAL, PostgreSQL's NOTIFY, advisory locks, server
 faults, each engine's schema migrations) is tested in that engine's own files:
-`test_postgres_store.py`, `test_postgres_faults.py`, `test_store_open.py`,
+`test_postgres_store.py`, `test_postgres_faults.py`, `test_sqlite_lock_files.py`,
 `test_schema.py`; `test_postgres_parity.py` walks both side by side at random.
 """
 
