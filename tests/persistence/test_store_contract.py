@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import corral
-from acceptances import acc, fence_for
+from acceptances import acc, fence_for, opened
 from corral.persistence import (
     AcceptResult,
     EntryKind,
@@ -38,21 +38,15 @@ SHARDS = 16
 @pytest.fixture
 async def store(db_path: str) -> AsyncIterator[Store]:
     """The store under test, on the engine of this test's `db_path` parameter."""
-    s = await open_store(db_path, shards=SHARDS)
-    try:
+    async with opened(db_path, SHARDS) as s:
         yield s
-    finally:
-        await s.close()
 
 
 @pytest.fixture
 async def other(db_path: str) -> AsyncIterator[Store]:
     """A second store on the same location: another writer, as another process has."""
-    s = await open_store(db_path, shards=SHARDS)
-    try:
+    async with opened(db_path, SHARDS) as s:
         yield s
-    finally:
-        await s.close()
 
 
 # -- acceptance: atomic start, dedupe, linearised seqs -------------------------------

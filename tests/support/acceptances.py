@@ -7,12 +7,14 @@ take fences through these, on whichever store they hold.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 
 import corral
-from corral.persistence import Acceptance, EntryKind, Fence, Store, payload_hash
+from corral.persistence import Acceptance, EntryKind, Fence, Store, open_store, payload_hash
 
-__all__ = ["ALLOW", "acc", "fence_for"]
+__all__ = ["ALLOW", "acc", "fence_for", "opened"]
 
 ALLOW = corral.IdReusePolicy.ALLOW_DUPLICATE
 _CLOCK = itertools.count(1)
@@ -31,3 +33,13 @@ async def fence_for(store: Store, shard: int, owner: str = "host") -> Fence:
     """Lease `shard` to `owner` on `store` (for 60 s): the fence its writes carry."""
     epochs = await store.acquire_leases(owner, [shard], 60.0)
     return Fence(shard, owner, epochs[shard])
+
+
+@contextlib.asynccontextmanager
+async def opened(location: str, shards: int) -> AsyncIterator[Store]:
+    """The store at `location` (a SQLite file or a `postgresql://` URL), closed after."""
+    store = await open_store(location, shards=shards)
+    try:
+        yield store
+    finally:
+        await store.close()
