@@ -2,8 +2,9 @@
 
 Each test here runs twice, on SQLite and on PostgreSQL (`db_path`: a fresh SQLite file,
 or the session's PostgreSQL database emptied; `tests/conftest.py`), through the public
-`Store` protocol only: `open_store` opens either, ops are built as the runtime builds
-them (`acceptances.py`), rows are read with `stores.sql`, which takes either location.
+`Store` protocol only (and `commits`, the count of group commits both stores keep):
+`open_store` opens either, ops are built as the runtime builds them (`acceptances.py`),
+rows are read with `stores.sql`, which takes either location.
 Two store objects on one location are two writers, as two processes are. What only one
 engine has (SQLite's file locks and WAL, PostgreSQL's NOTIFY, advisory locks, server
 faults, each engine's schema migrations) is tested in that engine's own files:
@@ -20,8 +21,10 @@ import pytest
 
 import corral
 from acceptances import acc, fence_for, opened
+from corral import WaitStatus
 from corral.persistence import (
     AcceptResult,
+    DeliveryRequest,
     EntryKind,
     Fence,
     Store,
@@ -323,6 +326,50 @@ async def test_a_suspension_is_recorded_listed_and_cleared(store: Store) -> None
     await store.clear_suspension(fence, "E", "k", 1)
     assert await store.suspensions(1) == []
     assert [e.suspended for e in await store.entities("E", None, limit=10)] == [False]
+
+
+# -- durable signal waits ----------------------------------------------------------------
+
+
+def delivery(name: str, key: str, *, early: str = "buffer") -> DeliveryRequest:
+    """A delivery to wait `name` of entity "k" (shard 1), idempotent by `key`."""
+    return DeliveryRequest("E", "k", 1, name, key, f'{{"by":"{key}"}}', None, early)
+
+
+async def test_a_signal_wait_takes_one_delivery_buffered_or_open_and_times_out_by_itself(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    with pytest.raises(corral.EntityNotRunningError):
+        await store.deliver(delivery("approval", "d0"))  # no run to deliver to
+    await store.accept(acc("k", "m"))
+    early = await store.deliver(delivery("approval", "d1"))
+    assert (early.status, early.wait and early.wait.status) == ("buffered", WaitStatus.BUFFERED)
+    assert (await store.deliver(delivery("approval", "d1"))).status == "duplicate"
+    assert (await store.deliver(delivery("other", "d9", early="reject"))).status == \
+        "not_waiting"
+    taken = await store.open_wait(fence, "E", "k", 1, "approval", deadline=None, now=100.0)
+    assert (taken.status, taken.delivery_key, taken.payload) == (
+        WaitStatus.DELIVERED, "d1", '{"by":"d1"}')
+    waiting = await store.open_wait(fence, "E", "k", 1, "second", deadline=1e12, now=100.0)
+    assert waiting.status == WaitStatus.OPEN
+    assert [(w.name, w.status) for w in await store.signal_waits(None, limit=10)] == [
+        ("second", WaitStatus.OPEN)]
+    won = await store.deliver(delivery("second", "d2", early="reject"))
+    assert won.status == "delivered"
+    assert won.entry is not None
+    assert (won.entry.kind, won.entry.name, won.entry.seq) == (EntryKind.DELIVER, "second", 2)
+    assert (await store.deliver(delivery("second", "d3"))).status == "already_delivered"
+    assert await store.signal_waits(None, limit=10) == []
+    late = await store.open_wait(fence, "E", "k", 1, "third", deadline=1.0, now=0.5)
+    assert late.status == WaitStatus.OPEN
+    assert (await store.deliver(delivery("third", "d4"))).status == "stale"  # the store's clock
+    expired = await store.expire_wait(fence, "E", "k", 1, "third", now=2.0)
+    assert expired.status == WaitStatus.TIMED_OUT
+    waits = (await store.entity_details("E", "k", 1)).waits
+    assert sorted((w.name, w.status) for w in waits) == [
+        ("approval", WaitStatus.DELIVERED), ("second", WaitStatus.DELIVERED),
+        ("third", WaitStatus.TIMED_OUT)]
 
 
 # -- dead letters ---------------------------------------------------------------------
