@@ -35,7 +35,8 @@ import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
 
 from ._batch import CommitQueue
-from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error
+from ._pg_txn import PgTxn, is_connection_error, store_error
+from ._txn import LockPlan, WriteOp
 
 __all__ = ["GroupCommit"]
 
@@ -57,7 +58,7 @@ class GroupCommit:
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
         self._conn: Any = None  # held across batches
-        self._queue: CommitQueue[PgOp] = CommitQueue()
+        self._queue: CommitQueue[WriteOp] = CommitQueue()
         self._task: asyncio.Task[None] | None = None
         self._committing = False
         self.commits = 0
@@ -76,11 +77,11 @@ class GroupCommit:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="corral-pg-writer")
 
-    def write(self, op: PgOp) -> Coroutine[Any, Any, Any]:
+    def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
         return self._queue.write(op)
 
-    def write_many(self, ops: Sequence[PgOp]) -> Coroutine[Any, Any, list[Any]]:
+    def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
         """`write` for each op, in one batch: each op's result, or the error refusing it."""
         return self._queue.write_many(ops)
 
@@ -105,7 +106,7 @@ class GroupCommit:
                 self._committing = False
             batch.settle(results)
 
-    async def _apply_batch(self, ops: list[PgOp]) -> list[Any]:
+    async def _apply_batch(self, ops: list[WriteOp]) -> list[Any]:
         """One transaction for the batch; on failure, one per op (see the module doc)."""
         try:
             return await self._attempt(ops)
@@ -120,7 +121,7 @@ class GroupCommit:
                 results.append(one.error_for(False))
         return results
 
-    async def _attempt(self, ops: list[PgOp]) -> list[Any]:
+    async def _attempt(self, ops: list[WriteOp]) -> list[Any]:
         """`_commit`, run once more on a fresh connection if the held one turned out
         dead before the transaction began (closed while idle, its end not read yet)."""
         try:
@@ -130,14 +131,15 @@ class GroupCommit:
                 raise
         return await self._commit(ops)
 
-    async def _commit(self, ops: list[PgOp]) -> list[Any]:
+    async def _commit(self, ops: list[WriteOp]) -> list[Any]:
         """Apply `ops` in one transaction and commit; on any failure roll back (or drop
         the connection) and raise `_CommitFailed`."""
         held = began = sent_commit = False
         try:
             held = self._conn is not None and _usable(self._conn)
             conn = await self._connection()
-            txn, plan = PgTxn(conn, self._token, frozenset(self._held)), LockPlan()
+            txn = PgTxn(conn=conn, token=self._token, quiet=frozenset(self._held))
+            plan = LockPlan()
             for op in ops:
                 op.plan(plan)
             await conn.execute("BEGIN")
