@@ -13,7 +13,7 @@ from corral._errors import (
     IdempotencyConflictError,
 )
 
-from ._ops_waits import close_waits
+from ._ops_waits import end_run
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 from ._txn import EntityRow, LockPlan, Seen, Txn
 
@@ -55,13 +55,8 @@ class AcceptOp:
         if a.kind is EntryKind.TERMINATE:
             row.status = RunStatus.TERMINATED
             await txn.flush()  # the run may have started earlier in this batch
-            await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?",
-                              a.entity_type, a.key)
-            await close_waits(txn, a.entity_type, a.key, row.run_id)
-            await txn.execute(
-                "UPDATE runs SET status = 'terminated', error = ?, closed_at = ? "
-                "WHERE etype = ? AND key = ? AND run_id = ?",
-                a.payload, a.accepted_at, a.entity_type, a.key, row.run_id)
+            await end_run(txn, a.entity_type, a.key, row.run_id, RunStatus.TERMINATED.value,
+                          None, a.payload, a.accepted_at)
         return AcceptResult(duplicate=False, started=started, entry=entry)
 
     def _start(self, txn: Txn, row: EntityRow | None) -> EntityRow:

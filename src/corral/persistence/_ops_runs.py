@@ -13,7 +13,7 @@ from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
 
 from ._codec import closing_texts
-from ._ops_waits import SET_TIMER, close_waits
+from ._ops_waits import SET_TIMER, close_waits, end_run
 from ._records import JournalEntry
 from ._txn import Fence, Fenced, LockPlan, Txn
 from ._unapplied import settle_run
@@ -75,14 +75,8 @@ class CloseRunOp(Fenced):
             return False
         row.status = self.status
         txn.put_entity(self.entity_type, self.key, row)
-        await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?",
-                          self.entity_type, self.key)
-        await close_waits(txn, self.entity_type, self.key, self.run_id)
-        await txn.execute(
-            "UPDATE runs SET status = ?, result = ?, error = ?, closed_at = ? "
-            "WHERE etype = ? AND key = ? AND run_id = ?",
-            self.status.value, *closing_texts(self.result, self.error), time.time(),
-            self.entity_type, self.key, self.run_id)
+        await end_run(txn, self.entity_type, self.key, self.run_id, self.status.value,
+                      *closing_texts(self.result, self.error), time.time())
         await settle_run(txn, self.entity_type, self.key, self.run_id, self.applied_seq,
                          self.pending, time.time())
         return True

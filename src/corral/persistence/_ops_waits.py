@@ -29,7 +29,7 @@ from ._waits import (
     wait_name,
 )
 
-__all__ = ["SET_TIMER", "DeliverOp", "ExpireWaitOp", "OpenWaitOp", "close_waits"]
+__all__ = ["SET_TIMER", "DeliverOp", "ExpireWaitOp", "OpenWaitOp", "close_waits", "end_run"]
 
 SET_TIMER = (
     "INSERT INTO timers (etype, key, run_id, timer_id, shard, due_at) "
@@ -83,6 +83,16 @@ async def close_waits(txn: Txn, etype: str, key: str, run_id: int, *,
                       "AND run_id = ? AND status IN ('open', 'buffered')", etype, key, run_id)
     await txn.execute("DELETE FROM signal_waits WHERE etype = ? AND key = ? AND run_id < ?",
                       etype, key, run_id)
+
+
+async def end_run(txn: Txn, etype: str, key: str, run_id: int, status: str,
+                  result: str | None, error: str | None, at: float) -> None:
+    """The run closed (`status`): its timers go, its waits close, its row records how."""
+    await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?", etype, key)
+    await close_waits(txn, etype, key, run_id)
+    await txn.execute("UPDATE runs SET status = ?, result = ?, error = ?, closed_at = ? "
+                      "WHERE etype = ? AND key = ? AND run_id = ?",
+                      status, result, error, at, etype, key, run_id)
 
 
 @dataclass(frozen=True, slots=True)

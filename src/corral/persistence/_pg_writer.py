@@ -27,16 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
 import corral.metrics as metrics
-from corral._errors import CorralError, StoreError
+from corral._errors import StoreError
 
 from ._batch import CommitQueue
 from ._pg_txn import PgTxn, is_connection_error, store_error
-from ._txn import LockPlan, WriteOp
+from ._txn import LockPlan, WriteOp, apply_ops
 
 __all__ = ["GroupCommit"]
 
@@ -60,7 +61,6 @@ class GroupCommit:
         self._conn: Any = None  # held across batches
         self._queue: CommitQueue[WriteOp] = CommitQueue()
         self._task: asyncio.Task[None] | None = None
-        self._committing = False
         self.commits = 0
         self.ops_committed = 0
 
@@ -72,10 +72,12 @@ class GroupCommit:
     @property
     def idle(self) -> bool:
         """No write is queued or committing."""
-        return self._queue.empty and not self._committing
+        return self._queue.idle
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="corral-pg-writer")
+        self._task = asyncio.create_task(
+            self._queue.serve(self._apply_batch, partial(store_error, "store write failed")),
+            name="corral-pg-writer")
 
     def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
@@ -94,17 +96,6 @@ class GroupCommit:
         if conn is not None:
             with contextlib.suppress(Exception):
                 await self._pool.release(conn, timeout=self._timeout)
-
-    async def _loop(self) -> None:
-        async for batch in self._queue.batches():
-            self._committing = True
-            try:
-                results = await self._apply_batch(batch.ops)
-            except Exception as err:  # a bug here must not leave callers waiting
-                results = [store_error("store write failed", err) for _ in batch.ops]
-            finally:
-                self._committing = False
-            batch.settle(results)
 
     async def _apply_batch(self, ops: list[WriteOp]) -> list[Any]:
         """One transaction for the batch; on failure, one per op (see the module doc)."""
@@ -145,15 +136,7 @@ class GroupCommit:
             await conn.execute("BEGIN")
             began = True
             await txn.lock(plan)
-            results: list[Any] = []
-            for op in ops:
-                if not op.buffered:
-                    await txn.flush()  # other ops may read or change buffered rows
-                try:
-                    results.append(await op.apply(txn))
-                except CorralError as err:  # a refusal: raised before the op wrote anything
-                    results.append(err)
-            await txn.flush()
+            results = await apply_ops(txn, ops)
             sent_commit = True
             await conn.execute("COMMIT")
         except Exception as err:

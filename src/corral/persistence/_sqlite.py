@@ -19,6 +19,7 @@ import sqlite3
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import corral.metrics as metrics
@@ -33,7 +34,7 @@ from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_vers
 from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
-from ._txn import WriteOp, drive
+from ._txn import WriteOp, apply_ops, drive
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -85,7 +86,6 @@ class SqliteStore(StoreCore):
         self._writer_task: asyncio.Task[None] | None = None
         self._data_version: int | None = None
         self._foreign_commit = False
-        self._committing = False
         self._locks = LeaseLocks(path) if self.durable else None
         self.commits = 0
         self.ops_committed = 0
@@ -108,7 +108,10 @@ class SqliteStore(StoreCore):
         except BaseException:  # refused (newer schema, other shard count): close, re-raise
             await self.close()
             raise
-        self._writer_task = asyncio.create_task(self._write_loop(), name="corral-store-writer")
+        self._writer_task = asyncio.create_task(
+            self._queue.serve(partial(self._writer.run, self._apply_batch),
+                              partial(_store_error, "store write failed")),
+            name="corral-store-writer")
 
     def _prepare(self, db: sqlite3.Connection, shards: int) -> None:
         """In the writer's thread: pragmas, then the schema (refusing a newer one before
@@ -169,19 +172,6 @@ class SqliteStore(StoreCore):
     def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
         return self._queue.write_many(ops)
 
-    async def _write_loop(self) -> None:
-        assert self._writer is not None
-        writer = self._writer
-        async for batch in self._queue.batches():
-            self._committing = True
-            try:
-                results = await writer.run(self._apply_batch, batch.ops)
-            except Exception as err:  # the writer thread or connection died
-                results = [_store_error("store write failed", err) for _ in batch.ops]
-            finally:
-                self._committing = False
-            batch.settle(results)
-
     def _apply_batch(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
         """Runs in the writer thread: one transaction, one sync, for the whole batch.
 
@@ -208,19 +198,9 @@ class SqliteStore(StoreCore):
 
     def _commit(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
         """Apply `ops` in one transaction and commit; on any failure roll back and raise."""
-        txn = SqliteTxn(db=db)
-        results: list[Any] = []
         try:
             db.execute("BEGIN IMMEDIATE")
-            for op in ops:
-                if not getattr(op, "buffered", False):
-                    drive(txn.flush())  # other ops may read or change buffered rows
-                try:
-                    result = op.apply(txn)  # a coroutine; an op on `txn.db` may be plain
-                    results.append(drive(result) if isinstance(result, Coroutine) else result)
-                except CorralError as err:
-                    results.append(err)
-            drive(txn.flush())
+            results = drive(apply_ops(SqliteTxn(db=db), ops))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -255,7 +235,7 @@ class SqliteStore(StoreCore):
     @property
     def idle(self) -> bool:
         """No write is queued or committing (`corral.testing` waits for this)."""
-        return self._queue.empty and not self._committing
+        return self._queue.idle
 
     # -- leases: the rows, and an OS lock per shard held (see `_locks`) ---------------
 

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral._common import RunStatus
-from corral._errors import LeaseLostError
+from corral._errors import CorralError, LeaseLostError
 
 from ._records import JournalEntry
 
-__all__ = ["EntityRow", "Fence", "Fenced", "LockPlan", "Seen", "Txn", "WriteOp", "drive"]
+__all__ = ["EntityRow", "Fence", "Fenced", "LockPlan", "Seen", "Txn", "WriteOp", "apply_ops",
+           "drive"]
 
 T = TypeVar("T")
 Ident = tuple[str, str]
@@ -92,6 +93,24 @@ class Fenced:
         plan.leases.add(self.fence.shard)
         if self.locks_entity:
             plan.entities.add((self.entity_type, self.key))
+
+
+async def apply_ops(txn: Txn, ops: Sequence[WriteOp]) -> list[Any]:
+    """A batch's ops in order inside `txn`: each op's result, or the `CorralError` that
+    refused it (raised before it wrote anything, so the others still commit). Buffered
+    rows are flushed before any op that is not `buffered` (it may read or change them),
+    and at the end."""
+    results: list[Any] = []
+    for op in ops:
+        if not getattr(op, "buffered", False):
+            await txn.flush()
+        try:
+            result = op.apply(txn)  # a coroutine; an op written for one engine may be plain
+            results.append(await result if isinstance(result, Coroutine) else result)
+        except CorralError as err:
+            results.append(err)
+    await txn.flush()
+    return results
 
 
 def drive(coro: Coroutine[Any, Any, T]) -> T:
