@@ -146,7 +146,7 @@ class PostgresStore(StoreCore):
         store obtains (their holder's session ended: see `_pg_session`)."""
         asked = set(shards)
         new = asked - self._held
-        self._held.update(asked)  # tailing keeps their place from now on (see _pg_reads)
+        self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
         try:
             orphaned = await self._session.try_lock(asked)
             taken: dict[int, int] = await self.write(
@@ -211,7 +211,7 @@ class PostgresStore(StoreCore):
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = 2000
                            ) -> tuple[int, list[JournalEntry]]:
         """Entries committed after position `after_pos` for `shards`; returns the new
-        position (an opaque int: one tick per shard, see `_pg_reads`)."""
+        position (an opaque int: one tick per shard, see `_pg_tail`)."""
         cursor = tail.unpack_position(after_pos, self.shards)
         return await self.read(tail.read_tail, cursor, shards, set(self._held), limit)
 
