@@ -1,4 +1,5 @@
-"""The transaction every PostgreSQL write op runs in: its locks, caches and buffers.
+"""PostgreSQL's primitives under the shared `Txn` (see `_txn`): statements (the `?` of
+the SQL written once numbered `$n`), the batch's locks, and the set-based flush.
 
 Locking (READ COMMITTED): before any op of a batch runs, the transaction locks what
 the batch's ops declared (`LockPlan`), always in one global order so two processes'
