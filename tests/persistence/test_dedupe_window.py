@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import corral
-from corral.persistence._lifecycle import SWEEP_DEDUPE
+from corral.persistence._sqlite_txn import SWEEP_DEDUPE
 from stores import sql
 
 

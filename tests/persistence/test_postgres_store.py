@@ -35,9 +35,8 @@ from corral.persistence import (  # noqa: E402
     Fence,
     _pg_txn,
 )
-from corral.persistence._pg_lifecycle import _TRIM  # noqa: E402
 from corral.persistence._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION  # noqa: E402
-from corral.persistence._pg_txn import _LOCK_AND_READ, LockPlan, PgTxn  # noqa: E402
+from corral.persistence._pg_txn import _LOCK_AND_READ, _TRIM, LockPlan, PgTxn  # noqa: E402
 from corral.persistence._postgres import PostgresStore, open_postgres_store  # noqa: E402
 from mp_entities import Note, Recorder, Start  # noqa: E402
 from pg import pg_url as pg_fixture  # noqa: E402, F401 (fixtures, found by name)

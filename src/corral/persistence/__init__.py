@@ -1,6 +1,14 @@
 """Durable storage behind the `Store` protocol: `SqliteStore` (the embedded default) and
 `PostgresStore` (`corral.persistence._postgres`, a shared database for clusters of
-several machines; imported only when a `postgresql://` store is opened)."""
+several machines; imported only when a `postgresql://` store is opened).
+
+One store core for both engines: every write op (`_ops_*`) and every read (`_reads`) is
+written once against the shared transaction `_txn.Txn`, and `_store_core.StoreCore`
+holds the `Store` methods both stores share. Each engine implements only its
+primitives: `_sqlite_txn` / `_sqlite` (a `sqlite3` connection in a thread of its own,
+ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyncpg,
+the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
+"""
 
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
@@ -21,12 +29,13 @@ from ._records import (
     WaitRecord,
 )
 from ._sqlite import SqliteStore, open_sqlite_store
-from ._store import Store
+from ._store import AcceptStore, HostStore, ReadStore, Store
 from ._txn import Fence
 from ._waits import WaitPosition, delivery_run
 
 __all__ = [
     "AcceptResult",
+    "AcceptStore",
     "Acceptance",
     "DeadLetter",
     "DeliveryRequest",
@@ -35,7 +44,9 @@ __all__ = [
     "EntityRecord",
     "EntryKind",
     "Fence",
+    "HostStore",
     "JournalEntry",
+    "ReadStore",
     "RunRecord",
     "SqliteStore",
     "Store",

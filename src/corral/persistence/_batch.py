@@ -8,7 +8,7 @@ error that refused it (an exception *object*: each caller raises its own).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from corral._errors import StoreError
@@ -49,12 +49,33 @@ class CommitQueue(Generic[Op]):
     """The batch a writer commits next: callers `write`, the writer takes `batches()`
     until the queue is closed and its last batch taken."""
 
-    __slots__ = ("_batch", "_wakeup", "closed")
+    __slots__ = ("_batch", "_wakeup", "closed", "committing")
 
     def __init__(self) -> None:
         self._batch: Batch[Op] | None = None
         self._wakeup = asyncio.Event()
         self.closed = False
+        self.committing = False
+
+    @property
+    def idle(self) -> bool:
+        """No op is queued or committing."""
+        return self._batch is None and not self.committing
+
+    async def serve(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+                    failed: Callable[[Exception], StoreError]) -> None:
+        """The writer's loop: commit each batch, answer its ops; until closed and done.
+        `commit` answers each op (a result or the error refusing it); if `commit`
+        itself fails, every op of the batch gets its own `failed(err)`."""
+        async for batch in self.batches():
+            self.committing = True
+            try:
+                results = await commit(batch.ops)
+            except Exception as err:  # a bug here must not leave callers waiting
+                results = [failed(err) for _ in batch.ops]
+            finally:
+                self.committing = False
+            batch.settle(results)
 
     @property
     def empty(self) -> bool:

@@ -60,7 +60,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Operators see when an entity last accepted a message or changed status.
         "ALTER TABLE entities ADD COLUMN IF NOT EXISTS updated_at double precision",
     ),
-    # The dedupe window is swept by seq (`_pg_lifecycle._TRIM`): a sweep reads only the
+    # The dedupe window is swept by seq (`_pg_txn._TRIM`): a sweep reads only the
     # ids it forgets, where it read every id of the entity's window. Partial, `WHERE
     # seq > 0` (every seq is): PostgreSQL uses a partial index only for a query whose
     # WHERE implies its predicate, so the message-id lookups (no seq in them) keep the

@@ -1,4 +1,5 @@
-"""The transaction every PostgreSQL write op runs in: its locks, caches and buffers.
+"""PostgreSQL's primitives under the shared `Txn` (see `_txn`): statements (the `?` of
+the SQL written once numbered `$n`), the batch's locks, and the set-based flush.
 
 Locking (READ COMMITTED): before any op of a batch runs, the transaction locks what
 the batch's ops declared (`LockPlan`), always in one global order so two processes'
@@ -19,30 +20,35 @@ PostgreSQL then aborts one transaction and its batch is re-run one op at a time.
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 import orjson
 
 from corral._common import RunStatus
-from corral._errors import LeaseLostError, StoreError, StoreUnavailableError
+from corral._errors import StoreError, StoreUnavailableError
 
 from ._pg_schema import NOTIFY_CHANNEL
-from ._records import JournalEntry
-from ._txn import EntityRow, Fence
+from ._txn import EntityRow, LockPlan, Txn
 
-__all__ = [
-    "LockPlan",
-    "PgOp",
-    "PgTxn",
-    "Seen",
-    "is_connection_error",
-    "store_error",
-]
+__all__ = ["LockPlan", "PgTxn", "is_connection_error", "numbered", "store_error"]
 
 _Ident = tuple[str, str]
-Seen = tuple[int, int, bytes, str | None, float]  # seq, run_id, hash, sender, accepted_at
+_NUMBERED: dict[str, str] = {}
+
+
+def numbered(sql: str) -> str:
+    """`sql` with PostgreSQL's `$1, $2, ...` for the `?` (or `?N`) placeholders it is
+    written with (cached: the same few statements come back every batch)."""
+    found = _NUMBERED.get(sql)
+    if found is None:
+        count = iter(range(1, sql.count("?") + 1))
+        found = _NUMBERED[sql] = re.sub(
+            r"\?(\d*)", lambda m: f"${m.group(1) or next(count)}", sql)
+    return found
 
 
 def is_connection_error(err: BaseException) -> bool:
@@ -66,30 +72,6 @@ def store_error(what: str, cause: BaseException, *, committed: bool | None = Fal
         err = StoreError(text)
     err.__cause__ = cause
     return err
-
-
-@dataclass(slots=True)
-class LockPlan:
-    """What a batch's ops need locked (or read) before the first of them runs."""
-
-    leases: set[int] = field(default_factory=set)
-    lease_update: bool = False  # lock the lease rows FOR UPDATE, not FOR SHARE
-    new_leases: bool = False  # create missing lease rows first (an acquisition)
-    ticks: set[int] = field(default_factory=set)
-    entities: set[_Ident] = field(default_factory=set)
-    dedupe: set[tuple[str, str, str]] = field(default_factory=set)
-
-
-class PgOp(Protocol):
-    """A write op: declares its locks, then applies itself inside the transaction.
-
-    `apply` raises a `CorralError` before writing anything when the op refuses.
-    """
-
-    buffered: ClassVar[bool]
-
-    def plan(self, plan: LockPlan) -> None: ...
-    async def apply(self, txn: PgTxn) -> Any: ...
 
 
 _LOCK_LEASES = ("SELECT shard, owner, epoch, expires_at, "
@@ -165,29 +147,87 @@ SELECT pg_notify($6, $7) WHERE $7 <> ''
 """
 
 
+# After the snapshot row is written: keep the newest `keep`, delete the journal they
+# cover and the dedupe ids that left the window, mark passivation; returns the floor.
+# The dedupe sweep is SQLite's (`_sqlite_txn.SWEEP_DEDUPE`): applied ids ($4) past the
+# count bound ($5), and too old ones ($6) before the first id kept in seq order, read
+# through the partial index `dedupe_sweep` (its predicate `seq > 0` is in both WHEREs).
+# The delete's bounds are row comparisons, (etype, key, seq) between ($1, $2, 0) and
+# ($1, $2, bound): exactly this entity's ids below the bound, and a condition only an
+# index on (etype, key, seq) can serve. With `etype = $1 AND key = $2` the planner,
+# on a table not analyzed yet, scanned the primary key and filtered every id by seq.
+_TRIM = """
+WITH kept AS (
+    SELECT applied_seq FROM snapshots WHERE etype = $1 AND key = $2
+    ORDER BY applied_seq DESC LIMIT $3
+), floor AS (SELECT min(applied_seq) AS seq FROM kept),
+s AS (DELETE FROM snapshots WHERE etype = $1 AND key = $2
+      AND applied_seq < (SELECT seq FROM floor)),
+j AS (DELETE FROM journal WHERE etype = $1 AND key = $2 AND seq <= (SELECT seq FROM floor)),
+d AS (DELETE FROM dedupe WHERE (etype, key, seq) > ($1, $2, 0) AND seq > 0
+      AND (etype, key, seq) < ($1, $2, LEAST($4 + 1, GREATEST($5 + 1, COALESCE(
+          (SELECT seq FROM dedupe WHERE etype = $1 AND key = $2 AND seq > 0
+           AND (accepted_at >= $6 OR seq > $4) ORDER BY seq LIMIT 1), $4 + 1))))),
+p AS (UPDATE entities SET passivated_seq = $4 WHERE $7 AND etype = $1 AND key = $2)
+SELECT seq FROM floor
+"""
+
+
 @dataclass(slots=True)
-class PgTxn:
+class PgTxn(Txn):
     """One open transaction on the writer connection, with what it locked and buffered.
 
     Entity rows are read once (locked) and written back once per flush; accepted
     journal and dedupe rows are buffered and written set-based (`flush`, before any op
-    that is not `buffered` reads or changes them). `dedupe` caches the dedupe window
-    rows this batch read or wrote, per entity.
+    that is not `buffered` reads or changes them), numbered per shard by its tick row.
     """
 
-    conn: Any
-    token: str  # this store's identity in commit notifications
+    ROW_LOCK: ClassVar[str] = " FOR UPDATE"
+    SHARE_LOCK: ClassVar[str] = " FOR SHARE"
+    # Re-inserted carried entries get tick 0: they are not new acceptances, and the
+    # host that carries them holds them already.
+    CARRY_JOURNAL: ClassVar[str] = (
+        "INSERT INTO journal (etype, key, seq, run_id, shard, tick, kind, name, message_id, "
+        "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (etype, key, seq) DO UPDATE SET run_id = excluded.run_id"
+    )
+
+    conn: Any = field(kw_only=True)
+    token: str = field(kw_only=True)  # this store's identity in commit notifications
     # Shards this store holds: their host (this process) delivers its own acceptances,
     # so they need no notification (NOTIFY serialises every notifying commit).
     quiet: frozenset[int] = frozenset()
     now: float = 0.0  # the server's clock when the lease rows were locked
-    leases: dict[int, tuple[str, int, float]] = field(default_factory=dict)
     ticks: dict[int, int] = field(default_factory=dict)
-    entities: dict[_Ident, EntityRow | None] = field(default_factory=dict)
-    dedupe: dict[_Ident, dict[str, Seen | None]] = field(default_factory=dict)
-    runs_rows: list[tuple[Any, ...]] = field(default_factory=list)
-    journal_rows: list[tuple[Any, ...]] = field(default_factory=list)
-    dirty_ticks: set[int] = field(default_factory=set)
+
+    # -- statements -----------------------------------------------------------------
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        status = await self.conn.execute(numbered(sql), *args)
+        tail = status.rpartition(" ")[2]
+        return int(tail) if tail.isdigit() else 0
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            await self.conn.executemany(numbered(sql), rows)
+
+    async def fetchone(self, sql: str, *args: Any) -> Sequence[Any] | None:
+        row: Sequence[Any] | None = await self.conn.fetchrow(numbered(sql), *args)
+        return row
+
+    async def fetchall(self, sql: str, *args: Any) -> list[Sequence[Any]]:
+        return list(await self.conn.fetch(numbered(sql), *args))
+
+    async def insert_id(self, sql: str, *args: Any) -> int:
+        return int(await self.conn.fetchval(numbered(sql) + " RETURNING id", *args))
+
+    def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        return f"starts_with({column}, ?)", (prefix,)  # independent of the collation
+
+    async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
+                   forget_seq: int, forget_before: float, passivate: bool) -> int:
+        return int(await self.conn.fetchval(_TRIM, etype, key, keep, applied_seq, forget_seq,
+                                            forget_before, passivate))
 
     # -- locking ------------------------------------------------------------------
 
@@ -259,16 +299,6 @@ class PgTxn:
         for r in rows:
             self.ticks[r[0]] = r[1]
 
-    async def lease(self, shard: int) -> tuple[str, int, float] | None:
-        """The shard's lease row (locked by the plan, else locked now)."""
-        if shard not in self.leases:
-            row = await self.conn.fetchrow(
-                "SELECT owner, epoch, expires_at FROM leases WHERE shard = $1 FOR SHARE", shard)
-            if row is None:
-                return None
-            self.leases[shard] = (row[0], row[1], row[2])
-        return self.leases[shard]
-
     async def clock(self) -> float:
         """The server's clock when the lease rows were locked (read now if none were)."""
         if not self.now:
@@ -276,70 +306,28 @@ class PgTxn:
                 "SELECT extract(epoch FROM clock_timestamp())::float8")
         return self.now
 
-    async def check(self, fence: Fence) -> None:
-        """Refuse (before writing) unless `fence` still holds its shard at its epoch."""
-        row = await self.lease(fence.shard)
-        if row is None or (row[0], row[1]) != (fence.owner, fence.epoch):
-            raise LeaseLostError(
-                f"shard {fence.shard}: epoch {fence.epoch} of {fence.owner} is no longer current"
-            )
-
-    # -- entities and the dedupe window ---------------------------------------------
-
-    async def entity(self, etype: str, key: str) -> EntityRow | None:
-        ident = (etype, key)
-        if ident not in self.entities:
-            r = await self.conn.fetchrow(
-                "SELECT shard, run_id, status, next_seq FROM entities WHERE etype = $1 "
-                "AND key = $2 FOR UPDATE", etype, key)
-            self.entities[ident] = None if r is None else EntityRow(r[0], r[1],
-                                                                    RunStatus(r[2]), r[3])
-        return self.entities[ident]
-
-    def put_entity(self, etype: str, key: str, row: EntityRow) -> None:
-        row.dirty = True
-        self.entities[(etype, key)] = row
-
-    async def seen(self, etype: str, key: str, message_id: str) -> Seen | None:
-        """The dedupe window's row for the message id (this batch's acceptances included)."""
-        window = self.dedupe.setdefault((etype, key), {})
-        if message_id not in window:
-            r = await self.conn.fetchrow(
-                "SELECT seq, run_id, payload_hash, sender, accepted_at FROM dedupe "
-                "WHERE etype = $1 AND key = $2 AND message_id = $3", etype, key, message_id)
-            window[message_id] = None if r is None else (r[0], r[1], bytes(r[2]), r[3], r[4])
-        return window[message_id]
-
-    def forget_window(self, etype: str, key: str) -> None:
-        """The entity's dedupe rows changed in the database: read them again when asked."""
-        self.dedupe.pop((etype, key), None)
-
     # -- buffered writes --------------------------------------------------------------
-
-    async def append(self, shard: int, entry: JournalEntry, digest: bytes) -> None:
-        """Buffer an accepted entry (journal + dedupe row), numbered by its shard's tick."""
-        if shard not in self.ticks:
-            await self._lock_ticks([shard])  # not planned: lock it now (still correct)
-        self.ticks[shard] += 1
-        self.dirty_ticks.add(shard)
-        self.journal_rows.append((
-            entry.entity_type, entry.key, entry.seq, entry.run_id, shard, self.ticks[shard],
-            entry.kind._value_, entry.name, entry.message_id, entry.payload, entry.sender,
-            entry.accepted_at, digest.hex(),
-        ))
-        self.dedupe.setdefault((entry.entity_type, entry.key), {})[entry.message_id] = (
-            entry.seq, entry.run_id, digest, entry.sender, entry.accepted_at)
 
     async def flush(self) -> None:
         """Write every buffered row in one statement (and notify the shards on commit)."""
-        dirty = [(k, r) for k, r in self.entities.items() if r is not None and r.dirty]
-        if not (self.runs_rows or self.journal_rows or dirty or self.dirty_ticks):
+        dirty = self.dirty_entities()
+        if not (self.runs_rows or self.appended or dirty):
             return
-        shards = sorted(self.dirty_ticks)
+        unplanned = sorted({s for s, _, _ in self.appended} - set(self.ticks))
+        if unplanned:
+            await self._lock_ticks(unplanned)  # not planned: lock them now (still correct)
+        journal_rows = []
+        for shard, e, digest in self.appended:  # numbered by the shard's tick, in order
+            self.ticks[shard] += 1
+            journal_rows.append((
+                e.entity_type, e.key, e.seq, e.run_id, shard, self.ticks[shard],
+                e.kind._value_, e.name, e.message_id, e.payload, e.sender, e.accepted_at,
+                digest.hex()))
+        shards = sorted({s for s, _, _ in self.appended})
         loud = [s for s in shards if s not in self.quiet]
         note = f"{self.token} {','.join(map(str, loud))}" if loud else ""
-        tables = (_json_chunks(self.runs_rows), _json_chunks(self.journal_rows), _json_chunks(
-            [(k[0], k[1], r.shard, r.run_id, r.status._value_, r.next_seq) for k, r in dirty]))
+        tables = (_json_chunks(self.runs_rows), _json_chunks(journal_rows), _json_chunks(
+            [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq) for e, k, r in dirty]))
         for i in range(max(map(len, tables))):  # one statement, unless the rows are huge
             first = i == 0
             await self.conn.execute(
@@ -349,9 +337,8 @@ class PgTxn:
                 if first else "",
             )
         self.runs_rows.clear()
-        self.journal_rows.clear()
-        self.dirty_ticks.clear()
-        for _, r in dirty:
+        self.appended.clear()
+        for _, _, r in dirty:
             r.dirty = False
 
 

@@ -27,15 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
 import corral.metrics as metrics
-from corral._errors import CorralError, StoreError
+from corral._errors import StoreError
 
 from ._batch import CommitQueue
-from ._pg_txn import LockPlan, PgOp, PgTxn, is_connection_error, store_error
+from ._pg_txn import PgTxn, is_connection_error, store_error
+from ._txn import LockPlan, WriteOp, apply_ops
 
 __all__ = ["GroupCommit"]
 
@@ -57,9 +59,8 @@ class GroupCommit:
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
         self._conn: Any = None  # held across batches
-        self._queue: CommitQueue[PgOp] = CommitQueue()
+        self._queue: CommitQueue[WriteOp] = CommitQueue()
         self._task: asyncio.Task[None] | None = None
-        self._committing = False
         self.commits = 0
         self.ops_committed = 0
 
@@ -71,16 +72,18 @@ class GroupCommit:
     @property
     def idle(self) -> bool:
         """No write is queued or committing."""
-        return self._queue.empty and not self._committing
+        return self._queue.idle
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="corral-pg-writer")
+        self._task = asyncio.create_task(
+            self._queue.serve(self._apply_batch, partial(store_error, "store write failed")),
+            name="corral-pg-writer")
 
-    def write(self, op: PgOp) -> Coroutine[Any, Any, Any]:
+    def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
         return self._queue.write(op)
 
-    def write_many(self, ops: Sequence[PgOp]) -> Coroutine[Any, Any, list[Any]]:
+    def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
         """`write` for each op, in one batch: each op's result, or the error refusing it."""
         return self._queue.write_many(ops)
 
@@ -94,18 +97,7 @@ class GroupCommit:
             with contextlib.suppress(Exception):
                 await self._pool.release(conn, timeout=self._timeout)
 
-    async def _loop(self) -> None:
-        async for batch in self._queue.batches():
-            self._committing = True
-            try:
-                results = await self._apply_batch(batch.ops)
-            except Exception as err:  # a bug here must not leave callers waiting
-                results = [store_error("store write failed", err) for _ in batch.ops]
-            finally:
-                self._committing = False
-            batch.settle(results)
-
-    async def _apply_batch(self, ops: list[PgOp]) -> list[Any]:
+    async def _apply_batch(self, ops: list[WriteOp]) -> list[Any]:
         """One transaction for the batch; on failure, one per op (see the module doc)."""
         try:
             return await self._attempt(ops)
@@ -120,7 +112,7 @@ class GroupCommit:
                 results.append(one.error_for(False))
         return results
 
-    async def _attempt(self, ops: list[PgOp]) -> list[Any]:
+    async def _attempt(self, ops: list[WriteOp]) -> list[Any]:
         """`_commit`, run once more on a fresh connection if the held one turned out
         dead before the transaction began (closed while idle, its end not read yet)."""
         try:
@@ -130,28 +122,21 @@ class GroupCommit:
                 raise
         return await self._commit(ops)
 
-    async def _commit(self, ops: list[PgOp]) -> list[Any]:
+    async def _commit(self, ops: list[WriteOp]) -> list[Any]:
         """Apply `ops` in one transaction and commit; on any failure roll back (or drop
         the connection) and raise `_CommitFailed`."""
         held = began = sent_commit = False
         try:
             held = self._conn is not None and _usable(self._conn)
             conn = await self._connection()
-            txn, plan = PgTxn(conn, self._token, frozenset(self._held)), LockPlan()
+            txn = PgTxn(conn=conn, token=self._token, quiet=frozenset(self._held))
+            plan = LockPlan()
             for op in ops:
                 op.plan(plan)
             await conn.execute("BEGIN")
             began = True
             await txn.lock(plan)
-            results: list[Any] = []
-            for op in ops:
-                if not op.buffered:
-                    await txn.flush()  # other ops may read or change buffered rows
-                try:
-                    results.append(await op.apply(txn))
-                except CorralError as err:  # a refusal: raised before the op wrote anything
-                    results.append(err)
-            await txn.flush()
+            results = await apply_ops(txn, ops)
             sent_commit = True
             await conn.execute("COMMIT")
         except Exception as err:

@@ -6,11 +6,12 @@ Any number of processes, on any number of machines, share one database. The piec
   goes into the next transaction on the one writer connection; each caller is
   answered only after commit; an op that fails fails alone; a lost connection gives
   each caller a retryable `StoreUnavailableError`.
-- `_pg_txn`: the transaction, its locks (acceptance linearised under READ COMMITTED
-  by the shard's tick row and the entity rows; fenced writes hold their lease row) and
-  its set-based writes (the rows as JSON, one statement per batch).
-- `_pg_ops`, `_pg_lifecycle`: the write ops, each the twin of a SQLite op.
-- `_pg_reads`: reads on the pool, and the journal tail: per shard, in commit order.
+- `_pg_txn`: PostgreSQL's primitives under the shared `Txn`: its locks (acceptance
+  linearised under READ COMMITTED by the shard's tick row and the entity rows; fenced
+  writes hold their lease row) and its set-based writes (the rows as JSON, one
+  statement per batch). The write ops (`_ops_*`) and reads (`_reads`) are shared
+  with SQLite, through `StoreCore`.
+- `_pg_tail`: the journal tail: per shard, in commit order.
 - `_pg_session`: LISTEN/NOTIFY (a host hears of other processes' acceptances for its
   shards at once; a slow poll is the safety net) and per-shard advisory locks (a dead
   holder's shards are taken over at once, as with the SQLite store's file locks).
@@ -22,55 +23,22 @@ from __future__ import annotations
 import asyncio
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-from corral._common import RunStatus
 from corral._errors import CorralError, StoreError, StoreUnavailableError
 
-from . import _pg_reads as reads
-from ._pg_lifecycle import (
-    ActivatedOp,
-    CloseRunOp,
-    ContinueAsNewOp,
-    RecordDeadLetterOp,
-    RecordUpdateOp,
-    SettleRunOp,
-    SnapshotOp,
-    TimerOp,
-)
-from ._pg_ops import (
-    AcceptOp,
-    AcquireLeasesOp,
-    DiscardDeadLetterOp,
-    ReleaseLeasesOp,
-    RenewLeasesOp,
-    ReplayDeadLetterOp,
-)
+from . import _pg_tail as tail
+from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
-from ._pg_suspensions import PgClearSuspensionOp, PgSuspendOp
-from ._pg_txn import PgOp, is_connection_error, store_error
-from ._pg_waits import DeliverOp, ExpireWaitOp, OpenWaitOp, open_waits
+from ._pg_txn import PgTxn, is_connection_error, store_error
 from ._pg_writer import GroupCommit
-from ._records import (
-    Acceptance,
-    AcceptResult,
-    DeadLetter,
-    DeliveryRequest,
-    DeliveryResult,
-    EntityDetails,
-    EntityRecord,
-    JournalEntry,
-    RunRecord,
-    Suspension,
-    UpdateOutcome,
-    WaitRecord,
-)
-from ._txn import Fence
-from ._waits import WaitPosition
+from ._records import JournalEntry
+from ._store_core import StoreCore
+from ._txn import WriteOp
 
 __all__ = ["PostgresStore", "open_postgres_store"]
 
@@ -84,7 +52,7 @@ async def _reset(conn: Any) -> None:
         await conn.execute("ROLLBACK")
 
 
-class PostgresStore:
+class PostgresStore(StoreCore):
     """The PostgreSQL implementation of `Store`. Open it with `open_postgres_store`.
 
     Any number of processes, on any machines, may open stores on one database: each
@@ -144,11 +112,16 @@ class PostgresStore:
 
     # -- writes -------------------------------------------------------------------
 
-    async def write(self, op: PgOp) -> Any:
+    async def write(self, op: WriteOp) -> Any:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
         if self._writer is None:
             raise StoreError("store is closed" if self._closed else "store is not open")
         return await self._writer.write(op)
+
+    async def write_many(self, ops: Sequence[WriteOp]) -> list[Any]:
+        if self._writer is None:
+            raise StoreError("store is closed" if self._closed else "store is not open")
+        return await self._writer.write_many(ops)
 
     @property
     def idle(self) -> bool:
@@ -165,58 +138,7 @@ class PostgresStore:
         """Write ops those transactions carried."""
         return 0 if self._writer is None else self._writer.ops_committed
 
-    # -- the Store protocol's writes ------------------------------------------------
-
-    def accept(self, acc: Acceptance) -> Coroutine[Any, Any, AcceptResult]:
-        return self.write(AcceptOp(acc))  # no frame of its own: every send comes here
-
-    async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
-        if self._writer is None:
-            raise StoreError("store is closed" if self._closed else "store is not open")
-        return await self._writer.write_many([AcceptOp(acc) for acc in accs])
-
-    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
-        return await self.write(DeliverOp(req))  # type: ignore[no-any-return]
-
-    async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
-                        deadline: float | None, now: float,
-                        aliases: tuple[str, ...] = ()) -> WaitRecord:
-        op = OpenWaitOp(fence, etype, key, run_id, name, deadline, now, aliases)
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,
-                          *, now: float) -> WaitRecord:
-        op = ExpireWaitOp(fence, etype, key, run_id, name, now)
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def signal_waits(self, etype: str | None, *, limit: int,
-                           after: WaitPosition | None = None) -> list[WaitRecord]:
-        return await self.read(open_waits, etype, limit, after)
-
-    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
-                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
-        return await self.read(reads.list_entities, etype, status, limit, after)
-
-    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
-        return await self.read(reads.entity_details, etype, key, run_id)
-
-    async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
-                            outcome: UpdateOutcome) -> None:
-        await self.write(RecordUpdateOp(fence, etype, key, message_id, outcome.to_json()))
-
-    async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
-                        applied_seq: int, status: RunStatus, result: str | None,
-                        error: str | None, force: bool = False,
-                        pending: Sequence[JournalEntry] = ()) -> bool:
-        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
-                        tuple(pending))
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
-                         applied_seq: int | None, pending: Sequence[JournalEntry] = (),
-                         failed_at: float) -> int:
-        op = SettleRunOp(fence, etype, key, run_id, applied_seq, tuple(pending), failed_at)
-        return await self.write(op)  # type: ignore[no-any-return]
+    # -- leases: the rows, and an advisory lock per shard held (see `_pg_session`) ----
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
                              force: bool = False) -> dict[int, int]:
@@ -224,7 +146,7 @@ class PostgresStore:
         store obtains (their holder's session ended: see `_pg_session`)."""
         asked = set(shards)
         new = asked - self._held
-        self._held.update(asked)  # tailing keeps their place from now on (see _pg_reads)
+        self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
         try:
             orphaned = await self._session.try_lock(asked)
             taken: dict[int, int] = await self.write(
@@ -251,52 +173,12 @@ class PostgresStore:
             self._held.clear()
             await self._session.unlock(self._session.locked)
 
-    async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
-                             applied_seq: int, state: bytes, keep: int,
-                             passivate: bool = False, forget_seq: int = 0,
-                             forget_before: float = 0.0) -> int:
-        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate,
-                        forget_seq, forget_before)
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
-                              applied_seq: int, next_input: str,
-                              carried: Sequence[JournalEntry]) -> int:
-        op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
-                             tuple(carried))
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
-        await self.write(ActivatedOp(fence, etype, key))
-
-    async def suspend_run(self, fence: Fence, record: Suspension) -> None:
-        await self.write(PgSuspendOp(fence, record))
-
-    async def clear_suspension(self, fence: Fence, etype: str, key: str, run_id: int
-                               ) -> None:
-        await self.write(PgClearSuspensionOp(fence, etype, key, run_id))
-
-    async def suspensions(self, shard: int) -> list[Suspension]:
-        return await self.read(reads.shard_suspensions, shard)
-
-    async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
-                        timer_id: str, due_at: float | None) -> None:
-        await self.write(TimerOp(fence, etype, key, run_id, timer_id, due_at))
-
-    async def record_dead_letter(self, fence: Fence, entry: JournalEntry, *, error: str,
-                                 traceback: str, attempts: int, failed_at: float) -> int:
-        op = RecordDeadLetterOp(fence, entry, error, traceback, attempts, failed_at)
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
-                                 *, accepted_at: float) -> AcceptResult:
-        op = ReplayDeadLetterOp(etype, key, shard, dead_letter_id, accepted_at)
-        return await self.write(op)  # type: ignore[no-any-return]
-
-    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        return await self.write(DiscardDeadLetterOp(etype, key, dead_letter_id))  # type: ignore[no-any-return]
-
     # -- reads --------------------------------------------------------------------
+
+    async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`fn(q, *args)` on a `PgTxn` over a pooled connection (single statements: no
+        transaction needed); driver errors wrapped."""
+        return await self.read(lambda conn: fn(PgTxn(conn=conn, token=""), *args))
 
     async def read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `fn(connection, *args)` on a pooled connection; driver errors wrapped."""
@@ -329,49 +211,12 @@ class PostgresStore:
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = 2000
                            ) -> tuple[int, list[JournalEntry]]:
         """Entries committed after position `after_pos` for `shards`; returns the new
-        position (an opaque int: one tick per shard, see `_pg_reads`)."""
-        cursor = reads.unpack_position(after_pos, self.shards)
-        return await self.read(reads.read_tail, cursor, shards, set(self._held), limit)
+        position (an opaque int: one tick per shard, see `_pg_tail`)."""
+        cursor = tail.unpack_position(after_pos, self.shards)
+        return await self.read(tail.read_tail, cursor, shards, set(self._held), limit)
 
     async def journal_end(self) -> int:
-        return reads.pack_position(await self.read(reads.current_ticks, self.shards))
-
-    async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]:
-        return await self.read(reads.due_timers, shards, now)
-
-    async def next_timer(self, shards: frozenset[int]) -> float | None:
-        return await self.read(reads.next_timer, shards)
-
-    async def latest_snapshot(self, etype: str, key: str, run_id: int
-                              ) -> tuple[int, bytes] | None:
-        return await self.read(reads.latest_snapshot, etype, key, run_id)
-
-    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
-                      ) -> list[JournalEntry]:
-        return await self.read(reads.journal, etype, key, run_id, after_seq)
-
-    async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None:
-        return await self.read(reads.latest_run, etype, key)
-
-    async def runs(self, etype: str, key: str) -> list[RunRecord]:
-        return await self.read(reads.runs, etype, key)
-
-    async def running_entities(self, shard: int) -> list[tuple[str, str]]:
-        return await self.read(reads.running_entities, shard)
-
-    async def count_running(self, shard: int) -> int:
-        return await self.read(reads.count_running, shard)
-
-    async def update_outcome(self, etype: str, key: str, message_id: str
-                             ) -> UpdateOutcome | None:
-        return await self.read(reads.update_outcome, etype, key, message_id)
-
-    async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
-                           limit: int = 100, after: int = 0) -> list[DeadLetter]:
-        return await self.read(reads.dead_letters, etype, key, limit, after)
-
-    async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
-        return await self.read(reads.dead_letter_seqs, etype, key, run_id)
+        return tail.pack_position(await self.read(tail.current_ticks, self.shards))
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""The `Store` protocol: everything the runtime asks of durable storage."""
+"""The `Store` protocol: everything the runtime asks of durable storage, by role.
+
+`AcceptStore` is what any client process calls, `HostStore` what a shard host calls
+(its writes fenced), `ReadStore` what operators and tools read; `Store` is all three
+with the store's own lifecycle. Both engines implement `Store`.
+"""
 
 from __future__ import annotations
 
@@ -24,18 +29,12 @@ from ._records import (
 from ._txn import Fence
 from ._waits import WaitPosition
 
-__all__ = ["Store"]
+__all__ = ["AcceptStore", "HostStore", "ReadStore", "Store"]
 
 
-class Store(Protocol):
-    """Durable storage for runs, journals, dedupe windows, snapshots and shard leases.
-
-    Acceptance (`accept`) is open to any process; the writes a shard host makes while
-    applying (`record_update`, `close_run`) carry its `Fence` and are refused once a
-    newer epoch holds the shard.
-    """
-
-    durable: bool
+class AcceptStore(Protocol):
+    """What any client process calls: acceptance, deliveries to signal waits, and an
+    operator's replay or discard of a dead letter. Open to every process at once."""
 
     async def accept(self, acc: Acceptance) -> AcceptResult:
         """Start the run if needed (per the id reuse policy), dedupe, append: one transaction.
@@ -57,6 +56,26 @@ class Store(Protocol):
         `IdempotencyConflictError` or `StoreError`."""
         ...
 
+    async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
+                                 *, accepted_at: float) -> AcceptResult:
+        """Accept the dead letter's payload again as a new signal of the running run
+        (message id `replay:<id>:<original id>`) and delete the dead letter, in one
+        transaction. A replay retried after it succeeded is answered as a duplicate.
+
+        Raises `DeadLetterNotFoundError`, `EntityNotRunningError` or `StoreError`.
+        """
+        ...
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        """Delete a dead letter; whether it existed."""
+        ...
+
+
+class HostStore(Protocol):
+    """What a shard host calls: its writes (each carrying its `Fence`, refused once a
+    newer epoch holds the shard), its leases, the reads it recovers and runs from,
+    durable timers, and the wait for other processes' commits."""
+
     async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
                         deadline: float | None, now: float,
                         aliases: tuple[str, ...] = ()) -> WaitRecord:
@@ -69,22 +88,6 @@ class Store(Protocol):
     async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,
                           *, now: float) -> WaitRecord:
         """Time the wait out if it is still open and its deadline passed (fenced)."""
-        ...
-
-    async def signal_waits(self, etype: str | None, *, limit: int,
-                           after: WaitPosition | None = None) -> list[WaitRecord]:
-        """Open waits (of one type, or all), oldest first, after position `after`."""
-        ...
-
-    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
-                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
-        """Entities in (type, key) order after `after`, optionally of one type and/or
-        status; indexed, so a page costs the same in a store of any size."""
-        ...
-
-    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
-        """The run's latest snapshot, the entity's pending timers, the run's signal
-        waits and the entity's dead-letter count."""
         ...
 
     async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
@@ -114,6 +117,7 @@ class Store(Protocol):
         ...
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]: ...
+
     async def release_leases(self, owner: str) -> None: ...
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -139,9 +143,12 @@ class Store(Protocol):
         ...
 
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None: ...
+
     async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
                         timer_id: str, due_at: float | None) -> None: ...
+
     async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]: ...
+
     async def next_timer(self, shards: frozenset[int]) -> float | None:
         """When the earliest durable timer of `shards` is due (None: no timer)."""
         ...
@@ -151,20 +158,23 @@ class Store(Protocol):
 
     async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
                       ) -> list[JournalEntry]: ...
+
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = ...
                            ) -> tuple[int, list[JournalEntry]]: ...
+
     async def journal_end(self) -> int: ...
+
     async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None: ...
-    async def runs(self, etype: str, key: str) -> list[RunRecord]: ...
+
     async def running_entities(self, shard: int) -> list[tuple[str, str]]:
         """Running entities of `shard` to activate on recovery (not the passivated ones
         with nothing new to apply)."""
         ...
+
     async def count_running(self, shard: int) -> int:
         """Entities of `shard` whose run is running, passivated ones included."""
         ...
-    async def update_outcome(self, etype: str, key: str, message_id: str
-                             ) -> UpdateOutcome | None: ...
+
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for another process to commit entries for this
         store's shards; whether one did (or may have: a safety-net poll says yes).
@@ -179,22 +189,6 @@ class Store(Protocol):
         """
         ...
 
-    async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
-                                 *, accepted_at: float) -> AcceptResult:
-        """Accept the dead letter's payload again as a new signal of the running run
-        (message id `replay:<id>:<original id>`) and delete the dead letter, in one
-        transaction. A replay retried after it succeeded is answered as a duplicate.
-
-        Raises `DeadLetterNotFoundError`, `EntityNotRunningError` or `StoreError`.
-        """
-        ...
-
-    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        """Delete a dead letter; whether it existed."""
-        ...
-
-    async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
-                           limit: int = 100, after: int = 0) -> list[DeadLetter]: ...
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]: ...
 
     async def suspend_run(self, fence: Fence, record: Suspension) -> None:
@@ -209,6 +203,51 @@ class Store(Protocol):
 
     async def suspensions(self, shard: int) -> list[Suspension]:
         """The suspended running runs of `shard` (a host taking it continues their count)."""
+        ...
+
+
+class ReadStore(Protocol):
+    """What operators and tools read: listings, one entity's details, runs, update
+    outcomes and dead letters."""
+
+    async def signal_waits(self, etype: str | None, *, limit: int,
+                           after: WaitPosition | None = None) -> list[WaitRecord]:
+        """Open waits (of one type, or all), oldest first, after position `after`."""
+        ...
+
+    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
+                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
+        """Entities in (type, key) order after `after`, optionally of one type and/or
+        status; indexed, so a page costs the same in a store of any size."""
+        ...
+
+    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
+        """The run's latest snapshot, the entity's pending timers, the run's signal
+        waits and the entity's dead-letter count."""
+        ...
+
+    async def runs(self, etype: str, key: str) -> list[RunRecord]: ...
+
+    async def update_outcome(self, etype: str, key: str, message_id: str
+                             ) -> UpdateOutcome | None: ...
+
+    async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
+                           limit: int = 100, after: int = 0) -> list[DeadLetter]: ...
+
+
+class Store(AcceptStore, HostStore, ReadStore, Protocol):
+    """Durable storage for runs, journals, dedupe windows, snapshots and shard leases.
+
+    Acceptance (`accept`) is open to any process; the writes a shard host makes while
+    applying (`record_update`, `close_run`) carry its `Fence` and are refused once a
+    newer epoch holds the shard.
+    """
+
+    durable: bool
+
+    @property
+    def idle(self) -> bool:
+        """No write is queued or committing (`corral.testing` waits for this)."""
         ...
 
     async def close(self) -> None: ...

@@ -11,18 +11,15 @@ written with `?`; PostgreSQL numbers them (`numbered`).
 
 from __future__ import annotations
 
-import re
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 from ._codec import storable_text
 from ._records import Suspension
-from ._txn import Fence, Txn
+from ._txn import Fence, Fenced, Txn
 
 __all__ = ["CLEAR", "OF_ENTITY", "OF_SHARD", "SUSPEND", "SUSPENDED_COLUMN",
-           "ClearSuspensionOp", "SuspendOp", "numbered", "shard_suspensions",
-           "suspension_from_row", "suspension_of"]
+           "ClearSuspensionOp", "SuspendOp", "suspension_from_row"]
 
 SUSPENSION_COLUMNS = "s.etype, s.key, s.run_id, s.error, s.attempts, s.since, s.next_at"
 
@@ -51,44 +48,26 @@ SUSPENDED_COLUMN = (
 """A listing column: whether the entity's running run is suspended."""
 
 
-def numbered(sql: str) -> str:
-    """`sql` with PostgreSQL's `$1, $2, ...` for SQLite's `?` placeholders."""
-    count = iter(range(1, sql.count("?") + 1))
-    return re.sub(r"\?", lambda _: f"${next(count)}", sql)
-
-
 def suspension_from_row(r: Any) -> Suspension:
     return Suspension(r[0], r[1], int(r[2]), r[3], int(r[4]), float(r[5]), float(r[6]))
 
 
-def suspension_of(db: sqlite3.Connection, etype: str, key: str) -> Suspension | None:
-    """The suspension of the entity's running run, if it is suspended."""
-    row = db.execute(OF_ENTITY, (etype, key)).fetchone()
-    return None if row is None else suspension_from_row(row)
-
-
-def shard_suspensions(db: sqlite3.Connection, shard: int) -> list[Suspension]:
-    """The suspended running runs of `shard` (a host taking the shard reads them)."""
-    return [suspension_from_row(r) for r in db.execute(OF_SHARD, (shard,)).fetchall()]
-
-
 @dataclass(frozen=True, slots=True)
-class SuspendOp:
+class SuspendOp(Fenced):
     """Record (or update) the suspension of a run (fenced)."""
 
     fence: Fence
     record: Suspension
 
-    def apply(self, txn: Txn) -> None:
-        txn.check(self.fence)
+    async def apply(self, txn: Txn) -> None:
+        await txn.check(self.fence)
         r = self.record
-        txn.db.execute(SUSPEND, (r.entity_type, r.key, r.run_id, self.fence.shard,
-                                 storable_text(r.error),
-                                 r.attempts, r.since, r.next_attempt_at))
+        await txn.execute(SUSPEND, r.entity_type, r.key, r.run_id, self.fence.shard,
+                          storable_text(r.error), r.attempts, r.since, r.next_attempt_at)
 
 
 @dataclass(frozen=True, slots=True)
-class ClearSuspensionOp:
+class ClearSuspensionOp(Fenced):
     """The run got past the point that suspended it: forget the suspension (fenced)."""
 
     fence: Fence
@@ -96,6 +75,6 @@ class ClearSuspensionOp:
     key: str
     run_id: int
 
-    def apply(self, txn: Txn) -> None:
-        txn.check(self.fence)
-        txn.db.execute(CLEAR, (self.entity_type, self.key, self.run_id))
+    async def apply(self, txn: Txn) -> None:
+        await txn.check(self.fence)
+        await txn.execute(CLEAR, self.entity_type, self.key, self.run_id)

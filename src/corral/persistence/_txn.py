@@ -1,21 +1,38 @@
-"""The transaction every group-committed write op runs in, and the fence it checks.
+"""The transaction every group-committed write op runs in, written once for both engines.
 
-Write ops live in `_accept`, `_lifecycle`, `_leases` and `_dead_letters`. An op raises
-a `CorralError` *before* writing anything when it refuses (conflict, closed run, lost
+`Txn` holds what a batch shares: the entity rows it read (each written back once, by
+`flush`), the dedupe window rows it read or accepted, the buffered journal/dedupe rows
+and started runs (written set-based by `flush`), and the lease rows it checked. Each
+engine implements only the primitives below (anyio-style: `abc` declares, backends
+implement): `execute`/`executemany`/`fetchone`/`fetchall` (SQL written once with `?`
+placeholders; PostgreSQL numbers them), `lock` (a batch's locks, before its first op),
+`flush`, `clock`, `insert_id`, `trim` (a snapshot's truncation) and a few fragments of
+SQL that differ (`ROW_LOCK`, `SHARE_LOCK`, `CARRY_JOURNAL`, `starts_with`).
+
+Write ops (`_ops_*`) are `async def apply(txn)`; SQLite's primitives never suspend,
+so its writer drives an op to completion on its own thread (`drive`). An op raises a
+`CorralError` *before* writing anything when it refuses (conflict, closed run, lost
 lease), so the other ops of its batch still commit.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import time
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral._common import RunStatus
-from corral._errors import LeaseLostError
+from corral._errors import CorralError, LeaseLostError
 
-__all__ = ["EntityRow", "Fence", "Txn", "WriteOp"]
+from ._records import JournalEntry
+
+__all__ = ["EntityRow", "Fence", "Fenced", "LockPlan", "Seen", "Txn", "WriteOp", "apply_ops",
+           "drive"]
+
+T = TypeVar("T")
+Ident = tuple[str, str]
+Seen = tuple[int, int, bytes, str | None, float]  # seq, run_id, hash, sender, accepted_at
+Lease = tuple[str, int, float]  # owner, epoch, expires_at
 
 
 @dataclass(slots=True)
@@ -36,78 +53,187 @@ class Fence:
     epoch: int
 
 
-_JOURNAL_INSERT = (
-    "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, payload, "
-    "sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_DEDUPE_INSERT = (
-    "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender, "
-    "accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
+@dataclass(slots=True)
+class LockPlan:
+    """What a batch's ops need locked (or read) before the first of them runs (only
+    PostgreSQL locks rows; SQLite's `BEGIN IMMEDIATE` locks the whole file)."""
+
+    leases: set[int] = field(default_factory=set)
+    lease_update: bool = False  # lock the lease rows FOR UPDATE, not FOR SHARE
+    new_leases: bool = False  # create missing lease rows first (an acquisition)
+    ticks: set[int] = field(default_factory=set)
+    entities: set[Ident] = field(default_factory=set)
+    dedupe: set[tuple[str, str, str]] = field(default_factory=set)
+
+
+class WriteOp(Protocol):
+    """A write op: declares its locks, then applies itself inside the transaction.
+
+    `buffered` ops only append rows `flush` writes; any other op runs after a flush.
+    """
+
+    buffered: ClassVar[bool]
+
+    def plan(self, plan: LockPlan) -> None: ...
+    async def apply(self, txn: Txn) -> Any: ...
+
+
+class Fenced:
+    """A host's fenced write: it locks its shard's lease row (and, with `locks_entity`,
+    the entity row) before the batch's first op, and checks its fence before writing."""
+
+    __slots__ = ()
+    buffered: ClassVar[bool] = False
+    locks_entity: ClassVar[bool] = False
+    fence: Fence
+    entity_type: str
+    key: str
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.add(self.fence.shard)
+        if self.locks_entity:
+            plan.entities.add((self.entity_type, self.key))
+
+
+async def apply_ops(txn: Txn, ops: Sequence[WriteOp]) -> list[Any]:
+    """A batch's ops in order inside `txn`: each op's result, or the `CorralError` that
+    refused it (raised before it wrote anything, so the others still commit). Buffered
+    rows are flushed before any op that is not `buffered` (it may read or change them),
+    and at the end."""
+    results: list[Any] = []
+    for op in ops:
+        if not getattr(op, "buffered", False):
+            await txn.flush()
+        try:
+            result = op.apply(txn)  # a coroutine; an op written for one engine may be plain
+            results.append(await result if isinstance(result, Coroutine) else result)
+        except CorralError as err:
+            results.append(err)
+    await txn.flush()
+    return results
+
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion here and now: an op on primitives that never suspend."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a write op suspended on an engine whose primitives are synchronous")
 
 
 @dataclass(slots=True)
 class Txn:
-    """One open transaction.
+    """One open transaction: the shared caches and buffers over an engine's primitives."""
 
-    Caches entity rows so a batch updates each row once, and buffers accepted journal
-    and dedupe rows for one `executemany` each (`flush`, before any other kind of op
-    reads or changes them). `accepted` answers dedupe lookups for ids accepted earlier
-    in this same batch.
-    """
+    ROW_LOCK: ClassVar[str] = ""  # appended to a read of the entity row it will write
+    SHARE_LOCK: ClassVar[str] = ""  # appended to a read of a lease row it checks
+    CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... at)
 
-    db: sqlite3.Connection
-    entities: dict[tuple[str, str], EntityRow | None] = field(default_factory=dict)
-    journal_rows: list[tuple[Any, ...]] = field(default_factory=list)
-    dedupe_rows: list[tuple[Any, ...]] = field(default_factory=list)
-    accepted: dict[tuple[str, str, str], tuple[Any, ...]] = field(default_factory=dict)
+    entities: dict[Ident, EntityRow | None] = field(default_factory=dict)
+    dedupe: dict[Ident, dict[str, Seen | None]] = field(default_factory=dict)
+    leases: dict[int, Lease] = field(default_factory=dict)
+    runs_rows: list[tuple[Any, ...]] = field(default_factory=list)
+    appended: list[tuple[int, JournalEntry, bytes]] = field(default_factory=list)
 
-    def entity(self, etype: str, key: str) -> EntityRow | None:
+    # -- the engine's primitives ------------------------------------------------------
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Run one statement; the rows it changed."""
+        raise NotImplementedError
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    async def fetchone(self, sql: str, *args: Any) -> Sequence[Any] | None:
+        raise NotImplementedError
+
+    async def fetchall(self, sql: str, *args: Any) -> list[Sequence[Any]]:
+        raise NotImplementedError
+
+    async def insert_id(self, sql: str, *args: Any) -> int:
+        """Insert one row; its generated `id`."""
+        raise NotImplementedError
+
+    async def clock(self) -> float:
+        """The clock leases are judged by (the database server's, where there is one)."""
+        raise NotImplementedError
+
+    async def lock(self, plan: LockPlan) -> None:
+        """Take (and read) what the batch's ops declared, before the first op runs."""
+
+    async def flush(self) -> None:
+        """Write every buffered row: runs started, journal and dedupe rows, entities."""
+        raise NotImplementedError
+
+    async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
+                   forget_seq: int, forget_before: float, passivate: bool) -> int:
+        """After a snapshot: keep the newest `keep` snapshots, delete the journal they
+        cover, sweep the dedupe window, mark passivation; returns the journal floor."""
+        raise NotImplementedError
+
+    def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        """A condition (and its arguments) that `column` starts with `prefix`."""
+        raise NotImplementedError
+
+    # -- shared, written once -----------------------------------------------------------
+
+    async def lease(self, shard: int) -> Lease | None:
+        """The shard's lease row (locked by the plan, else read and locked now)."""
+        if shard not in self.leases:
+            row = await self.fetchone("SELECT owner, epoch, expires_at FROM leases "
+                                      f"WHERE shard = ?{self.SHARE_LOCK}", shard)
+            if row is None:
+                return None
+            self.leases[shard] = (row[0], row[1], row[2])
+        return self.leases[shard]
+
+    async def check(self, fence: Fence) -> None:
+        """Refuse (before writing) unless `fence` still holds its shard at its epoch."""
+        row = await self.lease(fence.shard)
+        if row is None or (row[0], row[1]) != (fence.owner, fence.epoch):
+            raise LeaseLostError(
+                f"shard {fence.shard}: epoch {fence.epoch} of {fence.owner} is no longer current"
+            )
+
+    async def entity(self, etype: str, key: str) -> EntityRow | None:
         ident = (etype, key)
         if ident not in self.entities:
-            row = self.db.execute(
-                "SELECT shard, run_id, status, next_seq FROM entities WHERE etype=? AND key=?",
-                ident,
-            ).fetchone()
-            self.entities[ident] = (
-                None if row is None else EntityRow(row[0], row[1], RunStatus(row[2]), row[3])
-            )
+            r = await self.fetchone("SELECT shard, run_id, status, next_seq FROM entities "
+                                    f"WHERE etype = ? AND key = ?{self.ROW_LOCK}", etype, key)
+            self.entities[ident] = None if r is None else EntityRow(r[0], r[1],
+                                                                    RunStatus(r[2]), r[3])
         return self.entities[ident]
 
     def put_entity(self, etype: str, key: str, row: EntityRow) -> None:
         row.dirty = True
         self.entities[(etype, key)] = row
 
-    def check(self, fence: Fence) -> None:
-        row = self.db.execute(
-            "SELECT owner, epoch FROM leases WHERE shard=?", (fence.shard,)
-        ).fetchone()
-        if row is None or (row[0], row[1]) != (fence.owner, fence.epoch):
-            raise LeaseLostError(
-                f"shard {fence.shard}: epoch {fence.epoch} of {fence.owner} is no longer current"
-            )
+    def dirty_entities(self) -> list[tuple[str, str, EntityRow]]:
+        return [(k[0], k[1], r) for k, r in self.entities.items() if r is not None and r.dirty]
 
-    def flush(self) -> None:
-        if self.journal_rows:
-            self.db.executemany(_JOURNAL_INSERT, self.journal_rows)
-            self.db.executemany(_DEDUPE_INSERT, self.dedupe_rows)
-            self.journal_rows.clear()
-            self.dedupe_rows.clear()
-            self.accepted.clear()
-        dirty = [(k[0], k[1], r) for k, r in self.entities.items() if r is not None and r.dirty]
-        if dirty:
-            now = time.time()
-            self.db.executemany(
-                "INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
-                "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq, "
-                "updated_at=excluded.updated_at",
-                [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq, now)
-                 for e, k, r in dirty],
-            )
-            for _, _, r in dirty:
-                r.dirty = False
+    async def seen(self, etype: str, key: str, message_id: str) -> Seen | None:
+        """The dedupe window's row for the message id (this batch's acceptances included)."""
+        window = self.dedupe.setdefault((etype, key), {})
+        if message_id not in window:
+            r = await self.fetchone(
+                "SELECT seq, run_id, payload_hash, sender, accepted_at FROM dedupe "
+                "WHERE etype = ? AND key = ? AND message_id = ?", etype, key, message_id)
+            window[message_id] = None if r is None else (r[0], r[1], bytes(r[2]), r[3], r[4])
+        return window[message_id]
 
+    def forget_window(self, etype: str, key: str) -> None:
+        """The entity's dedupe rows changed in the database: read them again when asked."""
+        self.dedupe.pop((etype, key), None)
 
-class WriteOp(Protocol):
-    def apply(self, txn: Txn) -> Any: ...
+    def append(self, shard: int, entry: JournalEntry, digest: bytes) -> None:
+        """Buffer an accepted entry (its journal and dedupe rows) for `flush`."""
+        self.appended.append((shard, entry, digest))
+        self.dedupe.setdefault((entry.entity_type, entry.key), {})[entry.message_id] = (
+            entry.seq, entry.run_id, digest, entry.sender, entry.accepted_at)
+
+    def start_run(self, etype: str, key: str, run_id: int, start: str, at: float,
+                  first_seq: int) -> None:
+        """Buffer a started run's row for `flush`."""
+        self.runs_rows.append((etype, key, run_id, start, at, first_seq))

@@ -11,24 +11,26 @@ The watermark is the host's own when it closes the run (it knows what it applied
 otherwise (a terminated run found closed by the next activation) it is the run's
 latest snapshot: an entry after it was never durably applied, so under corral's
 recovery model it was not applied at all. Idempotent per run and seq. The decision
-(`reason`, which rows) is written once here; each engine runs its own statements.
+(`reason`, which rows) and its statements are written once here, for both engines.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from corral._common import RunStatus
 
 from ._codec import storable_text
-from ._dead_letters import DEAD_LETTER_COLUMNS
 from ._records import EntryKind, JournalEntry
-from ._txn import Fence, Txn
+from ._txn import Fence, Fenced, Txn
 
-__all__ = ["SettleRunOp", "settle_run", "unapplied_letters", "unapplied_reason"]
+__all__ = ["DEAD_LETTER_COLUMNS", "SettleRunOp", "settle_run", "unapplied_letters",
+           "unapplied_reason"]
+
+DEAD_LETTER_COLUMNS = ("etype, key, run_id, seq, message_id, name, payload, sender, error, "
+                       "traceback, attempts, failed_at")
 
 _PHRASE = {RunStatus.TERMINATED: "was terminated", RunStatus.FAILED: "failed",
            RunStatus.COMPLETED: "completed"}
@@ -60,45 +62,45 @@ def unapplied_letters(run_id: int, status: RunStatus, rows: Sequence[Sequence[An
     return letters
 
 
-def settle_run(db: sqlite3.Connection, etype: str, key: str, run_id: int,
-               applied_seq: int | None, pending: Sequence[JournalEntry],
-               failed_at: float) -> int:
+async def settle_run(txn: Txn, etype: str, key: str, run_id: int,
+                     applied_seq: int | None, pending: Sequence[JournalEntry],
+                     failed_at: float) -> int:
     """Dead-letter what closed run `run_id` never applied: its journal's messages after
     `applied_seq` (None: its latest snapshot's watermark, for a terminated run only:
     every other close is a host's, which settled the run with its own watermark) and
     the `pending` mailbox entries. Nothing for a run still running. Returns how many
     dead letters were added."""
-    row = db.execute("SELECT status, first_seq FROM runs WHERE etype=? AND key=? AND run_id=?",
-                     (etype, key, run_id)).fetchone()
+    row = await txn.fetchone("SELECT status, first_seq FROM runs WHERE etype = ? AND key = ? "
+                             "AND run_id = ?", etype, key, run_id)
     if row is None or row[0] == RunStatus.RUNNING.value:
         return 0
     status = RunStatus(row[0])
     if applied_seq is None and status is not RunStatus.TERMINATED:
         return 0  # other closes are the host's, which settled them with its watermark
     if applied_seq is None:
-        snap = db.execute("SELECT max(applied_seq) FROM snapshots WHERE etype=? AND key=? "
-                          "AND run_id=?", (etype, key, run_id)).fetchone()[0]
-        applied_seq = int(snap) if snap is not None else int(row[1]) - 1
-    rows = db.execute(
-        "SELECT seq, message_id, name, payload, sender FROM journal WHERE etype=? AND key=? "
-        "AND run_id=? AND seq>? AND kind IN (?, ?) ORDER BY seq",
-        (etype, key, run_id, applied_seq, *MESSAGE_KINDS)).fetchall()
+        snap = await txn.fetchone("SELECT max(applied_seq) FROM snapshots WHERE etype = ? "
+                                  "AND key = ? AND run_id = ?", etype, key, run_id)
+        applied_seq = int(snap[0]) if snap and snap[0] is not None else int(row[1]) - 1
+    rows = await txn.fetchall(
+        "SELECT seq, message_id, name, payload, sender FROM journal WHERE etype = ? AND "
+        "key = ? AND run_id = ? AND seq > ? AND kind IN (?, ?) ORDER BY seq",
+        etype, key, run_id, applied_seq, *MESSAGE_KINDS)
     added = 0
-    for seq, mid, name, payload, sender, reason in unapplied_letters(run_id, status, rows,
-                                                                     pending):
-        if db.execute("SELECT 1 FROM dead_letters WHERE etype=? AND key=? AND run_id=? "
-                      "AND seq=?", (etype, key, run_id, seq)).fetchone() is not None:
+    for seq, mid, name, payload, sender, reason in unapplied_letters(
+            run_id, status, [tuple(r) for r in rows], pending):
+        if await txn.fetchone("SELECT 1 FROM dead_letters WHERE etype = ? AND key = ? AND "
+                              "run_id = ? AND seq = ?", etype, key, run_id, seq) is not None:
             continue
-        db.execute(f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (etype, key, run_id, seq, mid, name, payload, sender, storable_text(reason),
-                    "", 0, failed_at))
+        await txn.execute(f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
+                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          etype, key, run_id, seq, mid, name, payload, sender,
+                          storable_text(reason), "", 0, failed_at)
         added += 1
     return added
 
 
 @dataclass(frozen=True, slots=True)
-class SettleRunOp:
+class SettleRunOp(Fenced):
     """`settle_run` as a fenced write (see the module docstring)."""
 
     fence: Fence
@@ -108,8 +110,9 @@ class SettleRunOp:
     applied_seq: int | None
     pending: tuple[JournalEntry, ...]
     failed_at: float
+    locks_entity: ClassVar[bool] = True
 
-    def apply(self, txn: Txn) -> int:
-        txn.check(self.fence)
-        return settle_run(txn.db, self.entity_type, self.key, self.run_id, self.applied_seq,
-                          self.pending, self.failed_at)
+    async def apply(self, txn: Txn) -> int:
+        await txn.check(self.fence)
+        return await settle_run(txn, self.entity_type, self.key, self.run_id,
+                                self.applied_seq, self.pending, self.failed_at)

@@ -1,22 +1,21 @@
-"""Dead letters: signals whose handler kept raising, and the operator's replay/discard."""
+"""Dead letters: signals whose handler kept raising, and the operator's replay/discard.
+Written once for both engines (see `_txn`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from corral._common import IdReusePolicy
-from corral._errors import (
-    DeadLetterNotFoundError,
-    EntityNotRunningError,
-)
+from corral._errors import DeadLetterNotFoundError, EntityNotRunningError
 
-from ._accept import AcceptOp
 from ._codec import payload_hash, storable_text
+from ._ops_accept import AcceptOp
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
-from ._txn import Fence, Txn
+from ._txn import Fence, Fenced, LockPlan, Txn
+from ._unapplied import DEAD_LETTER_COLUMNS
 
 __all__ = [
-    "DEAD_LETTER_COLUMNS",
     "DiscardDeadLetterOp",
     "RecordDeadLetterOp",
     "ReplayDeadLetterOp",
@@ -24,12 +23,8 @@ __all__ = [
 ]
 
 
-DEAD_LETTER_COLUMNS = ("etype, key, run_id, seq, message_id, name, payload, sender, error, "
-                       "traceback, attempts, failed_at")
-
-
 @dataclass(frozen=True, slots=True)
-class RecordDeadLetterOp:
+class RecordDeadLetterOp(Fenced):
     """Move a signal whose handler kept raising to the dead letters (fenced).
 
     Idempotent per journal entry: a second record for the same run and seq returns the
@@ -43,24 +38,20 @@ class RecordDeadLetterOp:
     attempts: int
     failed_at: float
 
-    def apply(self, txn: Txn) -> int:
-        txn.check(self.fence)
+    async def apply(self, txn: Txn) -> int:
+        await txn.check(self.fence)
         e = self.entry
-        found = txn.db.execute(
-            "SELECT id FROM dead_letters WHERE etype=? AND key=? AND run_id=? AND seq=?",
-            (e.entity_type, e.key, e.run_id, e.seq),
-        ).fetchone()
+        found = await txn.fetchone(
+            "SELECT id FROM dead_letters WHERE etype = ? AND key = ? AND run_id = ? "
+            "AND seq = ?", e.entity_type, e.key, e.run_id, e.seq)
         if found is not None:
             return int(found[0])
-        cur = txn.db.execute(
+        return await txn.insert_id(
             f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (e.entity_type, e.key, e.run_id, e.seq, e.message_id, e.name, e.payload, e.sender,
-             storable_text(self.error), storable_text(self.traceback), self.attempts,
-             self.failed_at),
-        )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
+            e.entity_type, e.key, e.run_id, e.seq, e.message_id, e.name, e.payload, e.sender,
+            storable_text(self.error), storable_text(self.traceback), self.attempts,
+            self.failed_at)
 
 
 def replay_message_id(dead_letter_id: int, message_id: str) -> str:
@@ -84,15 +75,19 @@ class ReplayDeadLetterOp:
     shard: int
     dead_letter_id: int
     accepted_at: float
+    buffered: ClassVar[bool] = False
 
-    def apply(self, txn: Txn) -> AcceptResult:
-        db, ident = txn.db, (self.entity_type, self.key)
-        row = db.execute(
+    def plan(self, plan: LockPlan) -> None:
+        plan.ticks.add(self.shard)  # serialises two processes replaying the same letter
+        plan.entities.add((self.entity_type, self.key))
+
+    async def apply(self, txn: Txn) -> AcceptResult:
+        row = await txn.fetchone(
             "SELECT message_id, name, payload, sender FROM dead_letters "
-            "WHERE id=? AND etype=? AND key=?", (self.dead_letter_id, *ident),
-        ).fetchone()
+            f"WHERE id = ? AND etype = ? AND key = ?{txn.ROW_LOCK}",
+            self.dead_letter_id, self.entity_type, self.key)
         if row is None:
-            return self._replayed_before(txn)
+            return await self._replayed_before(txn)
         message_id, name, payload, sender = row
         acc = Acceptance(
             self.entity_type, self.key, self.shard, EntryKind.SIGNAL, name,
@@ -101,7 +96,7 @@ class ReplayDeadLetterOp:
             self.accepted_at,
         )
         try:
-            result = AcceptOp(acc).apply(txn)  # refuses before writing anything
+            result = await AcceptOp(acc).apply(txn)  # refuses before writing anything
         except EntityNotRunningError as err:
             raise EntityNotRunningError(
                 f"cannot replay dead letter {self.dead_letter_id}: {self.entity_type} "
@@ -109,28 +104,26 @@ class ReplayDeadLetterOp:
                 entity_type=self.entity_type, key=self.key, run_id=err.run_id,
                 message_id=acc.message_id,
             ) from err
-        db.execute("DELETE FROM dead_letters WHERE id=?", (self.dead_letter_id,))
+        await txn.execute("DELETE FROM dead_letters WHERE id = ?", self.dead_letter_id)
         return result
 
-    def _replayed_before(self, txn: Txn) -> AcceptResult:
-        prefix = replay_message_id(self.dead_letter_id, "")
-        ident = (self.entity_type, self.key)
-        seen = txn.db.execute(  # a range scan of the dedupe key: ids starting with prefix
+    async def _replayed_before(self, txn: Txn) -> AcceptResult:
+        prefix, args = txn.starts_with("message_id", replay_message_id(self.dead_letter_id, ""))
+        seen = await txn.fetchone(
             "SELECT message_id, seq, run_id, sender, accepted_at FROM dedupe "
-            "WHERE etype=? AND key=? AND message_id>=? AND message_id<? LIMIT 1",
-            (*ident, prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)),
-        ).fetchone()
+            f"WHERE etype = ? AND key = ? AND {prefix} LIMIT 1",
+            self.entity_type, self.key, *args)
         if seen is None:
             raise DeadLetterNotFoundError(
                 f"{self.entity_type} {self.key!r} has no dead letter {self.dead_letter_id}",
                 entity_type=self.entity_type, key=self.key,
             )
         message_id, seq, run_id, sender, accepted_at = seen
-        stored = txn.db.execute(
-            "SELECT name, payload FROM journal WHERE etype=? AND key=? AND seq=?", (*ident, seq)
-        ).fetchone()
+        stored = await txn.fetchone(
+            "SELECT name, payload FROM journal WHERE etype = ? AND key = ? AND seq = ?",
+            self.entity_type, self.key, seq)
         # The entry may be covered by a snapshot by now; only run_id and seq matter then.
-        name, payload = stored if stored is not None else ("", "null")
+        name, payload = (stored[0], stored[1]) if stored is not None else ("", "null")
         entry = JournalEntry(self.entity_type, self.key, seq, run_id, EntryKind.SIGNAL, name,
                              message_id, payload, sender, accepted_at)
         return AcceptResult(duplicate=True, started=False, entry=entry)
@@ -143,8 +136,13 @@ class DiscardDeadLetterOp:
     entity_type: str
     key: str
     dead_letter_id: int
+    buffered: ClassVar[bool] = False
 
-    def apply(self, txn: Txn) -> bool:
-        cur = txn.db.execute("DELETE FROM dead_letters WHERE id=? AND etype=? AND key=?",
-                             (self.dead_letter_id, self.entity_type, self.key))
-        return cur.rowcount == 1
+    def plan(self, plan: LockPlan) -> None:
+        pass
+
+    async def apply(self, txn: Txn) -> bool:
+        deleted = await txn.execute("DELETE FROM dead_letters WHERE id = ? AND etype = ? "
+                                    "AND key = ?", self.dead_letter_id, self.entity_type,
+                                    self.key)
+        return deleted == 1

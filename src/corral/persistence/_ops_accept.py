@@ -1,0 +1,105 @@
+"""Acceptance, open to any process: start the run if needed (per the id reuse policy),
+deduplicate, append to the journal. Written once for both engines (see `_txn`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from corral._common import RunStatus
+from corral._errors import (
+    EntityClosedError,
+    EntityNotRunningError,
+    IdempotencyConflictError,
+)
+
+from ._ops_waits import end_run
+from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
+from ._txn import EntityRow, LockPlan, Seen, Txn
+
+__all__ = ["AcceptOp"]
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptOp:
+    """Start the run if needed (per the id reuse policy), dedupe, append to the journal."""
+
+    acc: Acceptance
+    buffered: ClassVar[bool] = True  # its rows wait for Txn.flush
+
+    def plan(self, plan: LockPlan) -> None:
+        a = self.acc
+        plan.ticks.add(a.shard)
+        plan.entities.add((a.entity_type, a.key))
+        if not a.fresh_id:
+            plan.dedupe.add((a.entity_type, a.key, a.message_id))
+
+    async def apply(self, txn: Txn) -> AcceptResult:
+        a = self.acc
+        if not a.fresh_id:
+            seen = await txn.seen(a.entity_type, a.key, a.message_id)
+            if seen is not None:
+                return self._duplicate(seen)
+        row = await txn.entity(a.entity_type, a.key)
+        started = False
+        if row is None or row.status is not RunStatus.RUNNING:
+            row = self._start(txn, row)
+            started = True
+        entry = JournalEntry(
+            a.entity_type, a.key, row.next_seq, row.run_id, a.kind, a.name, a.message_id,
+            a.payload, a.sender, a.accepted_at,
+        )
+        txn.append(a.shard, entry, a.payload_hash)
+        row.next_seq += 1
+        txn.put_entity(a.entity_type, a.key, row)
+        if a.kind is EntryKind.TERMINATE:
+            row.status = RunStatus.TERMINATED
+            await txn.flush()  # the run may have started earlier in this batch
+            await end_run(txn, a.entity_type, a.key, row.run_id, RunStatus.TERMINATED.value,
+                          None, a.payload, a.accepted_at)
+        return AcceptResult(duplicate=False, started=started, entry=entry)
+
+    def _start(self, txn: Txn, row: EntityRow | None) -> EntityRow:
+        """Open the next run (buffered), or refuse before writing anything."""
+        a = self.acc
+        if a.start is None:
+            state = "was never started" if row is None else f"is {row.status.value}"
+            raise EntityNotRunningError(
+                f"{a.entity_type} {a.key!r} {state}; use {a.kind.value}_with_start"
+                if a.kind not in (EntryKind.TERMINATE, EntryKind.RESUME)
+                else f"{a.entity_type} {a.key!r} {state}; nothing to {a.kind.value}",
+                entity_type=a.entity_type, key=a.key, message_id=a.message_id,
+                run_id=None if row is None else row.run_id,
+            )
+        if row is not None and not a.id_reuse.allows_after(row.status):
+            raise EntityClosedError(
+                f"{a.entity_type} {a.key!r}: run {row.run_id} is {row.status.value} and "
+                f"the id reuse policy is {a.id_reuse.name}",
+                entity_type=a.entity_type, key=a.key, run_id=row.run_id,
+                message_id=a.message_id,
+            )
+        run_id = 1 if row is None else row.run_id + 1
+        next_seq = 1 if row is None else row.next_seq
+        txn.start_run(a.entity_type, a.key, run_id, a.start, a.accepted_at, next_seq)
+        return EntityRow(a.shard, run_id, RunStatus.RUNNING, next_seq)
+
+    def _duplicate(self, seen: Seen) -> AcceptResult:
+        a = self.acc
+        seq, run_id, stored_hash, sender, accepted_at = seen
+        if stored_hash != a.payload_hash:
+            raise IdempotencyConflictError(
+                f"message id {a.message_id!r} for {a.entity_type} {a.key!r} was accepted "
+                "before with a different payload",
+                entity_type=a.entity_type, key=a.key, run_id=run_id, message_id=a.message_id,
+            )
+        if sender != a.sender:
+            raise IdempotencyConflictError(
+                f"message id {a.message_id!r} for {a.entity_type} {a.key!r} was accepted "
+                f"before from sender {sender!r}, not {a.sender!r}",
+                entity_type=a.entity_type, key=a.key, run_id=run_id, message_id=a.message_id,
+            )
+        entry = JournalEntry(
+            a.entity_type, a.key, seq, run_id, a.kind, a.name, a.message_id, a.payload,
+            sender, accepted_at,
+        )
+        return AcceptResult(duplicate=True, started=False, entry=entry)

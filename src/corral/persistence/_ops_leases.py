@@ -1,0 +1,102 @@
+"""Shard leases: who hosts a shard, until when, and its fencing epoch. Written once for
+both engines; expiry is judged by `Txn.clock` (on PostgreSQL the database server's, the
+one clock every process sharing the store agrees on)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ._txn import LockPlan, Txn
+
+__all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp"]
+
+_SET_LEASE = (
+    "INSERT INTO leases (shard, owner, epoch, expires_at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
+    "expires_at = excluded.expires_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireLeasesOp:
+    """Take every listed shard whose lease is free, expired or already ours.
+
+    Taking a shard from someone else (or afresh) bumps its epoch: the fencing token
+    that makes the previous holder's writes fail. With `force`, every listed shard is
+    taken at a new epoch even if its lease is live: a restarted Ray shard actor (whose
+    name maps to exactly one live incarnation) fences out its predecessor at once.
+    `orphaned` shards are taken the same way: their holder is known to be dead (the
+    store obtained the shard's OS or advisory lock, see `_locks`, `_pg_session`).
+    """
+
+    owner: str
+    shards: tuple[int, ...]
+    ttl: float
+    force: bool = False
+    orphaned: frozenset[int] = frozenset()
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.update(self.shards)
+        plan.lease_update = plan.new_leases = True
+
+    async def apply(self, txn: Txn) -> dict[int, int]:
+        now = await txn.clock()
+        taken: dict[int, int] = {}
+        for shard in self.shards:
+            row = await txn.lease(shard)
+            if row is not None and row[0] == self.owner and not self.force:
+                epoch = row[1]
+            elif row is None or row[2] < now or self.force or shard in self.orphaned:
+                epoch = (row[1] if row else 0) + 1
+            else:
+                continue
+            taken[shard] = epoch
+            txn.leases[shard] = (self.owner, epoch, now + self.ttl)
+        await txn.executemany(_SET_LEASE, [(shard, self.owner, epoch, now + self.ttl)
+                                           for shard, epoch in taken.items()])
+        return taken
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLeasesOp:
+    """Extend the leases still held at their epoch; returns the shards that remain ours."""
+
+    owner: str
+    held: tuple[tuple[int, int], ...]
+    ttl: float
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.update(shard for shard, _ in self.held)
+        plan.lease_update = True
+
+    async def apply(self, txn: Txn) -> set[int]:
+        expires = await txn.clock() + self.ttl
+        kept: set[int] = set()
+        for shard, epoch in self.held:
+            row = await txn.lease(shard)
+            if row is not None and (row[0], row[1]) == (self.owner, epoch):
+                kept.add(shard)
+                txn.leases[shard] = (self.owner, epoch, expires)
+        await txn.executemany("UPDATE leases SET expires_at = ? WHERE shard = ?",
+                              [(expires, shard) for shard in sorted(kept)])
+        return kept
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLeasesOp:
+    """Let every lease of `owner` expire now (a host shutting down)."""
+
+    owner: str
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        pass
+
+    async def apply(self, txn: Txn) -> None:
+        await txn.execute("UPDATE leases SET expires_at = 0 WHERE owner = ?", self.owner)
+        for shard, (owner, epoch, _) in list(txn.leases.items()):
+            if owner == self.owner:
+                txn.leases[shard] = (owner, epoch, 0.0)

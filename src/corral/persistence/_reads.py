@@ -1,0 +1,246 @@
+"""Every read of the store, written once for both engines on a transaction's `fetchone`
+/ `fetchall` (a `Txn` that never writes: SQLite's reader connection, a pooled
+PostgreSQL connection). Only the journal tail differs by engine (SQLite's global `pos`,
+PostgreSQL's per-shard ticks: `_pg_tail`).
+
+The entity listing walks an index in key order: by (etype, key) (the primary key) with
+or without a type, and by `entities_status` (status, etype, key) with a status, so a
+page costs the same however many entities the store holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from corral._common import RunStatus
+
+from ._records import (
+    DeadLetter,
+    EntityDetails,
+    EntityRecord,
+    EntryKind,
+    JournalEntry,
+    RunRecord,
+    Suspension,
+    UpdateOutcome,
+    WaitRecord,
+)
+from ._suspensions import OF_ENTITY, OF_SHARD, SUSPENDED_COLUMN, suspension_from_row
+from ._txn import Txn
+from ._unapplied import DEAD_LETTER_COLUMNS
+from ._waits import WAIT_COLUMNS, WaitPosition, wait_from_row
+
+__all__ = [
+    "ENTRY_COLUMNS",
+    "after_within",
+    "count_running",
+    "dead_letter_seqs",
+    "dead_letters",
+    "due_timers",
+    "entity_details",
+    "entry_from_row",
+    "journal",
+    "latest_run",
+    "latest_snapshot",
+    "list_entities",
+    "next_timer",
+    "open_waits",
+    "running_entities",
+    "runs",
+    "shard_suspensions",
+    "update_outcome",
+]
+
+ENTRY_COLUMNS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
+_ENTITY_COLUMNS = ("etype, key, shard, run_id, status, next_seq - 1, passivated_seq, "
+                   f"updated_at, {SUSPENDED_COLUMN}")
+_RUN_COLUMNS = ("run_id, status, start_input, result, error, started_at, closed_at, "
+                "continued_from, first_seq")
+
+
+def entry_from_row(r: Sequence[Any]) -> JournalEntry:
+    return JournalEntry(r[0], r[1], r[2], r[3], EntryKind(r[4]), r[5], r[6], r[7], r[8], r[9])
+
+
+def _run(etype: str, key: str, r: Sequence[Any]) -> RunRecord:
+    return RunRecord(etype, key, r[0], RunStatus(r[1]), r[2], r[3], r[4], r[5], r[6], r[7],
+                     r[8])
+
+
+def _marks(values: Collection[Any]) -> str:
+    return ", ".join("?" * len(values))
+
+
+async def due_timers(q: Txn, shards: frozenset[int], now: float) -> list[tuple[str, str]]:
+    """Entities of `shards` with a timer due at `now`, the earliest due first."""
+    if not shards:
+        return []
+    rows = await q.fetchall(
+        f"SELECT etype, key, min(due_at) AS due FROM timers WHERE shard IN ({_marks(shards)}) "
+        "AND due_at <= ? GROUP BY etype, key ORDER BY due", *sorted(shards), now)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def next_timer(q: Txn, shards: frozenset[int]) -> float | None:
+    """When the earliest durable timer of `shards` is due (None: no timer)."""
+    if not shards:
+        return None
+    row = await q.fetchone(f"SELECT min(due_at) FROM timers WHERE shard IN ({_marks(shards)})",
+                           *sorted(shards))
+    return None if row is None or row[0] is None else float(row[0])
+
+
+async def latest_snapshot(q: Txn, etype: str, key: str, run_id: int
+                          ) -> tuple[int, bytes] | None:
+    """The newest snapshot of the run: (applied_seq, its JSON envelope), or None."""
+    row = await q.fetchone(
+        "SELECT applied_seq, state FROM snapshots WHERE etype = ? AND key = ? "
+        "AND run_id = ? ORDER BY applied_seq DESC LIMIT 1", etype, key, run_id)
+    return None if row is None else (int(row[0]), bytes(row[1]))
+
+
+async def journal(q: Txn, etype: str, key: str, run_id: int, after_seq: int
+                  ) -> list[JournalEntry]:
+    """The run's journal entries after `after_seq`, in order."""
+    rows = await q.fetchall(
+        f"SELECT {ENTRY_COLUMNS} FROM journal WHERE etype = ? AND key = ? AND seq > ? "
+        "AND run_id = ? ORDER BY seq", etype, key, after_seq, run_id)
+    return [entry_from_row(r) for r in rows]
+
+
+async def latest_run(q: Txn, etype: str, key: str) -> tuple[RunRecord, int] | None:
+    """The entity's latest run and its next journal seq, or None if never started."""
+    row = await q.fetchone(
+        f"SELECT {', '.join('r.' + c for c in _RUN_COLUMNS.split(', '))}, e.next_seq "
+        "FROM entities e JOIN runs r ON r.etype = e.etype AND r.key = e.key "
+        "AND r.run_id = e.run_id WHERE e.etype = ? AND e.key = ?", etype, key)
+    return None if row is None else (_run(etype, key, row), row[9])
+
+
+async def runs(q: Txn, etype: str, key: str) -> list[RunRecord]:
+    rows = await q.fetchall(f"SELECT {_RUN_COLUMNS} FROM runs WHERE etype = ? AND key = ? "
+                            "ORDER BY run_id", etype, key)
+    return [_run(etype, key, r) for r in rows]
+
+
+async def running_entities(q: Txn, shard: int) -> list[tuple[str, str]]:
+    rows = await q.fetchall(
+        "SELECT etype, key FROM entities WHERE shard = ? AND status = 'running' AND "
+        "(passivated_seq IS NULL OR next_seq - 1 > passivated_seq)", shard)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def count_running(q: Txn, shard: int) -> int:
+    """Entities of `shard` whose run is running (passivated ones included)."""
+    row = await q.fetchone(
+        "SELECT count(*) FROM entities WHERE shard = ? AND status = 'running'", shard)
+    assert row is not None
+    return int(row[0])
+
+
+async def update_outcome(q: Txn, etype: str, key: str, message_id: str
+                         ) -> UpdateOutcome | None:
+    row = await q.fetchone("SELECT outcome FROM dedupe WHERE etype = ? AND key = ? "
+                           "AND message_id = ?", etype, key, message_id)
+    return None if row is None or row[0] is None else UpdateOutcome.from_json(row[0])
+
+
+async def dead_letters(q: Txn, etype: str | None, key: str | None, limit: int,
+                       after: int) -> list[DeadLetter]:
+    """Dead letters with an id above `after`, oldest first, optionally of one entity
+    type and/or key."""
+    filters = (("etype = ?", etype), ("key = ?", key))
+    where = " AND ".join(["id > ?", *(c for c, v in filters if v is not None)])
+    rows = await q.fetchall(
+        f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE {where} "
+        "ORDER BY id LIMIT ?", after, *(v for _, v in filters if v is not None), limit)
+    return [DeadLetter(*r) for r in rows]
+
+
+async def dead_letter_seqs(q: Txn, etype: str, key: str, run_id: int) -> frozenset[int]:
+    """The journal seqs of the run that have a dead letter."""
+    rows = await q.fetchall("SELECT seq FROM dead_letters WHERE etype = ? AND key = ? "
+                            "AND run_id = ?", etype, key, run_id)
+    return frozenset(int(r[0]) for r in rows)
+
+
+def after_within(etype: str | None, after: tuple[str, str] | None
+                 ) -> tuple[str, str] | bool | None:
+    """Where a page of one type (`etype`) starts: `after`, None (from the type's first
+    key), or False (nothing: the cursor is past the type). With one type the query
+    compares keys only (`key > ?`), which both databases seek in the index directly."""
+    if etype is None or after is None or after[0] == etype:
+        return after
+    return None if after[0] < etype else False
+
+
+async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, limit: int,
+                        after: tuple[str, str] | None) -> list[EntityRecord]:
+    """A page of entities in (etype, key) order after `after`."""
+    start = after_within(etype, after)
+    if start is False:
+        return []
+    where: list[str] = []
+    args: list[Any] = []
+    if status is not None:
+        where.append("status = ?")
+        args.append(status.value)
+    if etype is not None:
+        where.append("etype = ?")
+        args.append(etype)
+    if isinstance(start, tuple) and etype is not None:
+        where.append("key > ?")
+        args.append(start[1])
+    elif isinstance(start, tuple):
+        where.append("(etype, key) > (?, ?)")
+        args.extend(start)
+    rows = await q.fetchall(
+        f"SELECT {_ENTITY_COLUMNS} FROM entities {'WHERE ' if where else ''}"
+        f"{' AND '.join(where)} ORDER BY etype, key LIMIT ?", *args, limit)
+    return [EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7],
+                         bool(r[8])) for r in rows]
+
+
+async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDetails:
+    """The run's latest snapshot, the entity's pending timers, the run's signal waits,
+    the entity's dead-letter count and its suspension."""
+    snap = await q.fetchone(
+        "SELECT applied_seq, created_at FROM snapshots WHERE etype = ? AND key = ? "
+        "AND run_id = ? ORDER BY applied_seq DESC LIMIT 1", etype, key, run_id)
+    timers = await q.fetchall("SELECT due_at FROM timers WHERE etype = ? AND key = ? "
+                              "ORDER BY due_at", etype, key)
+    waits = await q.fetchall(f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE etype = ? "
+                             "AND key = ? AND run_id = ? ORDER BY name", etype, key, run_id)
+    dead = await q.fetchone("SELECT count(*) FROM dead_letters WHERE etype = ? AND key = ?",
+                            etype, key)
+    suspended = await q.fetchone(OF_ENTITY, etype, key)
+    assert dead is not None
+    return EntityDetails(None if snap is None else snap[0], None if snap is None else snap[1],
+                         tuple(t[0] for t in timers), tuple(wait_from_row(w) for w in waits),
+                         int(dead[0]),
+                         None if suspended is None else suspension_from_row(suspended))
+
+
+async def shard_suspensions(q: Txn, shard: int) -> list[Suspension]:
+    """The suspended running runs of `shard` (a host taking the shard reads them)."""
+    return [suspension_from_row(r) for r in await q.fetchall(OF_SHARD, shard)]
+
+
+async def open_waits(q: Txn, etype: str | None, limit: int, after: WaitPosition | None
+                     ) -> list[WaitRecord]:
+    """Open waits, oldest first, after the `after` position (opened_at, etype, key,
+    run_id, name)."""
+    where: list[str] = ["status = 'open'"]
+    args: list[Any] = []
+    if etype is not None:
+        where.append("etype = ?")
+        args.append(etype)
+    if after is not None:
+        where.append("(opened_at, etype, key, run_id, name) > "
+                     "(CAST(? AS DOUBLE PRECISION), ?, ?, CAST(? AS BIGINT), ?)")
+        args.extend(after)
+    rows = await q.fetchall(
+        f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE {' AND '.join(where)} "
+        "ORDER BY opened_at, etype, key, run_id, name LIMIT ?", *args, limit)
+    return [wait_from_row(r) for r in rows]

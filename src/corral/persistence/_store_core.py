@@ -1,0 +1,206 @@
+"""`StoreCore`: the `Store` methods both engines share, written once.
+
+Each is an op handed to the engine's group commit (`write`) or a read handed to one of
+its read connections (`read`); `SqliteStore` and `PostgresStore` add only what is truly
+their own: opening and closing, the writer, the journal tail, shard locks and
+commit notifications.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from corral._common import RunStatus
+
+from . import _reads as reads
+from ._ops_accept import AcceptOp
+from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
+from ._ops_runs import (
+    ActivatedOp,
+    CloseRunOp,
+    ContinueAsNewOp,
+    RecordUpdateOp,
+    SnapshotOp,
+    TimerOp,
+)
+from ._ops_waits import DeliverOp, ExpireWaitOp, OpenWaitOp
+from ._records import (
+    Acceptance,
+    AcceptResult,
+    DeadLetter,
+    DeliveryRequest,
+    DeliveryResult,
+    EntityDetails,
+    EntityRecord,
+    JournalEntry,
+    RunRecord,
+    Suspension,
+    UpdateOutcome,
+    WaitRecord,
+)
+from ._suspensions import ClearSuspensionOp, SuspendOp
+from ._txn import Fence, WriteOp
+from ._unapplied import SettleRunOp
+from ._waits import WaitPosition
+
+__all__ = ["StoreCore"]
+
+T = TypeVar("T")
+
+
+class StoreCore:
+    """What both stores do alike, on the two primitives each store provides."""
+
+    __slots__ = ()
+    # The clock a delivery's deadline is judged by; None: the transaction's (`Txn.clock`).
+    delivery_clock: Callable[[], float] | None = None
+
+    def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
+        """Apply `op` in the next group-commit transaction; return its result once durable."""
+        raise NotImplementedError
+
+    def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
+        """`write` for each op, in one batch: each op's result, or the error refusing it."""
+        raise NotImplementedError
+
+    async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`fn(q, *args)` on a read-only `Txn` `q` over a read connection, in one read
+        transaction where the engine needs one; driver errors wrapped."""
+        raise NotImplementedError
+
+    # -- writes -------------------------------------------------------------------
+
+    def accept(self, acc: Acceptance) -> Coroutine[Any, Any, AcceptResult]:
+        return self.write(AcceptOp(acc))  # no frame of its own: every send comes here
+
+    async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
+        return await self.write_many([AcceptOp(acc) for acc in accs])
+
+    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
+        return await self.write(DeliverOp(req, self.delivery_clock))  # type: ignore[no-any-return]
+
+    async def open_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str, *,
+                        deadline: float | None, now: float,
+                        aliases: tuple[str, ...] = ()) -> WaitRecord:
+        op = OpenWaitOp(fence, etype, key, run_id, name, deadline, now, aliases)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def expire_wait(self, fence: Fence, etype: str, key: str, run_id: int, name: str,
+                          *, now: float) -> WaitRecord:
+        op = ExpireWaitOp(fence, etype, key, run_id, name, now)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def record_update(self, fence: Fence, etype: str, key: str, message_id: str,
+                            outcome: UpdateOutcome) -> None:
+        await self.write(RecordUpdateOp(fence, etype, key, message_id, outcome.to_json()))
+
+    async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                        applied_seq: int, status: RunStatus, result: str | None,
+                        error: str | None, force: bool = False,
+                        pending: Sequence[JournalEntry] = ()) -> bool:
+        op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
+                        tuple(pending))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                         applied_seq: int | None, pending: Sequence[JournalEntry] = (),
+                         failed_at: float) -> int:
+        op = SettleRunOp(fence, etype, key, run_id, applied_seq, tuple(pending), failed_at)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                             applied_seq: int, state: bytes, keep: int,
+                             passivate: bool = False, forget_seq: int = 0,
+                             forget_before: float = 0.0) -> int:
+        op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate,
+                        forget_seq, forget_before)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                              applied_seq: int, next_input: str,
+                              carried: Sequence[JournalEntry]) -> int:
+        op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
+                             tuple(carried))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
+        await self.write(ActivatedOp(fence, etype, key))
+
+    async def suspend_run(self, fence: Fence, record: Suspension) -> None:
+        await self.write(SuspendOp(fence, record))
+
+    async def clear_suspension(self, fence: Fence, etype: str, key: str, run_id: int
+                               ) -> None:
+        await self.write(ClearSuspensionOp(fence, etype, key, run_id))
+
+    async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
+                        timer_id: str, due_at: float | None) -> None:
+        await self.write(TimerOp(fence, etype, key, run_id, timer_id, due_at))
+
+    async def record_dead_letter(self, fence: Fence, entry: JournalEntry, *, error: str,
+                                 traceback: str, attempts: int, failed_at: float) -> int:
+        op = RecordDeadLetterOp(fence, entry, error, traceback, attempts, failed_at)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def replay_dead_letter(self, etype: str, key: str, shard: int, dead_letter_id: int,
+                                 *, accepted_at: float) -> AcceptResult:
+        op = ReplayDeadLetterOp(etype, key, shard, dead_letter_id, accepted_at)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
+        op = DiscardDeadLetterOp(etype, key, dead_letter_id)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    # -- reads --------------------------------------------------------------------
+
+    async def signal_waits(self, etype: str | None, *, limit: int,
+                           after: WaitPosition | None = None) -> list[WaitRecord]:
+        return await self.query(reads.open_waits, etype, limit, after)
+
+    async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
+                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
+        return await self.query(reads.list_entities, etype, status, limit, after)
+
+    async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
+        return await self.query(reads.entity_details, etype, key, run_id)
+
+    async def suspensions(self, shard: int) -> list[Suspension]:
+        return await self.query(reads.shard_suspensions, shard)
+
+    async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]:
+        return await self.query(reads.due_timers, shards, now)
+
+    async def next_timer(self, shards: frozenset[int]) -> float | None:
+        return await self.query(reads.next_timer, shards)
+
+    async def latest_snapshot(self, etype: str, key: str, run_id: int
+                              ) -> tuple[int, bytes] | None:
+        return await self.query(reads.latest_snapshot, etype, key, run_id)
+
+    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
+                      ) -> list[JournalEntry]:
+        return await self.query(reads.journal, etype, key, run_id, after_seq)
+
+    async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None:
+        return await self.query(reads.latest_run, etype, key)
+
+    async def runs(self, etype: str, key: str) -> list[RunRecord]:
+        return await self.query(reads.runs, etype, key)
+
+    async def running_entities(self, shard: int) -> list[tuple[str, str]]:
+        return await self.query(reads.running_entities, shard)
+
+    async def count_running(self, shard: int) -> int:
+        return await self.query(reads.count_running, shard)
+
+    async def update_outcome(self, etype: str, key: str, message_id: str
+                             ) -> UpdateOutcome | None:
+        return await self.query(reads.update_outcome, etype, key, message_id)
+
+    async def dead_letters(self, etype: str | None = None, key: str | None = None, *,
+                           limit: int = 100, after: int = 0) -> list[DeadLetter]:
+        return await self.query(reads.dead_letters, etype, key, limit, after)
+
+    async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
+        return await self.query(reads.dead_letter_seqs, etype, key, run_id)
