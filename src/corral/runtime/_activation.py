@@ -32,14 +32,15 @@ from corral._errors import (
     StoreError,
 )
 from corral.actors import ContinueAsNew, Entity
-from corral.persistence import EntryKind, JournalEntry, Suspension
+from corral.persistence import EntryKind, JournalEntry, RunRecord, Suspension
 
 from ._apply import encode_start, instantiate
 from ._events import lifecycle
 from ._poison import DeadLetter, apply_live, apply_now, retried_handler
-from ._residence import Residence, retrying
+from ._recovery import fail_unbuilt, running_run, settle_terminated
+from ._residence import Residence
 from ._results import decode_value, encode_value
-from ._signal_waits import RunWaits
+from ._run_context import RunContext
 from ._snapshot import capture, rebuild
 from ._suspension import end_suspension, next_suspension, record_suspension
 
@@ -55,136 +56,32 @@ class _State(enum.Enum):
     FINISHED = "finished"
 
 
-class Activation:
-    """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`."""
+class Activation(RunContext):
+    """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`.
 
-    __slots__ = (
-        "_applying", "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_home", "_inbox",
-        "_last_active", "_resuming", "_run_id", "_run_task", "_snapshot_seq", "_state",
-        "_state_waiters", "_switching", "_timers", "_waiting", "_waits", "_worker", "applied_seq",
-        "closed", "definition", "entity",
-    )
+    What the entity's code calls (its `EntityContext`) is the `RunContext` part."""
+
+    __slots__ = ("_applying", "_evicted", "_inbox", "_last_active", "_snapshot_seq", "_state",
+                 "_state_waiters", "_switching", "_worker", "closed", "entity")
 
     def __init__(self, home: Residence, previous: Activation | None = None,
                  fresh: JournalEntry | None = None, start_input: str | None = None) -> None:
-        self._home = home  # the shard, as this entity sees it: its only way to the host
-        self.definition = home.definition
-        self._run_id = 0
-        self.applied_seq = 0
+        super().__init__(home)
         self._snapshot_seq = 0
         self.entity: Entity | None = None
         self.closed = False
         self._evicted = False
         self._switching = False  # continue-as-new in progress: apply nothing more
         self._applying = False  # a handler is running for the entry after applied_seq
-        self._first_seq = 1  # this run's first journal seq
-        self._floor = 0  # journal entries up to here are covered by kept snapshots
-        self._bytes = 0  # payload bytes applied by this activation
-        self._timers = 0
-        self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
-        self._waits: RunWaits | None = None  # this run's signal waits, once it has any
         self._last_active = home.clock.monotonic()
-        # Retrying a suspended run: the suspension ends when run() gets past the point.
-        self._resuming = home.suspended() is not None
         self._state = _State.LOADING
         # A fresh run's first entry goes first: entries other callers enqueue while
         # the load task has not run yet would otherwise precede it and open a gap.
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
-        self._changed: asyncio.Event | None = None
         self._state_waiters: list[asyncio.Future[None]] | None = None
-        # The snapshot this code cannot restore, while it retries: a query answers it
-        # (from the store) instead of waiting for a load that needs other code.
-        self._run_task: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = asyncio.create_task(
             self._load(previous, fresh, start_input)
         )
-
-    # -- EntityContext ---------------------------------------------------------------
-
-    @property
-    def entity_type(self) -> str:
-        return self.definition.name
-
-    @property
-    def key(self) -> str:
-        return self._home.key
-
-    @property
-    def run_id(self) -> int:
-        return self._run_id
-
-    async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
-        if predicate():
-            return True
-        if timeout is None:
-            return await self.wait_until(predicate, None)
-        return await self._timed(predicate, self.now() + timeout)
-
-    async def sleep_until(self, deadline: float) -> None:
-        await self._timed(lambda: False, deadline)
-
-    async def _timed(self, predicate: Callable[[], object], deadline: float) -> bool:
-        """Wait under a durable timer: if this activation dies (crash, passivation),
-        the timer row stays and reactivates the entity when it is due."""
-        self._timers += 1
-        timer_id = f"{self._run_id}.{self.applied_seq}.{self._timers}"
-        store, fence, etype, key, run_id = (self._home.store, self._home.fence,
-                                            self.entity_type, self.key, self._run_id)
-        await self._retrying("timer", lambda: store.set_timer(
-            fence, etype, key, run_id, timer_id, deadline))
-        result = await self.wait_until(predicate, max(0.0, deadline - self.now()))
-        await self._retrying("timer", lambda: store.set_timer(
-            fence, etype, key, run_id, timer_id, None))
-        return result
-
-    def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> Awaitable[T]:
-        return retrying(self._home, self._run_id, what, call)
-
-    async def wait_until(self, predicate: Callable[[], object], timeout: float | None) -> bool:
-        """Until `predicate()` holds (re-checked after every applied entry) or `timeout`
-        seconds pass on the host's clock; while parked, the entity counts as idle."""
-        clock = self._home.clock
-        deadline = None if timeout is None else clock.monotonic() + timeout
-        self._waiting += 1
-        try:
-            while not predicate():
-                if self._resuming and asyncio.current_task() is self._run_task:
-                    self._resuming = False
-                    await end_suspension(self._home, self._run_id)  # run() waits: past the point
-                    continue
-                if self._changed is None:
-                    self._changed = asyncio.Event()
-                remaining = None if deadline is None else deadline - clock.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                if not await clock.wait(self._changed, remaining):
-                    return bool(predicate())
-            return True
-        finally:
-            self._waiting -= 1
-
-    async def wait_signal(self, name: str, timeout: float | None) -> str:
-        if self._waits is None:
-            self._waits = RunWaits(self._home, self)
-        return await self._waits.wait(name, timeout)
-
-    def now(self) -> float:
-        return self._home.clock.time()
-
-    @property
-    def continue_as_new_suggested(self) -> bool:
-        p = self.definition.continue_as_new
-        signals = self.applied_seq - self._first_seq + 1
-        entries = self.applied_seq - max(self._first_seq - 1, self._floor)
-        return any(limit is not None and value >= limit for value, limit in (
-            (signals, p.max_signals), (entries, p.max_journal_entries),
-            (self._bytes, p.max_journal_bytes),
-        ))
-
-    def notify(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
 
     # -- state -------------------------------------------------------------------------
 
@@ -288,7 +185,7 @@ class Activation:
                     if fresh is not None and failures == 0:
                         self._start_fresh(fresh, start_input)
                         if fresh.run_id > 1:  # it replaced a closed run
-                            await self._settle_terminated(fresh.run_id - 1)
+                            await settle_terminated(self._home, fresh.run_id - 1)
                     elif not await self._recover():
                         return  # closed or terminated before we got here
                     break
@@ -318,19 +215,13 @@ class Activation:
 
         Returns False if the entity has no running run.
         """
-        store = self._home.store
-        found = await store.latest_run(self.entity_type, self.key)
-        if found is None or found[0].status is not RunStatus.RUNNING:
-            self._run_id = found[0].run_id if found else 0
-            self._home.release(self._run_id)
-            if found is not None and found[0].status is RunStatus.TERMINATED:
-                await self._settle_terminated(found[0].run_id)
+        run = await running_run(self._home)
+        if not isinstance(run, RunRecord):
+            self._run_id = run
             self._finish()
             return False
-        run = found[0]
-        if run.run_id > 1 and run.continued_from is None:  # it replaced a closed run
-            await self._settle_terminated(run.run_id - 1)
         self._run_id, self._first_seq = run.run_id, run.first_seq
+        store = self._home.store
         await store.mark_activated(self._home.fence, self.entity_type, self.key)
         self.entity, covered = await rebuild(store, self.definition, run, self)
         self.applied_seq = self._snapshot_seq = self._floor = covered
@@ -344,33 +235,12 @@ class Activation:
     async def _cannot_build(self, err: Exception) -> None:
         """The activation cannot be built: suspend the run, or fail it if the code says so."""
         record = next_suspension(self._home, self._run_id, err, "activation failed")
-        if record is None:
-            held = self._home.suspended()
-            await self._fail_run(err, 1 if held is None else held.attempts + 1)
+        if record is not None:
+            await self._evict(suspension=record)
             return
-        await self._evict(suspension=record)
-
-    async def _settle_terminated(self, run_id: int) -> None:
-        """A run terminated while no host had it in memory: the messages after its latest
-        snapshot were never applied; they become its dead letters (see
-        `persistence._unapplied`). A no-op for a run settled before or not terminated."""
-        added = await self._home.store.settle_run(
-            self._home.fence, self.entity_type, self.key, run_id, applied_seq=None,
-            failed_at=self.now())
-        if added:
-            log.warning("%s %r run %d: %d messages it never applied are kept as dead letters",
-                        self.entity_type, self.key, run_id, added)
-
-    async def _fail_run(self, err: Exception, attempts: int) -> None:
-        """Close the run as failed: its activation cannot be built."""
-        text = "".join(traceback.format_exception(err))
-        log.error("%s %r run %d: activation failed %d times; the run is failed:\n%s",
-                  self.entity_type, self.key, self._run_id, attempts, text)
-        # What the discarded state had applied beyond its snapshot was never applied:
-        # the close keeps every message after the snapshot as a dead letter of the run.
-        await self._close_run(RunStatus.FAILED, None, f"activation failed after {attempts} "
-                              f"attempts: {type(err).__name__}: {err}\n{text}",
-                              applied_seq=self._snapshot_seq, force=True)
+        held = self._home.suspended()
+        await fail_unbuilt(self._home, self._run_id, self._snapshot_seq, err,
+                           1 if held is None else held.attempts + 1)
         self._closed("failed", EntityFailedError, f"run {self._run_id} failed: its activation "
                      f"could not be built ({type(err).__name__}: {err})",
                      reason="activation failed")
@@ -543,10 +413,7 @@ class Activation:
                              failed: Exception | None) -> None:
         """Wakes `run()` waiting on the signal wait the delivery closed."""
         self.applied_seq = entry.seq
-        if self._waits is None:
-            self._waits = RunWaits(self._home, self)
-        if self._waits.delivered(entry):
-            self.notify()
+        self._delivered(entry)
 
     async def _dead_letter(self, entry: JournalEntry, verdict: DeadLetter, *,
                            replaying: bool) -> None:
@@ -723,8 +590,10 @@ class Activation:
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
-        while not await self._close_run(status, result, error, applied_seq=self.applied_seq,
-                                        pending=self.untaken()):
+        while not await self._home.store.close_run(
+                self._home.fence, self.entity_type, self.key, self._run_id,
+                applied_seq=self.applied_seq, status=status, result=result, error=error,
+                pending=self.untaken()):
             # Messages were accepted meanwhile: let the worker apply them, then retry.
             late = await self._home.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
@@ -739,14 +608,6 @@ class Activation:
                      f"run {self._run_id} closed as {status.value}")
         if self._worker is None:
             self._finish()
-
-    def _close_run(self, status: RunStatus, result: str | None, error: str | None, *,
-                   applied_seq: int, force: bool = False,
-                   pending: list[JournalEntry] | None = None) -> Awaitable[bool]:
-        return self._home.store.close_run(
-            self._home.fence, self.entity_type, self.key, self._run_id,
-            applied_seq=applied_seq, status=status, result=result, error=error, force=force,
-            pending=pending or ())
 
     def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
         """The run is closed: say so, and fail the updates still waiting on it."""
