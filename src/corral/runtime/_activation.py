@@ -18,7 +18,7 @@ import logging
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import corral.metrics as metrics
 from corral._common import RunStatus
@@ -47,7 +47,6 @@ from ._suspension import end_suspension, next_suspension, record_suspension
 __all__ = ["Activation"]
 
 log = logging.getLogger("corral.activation")
-T = TypeVar("T")
 
 
 class _State(enum.Enum):

@@ -308,28 +308,14 @@ class ShardResidence:
     """The `Residence` a shard gives one entity: the shard, bound to its definition and
     key once (an activation's only way to its host)."""
 
-    __slots__ = ("_shard", "definition", "key")
+    __slots__ = ("_shard", "clock", "definition", "entity_type", "fence", "key", "store")
 
     def __init__(self, shard: Shard, definition: EntityDefinition, key: str) -> None:
         self._shard = shard
         self.definition = definition
+        self.entity_type = definition.name
         self.key = key
-
-    @property
-    def entity_type(self) -> str:
-        return self.definition.name
-
-    @property
-    def store(self) -> Store:
-        return self._shard.store
-
-    @property
-    def fence(self) -> Fence:
-        return self._shard.fence
-
-    @property
-    def clock(self) -> Clock:
-        return self._shard.clock
+        self.store, self.fence, self.clock = shard.store, shard.fence, shard.clock
 
     def enqueue(self, entry: JournalEntry) -> None:
         self._shard.enqueue(entry)
