@@ -240,7 +240,7 @@ class Activation(RunContext):
         held = self._home.suspended()
         await fail_unbuilt(self._home, self._run_id, self._snapshot_seq, err,
                            1 if held is None else held.attempts + 1)
-        self._closed("failed", EntityFailedError, f"run {self._run_id} failed: its activation "
+        self._closed("failed", EntityFailedError, f": run {self._run_id} failed: its activation "
                      f"could not be built ({type(err).__name__}: {err})",
                      reason="activation failed")
         self._finish()
@@ -362,6 +362,7 @@ class Activation(RunContext):
 
     async def _apply_signal(self, entry: JournalEntry, replaying: bool,
                             failed: Exception | None) -> None:
+        """A replay passes over a signal dead-lettered before (its snapshot may be gone)."""
         if replaying and retried_handler(self.definition, entry) is not None \
                 and entry.seq in await self._home.dead_letter_seqs(entry.run_id):
             log.info("%s %r: seq %d was dead-lettered before; not applied again",
@@ -604,16 +605,17 @@ class Activation(RunContext):
             if self.closed:  # terminated while we waited
                 return
         self._closed(status.value, EntityTerminatedError,
-                     f"run {self._run_id} closed as {status.value}")
+                     f": run {self._run_id} closed as {status.value}")
         if self._worker is None:
             self._finish()
 
     def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
-        """The run is closed: say so, and fail the updates still waiting on it."""
+        """The run is closed: say so, and fail the updates still waiting on it with
+        `error` (its message: the entity, then `why`)."""
         self.closed = True
         lifecycle("run closed", self.entity_type, self.key, self._run_id, status=status,
                   **fields)
-        self._home.fail_waiters(self._run_id, error, f"{self.entity_type} {self.key!r}: {why}")
+        self._home.fail_waiters(self._run_id, error, f"{self.entity_type} {self.key!r}{why}")
 
     async def _continue(self, next_input: object, watermark: int, *,
                         abort_handler: bool) -> None:
@@ -679,7 +681,7 @@ class Activation(RunContext):
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
         self._closed("terminated", EntityTerminatedError,
-                     f"terminated: {decode_value(reason, str)}")
+                     f" terminated: {decode_value(reason, str)}")
 
     def _finish(self, *, forward_all: bool = False) -> None:
         if self._state is _State.FINISHED:

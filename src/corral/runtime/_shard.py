@@ -240,20 +240,21 @@ class Shard:
     def _residence(self, etype: str, key: str) -> ShardResidence:
         return ShardResidence(self, self._definitions[etype], key)
 
-    async def record_update(self, act: ShardResidence, entry: JournalEntry,
+    async def record_update(self, home: ShardResidence, entry: JournalEntry,
                             outcome: UpdateOutcome, *, replaying: bool) -> None:
+        """Record an applied update's outcome and answer its callers waiting here."""
         if replaying:  # the first application may have recorded it before a crash
-            recorded = await self.store.update_outcome(act.entity_type, act.key,
+            recorded = await self.store.update_outcome(home.entity_type, home.key,
                                                        entry.message_id)
             if recorded is not None:
                 outcome = recorded
             else:
-                await self.store.record_update(self.fence, act.entity_type, act.key,
+                await self.store.record_update(self.fence, home.entity_type, home.key,
                                                entry.message_id, outcome)
         else:
-            await self.store.record_update(self.fence, act.entity_type, act.key,
+            await self.store.record_update(self.fence, home.entity_type, home.key,
                                            entry.message_id, outcome)
-        for fut in self._update_waiters.pop((act.entity_type, act.key, entry.message_id), ()):
+        for fut in self._update_waiters.pop((home.entity_type, home.key, entry.message_id), ()):
             if not fut.done():
                 fut.set_result(outcome)
 
@@ -290,6 +291,7 @@ class Shard:
 
     async def record_dead_letter(self, entry: JournalEntry, *, error: str, traceback: str,
                                  attempts: int) -> None:
+        """Move `entry` to the dead letters (fenced) and add it to the cached seqs."""
         dead_id = await self.store.record_dead_letter(
             self.fence, entry, error=error, traceback=traceback, attempts=attempts,
             failed_at=self.clock.time())
