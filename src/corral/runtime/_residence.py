@@ -1,11 +1,12 @@
 """`Residence`: one entity's place in its shard, the only seam between an `Activation`
 and the shard that hosts it.
 
-The shard implements it (`_shard.Shard.residence`), bound once to the entity's
-definition and key and to the shard's fence; the activation, its signal waits and its
-suspension records see nothing else of the host (temporalio's `_Runtime` in
-`workflow/_context.py` is the model). This module is a leaf of the runtime: it names
-the activation only as `object`, so nothing here imports `_activation` or `_shard`.
+The shard implements it (`_shard.ShardResidence`, one per activation), bound once to
+the entity's definition and key and to the shard's fence; the activation and what it
+is made of (`_run_context`, `_signal_waits`, `_suspension`, `_recovery`) see nothing
+else of the host (temporalio's `_Runtime` in `workflow/_context.py` is the model). This
+module is a leaf of the runtime: it names the activation only as `object`, so nothing
+here imports `_activation` or `_shard`.
 """
 
 from __future__ import annotations
