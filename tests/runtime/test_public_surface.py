@@ -154,3 +154,56 @@ def test_fail_run_is_a_public_corral_error_that_user_code_raises() -> None:
     assert "FailRun" in corral.__all__
     assert issubclass(corral.FailRun, corral.CorralError)
     assert corral.Entity.run_retry.max_attempts is None  # suspended runs retry forever
+
+
+def runtime_import_graph() -> dict[str, set[str]]:
+    """corral.runtime's modules and the runtime modules each imports, `TYPE_CHECKING`
+    and function-level imports included."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((SRC / "runtime").glob("*.py")):
+        name = "corral.runtime" if path.stem == "__init__" else f"corral.runtime.{path.stem}"
+        graph[name] = {m for m in imported_corral_modules(path)
+                       if m.startswith("corral.runtime.") and m != name}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (its modules in order, the first repeated at the end), or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return None
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, [*path, node])
+            if found is not None:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found is not None:
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) is None
+
+
+def test_no_module_of_the_runtime_imports_itself_back_through_others() -> None:
+    graph = runtime_import_graph()
+    assert "corral.runtime._activation" in graph
+    assert import_cycle(graph) is None, " -> ".join(import_cycle(graph) or [])
+
+
+def test_an_activation_sees_its_shard_only_through_its_residence() -> None:
+    graph = runtime_import_graph()
+    assert "corral.runtime._shard" not in graph["corral.runtime._activation"]
+    for module in ("_poison", "_signal_waits", "_suspension", "_residence"):
+        reached = graph[f"corral.runtime.{module}"]
+        assert not {"corral.runtime._activation", "corral.runtime._shard"} & reached, module

@@ -18,11 +18,12 @@ import logging
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import corral.metrics as metrics
 from corral._common import RunStatus
 from corral._errors import (
+    CorralError,
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
@@ -30,28 +31,22 @@ from corral._errors import (
     LeaseLostError,
     StoreError,
 )
-from corral.actors import (
-    ContinueAsNew,
-    Entity,
-    EntityDefinition,
-)
-from corral.persistence import EntryKind, JournalEntry
+from corral.actors import ContinueAsNew, Entity
+from corral.persistence import EntryKind, JournalEntry, RunRecord, Suspension
 
 from ._apply import encode_start, instantiate
 from ._events import lifecycle
-from ._poison import apply_live, apply_now, retried_handler
+from ._poison import DeadLetter, apply_live, apply_now, retried_handler
+from ._recovery import fail_unbuilt, running_run, settle_terminated
+from ._residence import Residence
 from ._results import decode_value, encode_value
-from ._signal_waits import RunWaits
+from ._run_context import RunContext
 from ._snapshot import capture, rebuild
 from ._suspension import end_suspension, next_suspension, record_suspension
-
-if TYPE_CHECKING:
-    from ._shard import Shard
 
 __all__ = ["Activation"]
 
 log = logging.getLogger("corral.activation")
-T = TypeVar("T")
 
 
 class _State(enum.Enum):
@@ -60,156 +55,32 @@ class _State(enum.Enum):
     FINISHED = "finished"
 
 
-class Activation:
-    """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`."""
+class Activation(RunContext):
+    """Hosts one entity: its instance, its ordered inbox of journal entries, its `run()`.
 
-    __slots__ = (
-        "_applying", "_bytes", "_changed", "_evicted", "_first_seq", "_floor", "_inbox", "_key",
-        "_last_active", "_resuming", "_run_id", "_run_task", "_shard", "_snapshot_seq", "_state",
-        "_state_waiters", "_switching", "_timers", "_waiting", "_waits", "_worker", "applied_seq",
-        "closed", "definition", "entity",
-    )
+    What the entity's code calls (its `EntityContext`) is the `RunContext` part."""
 
-    def __init__(self, shard: Shard, definition: EntityDefinition, key: str,
-                 previous: Activation | None = None, fresh: JournalEntry | None = None,
-                 start_input: str | None = None) -> None:
-        self._shard = shard
-        self.definition = definition
-        self._key = key
-        self._run_id = 0
-        self.applied_seq = 0
+    __slots__ = ("_applying", "_evicted", "_inbox", "_last_active", "_snapshot_seq", "_state",
+                 "_state_waiters", "_switching", "_worker", "closed", "entity")
+
+    def __init__(self, home: Residence, previous: Activation | None = None,
+                 fresh: JournalEntry | None = None, start_input: str | None = None) -> None:
+        super().__init__(home)
         self._snapshot_seq = 0
         self.entity: Entity | None = None
         self.closed = False
         self._evicted = False
         self._switching = False  # continue-as-new in progress: apply nothing more
         self._applying = False  # a handler is running for the entry after applied_seq
-        self._first_seq = 1  # this run's first journal seq
-        self._floor = 0  # journal entries up to here are covered by kept snapshots
-        self._bytes = 0  # payload bytes applied by this activation
-        self._timers = 0
-        self._waiting = 0  # coroutines parked in wait_for (run() waiting = idle)
-        self._waits: RunWaits | None = None  # this run's signal waits, once it has any
-        self._last_active = self._shard.clock.monotonic()
-        # Retrying a suspended run: the suspension ends when run() gets past the point.
-        self._resuming = shard.suspended(definition.name, key) is not None
+        self._last_active = home.clock.monotonic()
         self._state = _State.LOADING
         # A fresh run's first entry goes first: entries other callers enqueue while
         # the load task has not run yet would otherwise precede it and open a gap.
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
-        self._changed: asyncio.Event | None = None
         self._state_waiters: list[asyncio.Future[None]] | None = None
-        # The snapshot this code cannot restore, while it retries: a query answers it
-        # (from the store) instead of waiting for a load that needs other code.
-        self._run_task: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = asyncio.create_task(
             self._load(previous, fresh, start_input)
         )
-
-    # -- EntityContext ---------------------------------------------------------------
-
-    @property
-    def entity_type(self) -> str:
-        return self.definition.name
-
-    @property
-    def key(self) -> str:
-        return self._key
-
-    @property
-    def run_id(self) -> int:
-        return self._run_id
-
-    async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
-        if predicate():
-            return True
-        if timeout is None:
-            return await self.wait_until(predicate, None)
-        return await self._timed(predicate, self.now() + timeout)
-
-    async def sleep_until(self, deadline: float) -> None:
-        await self._timed(lambda: False, deadline)
-
-    async def _timed(self, predicate: Callable[[], object], deadline: float) -> bool:
-        """Wait under a durable timer: if this activation dies (crash, passivation),
-        the timer row stays and reactivates the entity when it is due."""
-        self._timers += 1
-        timer_id = f"{self._run_id}.{self.applied_seq}.{self._timers}"
-        store, fence = self._shard.store, self._shard.fence
-        await self.retrying("timer", lambda: store.set_timer(
-            fence, self.entity_type, self.key, self._run_id, timer_id, deadline))
-        result = await self.wait_until(predicate, max(0.0, deadline - self.now()))
-        await self.retrying("timer", lambda: store.set_timer(
-            fence, self.entity_type, self.key, self._run_id, timer_id, None))
-        return result
-
-    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """A store call `run()` made through the context (a timer, a snapshot, a signal
-        wait), repeated with the type's backoff while the store fails: an outage or a full
-        disk never reaches `run()`, which waits it out where it is. A lost lease does
-        reach it (the next holder runs `run()` again); a closing host cancels the wait."""
-        failures = 0
-        while True:
-            try:
-                return await call()
-            except LeaseLostError:
-                raise
-            except StoreError as err:
-                failures += 1
-                delay = self.definition.retry.backoff(failures)
-                log.warning("%s %r run %d: %s failed (%s); run() waits, retrying in %.3fs",
-                            self.entity_type, self.key, self._run_id, what, err, delay)
-                await asyncio.sleep(delay)
-
-    @property
-    def shard(self) -> Shard:
-        return self._shard
-
-    async def wait_until(self, predicate: Callable[[], object], timeout: float | None) -> bool:
-        """Until `predicate()` holds (re-checked after every applied entry) or `timeout`
-        seconds pass on the host's clock; while parked, the entity counts as idle."""
-        clock = self._shard.clock
-        deadline = None if timeout is None else clock.monotonic() + timeout
-        self._waiting += 1
-        try:
-            while not predicate():
-                if self._resuming and asyncio.current_task() is self._run_task:
-                    self._resuming = False
-                    await end_suspension(self)  # run() got back to waiting: past the point
-                    continue
-                if self._changed is None:
-                    self._changed = asyncio.Event()
-                remaining = None if deadline is None else deadline - clock.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                if not await clock.wait(self._changed, remaining):
-                    return bool(predicate())
-            return True
-        finally:
-            self._waiting -= 1
-
-    async def wait_signal(self, name: str, timeout: float | None) -> str:
-        if self._waits is None:
-            self._waits = RunWaits(self)
-        return await self._waits.wait(name, timeout)
-
-    def now(self) -> float:
-        return self._shard.clock.time()
-
-    @property
-    def continue_as_new_suggested(self) -> bool:
-        p = self.definition.continue_as_new
-        signals = self.applied_seq - self._first_seq + 1
-        entries = self.applied_seq - max(self._first_seq - 1, self._floor)
-        return any(limit is not None and value >= limit for value, limit in (
-            (signals, p.max_signals), (entries, p.max_journal_entries),
-            (self._bytes, p.max_journal_bytes),
-        ))
-
-    def notify(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
 
     # -- state -------------------------------------------------------------------------
 
@@ -313,7 +184,7 @@ class Activation:
                     if fresh is not None and failures == 0:
                         self._start_fresh(fresh, start_input)
                         if fresh.run_id > 1:  # it replaced a closed run
-                            await self._settle_terminated(fresh.run_id - 1)
+                            await settle_terminated(self._home, fresh.run_id - 1)
                     elif not await self._recover():
                         return  # closed or terminated before we got here
                     break
@@ -343,20 +214,14 @@ class Activation:
 
         Returns False if the entity has no running run.
         """
-        store = self._shard.store
-        found = await store.latest_run(self.entity_type, self.key)
-        if found is None or found[0].status is not RunStatus.RUNNING:
-            self._run_id = found[0].run_id if found else 0
-            self._shard.release(self.entity_type, self.key, self._run_id)
-            if found is not None and found[0].status is RunStatus.TERMINATED:
-                await self._settle_terminated(found[0].run_id)
+        run = await running_run(self._home)
+        if not isinstance(run, RunRecord):
+            self._run_id = run
             self._finish()
             return False
-        run = found[0]
-        if run.run_id > 1 and run.continued_from is None:  # it replaced a closed run
-            await self._settle_terminated(run.run_id - 1)
         self._run_id, self._first_seq = run.run_id, run.first_seq
-        await store.mark_activated(self._shard.fence, self.entity_type, self.key)
+        store = self._home.store
+        await store.mark_activated(self._home.fence, self.entity_type, self.key)
         self.entity, covered = await rebuild(store, self.definition, run, self)
         self.applied_seq = self._snapshot_seq = self._floor = covered
         await self._replay()
@@ -368,45 +233,16 @@ class Activation:
 
     async def _cannot_build(self, err: Exception) -> None:
         """The activation cannot be built: suspend the run, or fail it if the code says so."""
-        record = None if self.definition.fails_run(err) else \
-            next_suspension(self, err, "activation failed")
-        if record is None:
-            held = self._shard.suspended(self.entity_type, self.key)
-            await self._fail_run(err, 1 if held is None else held.attempts + 1)
+        record = next_suspension(self._home, self._run_id, err, "activation failed")
+        if record is not None:
+            await self._evict(suspension=record)
             return
-        self._evict()
-        await record_suspension(self, record)
-
-    async def _settle_terminated(self, run_id: int) -> None:
-        """A run terminated while no host had it in memory: the messages after its latest
-        snapshot were never applied; they become its dead letters (see
-        `persistence._unapplied`). A no-op for a run settled before or not terminated."""
-        added = await self._shard.store.settle_run(
-            self._shard.fence, self.entity_type, self.key, run_id, applied_seq=None,
-            failed_at=self._shard.clock.time())
-        if added:
-            log.warning("%s %r run %d: %d messages it never applied are kept as dead letters",
-                        self.entity_type, self.key, run_id, added)
-
-    async def _fail_run(self, err: Exception, attempts: int) -> None:
-        """Close the run as failed: its activation cannot be built."""
-        text = "".join(traceback.format_exception(err))
-        log.error("%s %r run %d: activation failed %d times; the run is failed:\n%s",
-                  self.entity_type, self.key, self._run_id, attempts, text)
-        # What the discarded state had applied beyond its snapshot was never applied:
-        # the close keeps every message after the snapshot as a dead letter of the run.
-        await self._shard.store.close_run(
-            self._shard.fence, self.entity_type, self.key, self._run_id,
-            applied_seq=self._snapshot_seq, status=RunStatus.FAILED, result=None,
-            error=f"activation failed after {attempts} attempts: {type(err).__name__}: "
-                  f"{err}\n{text}", force=True,
-        )
-        self.closed = True
-        lifecycle("run closed", self.entity_type, self.key, self._run_id, status="failed",
-                  reason="activation failed")
-        self._shard.fail_waiters(self, EntityFailedError,
-            f"{self.entity_type} {self.key!r}: run {self._run_id} failed: its activation "
-            f"could not be built ({type(err).__name__}: {err})")
+        held = self._home.suspended()
+        await fail_unbuilt(self._home, self._run_id, self._snapshot_seq, err,
+                           1 if held is None else held.attempts + 1)
+        self._closed("failed", EntityFailedError, f": run {self._run_id} failed: its activation "
+                     f"could not be built ({type(err).__name__}: {err})",
+                     reason="activation failed")
         self._finish()
 
     async def _serve(self) -> None:
@@ -414,7 +250,7 @@ class Activation:
         self._set_state(_State.READY)
         if self._resuming and not self.definition.has_run:
             self._resuming = False
-            await end_suspension(self)  # built: nothing else of it can fail the run
+            await end_suspension(self._home, self._run_id)  # built: nothing else can fail it
         if self.definition.has_run:
             self._run_task = asyncio.create_task(self._run_main())
         await self._drain()
@@ -437,7 +273,7 @@ class Activation:
                 log.warning("%s %r: %s; evicting", self.entity_type, self.key, err)
             else:
                 log.exception("%s %r: activation failed; evicting", self.entity_type, self.key)
-            self._evict_and_retry()
+            await self._evict()
         finally:
             if self._worker is not None and self._worker.done() is False \
                     and self._worker is asyncio.current_task(self._worker.get_loop()):
@@ -451,7 +287,7 @@ class Activation:
         a chain of continue-as-new runs was otherwise snapshotted every `every` entries
         of every run: quadratic in the backlog.)
         """
-        entries = await self._shard.store.journal(
+        entries = await self._home.store.journal(
             self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
         )
         for entry in entries:
@@ -466,7 +302,7 @@ class Activation:
         while inbox and not self.closed and not self._switching:
             entry = inbox.popleft()
             if entry.run_id > self._run_id:
-                self._shard.enqueue_for_successor(self, entry)
+                self._home.enqueue_for_successor(self, entry)
             elif self._applied_already(entry):
                 continue
             elif entry.seq > self.applied_seq + 1:
@@ -514,43 +350,89 @@ class Activation:
         self.applied_seq = entry.seq
         metrics.applied(self.entity_type)
         self._bytes += len(entry.payload)
-        self._last_active = self._shard.clock.monotonic()
+        self._last_active = self._home.clock.monotonic()
         self.notify()
+
+    # -- applying one entry, by its kind ---------------------------------------------------
 
     async def _apply(self, entry: JournalEntry, *, replaying: bool,
                      failed: Exception | None = None) -> None:
-        if entry.kind is EntryKind.TERMINATE:
-            self.applied_seq = entry.seq
-            self.closed = True  # run() stops taking from its mailbox, then settle
-            if self._run_task is not None and self._run_task is not asyncio.current_task():
-                self._run_task.cancel()
-            try:
-                await self._settle_applied_terminate(entry)
-            finally:  # its waiters learn of the terminate once what it left is kept
-                self._terminated(entry.payload)
+        """Hand `entry` to the `_apply_<kind>` method of its kind (`_APPLY`, below)."""
+        await _APPLY[entry.kind](self, entry, replaying, failed)
+
+    async def _apply_signal(self, entry: JournalEntry, replaying: bool,
+                            failed: Exception | None) -> None:
+        """A replay passes over a signal dead-lettered before (its snapshot may be gone)."""
+        if replaying and retried_handler(self.definition, entry) is not None \
+                and entry.seq in await self._home.dead_letter_seqs(entry.run_id):
+            log.info("%s %r: seq %d was dead-lettered before; not applied again",
+                     self.entity_type, self.key, entry.seq)
+            self._applied(entry)
             return
-        if entry.kind is EntryKind.START or entry.kind is EntryKind.RESUME:  # marks
-            self.applied_seq = entry.seq
-            return
-        if entry.kind is EntryKind.DELIVER:  # wakes run() waiting on its signal wait
-            self.applied_seq = entry.seq
-            if self._waits is None:
-                self._waits = RunWaits(self)
-            if self._waits.delivered(entry):
-                self.notify()
-            return
+        await self._run_handler(entry, replaying, failed)
+
+    async def _apply_update(self, entry: JournalEntry, replaying: bool,
+                            failed: Exception | None) -> None:
+        await self._run_handler(entry, replaying, failed)
+
+    async def _run_handler(self, entry: JournalEntry, replaying: bool,
+                           failed: Exception | None) -> None:
+        """Its handler runs (`_poison` retries a raising signal handler), and the host
+        acts on the verdict: a dead letter, or an update's outcome to record."""
         assert self.entity is not None
         self._applying = True
         try:
-            outcome = await apply_live(self._shard, self, entry, replaying=replaying,
-                                       failed=failed)
+            verdict = await apply_live(self.definition, self.entity, entry, failed=failed)
+            if isinstance(verdict, DeadLetter):
+                await self._dead_letter(entry, verdict, replaying=replaying)
         finally:
             self._applying = False
         self._applied(entry)
-        if outcome is not None:
-            await self._shard.record_update(self, entry, outcome, replaying=replaying)
+        if verdict.outcome is not None:
+            await self._home.record_update(entry, verdict.outcome, replaying=replaying)
         if not replaying and self._snapshot_due():
             await self.snapshot()
+
+    async def _apply_terminate(self, entry: JournalEntry, replaying: bool,
+                               failed: Exception | None) -> None:
+        self.applied_seq = entry.seq
+        self.closed = True  # run() stops taking from its mailbox, then settle
+        if self._run_task is not None and self._run_task is not asyncio.current_task():
+            self._run_task.cancel()
+        try:
+            await self._settle_applied_terminate(entry)
+        finally:  # its waiters learn of the terminate once what it left is kept
+            self._terminated(entry.payload)
+
+    async def _apply_mark(self, entry: JournalEntry, replaying: bool,
+                          failed: Exception | None) -> None:
+        """`START` and `RESUME`: marks, applied as nothing."""
+        self.applied_seq = entry.seq
+
+    async def _apply_deliver(self, entry: JournalEntry, replaying: bool,
+                             failed: Exception | None) -> None:
+        """Wakes `run()` waiting on the signal wait the delivery closed."""
+        self.applied_seq = entry.seq
+        self._delivered(entry)
+
+    async def _dead_letter(self, entry: JournalEntry, verdict: DeadLetter, *,
+                           replaying: bool) -> None:
+        """Move `entry` to the dead letters (once: a replay finds its row), then snapshot
+        at it so that recovery starts after it (see `_poison`)."""
+        if replaying and entry.seq in await self._home.dead_letter_seqs(entry.run_id):
+            return
+        await self._home.record_dead_letter(entry, error=verdict.error,
+                                            traceback=verdict.traceback,
+                                            attempts=verdict.attempts)
+        self.applied_seq = entry.seq
+        try:
+            await self.snapshot()
+        except StoreError:  # lease lost or store failing: the activation stops
+            raise
+        except Exception as err:  # state that does not encode (SnapshotCaptureError)
+            log.warning("%s %r: no snapshot after dead-lettering seq %d (%s: %s); recovery "
+                        "skips the entry by its dead letter row", self.entity_type, self.key,
+                        entry.seq, type(err).__name__, err)
 
     def _snapshot_due(self) -> bool:
         every = self.definition.snapshots.every
@@ -559,7 +441,7 @@ class Activation:
 
     async def checkpoint(self) -> None:
         """`Entity.checkpoint()`: a snapshot now, retried while the store fails."""
-        await self.retrying("checkpoint", self.snapshot)
+        await self._retrying("checkpoint", self.snapshot)
 
     async def snapshot(self, *, passivate: bool = False) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
@@ -571,8 +453,8 @@ class Activation:
         assert self.entity is not None
         seq = self.applied_seq
         window = self.definition.dedupe_window
-        self._floor = await self._shard.store.write_snapshot(
-            self._shard.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
+        self._floor = await self._home.store.write_snapshot(
+            self._home.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
             state=capture(self.definition, self.entity), keep=self.definition.snapshots.keep,
             passivate=passivate,
             forget_seq=seq - window.max_count if window.max_count is not None else 0,
@@ -587,11 +469,9 @@ class Activation:
 
         Busy means: applying entries, or `run()` doing work rather than waiting.
         """
-        if self._state is not _State.READY or self._worker is not None or self._switching:
+        if self._state is not _State.READY or self._switching or self.busy:
             return 0.0
-        if self._run_task is not None and not self._run_task.done() and not self._waiting:
-            return 0.0
-        return self._shard.clock.monotonic() - self._last_active
+        return self._home.clock.monotonic() - self._last_active
 
     @property
     def busy(self) -> bool:
@@ -607,7 +487,7 @@ class Activation:
         return None if timeout is None or self.busy else self._last_active + timeout
 
     def touch(self) -> None:
-        self._last_active = self._shard.clock.monotonic()
+        self._last_active = self._home.clock.monotonic()
 
     async def passivate(self) -> None:
         """Snapshot, mark passivated and evict; the run stays running in the store.
@@ -657,14 +537,12 @@ class Activation:
             # when the activation comes back (`retrying` spares it most of these).
             log.warning("%s %r run %d: run() met a store error (%s); evicting",
                         self.entity_type, self.key, self._run_id, err)
-            self._evict_and_retry()
+            await self._evict()
             return
         except Exception as err:
-            record = None if self.definition.fails_run(err) else \
-                next_suspension(self, err, "run() raised")
+            record = next_suspension(self._home, self._run_id, err, "run() raised")
             if record is not None:  # a bug, not the run's end: keep the run, retry it
-                self._evict()
-                await record_suspension(self, record)
+                await self._evict(suspension=record)
                 return
             status = RunStatus.FAILED
             error = traceback.format_exc()
@@ -687,30 +565,37 @@ class Activation:
         except StoreError as err:
             log.warning("%s %r run %d: closing failed (%s); activating it again",
                         self.entity_type, self.key, self._run_id, err)
-            self._evict_and_retry()
+            await self._evict()
 
-    def _evict_and_retry(self) -> None:
-        """Evict after a failure that is not the entity's (the store's, or the host's),
-        and activate the entity again after the type's longest backoff, unless a message
-        brings it back first. Its run stays running; recovery replays the journal."""
-        lifecycle("activation suspended", self.entity_type, self.key, self._run_id,
-                  retry_in=self.definition.retry.max_backoff)
-        self._evict()
-        self._shard.activate_later(self.entity_type, self.key,
-                                   self.definition.retry.max_backoff)
+    async def _evict(self, *, suspension: Suspension | None = None) -> None:
+        """Drop this activation and its in-memory state (the run stays running, and
+        recovery replays its journal), then bring the entity back: the one eviction path.
 
-    def _evict(self) -> None:
-        """Drop this activation and its in-memory state; the run stays running."""
+        Without `suspension` the failure was not the entity's (the store's, or the
+        host's): it comes back after the type's longest backoff, or sooner with the next
+        message. With one (a bug: `run()` raised, the activation cannot be built) the
+        shard holds it out of memory until the suspension's next attempt (`_suspension`).
+        """
+        if suspension is None:
+            lifecycle("activation suspended", self.entity_type, self.key, self._run_id,
+                      retry_in=self.definition.retry.max_backoff)
         worker = self._worker
         if worker is not None and worker is not asyncio.current_task():
             worker.cancel()
         self._finish()
+        if suspension is None:
+            self._home.activate_later(self.definition.retry.max_backoff)
+        else:
+            await record_suspension(self._home, suspension)
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
-        while not await self._shard.close_run(self, status, result, error):
+        while not await self._home.store.close_run(
+                self._home.fence, self.entity_type, self.key, self._run_id,
+                applied_seq=self.applied_seq, status=status, result=result, error=error,
+                pending=self.untaken()):
             # Messages were accepted meanwhile: let the worker apply them, then retry.
-            late = await self._shard.store.journal(
+            late = await self._home.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
             )
             for entry in late:
@@ -719,12 +604,18 @@ class Activation:
                 await self.wait_applied(late[-1].seq)
             if self.closed:  # terminated while we waited
                 return
-        self.closed = True
-        lifecycle("run closed", self.entity_type, self.key, self._run_id, status=status.value)
-        self._shard.fail_waiters(self, EntityTerminatedError,
-            f"{self.entity_type} {self.key!r}: run {self._run_id} closed as {status.value}")
+        self._closed(status.value, EntityTerminatedError,
+                     f": run {self._run_id} closed as {status.value}")
         if self._worker is None:
             self._finish()
+
+    def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
+        """The run is closed: say so, and fail the updates still waiting on it with
+        `error` (its message: the entity, then `why`)."""
+        self.closed = True
+        lifecycle("run closed", self.entity_type, self.key, self._run_id, status=status,
+                  **fields)
+        self._home.fail_waiters(self._run_id, error, f"{self.entity_type} {self.key!r}{why}")
 
     async def _continue(self, next_input: object, watermark: int, *,
                         abort_handler: bool) -> None:
@@ -748,10 +639,10 @@ class Activation:
                 worker.cancel()
             await asyncio.wait([worker])  # otherwise it stops before its next entry
         assert self.entity is not None
-        carried = [t for t in self.entity.mailbox.pending_tokens() if isinstance(t, JournalEntry)]
+        carried = self.untaken()
         try:
-            await self._shard.store.continue_as_new(
-                self._shard.fence, self.entity_type, self.key, self._run_id,
+            await self._home.store.continue_as_new(
+                self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=watermark, next_input=text, carried=carried,
             )
         except (EntityNotRunningError, LeaseLostError) as err:
@@ -763,7 +654,7 @@ class Activation:
         lifecycle("continue-as-new", self.entity_type, self.key, self._run_id,
                   next_run=self._run_id + 1, carried=len(carried))
         self._finish()
-        self._shard.activate(self.entity_type, self.key)
+        self._home.activate()
 
     async def wait_applied(self, seq: int) -> None:
         """Wait until every entry up to `seq` is applied (or the run closed)."""
@@ -782,17 +673,15 @@ class Activation:
         except Exception as err:  # state that cannot be captured: the journal decides
             log.warning("%s %r: no snapshot at terminate (%s: %s)", self.entity_type,
                         self.key, type(err).__name__, err)
-        await self._shard.store.settle_run(
-            self._shard.fence, self.entity_type, self.key, self._run_id,
-            applied_seq=entry.seq, pending=self.untaken(), failed_at=self._shard.clock.time())
+        await self._home.store.settle_run(
+            self._home.fence, self.entity_type, self.key, self._run_id,
+            applied_seq=entry.seq, pending=self.untaken(), failed_at=self.now())
 
     def _terminated(self, reason: str) -> None:
-        self.closed = True
-        lifecycle("run closed", self.entity_type, self.key, self._run_id, status="terminated")
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
-        self._shard.fail_waiters(self, EntityTerminatedError,
-            f"{self.entity_type} {self.key!r} terminated: {decode_value(reason, str)}")
+        self._closed("terminated", EntityTerminatedError,
+                     f" terminated: {decode_value(reason, str)}")
 
     def _finish(self, *, forward_all: bool = False) -> None:
         if self._state is _State.FINISHED:
@@ -800,12 +689,24 @@ class Activation:
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
         if self.closed and self._resuming:  # the run ended: nothing is suspended any more
-            self._shard.release(self.entity_type, self.key, self._run_id)
+            self._home.release(self._run_id)
         self._set_state(_State.FINISHED)
         self.notify()  # waits that hold for a finished activation (wait_applied) return
-        self._shard.forget(self)
+        self._home.forget(self)
         if not self._evicted and self._inbox:  # entries of a newer run go to its activation
             for entry in self._inbox:
                 if forward_all or entry.run_id > self._run_id:
-                    self._shard.enqueue(entry)
+                    self._home.enqueue(entry)
         self._inbox = None
+
+
+# One `_apply_<kind>` per journal entry kind, in the order of `EntryKind`.
+_APPLY: dict[EntryKind, Callable[[Activation, JournalEntry, bool, Exception | None],
+                                 Awaitable[None]]] = {
+    EntryKind.SIGNAL: Activation._apply_signal,
+    EntryKind.UPDATE: Activation._apply_update,
+    EntryKind.TERMINATE: Activation._apply_terminate,
+    EntryKind.START: Activation._apply_mark,
+    EntryKind.DELIVER: Activation._apply_deliver,
+    EntryKind.RESUME: Activation._apply_mark,
+}

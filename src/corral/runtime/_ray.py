@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import os
 import time
@@ -55,6 +54,7 @@ from corral.persistence import (
 )
 
 from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name, host_fingerprint
+from ._ray_host import stop_ray_hosts as stop_hosts
 from ._results import EntityDescription, EntitySummary
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
@@ -378,30 +378,3 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     backend = RayBackend(spec, definitions, router, actor_options=actor_options,
                          owns_ray=owns_ray)
     return backend, router
-
-
-def stop_hosts(namespace: str, *, timeout: float = 30.0) -> int:
-    """Stop every corral actor of the deployment `namespace` cleanly; returns how many.
-
-    Each actor stops hosting, releases its lease and closes its store, then is killed
-    for good (the next call creates a fresh one). Detached actors otherwise outlive
-    every driver.
-    """
-    prefix = f"corral/{namespace}/"
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == namespace and a["name"].startswith(prefix)]
-    refs: list[Any] = []
-    for name in names:
-        try:
-            refs.append(ray.get_actor(name, namespace=namespace).shutdown.remote())
-        except ValueError:  # gone meanwhile
-            continue
-    for ref in refs:  # a dead or hung one is killed below all the same
-        with contextlib.suppress(rex.RayActorError, rex.GetTimeoutError, rex.RayTaskError):
-            ray.get(ref, timeout=timeout)
-    for name in names:
-        try:
-            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-        except ValueError:
-            continue
-    return len(names)

@@ -403,7 +403,7 @@ class ShardHost:
             os._exit(1)
 
     async def shutdown(self) -> None:
-        """Stop hosting, release the lease and close the store (`stop_hosts` then kills
+        """Stop hosting, release the lease and close the store (`stop_ray_hosts` then kills
         the actor for good). Calls that arrive afterwards wait until the actor is gone."""
         self._open.clear()
         if self._exit_task is not None:
@@ -421,6 +421,24 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
     for good; the next call to the deployment creates fresh actors, which recover every
     running entity from the store. Blocking: call it from a thread in async code.
     """
-    from ._ray import stop_hosts  # imports Ray
+    import ray  # here, not at the top: `import corral` must not import Ray
+    from ray import exceptions as rex
 
-    return stop_hosts(namespace, timeout=timeout)
+    prefix = f"corral/{namespace}/"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == namespace and a["name"].startswith(prefix)]
+    refs: list[Any] = []
+    for name in names:
+        try:
+            refs.append(ray.get_actor(name, namespace=namespace).shutdown.remote())
+        except ValueError:  # gone meanwhile
+            continue
+    for ref in refs:  # a dead or hung one is killed below all the same
+        with contextlib.suppress(rex.RayActorError, rex.GetTimeoutError, rex.RayTaskError):
+            ray.get(ref, timeout=timeout)
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        except ValueError:
+            continue
+    return len(names)

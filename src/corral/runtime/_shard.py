@@ -12,19 +12,21 @@ import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from corral._common import RunStatus
+import corral.metrics as metrics
 from corral._errors import CorralError
 from corral.actors import EntityDefinition
 from corral.persistence import EntryKind, Fence, JournalEntry, Store, Suspension, UpdateOutcome
 
 from ._activation import Activation
 from ._clock import Clock
-from ._suspension import HeldRun
+from ._events import lifecycle
+from ._residence import HeldRun
 
 __all__ = ["Shard", "ShardStopped"]
 
 log = logging.getLogger("corral.shard")
 _Ident = tuple[str, str]
+_DEAD_SEQS_CACHED = 4096  # runs whose dead-lettered seqs a shard keeps
 
 
 class ShardStopped(Exception):
@@ -43,7 +45,7 @@ class Shard:
         self._definitions = definitions
         self._activations: dict[_Ident, Activation] = {}
         # (etype, key, run_id) -> seqs with a dead letter, read once per run (see _poison).
-        self.dead_seqs: OrderedDict[tuple[str, str, int], frozenset[int]] = OrderedDict()
+        self._dead_seqs: OrderedDict[tuple[str, str, int], frozenset[int]] = OrderedDict()
         self._update_waiters: dict[tuple[str, str, str], list[asyncio.Future[UpdateOutcome]]] = {}
         self._later: set[asyncio.TimerHandle] = set()
         self._held: dict[_Ident, HeldRun] = {}  # suspended runs (see `_suspension`)
@@ -126,8 +128,7 @@ class Shard:
             previous.enqueue(entry)
             return
         self._activations[ident] = Activation(
-            self, self._definitions[entry.entity_type], entry.key, previous, entry, start_input
-        )
+            self._residence(*ident), previous, entry, start_input)
 
     def enqueue_for_successor(self, act: Activation, entry: JournalEntry) -> None:
         """`act` met an entry of a newer run: the newer run gets its own activation."""
@@ -140,7 +141,7 @@ class Shard:
         ident = (etype, key)
         act = self._activations.get(ident)
         if act is None or force_new or act.is_finished:
-            act = Activation(self, self._definitions[etype], key, previous=act)
+            act = Activation(self._residence(etype, key), previous=act)
             self._activations[ident] = act
         return act
 
@@ -236,29 +237,26 @@ class Shard:
 
     # -- services for activations ------------------------------------------------------
 
-    async def record_update(self, act: Activation, entry: JournalEntry,
+    def _residence(self, etype: str, key: str) -> ShardResidence:
+        return ShardResidence(self, self._definitions[etype], key)
+
+    async def record_update(self, home: ShardResidence, entry: JournalEntry,
                             outcome: UpdateOutcome, *, replaying: bool) -> None:
+        """Record an applied update's outcome and answer its callers waiting here."""
         if replaying:  # the first application may have recorded it before a crash
-            recorded = await self.store.update_outcome(act.entity_type, act.key,
+            recorded = await self.store.update_outcome(home.entity_type, home.key,
                                                        entry.message_id)
             if recorded is not None:
                 outcome = recorded
             else:
-                await self.store.record_update(self.fence, act.entity_type, act.key,
+                await self.store.record_update(self.fence, home.entity_type, home.key,
                                                entry.message_id, outcome)
         else:
-            await self.store.record_update(self.fence, act.entity_type, act.key,
+            await self.store.record_update(self.fence, home.entity_type, home.key,
                                            entry.message_id, outcome)
-        for fut in self._update_waiters.pop((act.entity_type, act.key, entry.message_id), ()):
+        for fut in self._update_waiters.pop((home.entity_type, home.key, entry.message_id), ()):
             if not fut.done():
                 fut.set_result(outcome)
-
-    async def close_run(self, act: Activation, status: RunStatus, result: str | None,
-                        error: str | None) -> bool:
-        return await self.store.close_run(
-            self.fence, act.entity_type, act.key, act.run_id, applied_seq=act.applied_seq,
-            status=status, result=result, error=error, pending=act.untaken(),
-        )
 
     def wait_update(self, etype: str, key: str, message_id: str
                     ) -> asyncio.Future[UpdateOutcome]:
@@ -267,13 +265,97 @@ class Shard:
         self._update_waiters.setdefault((etype, key, message_id), []).append(fut)
         return fut
 
-    def fail_waiters(self, act: Activation, error: type[CorralError], message: str) -> None:
-        """Fail every update waiting on `act`'s entity: each waiter gets its own `error`
+    def fail_waiters(self, etype: str, key: str, run_id: int, error: type[CorralError],
+                     message: str) -> None:
+        """Fail every update waiting on the entity: each waiter gets its own `error`
         (never one exception object raised in several tasks), naming its update."""
-        for ident in [w for w in self._update_waiters if w[:2] == (act.entity_type, act.key)]:
+        for ident in [w for w in self._update_waiters if w[:2] == (etype, key)]:
             for fut in self._update_waiters.pop(ident):
                 if not fut.done():
                     fut.set_exception(error(
                         f"{message}; update {ident[2]!r} was not applied",
-                        entity_type=act.entity_type, key=act.key, run_id=act.run_id,
-                        message_id=ident[2]))
+                        entity_type=etype, key=key, run_id=run_id, message_id=ident[2]))
+
+    async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
+        """The run's dead-lettered seqs: read once per lease epoch (only the lease
+        holder writes dead letters, and it adds each one it writes)."""
+        ident = (etype, key, run_id)
+        seqs = self._dead_seqs.get(ident)
+        if seqs is None:
+            seqs = self._dead_seqs[ident] = await self.store.dead_letter_seqs(*ident)
+            while len(self._dead_seqs) > _DEAD_SEQS_CACHED:
+                self._dead_seqs.popitem(last=False)
+        else:
+            self._dead_seqs.move_to_end(ident)
+        return seqs
+
+    async def record_dead_letter(self, entry: JournalEntry, *, error: str, traceback: str,
+                                 attempts: int) -> None:
+        """Move `entry` to the dead letters (fenced) and add it to the cached seqs."""
+        dead_id = await self.store.record_dead_letter(
+            self.fence, entry, error=error, traceback=traceback, attempts=attempts,
+            failed_at=self.clock.time())
+        metrics.dead_lettered(entry.entity_type)
+        lifecycle("dead-lettered", entry.entity_type, entry.key, entry.run_id, seq=entry.seq,
+                  message_id=entry.message_id, dead_letter=dead_id)
+        ident = (entry.entity_type, entry.key, entry.run_id)
+        if ident in self._dead_seqs:
+            self._dead_seqs[ident] = self._dead_seqs[ident] | {entry.seq}
+        log.error("%s %r: %s %r (seq %d) moved to dead letter %d after %d attempts: %s\n%s",
+                  entry.entity_type, entry.key, entry.kind.value, entry.name, entry.seq,
+                  dead_id, attempts, error, traceback)
+
+
+class ShardResidence:
+    """The `Residence` a shard gives one entity: the shard, bound to its definition and
+    key once (an activation's only way to its host)."""
+
+    __slots__ = ("_shard", "clock", "definition", "entity_type", "fence", "key", "store")
+
+    def __init__(self, shard: Shard, definition: EntityDefinition, key: str) -> None:
+        self._shard = shard
+        self.definition = definition
+        self.entity_type = definition.name
+        self.key = key
+        self.store, self.fence, self.clock = shard.store, shard.fence, shard.clock
+
+    def enqueue(self, entry: JournalEntry) -> None:
+        self._shard.enqueue(entry)
+
+    def enqueue_for_successor(self, act: object, entry: JournalEntry) -> None:
+        assert isinstance(act, Activation)
+        self._shard.enqueue_for_successor(act, entry)
+
+    def activate(self) -> None:
+        self._shard.activate(self.entity_type, self.key)
+
+    def activate_later(self, delay: float) -> None:
+        self._shard.activate_later(self.entity_type, self.key, delay)
+
+    def forget(self, act: object) -> None:
+        assert isinstance(act, Activation)
+        self._shard.forget(act)
+
+    def suspended(self) -> HeldRun | None:
+        return self._shard.suspended(self.entity_type, self.key)
+
+    def hold(self, record: Suspension, delay: float) -> None:
+        self._shard.hold(record, delay)
+
+    def release(self, run_id: int) -> None:
+        self._shard.release(self.entity_type, self.key, run_id)
+
+    async def record_update(self, entry: JournalEntry, outcome: UpdateOutcome, *,
+                            replaying: bool) -> None:
+        await self._shard.record_update(self, entry, outcome, replaying=replaying)
+
+    async def record_dead_letter(self, entry: JournalEntry, *, error: str, traceback: str,
+                                 attempts: int) -> None:
+        await self._shard.record_dead_letter(entry, error=error, traceback=traceback,
+                                             attempts=attempts)
+
+    async def dead_letter_seqs(self, run_id: int) -> frozenset[int]:
+        return await self._shard.dead_letter_seqs(self.entity_type, self.key, run_id)
+
+    def fail_waiters(self, run_id: int, error: type[CorralError], message: str) -> None:
+        self._shard.fail_waiters(self.entity_type, self.key, run_id, error, message)

@@ -18,80 +18,62 @@ A run fails only by `corral.FailRun`, a type in the class's `fail_on`, or a fini
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import traceback
-from typing import TYPE_CHECKING
 
 import corral.metrics as metrics
 from corral._errors import StoreError
 from corral.persistence import Suspension
 
 from ._events import lifecycle
+from ._residence import Residence, retrying
 
-if TYPE_CHECKING:
-    from ._activation import Activation
-
-__all__ = ["HeldRun", "end_suspension", "next_suspension", "record_suspension"]
+__all__ = ["end_suspension", "next_suspension", "record_suspension"]
 
 log = logging.getLogger("corral.activation")
 
 
-class HeldRun:
-    """A shard's note of a suspended run: its count and, while it waits for its next
-    attempt, the timer that brings it back (None once an attempt is under way)."""
-
-    __slots__ = ("attempts", "handle", "run_id", "since")
-
-    def __init__(self, run_id: int, attempts: int, since: float) -> None:
-        self.run_id = run_id
-        self.attempts = attempts
-        self.since = since
-        self.handle: asyncio.TimerHandle | None = None
-
-    @property
-    def waiting(self) -> bool:
-        """Held out of memory until its next attempt."""
-        return self.handle is not None
-
-
-def next_suspension(act: Activation, err: BaseException, during: str) -> Suspension | None:
-    """The suspension `err` makes of `act`'s run, or None when `run_retry.max_attempts`
-    ran out (the run is then failed)."""
-    held = act.shard.suspended(act.entity_type, act.key)
-    same = held is not None and held.run_id == act.run_id
+def next_suspension(home: Residence, run_id: int, err: BaseException, during: str
+                    ) -> Suspension | None:
+    """The suspension `err` makes of run `run_id`, or None when the run fails instead:
+    the code says so (`FailRun`, `fail_on`) or `run_retry.max_attempts` ran out."""
+    definition = home.definition
+    if definition.fails_run(err):
+        return None
+    held = home.suspended()
+    same = held is not None and held.run_id == run_id
     attempts = (held.attempts if held is not None and same else 0) + 1
-    policy = act.definition.run_retry
+    policy = definition.run_retry
     if policy.max_attempts is not None and attempts >= policy.max_attempts:
         return None
-    now = act.now()
+    now = home.clock.time()
     text = "".join(traceback.format_exception(err))
-    return Suspension(act.entity_type, act.key, act.run_id, f"{during}: {text}", attempts,
+    return Suspension(home.entity_type, home.key, run_id, f"{during}: {text}", attempts,
                       held.since if held is not None and same else now,
                       now + policy.backoff(attempts))
 
 
-async def record_suspension(act: Activation, record: Suspension) -> None:
+async def record_suspension(home: Residence, record: Suspension) -> None:
     """Hold the (already evicted) entity until its next attempt, and record why."""
-    delay = max(0.0, record.next_attempt_at - act.now())
-    act.shard.hold(record, delay)
-    metrics.suspended(act.entity_type)
-    lifecycle("run suspended", act.entity_type, act.key, act.run_id,
+    delay = max(0.0, record.next_attempt_at - home.clock.time())
+    home.hold(record, delay)
+    metrics.suspended(record.entity_type)
+    lifecycle("run suspended", record.entity_type, record.key, record.run_id,
               attempts=record.attempts, retry_in=round(delay, 3))
     log.warning("%s %r run %d suspended (attempt %d; next in %.3fs); its messages are kept:"
-                "\n%s", act.entity_type, act.key, act.run_id, record.attempts, delay,
+                "\n%s", record.entity_type, record.key, record.run_id, record.attempts, delay,
                 record.error)
     try:
-        await act.shard.store.suspend_run(act.shard.fence, record)
+        await home.store.suspend_run(home.fence, record)
     except StoreError as err:  # held all the same; describe() shows it once written
-        log.warning("%s %r: the suspension was not recorded (%s)", act.entity_type, act.key,
-                    err)
+        log.warning("%s %r: the suspension was not recorded (%s)", record.entity_type,
+                    record.key, err)
 
 
-async def end_suspension(act: Activation) -> None:
+async def end_suspension(home: Residence, run_id: int) -> None:
     """The retried run got past the point: drop the record (retried while the store fails)."""
-    act.shard.release(act.entity_type, act.key, act.run_id)
-    lifecycle("run resumed", act.entity_type, act.key, act.run_id)
-    store, fence = act.shard.store, act.shard.fence
-    etype, key, run_id = act.entity_type, act.key, act.run_id
-    await act.retrying("suspension", lambda: store.clear_suspension(fence, etype, key, run_id))
+    home.release(run_id)
+    lifecycle("run resumed", home.entity_type, home.key, run_id)
+    store, fence, etype, key = home.store, home.fence, home.entity_type, home.key
+    await retrying(home, run_id, "suspension",
+                   lambda: store.clear_suspension(fence, etype, key, run_id))

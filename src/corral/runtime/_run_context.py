@@ -1,0 +1,140 @@
+"""`RunContext`: the `EntityContext` of one activation, as the entity's code sees it.
+
+`run()` and the handlers reach their host through this: waits re-checked after every
+applied entry, durable timers, durable signal waits, the clock (`checkpoint()`, which
+snapshots, is the host side's). The host side (the inbox, applying entries, loading
+and closing the run) is `Activation`, which is a `RunContext`; this module names
+neither it nor the shard, only their seam (`Residence`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from corral.actors import EntityDefinition
+from corral.persistence import JournalEntry
+
+from ._residence import Residence, retrying
+from ._signal_waits import RunWaits
+from ._suspension import end_suspension
+
+__all__ = ["RunContext"]
+
+T = TypeVar("T")
+
+
+class RunContext:
+    """The waits, timers and progress counters of the run an activation hosts."""
+
+    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_home", "_resuming", "_run_id",
+                 "_run_task", "_timers", "_waiting", "_waits", "applied_seq", "definition")
+
+    def __init__(self, home: Residence) -> None:
+        self._home = home  # the shard, as this entity sees it: its only way to the host
+        self.definition: EntityDefinition = home.definition
+        self._run_id = 0
+        self.applied_seq = 0
+        self._first_seq = 1  # this run's first journal seq
+        self._floor = 0  # journal entries up to here are covered by kept snapshots
+        self._bytes = 0  # payload bytes applied by this activation
+        self._timers = 0
+        self._waiting = 0  # coroutines parked in wait_until (run() waiting = idle)
+        self._changed: asyncio.Event | None = None
+        self._waits: RunWaits | None = None  # this run's signal waits, once it has any
+        # Retrying a suspended run: the suspension ends when run() gets past the point.
+        self._resuming = home.suspended() is not None
+        self._run_task: asyncio.Task[None] | None = None
+
+    @property
+    def entity_type(self) -> str:
+        return self.definition.name
+
+    @property
+    def key(self) -> str:
+        return self._home.key
+
+    @property
+    def run_id(self) -> int:
+        return self._run_id
+
+    async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+        if predicate():
+            return True
+        if timeout is None:
+            return await self.wait_until(predicate, None)
+        return await self._timed(predicate, self.now() + timeout)
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self._timed(lambda: False, deadline)
+
+    async def _timed(self, predicate: Callable[[], object], deadline: float) -> bool:
+        """Wait under a durable timer: if this activation dies (crash, passivation),
+        the timer row stays and reactivates the entity when it is due."""
+        self._timers += 1
+        timer_id = f"{self._run_id}.{self.applied_seq}.{self._timers}"
+        store, fence, etype, key, run_id = (self._home.store, self._home.fence,
+                                            self.entity_type, self.key, self._run_id)
+        await self._retrying("timer", lambda: store.set_timer(
+            fence, etype, key, run_id, timer_id, deadline))
+        result = await self.wait_until(predicate, max(0.0, deadline - self.now()))
+        await self._retrying("timer", lambda: store.set_timer(
+            fence, etype, key, run_id, timer_id, None))
+        return result
+
+    def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        return retrying(self._home, self._run_id, what, call)
+
+    async def wait_until(self, predicate: Callable[[], object], timeout: float | None) -> bool:
+        """Until `predicate()` holds (re-checked after every applied entry) or `timeout`
+        seconds pass on the host's clock; while parked, the entity counts as idle."""
+        clock = self._home.clock
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        self._waiting += 1
+        try:
+            while not predicate():
+                if self._resuming and asyncio.current_task() is self._run_task:
+                    self._resuming = False
+                    await end_suspension(self._home, self._run_id)  # run() waits: past the point
+                    continue
+                if self._changed is None:
+                    self._changed = asyncio.Event()
+                remaining = None if deadline is None else deadline - clock.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if not await clock.wait(self._changed, remaining):
+                    return bool(predicate())
+            return True
+        finally:
+            self._waiting -= 1
+
+    async def wait_signal(self, name: str, timeout: float | None) -> str:
+        if self._waits is None:
+            self._waits = RunWaits(self._home, self)
+        return await self._waits.wait(name, timeout)
+
+    def now(self) -> float:
+        return self._home.clock.time()
+
+    @property
+    def continue_as_new_suggested(self) -> bool:
+        p = self.definition.continue_as_new
+        signals = self.applied_seq - self._first_seq + 1
+        entries = self.applied_seq - max(self._first_seq - 1, self._floor)
+        return any(limit is not None and value >= limit for value, limit in (
+            (signals, p.max_signals), (entries, p.max_journal_entries),
+            (self._bytes, p.max_journal_bytes),
+        ))
+
+    def notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _delivered(self, entry: JournalEntry) -> None:
+        """A `DELIVER` entry: wake `run()` if it closed a wait of this run."""
+        if self._waits is None:
+            self._waits = RunWaits(self._home, self)
+        if self._waits.delivered(entry):
+            self.notify()
