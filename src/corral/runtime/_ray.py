@@ -3,8 +3,9 @@
 `RayBackend` is the client half. It computes the owning shard of an entity (the same
 stable hash in every driver, task, actor and Serve replica), gets or creates that
 shard's actor by name (`get_if_exists=True`: atomic in Ray, exactly one constructor per
-name) and calls it. The actor (`ShardHost`, in `_ray_host.py`) runs the same host code
-as the local backend.
+name) and sends it the call's request record (`_ops`) through its one entry point,
+`ShardHost.handle(op)`. The actor (`ShardHost`, in `_ray_host.py`) runs the same host
+code as the local backend (`LocalBackend.run(op)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
 
@@ -16,9 +17,10 @@ Calls are safe to repeat, which the fault tolerance relies on:
   exited) or was never created: the client drops it, gets-or-creates the actor again
   and repeats the call, for up to `retry_timeout` seconds.
 
-Concurrent accepts for one shard from one client are sent as one actor call (the
-batch is whatever is queued when the event loop comes round): one Ray round trip and
-one group commit for many messages, and no added latency for a lone caller.
+Concurrent accepts for one shard from one client are sent as one actor call, an
+`AcceptBatch` (the batch is whatever is queued when the event loop comes round): one
+Ray round trip and one group commit for many messages, and no added latency for a lone
+caller.
 """
 
 from __future__ import annotations

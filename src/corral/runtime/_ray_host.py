@@ -2,8 +2,8 @@
 
 A shard actor runs the same pieces as a local host, in its own worker process: it opens
 its own store (the deployment's PostgreSQL database, or its SQLite file on a one-machine
-cluster), runs a `LocalHost` restricted to
-its one shard index, and serves the `Backend` operations through a `LocalBackend`.
+cluster), runs a `LocalHost` restricted to its one shard index, and runs each request
+record a client sends (`handle(op)`) through a `LocalBackend`.
 Its `__init__` takes the shard's lease with `takeover=True` before the actor serves a
 single call: Ray maps an actor name to one live incarnation, so a restarted actor fences
 out its predecessor (a zombie may still run) by taking a new epoch at once instead of
@@ -145,9 +145,12 @@ def register(definitions: dict[str, EntityDefinition],
 class ShardHost:
     """One shard (or one dedicated entity) of a deployment, inside an async Ray actor.
 
-    Every method may run twice (Ray re-executes in-flight calls on a restarted actor,
+    Clients send every operation as one request record to `handle(op)`; the other
+    methods are administration (`register`, `check_definitions`, `info`, `shutdown`).
+    Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
-    and the rest are reads.
+    dead-letter replays by their derived id (a discard run twice answers False the
+    second time), and the rest are reads.
 
     A dedicated actor ends itself once no run of its pseudo-shard has been running for
     `spec.dedicated_idle_exit` seconds, so a finished GPU entity gives its resources
