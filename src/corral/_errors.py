@@ -97,7 +97,8 @@ class InvalidKeyError(CorralError, ValueError):
 
 class InvalidArgumentError(CorralError, ValueError):
     """An argument that is neither a payload nor an identifier is of the wrong type or
-    out of range: a `limit`, a dead letter id, a `timeout`, a termination reason."""
+    out of range: a `limit`, a dead letter id, a `timeout`, a termination reason, or an
+    option of `open_runtime` that does not fit (`backend`, `shards`, `entities`)."""
 
 
 class UnknownEntityTypeError(CorralError, LookupError):

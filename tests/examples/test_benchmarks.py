@@ -13,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from corral.persistence import open_sqlite_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a whole benchmark run in a subprocess: up to minutes on a busy machine
 def test_the_peers_harness_measures_corral_and_the_ceiling_and_reports_a_missing_peer(
         tmp_path: Path) -> None:
     env = {**os.environ, "CORRAL_PEERS_ENVS": str(tmp_path / "no-peer-envs")}

@@ -19,6 +19,7 @@ import gc
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ from corral import LeaseLostError, RunStatus
 from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
 from corral.runtime._backend import LocalBackend
 from corral.runtime._host import LocalHost
+from corral.runtime._ops import AcceptBatch, Query
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
 from corral.runtime._ray_host import YOUNG_OBJECTS_PER_COLLECTION, actor_name, host_fingerprint
 from corral.runtime._router import Router
@@ -229,14 +231,13 @@ async def test_a_batch_sent_again_after_it_committed_is_answered_duplicate_on_ra
     async with ray_runtime(db_path, namespace) as rt:
         backend = rt.backend
         assert isinstance(backend, RayBackend)
-        sent: list[tuple[int, str, list[Any]]] = []
+        sent: list[tuple[int, str, AcceptBatch]] = []
         call = backend.call
 
-        async def recording(index: int, etype: str, method: str, *args: Any,
-                            **options: Any) -> Any:
-            if method == "accept_many":
-                sent.append((index, etype, args[0]))
-            return await call(index, etype, method, *args, **options)
+        async def recording(index: int, etype: str, op: Any, **options: Any) -> Any:
+            if isinstance(op, AcceptBatch):
+                sent.append((index, etype, op))
+            return await call(index, etype, op, **options)
 
         backend.call = recording  # type: ignore[method-assign]
         ref = rt.ref(Counter, fresh_key("retried"))
@@ -244,8 +245,8 @@ async def test_a_batch_sent_again_after_it_committed_is_answered_duplicate_on_ra
         await ref.signal(Counter.add, Item(id="b"))
         backend.call = call  # type: ignore[method-assign]
         assert len(sent) == 2
-        for index, etype, wires in sent:  # the retry of each batch, as `call` makes it
-            (again,) = await call(index, etype, "accept_many", wires)
+        for index, etype, batch in sent:  # the retry of each batch, as `call` makes it
+            (again,) = await call(index, etype, batch)
             assert not isinstance(again, BaseException), again  # not refused as a repeat
             assert again[0] is True  # AcceptResult.to_wire: `duplicate` first
         async def both_applied() -> bool:
@@ -478,12 +479,17 @@ async def kill_with_ray(actor: Any, before: dict[str, Any]) -> None:
     await until(restarted, "the killed actor to come back in a new process")
 
 
-async def exit_inside(actor: Any, before: dict[str, Any]) -> None:
-    # Re-executed on the new incarnation (another owner), where it returns.
-    await actor.crash.remote(before["owner"])
+async def kill_the_process(actor: Any, before: dict[str, Any]) -> None:
+    os.kill(before["pid"], signal.SIGKILL)  # the actor's process dies at once, mid-call
+
+    async def restarted() -> bool:
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            return bool((await actor.info.remote())["pid"] != before["pid"])
+        return False
+    await until(restarted, "the killed actor to come back in a new process")
 
 
-@pytest.mark.parametrize("kill", [kill_with_ray, exit_inside], ids=["ray.kill", "os._exit"])
+@pytest.mark.parametrize("kill", [kill_with_ray, kill_the_process], ids=["ray.kill", "SIGKILL"])
 async def test_a_shard_actor_killed_mid_stream_comes_back_and_applies_every_ack_once(
         db_path: str, namespace: str,
         kill: Callable[[Any, dict[str, Any]], Awaitable[None]]) -> None:
@@ -613,7 +619,7 @@ async def test_a_second_shard_actor_incarnation_fences_out_the_first(
             # applied and recorded by the second, the lease holder.
             assert await ref.update(Counter.add_and_count, Item(id="b"), update_id="u",
                                     timeout=30) == 2
-            items = await second.query.remote("Counter", key, "seen", None, False)
+            items = await second.handle.remote(Query("Counter", key, 0, "seen", None))
             assert Seen.model_validate_json(items).items == ["a", "b"]
 
             async def first_evicted() -> bool:

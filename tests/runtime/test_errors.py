@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -37,6 +39,23 @@ async def test_a_refused_send_names_the_entity_run_and_message(db_path: str) -> 
             await rt.ref(Ticket, key).signal(Ticket.reply, {"text": 1}, message_id="m-2")
         assert (bad.value.entity_type, bad.value.key, bad.value.message_id) == (
             "Ticket", key, "m-2")
+
+
+@pytest.mark.parametrize("options", [
+    {"entities": [Ticket], "backend": "nowhere"},
+    {"entities": [Ticket], "shards": 0},
+    {"entities": [Ticket], "backend": "ray", "clock": object()},
+], ids=["unknown-backend", "no-shards", "clock-on-ray"])
+async def test_open_runtime_refuses_an_option_that_does_not_fit_with_a_typed_error(
+        tmp_path: Path, options: dict[str, Any]) -> None:
+    """Before anything is opened (no Ray started, no file created), and still a
+    `ValueError` for callers that catch that."""
+    store = str(tmp_path / "never.db")
+    with pytest.raises(corral.InvalidArgumentError) as refused:
+        async with corral.open_runtime(store, **options):
+            pass
+    assert isinstance(refused.value, ValueError)
+    assert not (tmp_path / "never.db").exists()
 
 
 def test_an_error_keeps_its_fields_across_pickling() -> None:

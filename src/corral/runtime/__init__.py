@@ -6,6 +6,35 @@ shard, activation and host classes are internals of their private modules.
 `Shard` is the one host implementation; the local backend runs shards in-process and
 the Ray backend wraps the same class in named actors. The runtime reaches storage only
 through the `corral.persistence.Store` protocol.
+
+The path of a signal (`ref.signal_with_start(...)`; updates, deliveries and reads take
+the same path as other `_ops` records):
+
+Local backend, one process:
+
+1. `_ref.EntityRef._signal` checks handler, payload, start input and id (`_boundary`)
+   and builds a `persistence.Acceptance` that names its shard (`_router.Router`).
+2. `_backend.LocalBackend.run(acc)` hands it, by kind, to `LocalBackend.accept`:
+   `Store.accept` starts, dedupes and appends in one group commit (SQLite: the
+   store's `CommitQueue`, its writer task, one transaction in the writer thread).
+3. `LocalBackend._accepted` gives the committed entry to the shard this process
+   hosts: `_shard.Shard.enqueue` (or `enqueue_started` for a run it just started),
+   then `_activation.Activation.enqueue`, which applies a sync signal at once
+   (`_apply_now`) or queues it for the activation's worker task (`_drain`, `_apply`).
+   The caller's `Ack` comes back from step 2; applying never holds it up. Another
+   process hosting the shard finds the entry by tailing the journal (`_host`).
+
+Ray backend, client process -> shard actor:
+
+1. As local step 1, in the client process.
+2. `_ray.RayBackend.run(acc)` queues it per shard; on the event loop's next turn
+   (`_flush`) the shard's queue goes as one `_ops.AcceptBatch` in one Ray call
+   (`RayBackend.call`: get-or-create the named actor, retry while it restarts).
+3. In the actor, `_ray_host.ShardHost.handle(batch)` checks the routing and runs
+   `LocalBackend.accept_many`: one group commit, then local step 3 for each entry;
+   the results travel back as `AcceptResult.to_wire` tuples to each caller's future.
+   Every other record is one `ShardHost.handle(op)` call, run by the actor's
+   `LocalBackend.run(op)`.
 """
 
 from corral.persistence import DeadLetter

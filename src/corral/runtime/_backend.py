@@ -1,17 +1,18 @@
 """Backends: where the entity-facing operations of a `Runtime` are carried out.
 
-`EntityRef` validates at the boundary and then talks to a `Backend` in plain records
-and JSON text, so the same calls can cross a process boundary (the Ray backend).
-`LocalBackend` serves them from this process: the store plus the shards this process
-hosts (if any).
+`EntityRef` and `Runtime` validate at the boundary, then hand a `Backend` one request
+record per call (`_ops`; an `Acceptance` for a send) through `Backend.run(op)`, so the
+same calls can cross a process boundary (the Ray backend). `LocalBackend` serves them
+from this process, by the method named after the record's kind: the store plus the
+shards this process hosts (if any). It is also what a Ray shard actor runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, overload
 
 import corral.metrics as metrics
 from corral._common import RunStatus, WaitStatus
@@ -32,7 +33,6 @@ from corral.persistence import (
     RunRecord,
     Store,
     UpdateOutcome,
-    WaitPosition,
     WaitRecord,
 )
 
@@ -41,6 +41,19 @@ from ._apply import ReplicaContext, Unappliable, apply_entry, run_query
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._host import LocalHost
+from ._ops import (
+    AcceptBatch,
+    DeadLetters,
+    Describe,
+    DiscardDeadLetter,
+    Entities,
+    LatestRun,
+    Op,
+    Query,
+    ReplayDeadLetter,
+    SignalWaits,
+    WaitUpdate,
+)
 from ._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
 from ._shard import Shard, ShardStopped
 from ._snapshot import rebuild
@@ -48,62 +61,27 @@ from ._snapshot import rebuild
 __all__ = ["Backend", "LocalBackend", "ShardOf"]
 
 ShardOf = Callable[[str, str], int]
+R = TypeVar("R")
 
 
 class Backend(Protocol):
-    """The operations behind `EntityRef`, after validation and authorization."""
+    """Where the operations behind `EntityRef` and `Runtime` run, after validation and
+    authorization: one request record per call (`_ops`), one entry point."""
 
     calls_once: bool
     """Each call reaches the store at most once (never retried with the same arguments),
     so an id the ref made for its call is new to the store (`Acceptance.fresh_id`)."""
 
-    async def accept(self, acc: Acceptance) -> AcceptResult:
-        """Accept durably (start/dedupe/append in one transaction) and hand to the host."""
-        ...
-
-    async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
-        """Wait until the update `message_id` is applied; its recorded outcome."""
-        ...
-
-    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
-        """Decide and record a delivery to a signal wait; wake the waiting run's host."""
-        ...
-
-    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
-                           ) -> list[WaitRecord]:
-        """Open signal waits, oldest first, after position `after`."""
-        ...
-
-    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
-                       after: tuple[str, str] | None) -> list[EntitySummary]:
-        """Entities in (type, key) order after `after`, with what the answering process
-        knows live of those it hosts."""
-        ...
-
-    async def query(self, etype: str, key: str, name: str, payload: str | None, *,
-                    activate: bool = False) -> str:
-        """Run a query handler; JSON of its result. `activate` brings a passivated
-        entity back into memory instead of answering from its latest snapshot."""
-        ...
-
-    async def describe(self, etype: str, key: str) -> EntityDescription: ...
-
-    async def latest_run(self, etype: str, key: str) -> RunRecord | None: ...
-
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
-                           ) -> list[DeadLetter]:
-        """Dead letters with an id above `after`, oldest first, optionally of one entity
-        type and/or key."""
-        ...
-
-    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
-                                 ) -> AcceptResult:
-        """Accept the dead letter's payload again as a new signal of the running run and
-        delete the dead letter (one transaction), then hand the entry to its host."""
-        ...
-
-    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        """Delete a dead letter; whether it existed."""
+    @overload
+    def run(self, op: Acceptance) -> Awaitable[AcceptResult]: ...
+    @overload
+    def run(self, op: DeliveryRequest) -> Awaitable[DeliveryResult]: ...
+    @overload
+    def run(self, op: Op[R]) -> Awaitable[R]: ...
+    def run(self, op: Any) -> Awaitable[Any]:
+        """Carry out `op` where its shard is hosted; its answer. An `Acceptance` is
+        accepted durably (start/dedupe/append in one transaction) and handed to its
+        host; a `DeliveryRequest` is decided and recorded, and wakes the waiting run."""
         ...
 
     async def close(self) -> None: ...
@@ -121,6 +99,24 @@ class LocalBackend:
         self._clock: Clock = clock or SystemClock()
         self._definitions = definitions
         self._shard_of = shard_of
+        # Dispatch by kind: each record to the method named after it, in the order of a
+        # message's life (accept, deliver, wait, read, operate).
+        self._by_kind: dict[type, Callable[[Any], Awaitable[Any]]] = {
+            Acceptance: self.accept, AcceptBatch: self.accept_batch,
+            DeliveryRequest: self.deliver, WaitUpdate: self.wait_update, Query: self.query,
+            Describe: self.describe, LatestRun: self.latest_run, Entities: self.entities,
+            SignalWaits: self.signal_waits, DeadLetters: self.dead_letters,
+            ReplayDeadLetter: self.replay_dead_letter,
+            DiscardDeadLetter: self.discard_dead_letter,
+        }
+
+    def run(self, op: Any) -> Awaitable[Any]:
+        """`op` by the method named after its kind (no frame of its own: every send
+        comes through here)."""
+        try:
+            return self._by_kind[type(op)](op)
+        except KeyError:
+            raise TypeError(f"not a backend operation: {op!r}") from None
 
     async def close(self) -> None:
         if self.host is not None:
@@ -134,6 +130,9 @@ class LocalBackend:
         result = await self.store.accept(acc)
         self._accepted(acc, result, time.perf_counter() - began)
         return result
+
+    def accept_batch(self, op: AcceptBatch) -> Awaitable[list[AcceptResult | Exception]]:
+        return self.accept_many(op.accs)
 
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
         """`accept` for each, in one group commit (no task per acceptance): each one's
@@ -174,13 +173,12 @@ class LocalBackend:
             shard.enqueue(result.entry)  # the fast path; other hosts tail the journal
         return result
 
-    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
-                           ) -> list[WaitRecord]:
-        return await self.store.signal_waits(etype, limit=limit, after=after)
+    async def signal_waits(self, op: SignalWaits) -> list[WaitRecord]:
+        return await self.store.signal_waits(op.entity_type, limit=op.limit, after=op.after)
 
-    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
-                       after: tuple[str, str] | None) -> list[EntitySummary]:
-        rows = await self.store.entities(etype, status, limit=limit, after=after)
+    async def entities(self, op: Entities) -> list[EntitySummary]:
+        rows = await self.store.entities(op.entity_type, op.status, limit=op.limit,
+                                         after=op.after)
         return [self._summary(r) for r in rows]
 
     def _summary(self, r: EntityRecord) -> EntitySummary:
@@ -198,7 +196,8 @@ class LocalBackend:
         act = shard.get(etype, key) if shard else None
         return act if act is not None and act.is_ready and act.run_id == run_id else None
 
-    async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
+    async def wait_update(self, op: WaitUpdate) -> UpdateOutcome:
+        etype, key, message_id = op.entity_type, op.key, op.message_id
         shard = self._shard(etype, key)
         local = shard.wait_update(etype, key, message_id) if shard else None
         delay, polls = 0.002, 0
@@ -247,16 +246,16 @@ class LocalBackend:
         raise EntityTerminatedError(f"{closed}; update {message_id!r} was not applied",
                                     **fields)
 
-    async def query(self, etype: str, key: str, name: str, payload: str | None, *,
-                    activate: bool = False) -> str:
+    async def query(self, op: Query) -> str:
         """Answered by the live activation when this process hosts the entity, once
         everything accepted before the query is applied (read-your-writes); otherwise
         by a read-only replica rebuilt from the store (latest snapshot + journal)."""
+        etype, key, name, payload = op.entity_type, op.key, op.name, op.payload
         definition = self._definitions[etype]
         shard = self._shard(etype, key)
         for _ in range(3):  # an activation may finish meanwhile (continue-as-new): its next
             act = shard.get(etype, key) if shard else None
-            if act is None and activate and shard is not None:
+            if act is None and op.activate and shard is not None:
                 act = shard.activate(etype, key)
             if act is None:
                 break
@@ -287,10 +286,11 @@ class LocalBackend:
                     continue
         return run_query(definition, entity, name, payload)
 
-    async def describe(self, etype: str, key: str) -> EntityDescription:
+    async def describe(self, op: Describe) -> EntityDescription:
+        etype, key = op.entity_type, op.key
         found = await self.store.latest_run(etype, key)
         if found is None:
-            return EntityDescription(etype, key, self._shard_of(etype, key),
+            return EntityDescription(etype, key, op.shard,
                                      RunStatus.NEVER_STARTED, 0, 0, None, None, False, ())
         run, next_seq = found
         live = self._live(etype, key, run.run_id)
@@ -299,7 +299,7 @@ class LocalBackend:
                      for r in await self.store.runs(etype, key))
         more = await self.store.entity_details(etype, key, run.run_id)
         return EntityDescription(
-            etype, key, self._shard_of(etype, key), run.status, run.run_id, next_seq - 1,
+            etype, key, op.shard, run.status, run.run_id, next_seq - 1,
             live.applied_seq if live else None, live.mailbox_depth if live else None,
             live is not None, runs, snapshot_seq=more.snapshot_seq,
             snapshot_age=None if more.snapshot_at is None
@@ -311,23 +311,23 @@ class LocalBackend:
             suspension=more.suspension if run.status is RunStatus.RUNNING else None,
         )
 
-    async def latest_run(self, etype: str, key: str) -> RunRecord | None:
-        found = await self.store.latest_run(etype, key)
+    async def latest_run(self, op: LatestRun) -> RunRecord | None:
+        found = await self.store.latest_run(op.entity_type, op.key)
         return None if found is None else found[0]
 
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
-                           ) -> list[DeadLetter]:
-        return await self.store.dead_letters(etype, key, limit=limit, after=after)
+    async def dead_letters(self, op: DeadLetters) -> list[DeadLetter]:
+        return await self.store.dead_letters(op.entity_type, op.key, limit=op.limit,
+                                             after=op.after)
 
-    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
-                                 ) -> AcceptResult:
+    async def replay_dead_letter(self, op: ReplayDeadLetter) -> AcceptResult:
         result = await self.store.replay_dead_letter(
-            etype, key, self._shard_of(etype, key), dead_letter_id, accepted_at=self._clock.time()
-        )
-        shard = self._shard(etype, key)
+            op.entity_type, op.key, op.shard, op.dead_letter_id,
+            accepted_at=self._clock.time())
+        shard = self.host.shard(op.shard) if self.host else None
         if shard is not None and not result.duplicate:
             shard.enqueue(result.entry)  # other hosts tail the journal
         return result
 
-    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        return await self.store.discard_dead_letter(etype, key, dead_letter_id)
+    async def discard_dead_letter(self, op: DiscardDeadLetter) -> bool:
+        return await self.store.discard_dead_letter(op.entity_type, op.key,
+                                                    op.dead_letter_id)

@@ -7,9 +7,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from corral._common import RunStatus
-from corral._errors import (
-    CorralError,
-)
+from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import (
     Entity,
     EntityDefinition,
@@ -24,6 +22,7 @@ from ._backend import Backend, LocalBackend
 from ._boundary import Authorize, Boundary, Limits, check_after_id, check_limit, check_status
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
+from ._ops import DeadLetters, Entities, SignalWaits
 from ._ref import EntityRef
 from ._results import EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
@@ -116,8 +115,9 @@ class Runtime:
         """
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         checked = None if key is None else self.boundary.check_key(key)
-        return await self.backend.dead_letters(etype, checked, check_limit(limit),
-                                               check_after_id(after))
+        owner = None if etype is None or checked is None else self.router.shard_of(etype, checked)
+        return await self.backend.run(DeadLetters(etype, checked, check_limit(limit),
+                                                  check_after_id(after), owner))
 
 
     async def entities(self, entity_type: type[Entity] | str | None = None, *,
@@ -141,7 +141,7 @@ class Runtime:
         wanted = None if status is None else check_status(status)
         limit = check_limit(limit)
         position = decode_cursor(after, (str, str))
-        rows = await self.backend.entities(etype, wanted, limit + 1, position)
+        rows = await self.backend.run(Entities(etype, wanted, limit + 1, position))
         last = rows[limit - 1] if len(rows) > limit else None
         return Page(rows[:limit], None if last is None else
                     encode_cursor((last.entity_type, last.key)))
@@ -164,7 +164,7 @@ class Runtime:
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         limit = check_limit(limit)
         position = decode_cursor(after, (float, str, str, int, str))
-        rows = await self.backend.signal_waits(etype, limit + 1, position)
+        rows = await self.backend.run(SignalWaits(etype, limit + 1, position))
         items = [SignalWaitInfo.of(w) for w in rows[:limit]]
         last = rows[limit - 1] if len(rows) > limit else None
         cursor = None if last is None else encode_cursor(
@@ -221,6 +221,11 @@ async def open_runtime(
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 
+    Raises:
+        InvalidArgumentError: an option that does not fit (two entity types of one name,
+            an unknown `backend`, `shards` below 1; with `backend="ray"`: a `Store`
+            object, an in-memory store, or a `clock`). Also a `ValueError`.
+
     Example:
         async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
             await rt.ref(TicketAgent, "ticket-9104").signal_with_start(...)
@@ -229,15 +234,15 @@ async def open_runtime(
     for cls in entities:
         definition: EntityDefinition = cls._corral_definition
         if definitions.setdefault(definition.name, definition) is not definition:
-            raise ValueError(f"two entity types are named {definition.name!r}")
+            raise InvalidArgumentError(f"two entity types are named {definition.name!r}")
     if backend == "ray":
         from ._ray import connect_ray  # imports Ray only when asked for
 
         if clock is not None:
-            raise ValueError("a clock is for the local backend (corral.testing)")
+            raise InvalidArgumentError("a clock is for the local backend (corral.testing)")
         if not isinstance(store, str):
-            raise TypeError("the Ray backend takes the store as a path (each shard actor "
-                            "opens it), not a Store object")
+            raise InvalidArgumentError("the Ray backend takes the store as a path or URL "
+                                       "(each shard actor opens it), not a Store object")
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
             lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options)
@@ -248,7 +253,7 @@ async def open_runtime(
             await ray_backend.close()
         return
     if backend != "local":
-        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+        raise InvalidArgumentError(f"backend must be 'local' or 'ray', got {backend!r}")
     router = Router(shards)
     clock = clock or SystemClock()
     owned_store = isinstance(store, str)

@@ -3,8 +3,9 @@
 `RayBackend` is the client half. It computes the owning shard of an entity (the same
 stable hash in every driver, task, actor and Serve replica), gets or creates that
 shard's actor by name (`get_if_exists=True`: atomic in Ray, exactly one constructor per
-name) and calls it. The actor (`ShardHost`, in `_ray_host.py`) runs the same host code
-as the local backend.
+name) and sends it the call's request record (`_ops`) through its one entry point,
+`ShardHost.handle(op)`. The actor (`ShardHost`, in `_ray_host.py`) runs the same host
+code as the local backend (`LocalBackend.run(op)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
 
@@ -16,9 +17,10 @@ Calls are safe to repeat, which the fault tolerance relies on:
   exited) or was never created: the client drops it, gets-or-creates the actor again
   and repeats the call, for up to `retry_timeout` seconds.
 
-Concurrent accepts for one shard from one client are sent as one actor call (the
-batch is whatever is queued when the event loop comes round): one Ray round trip and
-one group commit for many messages, and no added latency for a lone caller.
+Concurrent accepts for one shard from one client are sent as one actor call, an
+`AcceptBatch` (the batch is whatever is queued when the event loop comes round): one
+Ray round trip and one group commit for many messages, and no added latency for a lone
+caller.
 """
 
 from __future__ import annotations
@@ -28,34 +30,23 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import ray
 from ray import exceptions as rex
 
-from corral._common import RunStatus
 from corral._errors import (
     CorralError,
+    InvalidArgumentError,
     UnknownEntityTypeError,
 )
 from corral.actors import EntityDefinition
-from corral.persistence import (
-    Acceptance,
-    AcceptResult,
-    DeadLetter,
-    DeliveryRequest,
-    DeliveryResult,
-    RunRecord,
-    UpdateOutcome,
-    WaitPosition,
-    WaitRecord,
-    is_postgres_url,
-)
+from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postgres_url
 
+from ._ops import AcceptBatch, Request, WaitUpdate
 from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name, host_fingerprint
 from ._ray_host import stop_ray_hosts as stop_hosts
-from ._results import EntityDescription, EntitySummary
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -65,8 +56,6 @@ _MAX_BATCH = 512
 """Accepts per actor call; bigger batches are split (the pieces still share commits)."""
 _MAX_HANDLES = 4096
 """Actor handles kept per client (dedicated entities each have their own)."""
-_WAIT_SLICE = 10.0
-"""Seconds one `wait_update` call waits inside the actor before the client asks again."""
 _RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError)
 _MIN_POLL = 0.05
 """Shard actors tail the journal at most this often (see `connect_ray`)."""
@@ -115,7 +104,7 @@ class RayBackend:
     # -- actors ------------------------------------------------------------------------
 
     def _options(self, index: int, etype: str) -> dict[str, Any]:
-        # Calls waiting for an update's outcome park in the actor (up to _WAIT_SLICE):
+        # Calls waiting for an update's outcome park in the actor (up to WAIT_SLICE):
         # room for many, so they never hold up accepts behind them.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
         if self.router.is_dedicated(index):
@@ -173,9 +162,10 @@ class RayBackend:
         except _RETRYABLE:
             pass  # the call itself will find the actor unavailable and retry
 
-    async def call(self, index: int, etype: str, method: str, *args: Any,
+    async def call(self, index: int, etype: str, op: Request,
                    sent: tuple[Any, Any] | None = None) -> Any:
-        """Call `method` on shard `index`'s actor: get-or-create, retry, unwrap errors.
+        """`ShardHost.handle(op)` on shard `index`'s actor: get-or-create, retry, unwrap
+        errors; the actor's answer.
 
         `sent`: (handle, object ref) of a first attempt the caller already made.
         """
@@ -188,7 +178,7 @@ class RayBackend:
                 (handle, attempt), sent = sent, None
             else:
                 handle = await self._handle(index, etype)
-                attempt = getattr(handle, method).remote(*args)
+                attempt = handle.handle.remote(op)
             try:
                 return await attempt
             except rex.RayTaskError as err:  # the method itself raised: not retried
@@ -222,7 +212,28 @@ class RayBackend:
 
     # -- Backend -----------------------------------------------------------------------
 
-    async def accept(self, acc: Acceptance) -> AcceptResult:
+    def run(self, op: Any) -> Awaitable[Any]:
+        """An `Acceptance` joins its shard's next batch; a `WaitUpdate` is asked again
+        each `WAIT_SLICE`; every other record is one call to the owning shard's actor
+        (any actor, shard 0, for the store-wide reads)."""
+        if type(op) is Acceptance:
+            return self._accept(op)
+        if type(op) is WaitUpdate:
+            return self._wait_update(op)
+        return self._call(op)
+
+    async def _call(self, op: Any) -> Any:
+        """`op` (a record naming one entity type or none) to its shard's actor."""
+        etype: str = op.entity_type or next(iter(self._definitions))
+        return await self.call(0 if op.shard is None else op.shard, etype, op)
+
+    async def _wait_update(self, op: WaitUpdate) -> UpdateOutcome:
+        while True:
+            outcome: UpdateOutcome | None = await self.call(op.shard, op.entity_type, op)
+            if outcome is not None:
+                return outcome
+
+    async def _accept(self, acc: Acceptance) -> AcceptResult:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[AcceptResult] = loop.create_future()
         queue = self._queued.get(acc.shard)
@@ -240,102 +251,38 @@ class RayBackend:
             return
         handle = self._handles.get(index)
         for start in range(0, len(queue), _MAX_BATCH):
-            batch = queue[start:start + _MAX_BATCH]
-            wires = [acc.to_wire() for acc, _ in batch]
+            waiting = queue[start:start + _MAX_BATCH]
+            batch = AcceptBatch(index, [acc for acc, _ in waiting])
             sent = None
             if handle is not None:  # a known actor: send at once, not when a task first runs
                 try:
-                    sent = (handle, handle.accept_many.remote(wires))
+                    sent = (handle, handle.handle.remote(batch))
                 except Exception:  # the call in `_send` makes it again, and reports
                     sent = None
-            task = asyncio.ensure_future(self._send(index, batch, wires, sent))
+            task = asyncio.ensure_future(self._send(batch, waiting, sent))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, index: int, batch: list[tuple[Acceptance, asyncio.Future[AcceptResult]]],
-                    wires: list[tuple[Any, ...]], sent: tuple[Any, Any] | None) -> None:
+    async def _send(self, batch: AcceptBatch,
+                    waiting: list[tuple[Acceptance, asyncio.Future[AcceptResult]]],
+                    sent: tuple[Any, Any] | None) -> None:
         try:
-            results = await self.call(index, batch[0][0].entity_type, "accept_many", wires,
+            results = await self.call(batch.shard, batch.accs[0].entity_type, batch,
                                       sent=sent)
         except BaseException as err:  # every waiter gets it
-            for _, fut in batch:
+            for _, fut in waiting:
                 if not fut.done():
                     fut.set_exception(err)
             if not isinstance(err, Exception):
                 raise
             return
-        for (_, fut), result in zip(batch, results, strict=True):
+        for (_, fut), result in zip(waiting, results, strict=True):
             if fut.done():  # its caller was cancelled; the accept still happened
                 continue
             if isinstance(result, BaseException):
                 fut.set_exception(result)
             else:
                 fut.set_result(AcceptResult.from_wire(result))
-
-    async def wait_update(self, etype: str, key: str, message_id: str) -> UpdateOutcome:
-        index = self.router.shard_of(etype, key)
-        while True:
-            outcome: UpdateOutcome | None = await self.call(
-                index, etype, "wait_update", etype, key, message_id, _WAIT_SLICE)
-            if outcome is not None:
-                return outcome
-
-    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
-        result: DeliveryResult = await self.call(req.shard, req.entity_type, "deliver", req)
-        return result
-
-    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
-                           ) -> list[WaitRecord]:
-        # Every shard actor reads the same store: ask shard 0.
-        result: list[WaitRecord] = await self.call(0, etype or next(iter(self._definitions)),
-                                                   "signal_waits", etype, limit, after)
-        return result
-
-    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
-                       after: tuple[str, str] | None) -> list[EntitySummary]:
-        # Every shard actor reads the same store: ask shard 0 (live figures are its own).
-        result: list[EntitySummary] = await self.call(
-            0, etype or next(iter(self._definitions)), "entities", etype, status, limit, after)
-        return result
-
-    async def query(self, etype: str, key: str, name: str, payload: str | None, *,
-                    activate: bool = False) -> str:
-        result: str = await self.call(self.router.shard_of(etype, key), etype, "query",
-                                      etype, key, name, payload, activate)
-        return result
-
-    async def describe(self, etype: str, key: str) -> EntityDescription:
-        result: EntityDescription = await self.call(
-            self.router.shard_of(etype, key), etype, "describe", etype, key)
-        return result
-
-    async def latest_run(self, etype: str, key: str) -> RunRecord | None:
-        result: RunRecord | None = await self.call(
-            self.router.shard_of(etype, key), etype, "latest_run", etype, key)
-        return result
-
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
-                           ) -> list[DeadLetter]:
-        # Every shard actor reads the same store: the owner if known, else shard 0.
-        if etype is not None and key is not None:
-            index, via = self.router.shard_of(etype, key), etype
-        else:
-            index, via = 0, next(iter(self._definitions))
-        result: list[DeadLetter] = await self.call(index, via, "dead_letters", etype, key,
-                                                   limit, after)
-        return result
-
-    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
-                                 ) -> AcceptResult:
-        result: AcceptResult = await self.call(self.router.shard_of(etype, key), etype,
-                                               "replay_dead_letter", etype, key,
-                                               dead_letter_id)
-        return result
-
-    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        result: bool = await self.call(self.router.shard_of(etype, key), etype,
-                                       "discard_dead_letter", etype, key, dead_letter_id)
-        return result
 
     async def close(self) -> None:
         """Forget the actor handles (the actors live on); shut Ray down if we started it."""
@@ -363,9 +310,9 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
         if store.startswith("sqlite:///"):
             store = store[len("sqlite:///"):]
         if store in (":memory:", "sqlite://:memory:", ""):
-            raise ValueError("the Ray backend needs a store every shard actor can open (a "
-                             "PostgreSQL URL, or a file on this machine), not an in-memory "
-                             "store")
+            raise InvalidArgumentError(
+                "the Ray backend needs a store every shard actor can open (a PostgreSQL "
+                "URL, or a file on this machine), not an in-memory store")
         path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
     owns_ray = not ray.is_initialized()
     if owns_ray:

@@ -2,8 +2,8 @@
 
 A shard actor runs the same pieces as a local host, in its own worker process: it opens
 its own store (the deployment's PostgreSQL database, or its SQLite file on a one-machine
-cluster), runs a `LocalHost` restricted to
-its one shard index, and serves the `Backend` operations through a `LocalBackend`.
+cluster), runs a `LocalHost` restricted to its one shard index, and runs each request
+record a client sends (`handle(op)`) through a `LocalBackend`.
 Its `__init__` takes the shard's lease with `takeover=True` before the actor serves a
 single call: Ray maps an actor name to one live incarnation, so a restarted actor fences
 out its predecessor (a zombie may still run) by taking a new epoch at once instead of
@@ -29,30 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import corral.metrics as metrics
-from corral._common import RunStatus
 from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
 from corral.actors import (
     Entity,
     EntityDefinition,
 )
-from corral.persistence import (
-    Acceptance,
-    AcceptResult,
-    DeadLetter,
-    DeliveryRequest,
-    DeliveryResult,
-    RunRecord,
-    Store,
-    UpdateOutcome,
-    WaitPosition,
-    WaitRecord,
-    is_postgres_url,
-    open_store,
-)
+from corral.persistence import Acceptance, Store, is_postgres_url, open_store
 
 from ._backend import LocalBackend
 from ._host import LocalHost
-from ._results import EntityDescription, EntitySummary
+from ._ops import AcceptBatch, Request, WaitUpdate
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
@@ -69,6 +55,10 @@ the hosted entities): with the default a host spent 3-8% of its time collecting 
 young, 60 middle, 6 full collections per 90,000 messages). Hot keys on 4 shard actors,
 repeated bursts: 15,700-20,600 -> 17,400-22,300 signals/s, 38-50 -> 35-42 us of shard
 CPU each. Reference counting still frees everything acyclic at once."""
+
+WAIT_SLICE = 10.0
+"""Seconds a `WaitUpdate` waits inside the actor before it answers None (the client then
+asks again): a call never parks in an actor for long."""
 
 _DEDICATED_SPACE = 1 << 62
 """Pseudo-shard indices of dedicated entities: shards + [0, 2**62), inside SQLite's int64."""
@@ -103,7 +93,8 @@ class RayHostSpec:
     """What every shard actor of one deployment is built from (its constructor args)."""
 
     store: str
-    """Absolute path of the SQLite store file every shard actor opens."""
+    """What every shard actor opens: the deployment's PostgreSQL URL, or the absolute
+    path of its SQLite file (then all the actors run on one machine)."""
     shards: int
     namespace: str
     lease_ttl: float
@@ -112,11 +103,12 @@ class RayHostSpec:
     """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
-HOST_PROTOCOL = 2
+HOST_PROTOCOL = 3
 """The version of what a client and a shard actor send each other (2: acceptances and
-their results as `to_wire` tuples). Detached actors outlive their clients, so an
-upgraded client can meet an actor of an older corral: the version is part of the
-fingerprint both check before the first call, and a mismatch is refused clearly."""
+their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`).
+Detached actors outlive their clients, so an upgraded client can meet an actor of an
+older corral: the version is part of the fingerprint both check before the first call,
+and a mismatch is refused clearly."""
 
 
 def host_fingerprint(definition: EntityDefinition) -> str:
@@ -153,9 +145,12 @@ def register(definitions: dict[str, EntityDefinition],
 class ShardHost:
     """One shard (or one dedicated entity) of a deployment, inside an async Ray actor.
 
-    Every method may run twice (Ray re-executes in-flight calls on a restarted actor,
+    Clients send every operation as one request record to `handle(op)`; the other
+    methods are administration (`register`, `check_definitions`, `info`, `shutdown`).
+    Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
-    and the rest are reads.
+    dead-letter replays by their derived id (a discard run twice answers False the
+    second time), and the rest are reads.
 
     A dedicated actor ends itself once no run of its pseudo-shard has been running for
     `spec.dedicated_idle_exit` seconds, so a finished GPU entity gives its resources
@@ -206,97 +201,53 @@ class ShardHost:
 
     # -- the Backend operations --------------------------------------------------------
 
-    async def accept_many(self, wires: Sequence[Sequence[Any]]
-                          ) -> list[tuple[Any, ...] | BaseException]:
-        """Accept a batch (one group commit, `Acceptance.to_wire` form); each item's
-        result (`AcceptResult.to_wire`) or its error.
+    async def handle(self, op: Request) -> Any:
+        """Run one backend operation (`_ops`) here: the one entry point of the client.
+
+        An `AcceptBatch` is answered item by item (`_accept_batch`); a `WaitUpdate`
+        with its outcome, or None after `WAIT_SLICE` seconds (ask again). Reads without
+        a shard (`shard=None`) are answered for all shards: they share one store.
+        """
+        async with self._serving():
+            if isinstance(op, AcceptBatch):
+                return await self._accept_batch(op)
+            if op.shard is not None:  # one entity's (or a key's dead letters)
+                self._check(op.entity_type, op.key)  # type: ignore[arg-type]
+            if type(op) is WaitUpdate:
+                try:
+                    return await asyncio.wait_for(self.backend.run(op), WAIT_SLICE)
+                except asyncio.TimeoutError:  # not the builtin before 3.11
+                    return None
+            return await self.backend.run(op)
+
+    async def _accept_batch(self, batch: AcceptBatch) -> list[tuple[Any, ...] | BaseException]:
+        """Accept a batch (one group commit); each item's result (`AcceptResult.to_wire`)
+        or its error.
 
         An entity type this actor does not know fails the whole call before anything is
         accepted: the client teaches the actor its types (`register`) and sends again.
         """
-        accs = [Acceptance.from_wire(w) for w in wires]
-        async with self._serving():
-            for etype in {acc.entity_type for acc in accs} - set(self.definitions):
-                raise UnknownEntityTypeError(
-                    f"entity type {etype!r} is not registered in "
-                    f"{actor_name(self.spec, self.index)}")
-            results: list[tuple[Any, ...] | BaseException | None] = []
-            checked: list[Acceptance] = []
-            for acc in accs:  # a misrouted one is refused alone
-                try:
-                    self._check(acc.entity_type, acc.key)
-                    if acc.shard != self.index:
-                        raise CorralError(
-                            f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
-                            f"but this actor hosts shard {self.index}")
-                except CorralError as err:
-                    results.append(err)
-                else:
-                    results.append(None)
-                    checked.append(acc)
-            accepted = iter(await self.backend.accept_many(checked) if checked else ())
-            return [(a if isinstance(a := next(accepted), Exception) else a.to_wire())
-                    if r is None else r for r in results]
-
-    async def wait_update(self, etype: str, key: str, message_id: str, timeout: float
-                          ) -> UpdateOutcome | None:
-        """The update's outcome once applied, or None after `timeout` seconds (ask again)."""
-        async with self._serving():
-            self._check(etype, key)
+        for etype in {acc.entity_type for acc in batch.accs} - set(self.definitions):
+            raise UnknownEntityTypeError(
+                f"entity type {etype!r} is not registered in "
+                f"{actor_name(self.spec, self.index)}")
+        results: list[tuple[Any, ...] | BaseException | None] = []
+        checked: list[Acceptance] = []
+        for acc in batch.accs:  # a misrouted one is refused alone
             try:
-                return await asyncio.wait_for(
-                    self.backend.wait_update(etype, key, message_id), timeout)
-            except asyncio.TimeoutError:  # not the builtin before 3.11
-                return None
-
-    async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
-        async with self._serving():
-            self._check(req.entity_type, req.key)
-            return await self.backend.deliver(req)
-
-    async def signal_waits(self, etype: str | None, limit: int, after: WaitPosition | None
-                           ) -> list[WaitRecord]:
-        """Any shard actor answers for all: they share one store."""
-        async with self._serving():
-            return await self.backend.signal_waits(etype, limit, after)
-
-    async def entities(self, etype: str | None, status: RunStatus | None, limit: int,
-                       after: tuple[str, str] | None) -> list[EntitySummary]:
-        """Any shard actor answers for all: they share one store."""
-        async with self._serving():
-            return await self.backend.entities(etype, status, limit, after)
-
-    async def query(self, etype: str, key: str, name: str, payload: str | None,
-                    activate: bool) -> str:
-        async with self._serving():
-            self._check(etype, key)
-            return await self.backend.query(etype, key, name, payload, activate=activate)
-
-    async def describe(self, etype: str, key: str) -> EntityDescription:
-        async with self._serving():
-            self._check(etype, key)
-            return await self.backend.describe(etype, key)
-
-    async def latest_run(self, etype: str, key: str) -> RunRecord | None:
-        async with self._serving():
-            return await self.backend.latest_run(etype, key)
-
-    async def dead_letters(self, etype: str | None, key: str | None, limit: int, after: int
-                           ) -> list[DeadLetter]:
-        """Any shard actor answers for all: they share one store."""
-        async with self._serving():
-            return await self.backend.dead_letters(etype, key, limit, after)
-
-    async def replay_dead_letter(self, etype: str, key: str, dead_letter_id: int
-                                 ) -> AcceptResult:
-        async with self._serving():
-            self._check(etype, key)
-            return await self.backend.replay_dead_letter(etype, key, dead_letter_id)
-
-    async def discard_dead_letter(self, etype: str, key: str, dead_letter_id: int) -> bool:
-        async with self._serving():
-            self._check(etype, key)
-            return await self.backend.discard_dead_letter(etype, key, dead_letter_id)
+                self._check(acc.entity_type, acc.key)
+                if acc.shard != self.index:
+                    raise CorralError(
+                        f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
+                        f"but this actor hosts shard {self.index}")
+            except CorralError as err:
+                results.append(err)
+            else:
+                results.append(None)
+                checked.append(acc)
+        accepted = iter(await self.backend.accept_many(checked) if checked else ())
+        return [(a if isinstance(a := next(accepted), Exception) else a.to_wire())
+                if r is None else r for r in results]
 
     def _check(self, etype: str, key: str) -> None:
         if etype not in self.definitions:
@@ -392,15 +343,6 @@ class ShardHost:
             "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
             "gc_threshold": gc.get_threshold(),
         }
-
-    async def crash(self, owner: str) -> None:
-        """Test hook: die at once (`os._exit`) if this is incarnation `owner`.
-
-        Ray re-executes the call on the restarted actor; that incarnation has another
-        owner and returns, so one call crashes exactly one incarnation.
-        """
-        if owner == self.host.owner:
-            os._exit(1)
 
     async def shutdown(self) -> None:
         """Stop hosting, release the lease and close the store (`stop_ray_hosts` then kills

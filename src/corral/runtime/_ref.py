@@ -1,7 +1,8 @@
 """`EntityRef`: the typed address of one entity, and every call a caller makes on it.
 
-Each send validates at the boundary, then goes to the `Backend` in plain records and
-JSON. The overloads follow temporalio's `WorkflowHandle.signal` / `execute_update` /
+Each call validates at the boundary, then goes to the `Backend` as one request record
+(`_ops`; an `Acceptance` for a send) with JSON payloads: `backend.run(op)`. The
+overloads follow temporalio's `WorkflowHandle.signal` / `execute_update` /
 `query`: a handler is matched as a method of the ref's entity type taking no payload or
 one model, sync or async, so a handler of another type, a payload of the wrong model or
 a start input of the wrong type is a type error at the call site.
@@ -50,6 +51,15 @@ from ._boundary import (
     new_message_id,
 )
 from ._clock import Clock
+from ._ops import (
+    DeadLetters,
+    Describe,
+    DiscardDeadLetter,
+    LatestRun,
+    Query,
+    ReplayDeadLetter,
+    WaitUpdate,
+)
 from ._results import Ack, Delivery, EntityDescription, decode_value
 
 __all__ = ["EntityRef"]
@@ -184,7 +194,7 @@ class EntityRef(Generic[E_co, S]):
                 mid, fresh = b.check_identifier(message_id, "message id"), False
             who = await b.sender(sender, d, self.key, "signal", h.name) \
                 if sender is not None or b.authorizes else None
-            res = await self._backend.accept(Acceptance(
+            res = await self._backend.run(Acceptance(
                 d.name, self.key, self.shard, EntryKind.SIGNAL, h.name, mid, text,
                 payload_hash(h.name, text), who, start_text, d.id_reuse, self._clock.time(),
                 fresh))
@@ -252,7 +262,8 @@ class EntityRef(Generic[E_co, S]):
                                               sender)
         try:
             outcome = await asyncio.wait_for(
-                self._backend.wait_update(self.definition.name, self.key, mid), timeout)
+                self._backend.run(WaitUpdate(self.definition.name, self.key, self.shard, mid)),
+                timeout)
         except asyncio.TimeoutError:
             raise WaitTimeoutError(
                 f"update {h.name!r} {mid!r} of {self!r} was accepted but not applied within "
@@ -290,7 +301,7 @@ class EntityRef(Generic[E_co, S]):
         acc = Acceptance(d.name, self.key, self.shard, kind, name, message_id, payload,
                          payload_hash(name, payload), sender, start, d.id_reuse,
                          self._clock.time())
-        return await self._backend.accept(acc)
+        return await self._backend.run(acc)
 
     # -- durable signal waits ------------------------------------------------------------
 
@@ -337,7 +348,7 @@ class EntityRef(Generic[E_co, S]):
             if run_id is not None:
                 run_id = check_run_id(run_id)
             who = await b.sender(sender, d, self.key, "deliver", w.name)
-            res = await self._backend.deliver(DeliveryRequest(
+            res = await self._backend.run(DeliveryRequest(
                 d.name, self.key, self.shard, w.name, delivery_key, text, who,
                 d.early_signals, run_id, w.renamed_from))
             kept = res.wait
@@ -372,13 +383,13 @@ class EntityRef(Generic[E_co, S]):
             h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
             text = b.payload(h, payload) if h.input_type is not None else None
             await b.sender(sender, self.definition, self.key, "query", h.name)
-            text = await self._backend.query(self.definition.name, self.key, h.name, text,
-                                                activate=activate)
+            text = await self._backend.run(Query(self.definition.name, self.key, self.shard,
+                                                 h.name, text, activate))
             return decode_value(text, h.output_type)
 
     async def describe(self) -> EntityDescription:
         """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
-        return await self._backend.describe(self.definition.name, self.key)
+        return await self._backend.run(Describe(self.definition.name, self.key, self.shard))
 
     async def result(self: EntityRef[_Runs[R], Any], *, timeout: float | None = None) -> R:
         """Wait for the latest run to close and return `run()`'s result.
@@ -402,7 +413,7 @@ class EntityRef(Generic[E_co, S]):
         delay = 0.002
         ident: dict[str, Any] = {"entity_type": self.definition.name, "key": self.key}
         while True:
-            run = await self._backend.latest_run(self.definition.name, self.key)
+            run = await self._backend.run(LatestRun(self.definition.name, self.key, self.shard))
             if run is None:
                 raise EntityNotRunningError(
                     f"{self.definition.name} {self.key!r} was never started", **ident)
@@ -469,8 +480,9 @@ class EntityRef(Generic[E_co, S]):
         `RetryPolicy` ran out; the entity went on with its next message. Updates are
         never dead-lettered (their caller gets `UpdateFailedError`).
         """
-        return await self._backend.dead_letters(self.definition.name, self.key,
-                                                check_limit(limit), check_after_id(after))
+        return await self._backend.run(DeadLetters(
+            self.definition.name, self.key, check_limit(limit), check_after_id(after),
+            self.shard))
 
     async def replay_dead_letter(self, dead_letter_id: int, *,
                                  sender: str | None = None) -> Ack:
@@ -495,7 +507,8 @@ class EntityRef(Generic[E_co, S]):
         """
         ident = check_dead_letter_id(dead_letter_id)
         await self._boundary.sender(sender, self.definition, self.key, "replay", "replay")
-        res = await self._backend.replay_dead_letter(self.definition.name, self.key, ident)
+        res = await self._backend.run(ReplayDeadLetter(self.definition.name, self.key,
+                                                       self.shard, ident))
         return _ack(res)
 
     async def discard_dead_letter(self, dead_letter_id: int, *,
@@ -506,7 +519,8 @@ class EntityRef(Generic[E_co, S]):
         """
         ident = check_dead_letter_id(dead_letter_id)
         await self._boundary.sender(sender, self.definition, self.key, "discard", "discard")
-        return await self._backend.discard_dead_letter(self.definition.name, self.key, ident)
+        return await self._backend.run(DiscardDeadLetter(self.definition.name, self.key,
+                                                         self.shard, ident))
 
 
 class _About:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from corral._errors import InvalidArgumentError
+
 __all__ = ["Router"]
 
 
@@ -18,7 +20,7 @@ class Router:
 
     def __init__(self, shards: int) -> None:
         if shards < 1:
-            raise ValueError(f"shards must be >= 1, got {shards}")
+            raise InvalidArgumentError(f"shards must be >= 1, got {shards}")
         self.shards = shards
 
     def shard_of(self, entity_type: str, key: str) -> int:
