@@ -143,6 +143,24 @@ async def test_the_journal_tail_reads_each_entry_once_in_order_for_the_shards_as
     assert await store.journal_tail(end, frozenset({1, 2})) == (end, [])
 
 
+async def test_the_journal_tail_moves_past_a_page_of_other_shards_entries(
+    store: Store, other: Store,
+) -> None:
+    """A host of shard 1 is never stuck behind a page that holds only shard 2's entries."""
+    pos = await store.journal_end()
+    for i in range(3):
+        await other.accept(acc(f"theirs{i}", "m", shard=2))
+    await other.accept(acc("mine", "m", shard=1))
+    mine: list[str] = []
+    for _ in range(10):
+        pos, page = await store.journal_tail(pos, frozenset({1}), limit=2)
+        mine += [e.key for e in page]
+        if mine:
+            break
+    assert mine == ["mine"]
+    assert await store.journal_tail(pos, frozenset({1})) == (pos, [])
+
+
 async def test_another_stores_commit_on_a_held_shard_is_seen(store: Store, other: Store) -> None:
     await store.acquire_leases("h", [5], 60.0)
     await other.accept(acc("k", "theirs", shard=5))

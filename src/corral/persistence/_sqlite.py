@@ -344,11 +344,17 @@ class SqliteStore(StoreCore):
 async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int
                 ) -> tuple[int, list[JournalEntry]]:
     """The journal by its global position (`pos`, a rowid growing in commit order: one
-    writer at a time holds the file)."""
-    rows = await q.fetchall(f"SELECT pos, shard, {ENTRY_COLUMNS} FROM journal WHERE pos > ? "
-                            "ORDER BY pos LIMIT ?", after_pos, limit)
-    last = rows[-1][0] if rows else after_pos
-    return last, [entry_from_row(r[2:]) for r in rows if r[1] in shards]
+    writer at a time holds the file), up to `limit` positions on; only the rows of
+    `shards` are read (a host of one shard of many reads no one else's payloads)."""
+    row = await q.fetchone("SELECT max(pos) FROM (SELECT pos FROM journal WHERE pos > ? "
+                           "ORDER BY pos LIMIT ?)", after_pos, limit)
+    assert row is not None
+    if row[0] is None:
+        return after_pos, []
+    wanted = ",".join(str(int(s)) for s in sorted(shards))  # ints only: safe inline
+    rows = await q.fetchall(f"SELECT {ENTRY_COLUMNS} FROM journal WHERE pos > ? AND pos <= ? "
+                            f"AND shard IN ({wanted}) ORDER BY pos", after_pos, row[0])
+    return int(row[0]), [entry_from_row(r) for r in rows]
 
 
 async def _end(q: SqliteTxn) -> int:
