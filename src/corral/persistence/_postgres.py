@@ -185,12 +185,19 @@ class PostgresStore(StoreCore):
         if self._closed or self._pool is None:
             raise StoreError("store is closed")
         try:
-            async with self._pool.acquire(timeout=self._timeout) as conn:
-                return await fn(conn, *args)
+            conn = await self._pool.acquire(timeout=self._timeout)
+        except Exception as err:  # refused at connect ("not accepting connections"...)
+            raise StoreUnavailableError(
+                f"store read failed: no connection: {type(err).__name__}: {err} (retry)",
+                committed=False) from err
+        try:
+            return await fn(conn, *args)
         except CorralError:
             raise
         except Exception as err:  # a driver error, a lost connection, a value it cannot bind
             raise store_error("store read failed", err) from err
+        finally:
+            await self._pool.release(conn)
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for another process's commit for a shard held

@@ -20,6 +20,7 @@ from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
+    StoreUnavailableError,
 )
 from corral.actors import EntityDefinition
 from corral.persistence import (
@@ -203,11 +204,17 @@ class LocalBackend:
         delay, polls = 0.002, 0
         try:
             while True:
-                recorded = await self.store.update_outcome(etype, key, message_id)
-                if recorded is not None:
-                    return recorded
-                if polls:  # not on the hot path: a hosting shard fails `local` itself
-                    await self._refuse_if_closed(etype, key, message_id)
+                try:
+                    recorded = await self.store.update_outcome(etype, key, message_id)
+                    if recorded is not None:
+                        return recorded
+                    if polls:  # not on the hot path: a hosting shard fails `local` itself
+                        await self._refuse_if_closed(etype, key, message_id)
+                except StoreUnavailableError:
+                    # The update is accepted (durable); an outage while its outcome is
+                    # awaited is not its failure: keep waiting (the caller's timeout
+                    # bounds the wait), as the host keeps retrying to record it.
+                    pass
                 polls += 1
                 if local is not None:
                     try:
