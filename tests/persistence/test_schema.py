@@ -94,6 +94,45 @@ async def test_a_new_store_is_created_at_the_current_version(db_path: str) -> No
     assert {"timers_shard_due", "entities_status"} <= indexes(db_path)
 
 
+def schema(location: str) -> dict[str, object]:
+    """Every table's columns (in order) and every index of the store, as its engine's
+    catalog describes them."""
+    if is_postgres(location):
+        return {
+            "columns": sql(location, "SELECT table_name, column_name, data_type, is_nullable, "
+                           "column_default, is_identity FROM information_schema.columns WHERE "
+                           "table_schema = current_schema() ORDER BY table_name, ordinal_position"),
+            "indexes": set(sql(location, "SELECT tablename, indexname, indexdef FROM pg_indexes "
+                               "WHERE schemaname = current_schema()"))}
+    found: dict[str, object] = {}
+    for name, create in sql(location, "SELECT name, sql FROM sqlite_master WHERE type='table'"):
+        found[name] = (sql(location, f"PRAGMA table_info({name})"),
+                       "WITHOUT ROWID" in create, "AUTOINCREMENT" in create,
+                       {(index[1:], tuple(sql(location, f"PRAGMA index_info({index[1]})")))
+                        for index in sql(location, f"PRAGMA index_list({name})")})
+    return found
+
+
+async def test_a_new_store_has_exactly_the_schema_of_one_migrated_from_schema_1(
+    db_path: str, tmp_path: Path,
+) -> None:
+    """A new store is created at the current schema at once, an old one migrated step by
+    step: both must end up alike (tables, columns in order, types, keys, indexes)."""
+    await (await open_store(db_path, shards=16)).close()
+    new = schema(db_path)
+    if is_postgres(db_path):  # back to what a corral of schema 1 wrote
+        for statement in ("DROP TABLE signal_waits", "DROP TABLE suspensions",
+                          "DROP INDEX dedupe_sweep", "ALTER TABLE entities DROP COLUMN updated_at",
+                          "UPDATE meta SET v = '1' WHERE k = 'schema_version'"):
+            sql(db_path, statement)
+        old = db_path
+    else:
+        old = str(tmp_path / "old.db")
+        shutil.copy(SCHEMA_1, old)
+    await (await open_store(old, shards=16)).close()
+    assert schema(old) == new
+
+
 async def test_a_store_written_by_a_newer_corral_is_refused_and_left_untouched(
     tmp_path: Path,
 ) -> None:

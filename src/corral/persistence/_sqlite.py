@@ -30,10 +30,11 @@ from ._locks import LeaseLocks
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._reads import ENTRY_COLUMNS, entry_from_row
 from ._records import JournalEntry
-from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
+from ._schema import MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
 from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
+from ._tables import create_all
 from ._txn import WriteOp, apply_ops, drive
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
@@ -114,46 +115,31 @@ class SqliteStore(StoreCore):
             name="corral-store-writer")
 
     def _prepare(self, db: sqlite3.Connection, shards: int) -> None:
-        """In the writer's thread: pragmas, then the schema (refusing a newer one before
-        any DDL) and the pinned shard count."""
+        """In the writer's thread: pragmas, then, in one transaction, the schema and the
+        pinned shard count. A new store is created at `SCHEMA_VERSION`; an older one
+        gets the migrations it lacks; a store of a newer corral, or of another shard
+        count, is refused (naming both values) and left untouched."""
         for pragma in PRAGMAS:
             _busy_retry(db, pragma)
-        self._refuse_newer(self._stored_version(db))
-        db.executescript(DDL)
-        self._check_meta(db, shards)
-
-    def _stored_version(self, db: sqlite3.Connection) -> int:
-        """The schema version recorded in the file (0 for a new file)."""
-        try:
-            row = db.execute("SELECT v FROM meta WHERE k='schema_version'").fetchone()
-        except sqlite3.OperationalError:  # no meta table: a new store
-            return 0
-        return 1 if row is None else parse_schema_version(row[0], repr(self.path))
-
-    def _refuse_newer(self, found: int) -> None:
-        if found > SCHEMA_VERSION:
-            raise StoreError(
-                f"store {self.path!r} has schema version {found}, written by a newer "
-                f"corral; this corral knows versions up to {SCHEMA_VERSION}: upgrade corral "
-                "to open it")
-
-    def _check_meta(self, db: sqlite3.Connection, shards: int) -> None:
-        """Pin the shard count and bring the schema to `SCHEMA_VERSION` (one transaction).
-
-        A new store gets every migration; an older one the ones it lacks; a store of a
-        newer corral is refused, naming both versions, and left untouched.
-        """
         db.execute("BEGIN IMMEDIATE")
         try:
-            meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
-            found = parse_schema_version(meta.get("schema_version", "1" if meta else "0"),
-                                         repr(self.path))
-            self._refuse_newer(found)
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+                meta = dict(db.execute("SELECT k, v FROM meta").fetchall())
+                found = parse_schema_version(meta.get("schema_version", "1"), repr(self.path))
+            else:
+                meta, found = {}, SCHEMA_VERSION
+                for statement in create_all("sqlite"):
+                    db.execute(statement)
+            if found > SCHEMA_VERSION:
+                raise StoreError(
+                    f"store {self.path!r} has schema version {found}, written by a newer "
+                    f"corral; this corral knows versions up to {SCHEMA_VERSION}: upgrade "
+                    "corral to open it")
             if meta.get("shards", str(shards)) != str(shards):
                 raise StoreError(
                     f"store {self.path!r} was created with shards={meta['shards']}, this "
                     f"runtime uses {shards}; the shard count is fixed when a store is created")
-            for version in range(max(found, 1) + 1, SCHEMA_VERSION + 1):
+            for version in range(found + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version]:
                     db.execute(statement)
             db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?), "
