@@ -85,8 +85,8 @@ async def test_the_scraped_series_equal_a_known_workloads_counts(
     # Leases are renewed every lease_ttl / 3: not during this test.
     async with corral.open_runtime(db_path, entities=[Meter], lease_ttl=120) as rt:
         before = scrape(metrics_port)
-        commits_before = rt.store.commits  # type: ignore[attr-defined]
-        ops_before = rt.store.ops_committed  # type: ignore[attr-defined]
+        commits_before = rt.store.commits
+        ops_before = rt.store.ops_committed
         ref = rt.ref(Meter, "m-1")
         for i in range(5):
             await ref.signal_with_start(Meter.add, Item(id=f"i{i}"), start=Roll(),
@@ -111,8 +111,8 @@ async def test_the_scraped_series_equal_a_known_workloads_counts(
         assert host is not None
         await wait_until(lambda: host.shards[ref.shard].get("Meter", ref.key) is None,
                          "the meter is passivated")
-        commits = rt.store.commits - commits_before  # type: ignore[attr-defined]
-        ops = rt.store.ops_committed - ops_before  # type: ignore[attr-defined]
+        commits = rt.store.commits - commits_before
+        ops = rt.store.ops_committed - ops_before
         after = scrape(metrics_port)
 
     def delta(name: str, **labels: str) -> float:

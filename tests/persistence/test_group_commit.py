@@ -220,7 +220,7 @@ async def test_an_op_queued_during_a_commit_joins_the_next_ops_of_the_callers_it
     sync, of its own while they wait."""
     from corral.persistence._batch import CommitQueue
 
-    queue: CommitQueue[str] = CommitQueue()
+    queue: CommitQueue[str] = CommitQueue("sqlite")
     taken: list[list[str]] = []
     first_commit: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -244,6 +244,6 @@ async def test_an_op_queued_during_a_commit_joins_the_next_ops_of_the_callers_it
     await asyncio.sleep(0)  # ...when the snapshot is queued
     first_commit.set_result(None)
     await asyncio.gather(callers, snapshot)
-    queue.close()
+    await queue.close()
     await task
     assert taken == [["a-1", "b-1", "c-1"], ["snapshot", "a-2", "b-2", "c-2"]]

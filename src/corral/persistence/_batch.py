@@ -1,8 +1,18 @@
-"""The queue of group commits, shared by both stores' writers.
+"""Group commit, shared by both stores: the queue of ops and the writer's loop.
 
-Callers add ops while the writer commits the previous batch; the writer takes the whole
-queue as one transaction and answers every op's future with its result, or with the
-error that refused it (an exception *object*: each caller raises its own).
+Callers add ops while the writer commits the previous batch, with no timer: light load
+gives one commit per op, heavy load batches by itself. The writer takes the whole queue
+as one transaction and answers every op's future with its result, or with the error
+that refused it (an exception *object*: each caller raises its own). Each caller awaits
+its own future, resolved only after its batch committed: a cancelled caller cancels
+only its own future (its op still commits).
+
+An op refuses by raising a `CorralError` before it writes, and only its caller gets
+that error. Any other failure (a driver error, a bug, a value the driver cannot bind)
+rolls the whole transaction back, and the batch runs again one op per transaction
+(nothing of it was committed, so running the ops again is safe): the op that fails
+fails alone, its caller with a `StoreError` of its own whose `__cause__` is the
+driver's error.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import corral.metrics as metrics
 from corral._errors import StoreError
 
 __all__ = ["Batch", "CommitQueue"]
@@ -47,35 +58,76 @@ class Batch(Generic[Op]):
 
 class CommitQueue(Generic[Op]):
     """The batch a writer commits next: callers `write`, the writer takes `batches()`
-    until the queue is closed and its last batch taken."""
+    until the queue is closed and its last batch taken.
 
-    __slots__ = ("_batch", "_wakeup", "closed", "committing")
+    Attributes:
+        commits: transactions committed (one per batch when all goes well).
+        ops_committed: write ops those transactions carried.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_batch", "_engine", "_task", "_wakeup", "closed", "commits", "committing",
+                 "ops_committed")
+
+    def __init__(self, engine: str) -> None:
+        self._engine = engine  # its name in metrics
         self._batch: Batch[Op] | None = None
         self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
         self.closed = False
         self.committing = False
+        self.commits = 0
+        self.ops_committed = 0
 
     @property
     def idle(self) -> bool:
         """No op is queued or committing."""
         return self._batch is None and not self.committing
 
-    async def serve(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
-                    failed: Callable[[Exception], StoreError]) -> None:
-        """The writer's loop: commit each batch, answer its ops; until closed and done.
-        `commit` answers each op (a result or the error refusing it); if `commit`
-        itself fails, every op of the batch gets its own `failed(err)`."""
+    def start(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+              failed: Callable[[Exception], StoreError], *,
+              fails_all: Callable[[Exception], bool] = lambda err: False) -> None:
+        """Start the writer: each batch committed by `commit` (one transaction: each
+        op's result or the error refusing it), retried one op per transaction if it
+        raises; a caller whose op failed gets `failed(err)`, and every caller of the
+        batch at once if `fails_all(err)` (a lost connection: no op would fare better)."""
+        self._task = asyncio.create_task(self._serve(commit, failed, fails_all),
+                                         name=f"corral-{self._engine}-writer")
+
+    async def _serve(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+                     failed: Callable[[Exception], StoreError],
+                     fails_all: Callable[[Exception], bool]) -> None:
         async for batch in self.batches():
             self.committing = True
             try:
-                results = await commit(batch.ops)
-            except Exception as err:  # a bug here must not leave callers waiting
-                results = [failed(err) for _ in batch.ops]
+                results = await self._commit(commit, batch.ops, failed, fails_all)
             finally:
                 self.committing = False
             batch.settle(results)
+
+    async def _commit(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+                      ops: list[Op], failed: Callable[[Exception], StoreError],
+                      fails_all: Callable[[Exception], bool]) -> list[Any]:
+        """One transaction for `ops`; on failure, one per op (see the module doc)."""
+        try:
+            return await self._counted(commit, ops)
+        except Exception as err:
+            if len(ops) == 1 or fails_all(err):
+                return [failed(err) for _ in ops]
+        results: list[Any] = []
+        for op in ops:
+            try:
+                results.extend(await self._counted(commit, [op]))
+            except Exception as err:
+                results.append(failed(err))
+        return results
+
+    async def _counted(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+                       ops: list[Op]) -> list[Any]:
+        results = await commit(ops)
+        self.commits += 1
+        self.ops_committed += len(ops)
+        metrics.batch(self._engine, len(ops))
+        return results
 
     @property
     def empty(self) -> bool:
@@ -97,10 +149,12 @@ class CommitQueue(Generic[Op]):
             raise StoreError("store is closed")
         return [await future for future in self._next().add_many(ops)]
 
-    def close(self) -> None:
-        """Refuse new writes; the writer takes what is queued, then `batches()` ends."""
+    async def close(self) -> None:
+        """Refuse new writes; return once the writer committed what was queued."""
         self.closed = True
         self._wakeup.set()
+        if self._task is not None:
+            await self._task
 
     async def batches(self) -> AsyncIterator[Batch[Op]]:
         """Each batch, as the writer takes it (a new one starts for the next write)."""

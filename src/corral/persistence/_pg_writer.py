@@ -1,18 +1,9 @@
-"""`GroupCommit`: the one writer of a `PostgresStore`, group-committing queued ops.
+"""`GroupCommit`: the one writer connection of a `PostgresStore`, committing the
+batches of its `CommitQueue` (`_batch`: group commit, and an op that fails fails alone).
 
-Every op queued while the previous batch was committing goes into the next
-transaction, on one connection held across batches, with no timer: light load gives
-one commit per op, heavy load batches by itself. Each caller awaits its own future,
-resolved only after its batch committed; a cancelled caller cancels only its own
-future (its op still commits).
-
-An op refuses by raising a `CorralError` before it writes, and only its caller gets
-that error. Any other failure (a driver error, a bug, a value the driver cannot bind)
-rolls the whole transaction back, and the batch runs again one op per transaction, so
-the op that fails fails alone, each caller with its own `StoreError` whose `__cause__`
-is the driver's error. A lost or timed-out connection fails every op of its batch with
-a `StoreUnavailableError` (retryable) and is dropped; the next batch takes a new one
-from the pool. Every path leaves the connection outside a transaction, or drops it.
+A lost or timed-out connection fails every op of its batch with a
+`StoreUnavailableError` (retryable) and is dropped; the next batch takes a new one from
+the pool. Every path leaves the connection outside a transaction, or drops it.
 
 A connection the server closed while it sat idle between batches (an idle timeout, a
 `pg_terminate_backend`, a server restart) is replaced without failing anyone: asyncpg
@@ -24,18 +15,13 @@ once more on a fresh connection.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Coroutine, Sequence
-from functools import partial
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-import corral.metrics as metrics
 from corral._errors import StoreError
 
-from ._batch import CommitQueue
 from ._pg_txn import PgTxn, is_connection_error, store_error
 from ._txn import LockPlan, WriteOp, apply_ops
 
@@ -43,14 +29,10 @@ __all__ = ["GroupCommit"]
 
 
 class GroupCommit:
-    """Commits queued write ops in batches on one connection of `pool`.
+    """Commits batches of write ops on one connection of `pool`.
 
     `held` is the store's live set of shards it holds or is acquiring: acceptances for
     them send no commit notification (this process hosts them and delivers its own).
-
-    Attributes:
-        commits: transactions committed (one per batch when all goes well).
-        ops_committed: write ops those transactions carried.
     """
 
     def __init__(self, pool: Any, token: str, held: set[int], *, timeout: float) -> None:
@@ -59,60 +41,32 @@ class GroupCommit:
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
         self._conn: Any = None  # held across batches
-        self._queue: CommitQueue[WriteOp] = CommitQueue()
-        self._task: asyncio.Task[None] | None = None
-        self.commits = 0
-        self.ops_committed = 0
 
     @property
     def conn(self) -> Any:
         """The connection the writer holds now (None between connections)."""
         return self._conn
 
-    @property
-    def idle(self) -> bool:
-        """No write is queued or committing."""
-        return self._queue.idle
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            self._queue.serve(self._apply_batch, partial(store_error, "store write failed")),
-            name="corral-pg-writer")
-
-    def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
-        """Apply `op` in the next group-commit transaction; return its result once durable."""
-        return self._queue.write(op)
-
-    def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
-        """`write` for each op, in one batch: each op's result, or the error refusing it."""
-        return self._queue.write_many(ops)
-
     async def close(self) -> None:
-        """Commit what is queued, then give the connection back to the pool."""
-        self._queue.close()  # the loop commits what is queued, then returns
-        if self._task is not None:
-            await self._task
+        """Give the connection back to the pool (the queue is closed and drained)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 await self._pool.release(conn, timeout=self._timeout)
 
-    async def _apply_batch(self, ops: list[WriteOp]) -> list[Any]:
-        """One transaction for the batch; on failure, one per op (see the module doc)."""
-        try:
-            return await self._attempt(ops)
-        except _CommitFailed as failed:
-            if failed.connection_lost or len(ops) == 1:
-                return [failed.error_for(len(ops) > 1) for _ in ops]
-        results: list[Any] = []
-        for op in ops:  # isolate the failing op: nothing of the batch was committed
-            try:
-                results.extend(await self._attempt([op]))
-            except _CommitFailed as one:
-                results.append(one.error_for(False))
-        return results
+    @staticmethod
+    def failed(err: Exception) -> StoreError:
+        """The error one caller of a failed commit gets (each caller its own)."""
+        if isinstance(err, _CommitFailed):
+            return err.error_for()
+        return store_error("store write failed", err)
 
-    async def _attempt(self, ops: list[WriteOp]) -> list[Any]:
+    @staticmethod
+    def fails_all(err: Exception) -> bool:
+        """A lost connection fails every op of its batch: none would fare better alone."""
+        return isinstance(err, _CommitFailed) and err.connection_lost
+
+    async def commit(self, ops: list[WriteOp]) -> list[Any]:
         """`_commit`, run once more on a fresh connection if the held one turned out
         dead before the transaction began (closed while idle, its end not read yet)."""
         try:
@@ -147,9 +101,6 @@ class GroupCommit:
         except BaseException:  # cancelled mid-transaction (the loop is closing)
             await self._drop()
             raise
-        self.commits += 1
-        metrics.batch("postgresql", len(ops))
-        self.ops_committed += len(ops)
         return results
 
     async def _connection(self) -> Any:
@@ -198,8 +149,8 @@ class _CommitFailed(Exception):
         self.committed = committed
         self.stale = stale  # a held connection was dead before BEGIN: nothing was sent
 
-    def error_for(self, in_batch: bool) -> StoreError:
+    def error_for(self) -> StoreError:
         """A fresh error for one caller (each caller gets its own object)."""
-        what = "store write failed" if self.connection_lost or in_batch else \
+        what = "store write failed" if self.connection_lost else \
             "store write failed, nothing committed"
         return store_error(what, self.cause, committed=self.committed)

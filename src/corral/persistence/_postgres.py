@@ -2,10 +2,8 @@
 
 Any number of processes, on any number of machines, share one database. The pieces:
 
-- `_pg_writer`: group commit. Every op queued while the previous batch was committing
-  goes into the next transaction on the one writer connection; each caller is
-  answered only after commit; an op that fails fails alone; a lost connection gives
-  each caller a retryable `StoreUnavailableError`.
+- `_pg_writer`: the writer connection under the group commit (`_batch`); a lost
+  connection gives each caller of its batch a retryable `StoreUnavailableError`.
 - `_pg_txn`: PostgreSQL's primitives under the shared `Txn`: its locks (acceptance
   linearised under READ COMMITTED by the shard's tick row and the entity rows; fenced
   writes hold their lease row) and its set-based writes (the rows as JSON, one
@@ -31,6 +29,7 @@ import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from corral._errors import CorralError, StoreError, StoreUnavailableError
 
 from . import _pg_tail as tail
+from ._batch import CommitQueue
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
@@ -74,6 +73,7 @@ class PostgresStore(StoreCore):
                                     fallback=poll_fallback)
         self._pool: Any = None
         self._writer: GroupCommit | None = None
+        self._queue: CommitQueue[WriteOp] = CommitQueue("postgresql")
         self._closed = False
 
     def __repr__(self) -> str:
@@ -102,41 +102,14 @@ class PostgresStore(StoreCore):
             raise StoreError(text) from err
         self._writer = GroupCommit(self._pool, self._token, self._held,
                                    timeout=self._timeout)
-        self._writer.start()
+        self._queue.start(self._writer.commit, self._writer.failed,
+                          fails_all=self._writer.fails_all)
 
     async def __aenter__(self) -> PostgresStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    # -- writes -------------------------------------------------------------------
-
-    async def write(self, op: WriteOp) -> Any:
-        """Apply `op` in the next group-commit transaction; return its result once durable."""
-        if self._writer is None:
-            raise StoreError("store is closed" if self._closed else "store is not open")
-        return await self._writer.write(op)
-
-    async def write_many(self, ops: Sequence[WriteOp]) -> list[Any]:
-        if self._writer is None:
-            raise StoreError("store is closed" if self._closed else "store is not open")
-        return await self._writer.write_many(ops)
-
-    @property
-    def idle(self) -> bool:
-        """No write is queued or committing (`corral.testing` waits for this)."""
-        return self._writer is None or self._writer.idle
-
-    @property
-    def commits(self) -> int:
-        """Transactions the writer committed (one per batch when all goes well)."""
-        return 0 if self._writer is None else self._writer.commits
-
-    @property
-    def ops_committed(self) -> int:
-        """Write ops those transactions carried."""
-        return 0 if self._writer is None else self._writer.ops_committed
 
     # -- leases: the rows, and an advisory lock per shard held (see `_pg_session`) ----
 
@@ -232,8 +205,9 @@ class PostgresStore(StoreCore):
         if self._closed:
             return
         self._closed = True
+        await self._queue.close()  # commits what is queued first
         if self._writer is not None:
-            await self._writer.close()  # commits what is queued first
+            await self._writer.close()
         await self._session.close()
         if self._pool is not None:
             try:

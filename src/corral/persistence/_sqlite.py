@@ -1,15 +1,12 @@
 """`SqliteStore`: the embedded store on one SQLite file (WAL), each connection in a
 thread of its own (`SqliteThread`).
 
-Writes are group-committed: every op queued while the previous batch was committing
-goes into the next transaction, with no timer. Light load gives one commit per op;
-heavy load batches by itself. Each caller is answered only after its batch committed.
-A whole batch runs as one call in the writer's thread (one thread hop per batch, not
-per statement), each op driven to completion on `SqliteTxn`'s synchronous primitives.
-Each caller awaits its own future, which the writer resolves directly: a cancelled
-caller cancels only its own future (its op still commits), with no `asyncio.shield`
-per call (measured: a shield per waiter cost more than the shared future saved, ~30%
-of acks/s with 1,000 concurrent senders). The ops and reads are `StoreCore`'s.
+Writes are group-committed (`_batch`). A whole batch runs as one call in the writer's
+thread (one thread hop per batch, not per statement), each op driven to completion on
+`SqliteTxn`'s synchronous primitives. Each caller's future is resolved directly, with
+no `asyncio.shield` per call (measured: a shield per waiter cost more than the shared
+future saved, ~30% of acks/s with 1,000 concurrent senders). The ops and reads are
+`StoreCore`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
 
 from ._batch import CommitQueue
@@ -83,13 +79,10 @@ class SqliteStore(StoreCore):
         self.durable = path not in _MEMORY
         self._writer: SqliteThread | None = None
         self._reader: SqliteThread | None = None
-        self._queue: CommitQueue[WriteOp] = CommitQueue()
-        self._writer_task: asyncio.Task[None] | None = None
+        self._queue: CommitQueue[WriteOp] = CommitQueue("sqlite")
         self._data_version: int | None = None
         self._foreign_commit = False
         self._locks = LeaseLocks(path) if self.durable else None
-        self.commits = 0
-        self.ops_committed = 0
 
     async def _open(self, *, shards: int) -> None:
         target = self.path if self.durable else ":memory:"
@@ -109,10 +102,8 @@ class SqliteStore(StoreCore):
         except BaseException:  # refused (newer schema, other shard count): close, re-raise
             await self.close()
             raise
-        self._writer_task = asyncio.create_task(
-            self._queue.serve(partial(self._writer.run, self._apply_batch),
-                              partial(_store_error, "store write failed")),
-            name="corral-store-writer")
+        self._queue.start(partial(self._writer.run, self._commit),
+                          partial(_store_error, "store write failed, nothing committed"))
 
     def _prepare(self, db: sqlite3.Connection, shards: int) -> None:
         """In the writer's thread: pragmas, then, in one transaction, the schema and the
@@ -151,39 +142,10 @@ class SqliteStore(StoreCore):
 
     # -- writes -------------------------------------------------------------------
 
-    def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
-        """Apply `op` in the next group-commit transaction; return its result once durable."""
-        return self._queue.write(op)  # no frame of its own: every send comes here
-
-    def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
-        return self._queue.write_many(ops)
-
-    def _apply_batch(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
-        """Runs in the writer thread: one transaction, one sync, for the whole batch.
-
-        An op refuses by raising a `CorralError` before it writes anything, and only its
-        caller gets that error. Any other failure (a driver error, a bug, a value the
-        driver cannot bind) rolls the whole transaction back; the batch is then run
-        again one op per transaction, so the op that fails fails alone and every other
-        op of its batch commits. Nothing of a failed attempt was committed, so running
-        the ops again is safe. Every path leaves the connection outside a transaction.
-        """
-        self._note_data_version(db)
-        try:
-            results = self._commit(db, ops)
-        except Exception as err:
-            if len(ops) == 1:
-                return [_store_error("store write failed, nothing committed", err)]
-            results = []
-            for op in ops:  # isolate the failing op
-                try:
-                    results.extend(self._commit(db, [op]))
-                except Exception as one:
-                    results.append(_store_error("store write failed, nothing committed", one))
-        return results
-
     def _commit(self, db: sqlite3.Connection, ops: list[WriteOp]) -> list[Any]:
-        """Apply `ops` in one transaction and commit; on any failure roll back and raise."""
+        """In the writer thread: `ops` in one transaction, one sync; on any failure roll
+        back and raise (`CommitQueue` then runs the ops one per transaction)."""
+        self._note_data_version(db)
         try:
             db.execute("BEGIN IMMEDIATE")
             results = drive(apply_ops(SqliteTxn(db=db), ops))
@@ -192,9 +154,6 @@ class SqliteStore(StoreCore):
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
-        self.commits += 1
-        metrics.batch("sqlite", len(ops))
-        self.ops_committed += len(ops)
         return results
 
     def _note_data_version(self, db: sqlite3.Connection) -> None:
@@ -217,11 +176,6 @@ class SqliteStore(StoreCore):
             await self._on(self._writer, self._note_data_version)
         seen, self._foreign_commit = self._foreign_commit, False
         return seen
-
-    @property
-    def idle(self) -> bool:
-        """No write is queued or committing (`corral.testing` waits for this)."""
-        return self._queue.idle
 
     # -- leases: the rows, and an OS lock per shard held (see `_locks`) ---------------
 
@@ -312,9 +266,7 @@ class SqliteStore(StoreCore):
         """Commit what is queued, then close both connections."""
         if self._queue.closed:
             return
-        self._queue.close()  # the writer commits what is queued, then returns
-        if self._writer_task is not None:
-            await self._writer_task
+        await self._queue.close()  # the writer commits what is queued first
         for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
             await conn.close()
         if self._locks is not None:

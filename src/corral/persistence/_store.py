@@ -250,4 +250,14 @@ class Store(AcceptStore, HostStore, ReadStore, Protocol):
         """No write is queued or committing (`corral.testing` waits for this)."""
         ...
 
+    @property
+    def commits(self) -> int:
+        """Transactions the writer committed (one per batch when all goes well)."""
+        ...
+
+    @property
+    def ops_committed(self) -> int:
+        """Write ops those transactions carried (`commits` apart: the mean batch)."""
+        ...
+
     async def close(self) -> None: ...

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from corral._common import RunStatus
 
 from . import _reads as reads
+from ._batch import CommitQueue
 from ._ops_accept import AcceptOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
 from ._ops_runs import (
@@ -55,14 +56,27 @@ class StoreCore:
     __slots__ = ()
     # The clock a delivery's deadline is judged by; None: the transaction's (`Txn.clock`).
     delivery_clock: Callable[[], float] | None = None
+    _queue: CommitQueue[WriteOp]  # the engine's group commit, started when it opens
 
     def write(self, op: WriteOp) -> Coroutine[Any, Any, Any]:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
-        raise NotImplementedError
+        return self._queue.write(op)  # no frame of its own: every send comes here
 
     def write_many(self, ops: Sequence[WriteOp]) -> Coroutine[Any, Any, list[Any]]:
         """`write` for each op, in one batch: each op's result, or the error refusing it."""
-        raise NotImplementedError
+        return self._queue.write_many(ops)
+
+    @property
+    def idle(self) -> bool:
+        return self._queue.idle
+
+    @property
+    def commits(self) -> int:
+        return self._queue.commits
+
+    @property
+    def ops_committed(self) -> int:
+        return self._queue.ops_committed
 
     async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`fn(q, *args)` on a read-only `Txn` `q` over a read connection, in one read
