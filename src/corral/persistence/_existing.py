@@ -16,13 +16,12 @@ import os
 import sqlite3
 from pathlib import Path
 
-from corral._errors import InvalidArgumentError, StoreError, StoreUnavailableError
+from corral._errors import InvalidArgumentError, StoreError
 
 from . import _pg_schema, _schema
 
 __all__ = ["stored_shards"]
 
-_MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
 # What a file that is not corral's answers: no such table or column, not a database.
 # Told by message: `sqlite_errorname` exists only from Python 3.11 (on 3.10 every
 # such file read as unreadable, a StoreError, not "not a corral store").
@@ -41,13 +40,14 @@ async def stored_shards(location: str) -> int:
             corral), or cannot be read.
         StoreUnavailableError: the PostgreSQL server cannot be reached.
     """
-    from ._open import is_postgres_url
+    from ._open import is_postgres_url, redacted
+    from ._sqlite import MEMORY
 
     if is_postgres_url(location):
-        where = f"store {_redacted(location)!r}"
+        where = f"store {redacted(location)!r}"
         meta = await _postgres_meta(location, where)
         return _shards_of(meta, where, _pg_schema.SCHEMA_VERSION)
-    if location in _MEMORY:
+    if location in MEMORY:
         raise InvalidArgumentError(
             f"--store {location}: a ':memory:' store is new and empty, and gone with "
             "whatever was written to it when the command exits; name the application's "
@@ -99,15 +99,12 @@ async def _postgres_meta(url: str, where: str) -> dict[str, str]:
     """The `meta` rows of a PostgreSQL database ({} when it has no such table)."""
     import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-    from ._pg_txn import is_connection_error
+    from ._pg_txn import store_error
 
     try:
         conn = await asyncpg.connect(url, timeout=30, command_timeout=30)
     except Exception as err:
-        text = f"cannot open {where}: {type(err).__name__}: {err}"
-        if is_connection_error(err):
-            raise StoreUnavailableError(text, committed=False) from err
-        raise StoreError(text) from err
+        raise store_error(f"cannot open {where}", err) from err
     try:
         if not await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
             return {}
@@ -121,7 +118,3 @@ async def _postgres_meta(url: str, where: str) -> dict[str, str]:
     return {str(r[0]): str(r[1]) for r in rows}
 
 
-def _redacted(url: str) -> str:
-    from ._postgres import _redact
-
-    return _redact(url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._sqlite import open_sqlite_store
 from ._store import Store
 
-__all__ = ["is_postgres_url", "open_store"]
+__all__ = ["is_postgres_url", "open_store", "redacted"]
 
 _POSTGRES = ("postgresql://", "postgres://")
 
@@ -13,6 +13,15 @@ _POSTGRES = ("postgresql://", "postgres://")
 def is_postgres_url(location: str) -> bool:
     """Whether `location` names a PostgreSQL database (`postgresql://` or `postgres://`)."""
     return location.startswith(_POSTGRES)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and reprs."""
+    head, sep, tail = url.rpartition("@")
+    if not sep or "://" not in head:
+        return url
+    scheme, _, creds = head.partition("://")
+    return f"{scheme}://{creds.split(':', 1)[0]}@{tail}"
 
 
 async def open_store(location: str, *, shards: int) -> Store:

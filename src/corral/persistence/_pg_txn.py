@@ -60,12 +60,14 @@ def is_connection_error(err: BaseException) -> bool:
                       | asyncpg.exceptions.InternalClientError)
 
 
-def store_error(what: str, cause: BaseException, *, committed: bool | None = False
-                ) -> StoreError:
-    """A `StoreError` of its own for one caller, with the driver's error as its cause."""
+def store_error(what: str, cause: BaseException, *, committed: bool | None = False,
+                unavailable: bool = False) -> StoreError:
+    """A `StoreError` of its own for one caller, with the driver's error as its cause: a
+    `StoreUnavailableError` (retryable) if the connection failed, or if `unavailable`
+    (no connection could be had, whatever the driver's error says)."""
     text = f"{what}: {type(cause).__name__}: {cause}"
     err: StoreError
-    if is_connection_error(cause):
+    if unavailable or is_connection_error(cause):
         state = "nothing was committed" if committed is False else "the commit may have landed"
         err = StoreUnavailableError(f"{text} ({state}; retry)", committed=committed)
     else:

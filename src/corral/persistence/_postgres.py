@@ -26,14 +26,15 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-from corral._errors import CorralError, StoreError, StoreUnavailableError
+from corral._errors import CorralError, StoreError
 
 from . import _pg_tail as tail
 from ._batch import CommitQueue
+from ._open import redacted
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
-from ._pg_txn import PgTxn, is_connection_error, store_error
+from ._pg_txn import PgTxn, store_error
 from ._pg_writer import GroupCommit
 from ._records import JournalEntry
 from ._store_core import StoreCore
@@ -77,10 +78,10 @@ class PostgresStore(StoreCore):
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"PostgresStore({_redact(self.url)!r}, shards={self.shards})"
+        return f"PostgresStore({redacted(self.url)!r}, shards={self.shards})"
 
     async def _open(self) -> None:
-        where = repr(_redact(self.url))
+        where = repr(redacted(self.url))
         try:
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self._pool_size, reset=_reset,
@@ -96,10 +97,7 @@ class PostgresStore(StoreCore):
             raise
         except Exception as err:
             await self.close()
-            text = f"cannot open store {where}: {type(err).__name__}: {err}"
-            if is_connection_error(err):
-                raise StoreUnavailableError(text, committed=False) from err
-            raise StoreError(text) from err
+            raise store_error(f"cannot open store {where}", err) from err
         self._writer = GroupCommit(self._pool, self._token, self._held,
                                    timeout=self._timeout)
         self._queue.start(self._writer.commit, self._writer.failed,
@@ -160,9 +158,8 @@ class PostgresStore(StoreCore):
         try:
             conn = await self._pool.acquire(timeout=self._timeout)
         except Exception as err:  # refused at connect ("not accepting connections"...)
-            raise StoreUnavailableError(
-                f"store read failed: no connection: {type(err).__name__}: {err} (retry)",
-                committed=False) from err
+            raise store_error("store read failed: no connection", err, unavailable=True
+                              ) from err
         try:
             return await fn(conn, *args)
         except CorralError:
@@ -219,16 +216,6 @@ class PostgresStore(StoreCore):
     def __del__(self) -> None:
         if not self._closed and self._pool is not None:
             warnings.warn(f"{self!r} was never closed", ResourceWarning, stacklevel=1)
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages and reprs."""
-    head, sep, tail = url.rpartition("@")
-    if not sep or "://" not in head:
-        return url
-    scheme, _, creds = head.partition("://")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}@{tail}"
 
 
 async def open_postgres_store(url: str, *, shards: int, pool_size: int = 10,

@@ -36,7 +36,7 @@ from ._txn import WriteOp, apply_ops, drive
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
 T = TypeVar("T")
-_MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
+MEMORY = (":memory:", "sqlite://:memory:", "sqlite:///:memory:")
 
 
 def _busy_retry(db: sqlite3.Connection, statement: str, *, wait: float = 30.0) -> None:
@@ -76,7 +76,7 @@ class SqliteStore(StoreCore):
         self.path = path
         self.clock = clock
         self.delivery_clock = clock
-        self.durable = path not in _MEMORY
+        self.durable = path not in MEMORY
         self._writer: SqliteThread | None = None
         self._reader: SqliteThread | None = None
         self._queue: CommitQueue[WriteOp] = CommitQueue("sqlite")
@@ -307,7 +307,7 @@ async def open_sqlite_store(path: str, *, shards: int,
 
     `clock` is the store's wall clock (see `SqliteStore`); `corral.testing` passes its
     virtual one."""
-    if path.startswith("sqlite:///") and path not in _MEMORY:
+    if path.startswith("sqlite:///") and path not in MEMORY:
         path = path[len("sqlite:///"):]
     store = SqliteStore(path, clock=clock)
     await store._open(shards=shards)
