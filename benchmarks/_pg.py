@@ -25,16 +25,8 @@ import asyncpg
 
 # The tests' launcher, one for both.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from pg_server import (
-    INSTALL_HINT,
-    SUPERUSER,
-    ServerUnavailable,
-    find_bindir,
-    make_dir,
-    reap_stale,
-    remove,
-    start,
-)
+import pg_server as launcher
+from pg_server import ServerUnavailable
 
 __all__ = ["SHOWN_SETTINGS", "Server", "ServerUnavailable", "run", "throwaway_server"]
 
@@ -55,7 +47,7 @@ class Server:
     port: int
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{launcher.SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
     async def settings(self) -> dict[str, str]:
         """The live values of `SHOWN_SETTINGS` (as the server reports them)."""
@@ -90,16 +82,17 @@ def throwaway_server(bindir: Path | None = None) -> Iterator[Server]:
         ServerUnavailable: no server binaries (see `INSTALL_HINT`), or root without a
             `postgres` user.
     """
-    bindir = bindir or find_bindir()
+    bindir = bindir or launcher.find_bindir()
     if bindir is None:
-        raise ServerUnavailable(INSTALL_HINT)
-    temp = make_dir(_PREFIX)  # fails early when there is no user to run the server as
-    reap_stale(bindir, _PREFIX)
+        raise ServerUnavailable(launcher.INSTALL_HINT)
+    temp = launcher.make_dir(_PREFIX)  # fails early when there is no user to run as
+    launcher.reap_stale(bindir, _PREFIX)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
     try:
-        yield Server(bindir, temp, start(bindir, temp, settings="-c max_connections=200"))
+        port = launcher.start(bindir, temp, settings="-c max_connections=200")
+        yield Server(bindir, temp, port)
     finally:
-        remove(bindir, temp)
+        launcher.remove(bindir, temp)
         signal.signal(signal.SIGTERM, previous)
 
 
