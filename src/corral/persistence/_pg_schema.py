@@ -84,6 +84,25 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # A host taking a shard reads its suspended runs.
         "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
     ),
+    # The registry of builds (`_builds`): each entity type's definitions that processes
+    # ran (a manifest per fingerprint), and which processes run them now.
+    5: (
+        """CREATE TABLE IF NOT EXISTS builds (
+            etype text NOT NULL,
+            fingerprint text NOT NULL,
+            manifest text NOT NULL,
+            first_seen double precision NOT NULL,
+            last_seen double precision NOT NULL,
+            PRIMARY KEY (etype, fingerprint))""",
+        """CREATE TABLE IF NOT EXISTS build_processes (
+            process text NOT NULL,
+            etype text NOT NULL,
+            fingerprint text NOT NULL,
+            role text NOT NULL,
+            last_seen double precision NOT NULL,
+            expires_at double precision NOT NULL,
+            PRIMARY KEY (process, etype))""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

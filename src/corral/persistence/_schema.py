@@ -99,6 +99,27 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # A host taking a shard reads its suspended runs.
         "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
     ),
+    # The registry of builds (`_builds`): each entity type's definitions that processes
+    # ran (a manifest per fingerprint), and which processes run them now.
+    7: (
+        """CREATE TABLE IF NOT EXISTS builds (
+            etype TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            manifest TEXT NOT NULL,
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            PRIMARY KEY (etype, fingerprint)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE IF NOT EXISTS build_processes (
+            process TEXT NOT NULL,
+            etype TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            role TEXT NOT NULL,
+            last_seen REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (process, etype)
+        ) WITHOUT ROWID""",
+    ),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 
