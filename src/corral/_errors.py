@@ -19,6 +19,7 @@ __all__ = [
     "EntityTerminatedError",
     "FailRun",
     "IdempotencyConflictError",
+    "IncompatibleBuildError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidPayloadError",
@@ -188,6 +189,26 @@ class DefinitionMismatchError(CorralError):
         super().__init__(message, **fields)
         self.client_fingerprint = client_fingerprint
         self.host_fingerprint = host_fingerprint
+
+
+class IncompatibleBuildError(CorralError):
+    """`open_runtime` refused this process: its build of an entity type cannot run beside
+    the newest build registered in the store (`corral builds` lists them).
+
+    Raised before the process registers or hosts anything. The message names each
+    incompatible difference and its fix (a handler removed while messages or senders of
+    it remain, a required payload field added, a state version with no upgrade path);
+    `differences` holds them one by one, `fingerprint` is this build's and
+    `newest_fingerprint` the newest registered one's (of `entity_type`).
+    """
+
+    def __init__(self, message: str = "", *, differences: tuple[str, ...] = (),
+                 fingerprint: str = "", newest_fingerprint: str = "",
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.differences = differences
+        self.fingerprint = fingerprint
+        self.newest_fingerprint = newest_fingerprint
 
 
 class StoreError(CorralError):

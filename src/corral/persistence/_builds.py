@@ -16,7 +16,8 @@ from typing import Protocol
 
 from ._txn import Txn
 
-__all__ = ["BuildProcess", "BuildRecord", "BuildRegistry", "builds", "names_in_use"]
+__all__ = ["BuildProcess", "BuildRecord", "BuildRegistry", "builds", "names_in_use",
+           "newest_build"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,8 @@ class BuildRecord:
     """The manifest as canonical JSON text."""
     first_seen: float
     last_seen: float
+    older: bool = False
+    """It arrived after a newer build of its type (an old release started late)."""
     processes: tuple[BuildProcess, ...] = ()
 
 
@@ -46,11 +49,12 @@ class BuildRegistry(Protocol):
     reads every one."""
 
     async def register_builds(self, process: str, role: str,
-                              builds: Sequence[tuple[str, str, str]], *, ttl: float
-                              ) -> float:
+                              builds: Sequence[tuple[str, str, str]], *, ttl: float,
+                              older: frozenset[str] = frozenset()) -> float:
         """Record or refresh `process` (role `host` or `client`) on these builds
         ((entity type, fingerprint, manifest JSON) each), live for `ttl` seconds from
-        the store's clock, whose reading it returns."""
+        the store's clock, whose reading it returns. A new build of a type in `older`
+        arrives after a newer one: it is recorded as older, never the newest."""
         ...
 
     async def forget_process(self, process: str) -> None:
@@ -71,17 +75,24 @@ async def builds(q: Txn, etype: str | None) -> list[BuildRecord]:
     """Registered builds (of one type, or all), oldest first within each type, each
     with the processes whose registration has not expired."""
     where, args = ("WHERE etype = ? ", (etype,)) if etype is not None else ("", ())
-    rows = await q.fetchall("SELECT etype, fingerprint, manifest, first_seen, last_seen "
-                            f"FROM builds {where}ORDER BY etype, first_seen, fingerprint",
-                            *args)
+    rows = await q.fetchall(
+        "SELECT etype, fingerprint, manifest, first_seen, last_seen, older FROM builds "
+        f"{where}ORDER BY etype, first_seen, fingerprint", *args)
     live: dict[tuple[str, str], list[BuildProcess]] = {}
     for r in await q.fetchall(
             "SELECT etype, fingerprint, process, role, last_seen FROM build_processes "
             f"WHERE expires_at >= ? {where.replace('WHERE', 'AND')}ORDER BY process",
             await q.clock(), *args):
         live.setdefault((r[0], r[1]), []).append(BuildProcess(r[2], r[3], r[4]))
-    return [BuildRecord(r[0], r[1], r[2], r[3], r[4], tuple(live.get((r[0], r[1]), ())))
-            for r in rows]
+    return [BuildRecord(r[0], r[1], r[2], r[3], r[4], bool(r[5]),
+                        tuple(live.get((r[0], r[1]), ()))) for r in rows]
+
+
+def newest_build(builds: Sequence[BuildRecord], etype: str) -> BuildRecord | None:
+    """The newest build of `etype` among `builds`: the last registered not as older."""
+    of_type = [b for b in builds if b.entity_type == etype]
+    fallback = of_type[-1] if of_type else None
+    return next((b for b in reversed(of_type) if not b.older), fallback)
 
 
 async def names_in_use(q: Txn, etype: str, names: Sequence[str]) -> dict[str, str]:

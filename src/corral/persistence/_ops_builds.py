@@ -12,8 +12,8 @@ from ._txn import LockPlan, Txn
 __all__ = ["ForgetProcessOp", "RegisterBuildsOp"]
 
 _BUILD = (
-    "INSERT INTO builds (etype, fingerprint, manifest, first_seen, last_seen) "
-    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (etype, fingerprint) DO UPDATE SET "
+    "INSERT INTO builds (etype, fingerprint, manifest, first_seen, last_seen, older) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (etype, fingerprint) DO UPDATE SET "
     "last_seen = excluded.last_seen"
 )
 _PROCESS = (
@@ -29,7 +29,8 @@ class RegisterBuildsOp:
     """Record (or refresh) that `process` runs these builds until `ttl` seconds from now.
 
     `builds`: (entity type, fingerprint, manifest JSON) each. A build's first_seen is
-    kept from its first registration. Registrations expired for good are swept here, so
+    kept from its first registration; so is `older` (given to a build first registered
+    after a newer one: it never becomes the newest). Registrations expired for good are swept here, so
     the table holds about one row per live process and type. Returns the clock's now.
     """
 
@@ -37,6 +38,7 @@ class RegisterBuildsOp:
     role: str
     builds: tuple[tuple[str, str, str], ...]
     ttl: float
+    older: frozenset[str] = frozenset()
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
@@ -45,7 +47,8 @@ class RegisterBuildsOp:
     async def apply(self, txn: Txn) -> float:
         now = await txn.clock()
         ordered = sorted(self.builds)  # one row order for every process: no deadlock
-        await txn.executemany(_BUILD, [(t, f, m, now, now) for t, f, m in ordered])
+        await txn.executemany(_BUILD, [(t, f, m, now, now, t in self.older)
+                                      for t, f, m in ordered])
         await txn.executemany(_PROCESS, [(self.process, t, f, self.role, now, now + self.ttl)
                                          for t, f, _ in ordered])
         await txn.execute("DELETE FROM build_processes WHERE expires_at < ?", now)

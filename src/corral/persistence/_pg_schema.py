@@ -85,7 +85,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
     ),
     # The registry of builds (`_builds`): each entity type's definitions that processes
-    # ran (a manifest per fingerprint), and which processes run them now.
+    # ran (a manifest per fingerprint; `older`: it arrived after a newer build), and
+    # which processes run them now.
     5: (
         """CREATE TABLE IF NOT EXISTS builds (
             etype text NOT NULL,
@@ -93,6 +94,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             manifest text NOT NULL,
             first_seen double precision NOT NULL,
             last_seen double precision NOT NULL,
+            older boolean NOT NULL,
             PRIMARY KEY (etype, fingerprint))""",
         """CREATE TABLE IF NOT EXISTS build_processes (
             process text NOT NULL,

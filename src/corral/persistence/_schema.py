@@ -100,7 +100,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
     ),
     # The registry of builds (`_builds`): each entity type's definitions that processes
-    # ran (a manifest per fingerprint), and which processes run them now.
+    # ran (a manifest per fingerprint; `older`: it arrived after a newer build), and
+    # which processes run them now.
     7: (
         """CREATE TABLE IF NOT EXISTS builds (
             etype TEXT NOT NULL,
@@ -108,6 +109,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             manifest TEXT NOT NULL,
             first_seen REAL NOT NULL,
             last_seen REAL NOT NULL,
+            older INTEGER NOT NULL,
             PRIMARY KEY (etype, fingerprint)
         ) WITHOUT ROWID""",
         """CREATE TABLE IF NOT EXISTS build_processes (

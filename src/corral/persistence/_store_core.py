@@ -211,9 +211,9 @@ class StoreCore:
     # -- the registry of builds (`_builds`) -------------------------------------------
 
     async def register_builds(self, process: str, role: str,
-                              builds: Sequence[tuple[str, str, str]], *, ttl: float
-                              ) -> float:
-        op = RegisterBuildsOp(process, role, tuple(builds), ttl)
+                              builds: Sequence[tuple[str, str, str]], *, ttl: float,
+                              older: frozenset[str] = frozenset()) -> float:
+        op = RegisterBuildsOp(process, role, tuple(builds), ttl, older)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def forget_process(self, process: str) -> None:
