@@ -180,7 +180,8 @@ def test_a_manifest_is_canonical_json_of_the_definition() -> None:
     assert text == manifest_json(R2._corral_definition)  # type: ignore[attr-defined]
     data = json.loads(text)
     assert data == manifest(R2._corral_definition)  # type: ignore[attr-defined]
-    assert data["state_version"] == 2 and data["upgrades_from"] == [1]
+    assert data["state_version"] == 2
+    assert data["upgrades_from"] == [1]
     assert data["handlers"]["answer"]["renamed_from"] == ["reply"]
     assert data["handlers"]["close"] == {"kind": "update", "payload": None, "renamed_from": []}
     assert data["fingerprint"] == R2._corral_definition.fingerprint  # type: ignore[attr-defined]

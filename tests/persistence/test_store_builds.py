@@ -41,7 +41,8 @@ async def test_a_build_is_registered_once_with_first_and_last_seen_and_its_live_
     b = found[0]
     assert (b.entity_type, b.manifest) == ("T", '{"v":1}')
     assert b.first_seen == pytest.approx(first, abs=0.5)
-    assert b.last_seen == pytest.approx(later, abs=0.5) and b.last_seen >= b.first_seen
+    assert b.last_seen == pytest.approx(later, abs=0.5)
+    assert b.last_seen >= b.first_seen
     assert [(p.process, p.role) for p in b.processes] == [("p1", "host"), ("p2", "client")]
     assert [b.entity_type for b in await store.builds()] == ["T", "U"]
 

@@ -30,8 +30,9 @@ class RegisterBuildsOp:
 
     `builds`: (entity type, fingerprint, manifest JSON) each. A build's first_seen is
     kept from its first registration; so is `older` (given to a build first registered
-    after a newer one: it never becomes the newest). Registrations expired for good are swept here, so
-    the table holds about one row per live process and type. Returns the clock's now.
+    after a newer one: it never becomes the newest). Expired registrations are swept
+    here, so the table holds about one row per live process and type. Returns the
+    clock's now.
     """
 
     process: str
