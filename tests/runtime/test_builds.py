@@ -128,3 +128,16 @@ async def test_a_host_on_release_1_waits_for_release_2_and_never_dead_letters_it
             async def resumed() -> bool:
                 return (await ref2.describe()).suspension is None
             await wait_until(resumed, "the suspension is over")
+
+
+async def test_a_rollback_to_a_build_with_a_handler_the_newest_removed_waits_for_its_processes(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=[CaseR2], shards=2, host=False):
+        pass
+    async with corral.open_runtime(db_path, entities=[CaseR3], shards=2, host=False):
+        with pytest.raises(corral.IncompatibleBuildError, match=r"this process .* sends it"):
+            async with corral.open_runtime(db_path, entities=[CaseR2], shards=2, host=False):
+                pytest.fail("release 2 opened beside a live release 3")
+    async with corral.open_runtime(db_path, entities=[CaseR2], shards=2, host=False) as rt:
+        newest = [b for b in await rt.builds(CaseR2) if b.newest]
+        assert [b.fingerprint for b in newest] == [_fp(CaseR3)]  # rolled back, not newer

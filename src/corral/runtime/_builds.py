@@ -153,7 +153,8 @@ class BuildRegistration:
         others = [b for b in registered if b.entity_type == etype]
         theirs: Manifest = json.loads(newest.manifest)
         known = any(b.fingerprint == mine["fingerprint"] for b in others)
-        me = [(f"this process ({self.process}) sends it", mine)]
+        # This process sends what it has: that matters while the newest build hosts.
+        me = [(f"this process ({self.process}) sends it", mine)] if newest.processes else []
         if known:  # an older build than the newest: the newest must succeed it
             bad = incompatible(await assess(self.store, etype, mine, theirs, others, me))
             role = "an older build than"
