@@ -49,7 +49,9 @@ class CaseR1(corral.Entity):
         return CaseView(notes=self.notes, level=0)
 
 
-class CaseR2(corral.Entity):
+class CaseR3(corral.Entity):
+    """Release 3: release 2 without `escalate` (declared first: release 2 extends it)."""
+
     name = "Case"
     state_version = 2
 
@@ -64,32 +66,18 @@ class CaseR2(corral.Entity):
     @corral.signal(renamed_from="note")
     def remark(self, n: NoteV2) -> None:
         self.notes.append(n.text)
+
+    @corral.query
+    def view(self) -> CaseView:
+        return CaseView(notes=self.notes, level=self.level)
+
+
+class CaseR2(CaseR3):
+    """Release 2: `note` renamed `remark` with an optional field, `escalate` added, state
+    version 2 with its hook."""
+
+    name = "Case"  # a subclass is a type of its own unless it says so
 
     @corral.signal
     def escalate(self, e: Escalation) -> None:
         self.level += e.level
-
-    @corral.query
-    def view(self) -> CaseView:
-        return CaseView(notes=self.notes, level=self.level)
-
-
-class CaseR3(corral.Entity):
-    name = "Case"
-    state_version = 2
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-        self.level = 0
-
-    @corral.upgrade(from_version=1)
-    def _add_level(state: dict[str, Any]) -> dict[str, Any]:
-        return {**state, "level": 0}
-
-    @corral.signal(renamed_from="note")
-    def remark(self, n: NoteV2) -> None:
-        self.notes.append(n.text)
-
-    @corral.query
-    def view(self) -> CaseView:
-        return CaseView(notes=self.notes, level=self.level)
