@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-import corral
+from build_entities import CaseR1, CaseR2
 from corral.actors._compat import Difference, compare, incompatible, removed
 from corral.actors._manifest import manifest, manifest_json
 
@@ -144,54 +144,23 @@ def test_removed_names_the_handlers_a_newer_build_neither_has_nor_renamed() -> N
     assert removed(older, newer) == ["reply", "close"]
 
 
-class R1(corral.Entity):
-    name = "Ticket"
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    @corral.signal
-    def reply(self, r: Reply) -> None:
-        self.texts.append(r.text)
-
-
-class R2(corral.Entity):
-    name = "Ticket"
-    state_version = 2
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    @corral.upgrade(from_version=1)
-    def _v1(state: dict[str, Any]) -> dict[str, Any]:
-        return state
-
-    @corral.signal(renamed_from="reply")
-    def answer(self, r: ReplyOptional) -> None:
-        self.texts.append(r.text)
-
-    @corral.update
-    def close(self) -> int:
-        return len(self.texts)
-
-
 def test_a_manifest_is_canonical_json_of_the_definition() -> None:
-    text = manifest_json(R2._corral_definition)  # type: ignore[attr-defined]
-    assert text == manifest_json(R2._corral_definition)  # type: ignore[attr-defined]
+    text = manifest_json(CaseR2._corral_definition)  # type: ignore[attr-defined]
+    assert text == manifest_json(CaseR2._corral_definition)  # type: ignore[attr-defined]
     data = json.loads(text)
-    assert data == manifest(R2._corral_definition)  # type: ignore[attr-defined]
+    assert data == manifest(CaseR2._corral_definition)  # type: ignore[attr-defined]
     assert data["state_version"] == 2
     assert data["upgrades_from"] == [1]
-    assert data["handlers"]["answer"]["renamed_from"] == ["reply"]
-    assert data["handlers"]["close"] == {"kind": "update", "payload": None, "renamed_from": []}
-    assert data["fingerprint"] == R2._corral_definition.fingerprint  # type: ignore[attr-defined]
+    assert data["handlers"]["remark"]["renamed_from"] == ["note"]
+    assert data["handlers"]["view"] == {"kind": "query", "payload": None, "renamed_from": []}
+    assert data["fingerprint"] == CaseR2._corral_definition.fingerprint  # type: ignore[attr-defined]
 
 
 def test_release_2_is_compatible_with_release_1_and_not_the_other_way_round() -> None:
-    r1 = manifest(R1._corral_definition)  # type: ignore[attr-defined]
-    r2 = manifest(R2._corral_definition)  # type: ignore[attr-defined]
+    r1 = manifest(CaseR1._corral_definition)  # type: ignore[attr-defined]
+    r2 = manifest(CaseR2._corral_definition)  # type: ignore[attr-defined]
     assert incompatible(compare(r1, r2)) == []
     subjects = {d.subject for d in compare(r1, r2)}
-    assert {"signal reply", "update close", "state_version"} <= subjects
-    backwards = incompatible(compare(r2, r1, in_use={"close": "1 journal entry"}))
-    assert {d.subject for d in backwards} == {"update close", "state_version"}
+    assert {"signal note", "signal escalate", "state_version"} <= subjects
+    backwards = incompatible(compare(r2, r1, in_use={"escalate": "1 journal entry"}))
+    assert {d.subject for d in backwards} == {"signal escalate", "state_version"}
