@@ -42,7 +42,8 @@ from corral.actors._compat import Difference, compare, incompatible, removed
 from corral.actors._manifest import Manifest, manifest, manifest_json
 from corral.persistence import BuildProcess, BuildRecord, Store, newest_build
 
-__all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id"]
+__all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
+           "refused_client"]
 
 log = logging.getLogger("corral.builds")
 
@@ -244,3 +245,19 @@ async def build_knowing(store: Store, definition: EntityDefinition, name: str
             return (f"build {b.fingerprint} (live: "
                     f"{', '.join(p.process for p in b.processes)}) has it")
     return None
+
+
+def refused_client(definition: EntityDefinition, client_manifest: str | None
+                   ) -> list[str] | None:
+    """Why a host running `definition` must refuse a client whose build of the type has
+    manifest `client_manifest` (the Ray backend's check, see `ShardHost`): None when it
+    serves it, that is when this build is a compatible successor of the client's (an
+    older release: everything it sends, this code has), else each difference (empty
+    when the client sent no manifest)."""
+    if client_manifest is None:
+        return []
+    theirs: Manifest = json.loads(client_manifest)
+    mine = manifest(definition)
+    sent = {name: "the client sends it" for name in removed(theirs, mine)}
+    bad = incompatible(compare(theirs, mine, in_use=sent))
+    return [str(d) for d in bad] or None
