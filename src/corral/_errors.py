@@ -178,8 +178,9 @@ class DefinitionMismatchError(CorralError):
     """A shard host runs another definition of an entity type than this client.
 
     Raised by the Ray backend before anything is accepted, when the detached shard
-    actors were started with older (or newer) entity code: its handlers, their models
-    or its policies differ. `client_fingerprint` and `host_fingerprint` tell the two
+    actors were started with entity code that is not a compatible successor of this
+    client's (the rules of `corral builds`): newer client code, or older code missing a
+    handler, a required field or an upgrade path; the message names the differences. `client_fingerprint` and `host_fingerprint` tell the two
     apart. The fix after a deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next
     call starts actors with the new code, which recover every entity from the store.
     """
