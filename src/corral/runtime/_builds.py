@@ -62,7 +62,8 @@ class BuildInfo:
         state_version: the version its snapshots are written at.
         first_seen, last_seen: when a process first and last registered it (epoch s).
         processes: the processes live on it now (`host` or `client`).
-        newest: whether it is the type's newest build (the last one registered).
+        newest: whether it is the type's newest build (the last one registered as a
+            new release, not as an older one started late).
         compatible: whether the newest build may run beside it.
         why: "newest", or each difference from it to the newest, with the fix.
     """
@@ -124,8 +125,7 @@ class BuildRegistration:
         if self._task is None:
             return
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.gather(self._task, return_exceptions=True)  # never raised on close
         with contextlib.suppress(StoreError):
             await self.store.forget_process(self.process)
 
