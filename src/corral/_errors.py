@@ -180,9 +180,10 @@ class DefinitionMismatchError(CorralError):
     Raised by the Ray backend before anything is accepted, when the detached shard
     actors were started with entity code that is not a compatible successor of this
     client's (the rules of `corral builds`): newer client code, or older code missing a
-    handler, a required field or an upgrade path; the message names the differences. `client_fingerprint` and `host_fingerprint` tell the two
-    apart. The fix after a deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next
-    call starts actors with the new code, which recover every entity from the store.
+    handler, a required field or an upgrade path; the message names the differences.
+    `client_fingerprint` and `host_fingerprint` tell the two apart. The fix after a
+    deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next call starts actors
+    with the new code, which recover every entity from the store.
     """
 
     def __init__(self, message: str = "", *, client_fingerprint: str = "",
