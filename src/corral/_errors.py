@@ -19,6 +19,7 @@ __all__ = [
     "EntityTerminatedError",
     "FailRun",
     "IdempotencyConflictError",
+    "IncompatibleBuildError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidPayloadError",
@@ -177,10 +178,12 @@ class DefinitionMismatchError(CorralError):
     """A shard host runs another definition of an entity type than this client.
 
     Raised by the Ray backend before anything is accepted, when the detached shard
-    actors were started with older (or newer) entity code: its handlers, their models
-    or its policies differ. `client_fingerprint` and `host_fingerprint` tell the two
-    apart. The fix after a deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next
-    call starts actors with the new code, which recover every entity from the store.
+    actors were started with entity code that is not a compatible successor of this
+    client's (the rules of `corral builds`): newer client code, or older code missing a
+    handler, a required field or an upgrade path; the message names the differences.
+    `client_fingerprint` and `host_fingerprint` tell the two apart. The fix after a
+    deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next call starts actors
+    with the new code, which recover every entity from the store.
     """
 
     def __init__(self, message: str = "", *, client_fingerprint: str = "",
@@ -188,6 +191,26 @@ class DefinitionMismatchError(CorralError):
         super().__init__(message, **fields)
         self.client_fingerprint = client_fingerprint
         self.host_fingerprint = host_fingerprint
+
+
+class IncompatibleBuildError(CorralError):
+    """`open_runtime` refused this process: its build of an entity type cannot run beside
+    the newest build registered in the store (`corral builds` lists them).
+
+    Raised before the process registers or hosts anything. The message names each
+    incompatible difference and its fix (a handler removed while messages or senders of
+    it remain, a required payload field added, a state version with no upgrade path);
+    `differences` holds them one by one, `fingerprint` is this build's and
+    `newest_fingerprint` the newest registered one's (of `entity_type`).
+    """
+
+    def __init__(self, message: str = "", *, differences: tuple[str, ...] = (),
+                 fingerprint: str = "", newest_fingerprint: str = "",
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.differences = differences
+        self.fingerprint = fingerprint
+        self.newest_fingerprint = newest_fingerprint
 
 
 class StoreError(CorralError):

@@ -127,6 +127,10 @@ async def test_an_upgrade_chain_brings_a_version_1_snapshot_to_version_3(db_path
 
 async def test_a_missing_upgrade_step_is_a_version_error_naming_it(db_path: str) -> None:
     await _written_by(db_path, DocV1, "x")
+    with pytest.raises(corral.IncompatibleBuildError, match="from_version=1"):
+        async with corral.open_runtime(db_path, entities=[DocV3Gap], host=False):
+            pytest.fail("refused at open: the registry knows release 1's state version")
+    sql(db_path, "DELETE FROM builds")  # a store from before the registry of builds
     async with corral.open_runtime(db_path, entities=[DocV3Gap], host=False) as rt:
         with pytest.raises(corral.SnapshotVersionError, match="from_version=1") as caught:
             await rt.ref(DocV3Gap, "d-1").query(DocV3Gap.view)

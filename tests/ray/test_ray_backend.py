@@ -35,12 +35,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import corral
 from corral import LeaseLostError, RunStatus
+from corral.actors._manifest import manifest
 from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
 from corral.runtime._backend import LocalBackend
 from corral.runtime._host import LocalHost
 from corral.runtime._ops import AcceptBatch, Query
 from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
-from corral.runtime._ray_host import YOUNG_OBJECTS_PER_COLLECTION, actor_name, host_fingerprint
+from corral.runtime._ray_host import (
+    HOST_PROTOCOL,
+    YOUNG_OBJECTS_PER_COLLECTION,
+    actor_name,
+    host_fingerprint,
+)
 from corral.runtime._router import Router
 from procs import sql, wait_until
 from ray_workers import (
@@ -767,17 +773,22 @@ def test_a_dedicated_entity_type_keeps_its_ray_options() -> None:
 # -- stale entity code -------------------------------------------------------------------
 
 
+async def _counter_actor(rt: corral.Runtime) -> Any:
+    """The handle of the shard actor hosting a Counter just started."""
+    ref = rt.ref(Counter, fresh_key())
+    await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
+    backend = rt.backend
+    assert isinstance(backend, RayBackend)
+    return await backend._handle(ref.shard, "Counter")
+
+
 async def test_a_client_of_another_corral_protocol_is_refused_before_its_first_call(
         db_path: str, namespace: str) -> None:
     """Detached actors outlive their clients: a client of an older corral (it sends the
     bare entity fingerprint, without `HOST_PROTOCOL`) is refused by the definition check,
     with the fix, before it sends an acceptance in a shape the actor does not read."""
     async with ray_runtime(db_path, namespace) as rt:
-        ref = rt.ref(Counter, fresh_key())
-        await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
-        backend = rt.backend
-        assert isinstance(backend, RayBackend)
-        handle = await backend._handle(ref.shard, "Counter")
+        handle = await _counter_actor(rt)
         older = {"Counter": Counter._corral_definition.fingerprint}
         with pytest.raises(ray.exceptions.RayTaskError) as caught:
             await handle.check_definitions.remote(older)
@@ -785,6 +796,24 @@ async def test_a_client_of_another_corral_protocol_is_refused_before_its_first_c
         assert "another corral version" in str(caught.value.cause)
         await handle.check_definitions.remote(  # this client's own: accepted
             {"Counter": host_fingerprint(Counter._corral_definition)})
+
+
+async def test_actors_serve_a_client_of_an_older_compatible_build_and_refuse_a_newer_one(
+        db_path: str, namespace: str) -> None:
+    """The definition check is the builds' compatibility check (`_builds`): an actor
+    whose code is a compatible successor of the client's build serves it."""
+    async with ray_runtime(db_path, namespace) as rt:
+        handle = await _counter_actor(rt)
+        ours = manifest(Counter._corral_definition)
+        other = {"Counter": f"0123456789abcdef-p{HOST_PROTOCOL}"}
+        older = dict(ours, handlers={n: h for n, h in ours["handlers"].items() if n != "add"})
+        await handle.check_definitions.remote(other, {"Counter": json.dumps(older)})
+        newer = dict(ours, handlers={**ours["handlers"], "extra": {
+            "kind": "signal", "payload": None, "renamed_from": []}})
+        with pytest.raises(ray.exceptions.RayTaskError) as caught:
+            await handle.check_definitions.remote(other, {"Counter": json.dumps(newer)})
+        assert isinstance(caught.value.cause, corral.DefinitionMismatchError)
+        assert "signal extra: removed while the client sends it" in str(caught.value.cause)
 
 
 async def test_a_client_with_new_entity_code_is_refused_by_actors_running_the_old_code(

@@ -26,6 +26,7 @@ from rename_entities import (
     TicketV1,
     TicketV2,
 )
+from stores import sql
 
 
 class Note(BaseModel):
@@ -44,6 +45,13 @@ async def _send_v1(db_path: str, key: str, *texts: str) -> None:
         for text in texts:
             await rt.ref(TicketV1, key).signal_with_start(
                 TicketV1.customer_reply, Reply(text=text), start=None)
+
+
+def _forget_builds(db_path: str) -> None:
+    """Make the store one written before the registry of builds: a build that lacks a
+    handler of stored entries is then not refused at open (`test_builds.py` shows the
+    refusal), and its hosts dead-letter what no live build knows, replayably."""
+    sql(db_path, "DELETE FROM builds")
 
 
 async def test_journal_entries_of_the_old_name_reach_the_renamed_handler_under_new_code(
@@ -95,6 +103,7 @@ async def test_an_entry_whose_handler_this_code_lacks_is_dead_lettered_and_repla
         db_path: str) -> None:
     key = fresh_key()
     await _send_v1(db_path, key, "lost?", "no")
+    _forget_builds(db_path)
     async with corral.open_runtime(db_path, entities=[TicketNoAlias], shards=2) as rt:
         ref = rt.ref(TicketNoAlias, key)
         await ref.signal(TicketNoAlias.reply_from_customer, Reply(text="after"))
@@ -122,6 +131,7 @@ async def test_an_entry_whose_payload_no_longer_validates_is_dead_lettered_with_
         db_path: str) -> None:
     key = fresh_key()
     await _send_v1(db_path, key, "hi")
+    _forget_builds(db_path)
     async with corral.open_runtime(db_path, entities=[TicketStrict], shards=2) as rt:
         ref = rt.ref(TicketStrict, key)
         await wait_until(lambda: _dead(ref, 1), "the old payload is a dead letter")

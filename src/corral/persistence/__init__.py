@@ -11,6 +11,7 @@ ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyn
 the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
 """
 
+from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
@@ -38,6 +39,9 @@ __all__ = [
     "AcceptResult",
     "AcceptStore",
     "Acceptance",
+    "BuildProcess",
+    "BuildRecord",
+    "BuildRegistry",
     "DeadLetter",
     "DeliveryRequest",
     "DeliveryResult",
@@ -59,6 +63,7 @@ __all__ = [
     "canonical_json",
     "delivery_run",
     "is_postgres_url",
+    "newest_build",
     "open_sqlite_store",
     "open_store",
     "payload_hash",

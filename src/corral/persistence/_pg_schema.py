@@ -47,6 +47,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # senders fell from ~10,000 to 1,000 acks/s).
     3: ("CREATE INDEX IF NOT EXISTS dedupe_sweep ON dedupe (etype, key, seq) WHERE seq > 0",),
     4: create("suspensions", "postgres"),
+    # The registry of builds (`_builds`).
+    5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -40,6 +40,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # window of 100,000 ids).
     5: ("CREATE INDEX IF NOT EXISTS dedupe_seq ON dedupe (etype, key, seq)",),
     6: create("suspensions", "sqlite"),
+    # The registry of builds (`_builds`).
+    7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from corral._common import RunStatus
 
+from ._builds import BuildRegistry
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -235,7 +236,7 @@ class ReadStore(Protocol):
                            limit: int = 100, after: int = 0) -> list[DeadLetter]: ...
 
 
-class Store(AcceptStore, HostStore, ReadStore, Protocol):
+class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, Protocol):
     """Durable storage for runs, journals, dedupe windows, snapshots and shard leases.
 
     Acceptance (`accept`) is open to any process; the writes a shard host makes while

@@ -13,9 +13,12 @@ from typing import Any, TypeVar
 
 from corral._common import RunStatus
 
+from . import _builds as registry
 from . import _reads as reads
 from ._batch import CommitQueue
+from ._builds import BuildRecord
 from ._ops_accept import AcceptOp
+from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
 from ._ops_runs import (
     ActivatedOp,
@@ -218,3 +221,20 @@ class StoreCore:
 
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
         return await self.query(reads.dead_letter_seqs, etype, key, run_id)
+
+    # -- the registry of builds (`_builds`) -------------------------------------------
+
+    async def register_builds(self, process: str, role: str,
+                              builds: Sequence[tuple[str, str, str]], *, ttl: float,
+                              older: frozenset[str] = frozenset()) -> float:
+        op = RegisterBuildsOp(process, role, tuple(builds), ttl, older)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def forget_process(self, process: str) -> None:
+        await self.write(ForgetProcessOp(process))
+
+    async def builds(self, etype: str | None = None) -> list[BuildRecord]:
+        return await self.query(registry.builds, etype)
+
+    async def names_in_use(self, etype: str, names: Sequence[str]) -> dict[str, str]:
+        return await self.query(registry.names_in_use, etype, tuple(names))

@@ -40,6 +40,7 @@ Ray backend, client process -> shard actor:
 from corral.persistence import DeadLetter
 
 from ._boundary import Authorize, AuthRequest, Limits
+from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
 from ._ray_host import stop_ray_hosts
 from ._ref import EntityRef
@@ -58,6 +59,7 @@ __all__ = [
     "Ack",
     "AuthRequest",
     "Authorize",
+    "BuildInfo",
     "DeadLetter",
     "Delivery",
     "DeliveryStatus",

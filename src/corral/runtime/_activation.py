@@ -35,6 +35,7 @@ from corral.actors import ContinueAsNew, Entity
 from corral.persistence import EntryKind, JournalEntry, RunRecord, Suspension
 
 from ._apply import encode_start, instantiate
+from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
 from ._poison import DeadLetter, apply_live, apply_now, retried_handler
 from ._recovery import fail_unbuilt, running_run, settle_terminated
@@ -188,7 +189,7 @@ class Activation(RunContext):
                     elif not await self._recover():
                         return  # closed or terminated before we got here
                     break
-                except (LeaseLostError, asyncio.CancelledError):
+                except (LeaseLostError, AwaitingBuild, asyncio.CancelledError):
                     raise
                 except Exception as err:
                     failures += 1
@@ -264,6 +265,8 @@ class Activation(RunContext):
         except LeaseLostError:
             log.warning("%s %r: shard lease lost; evicting", self.entity_type, self.key)
             self._finish()
+        except AwaitingBuild as err:  # a newer build knows the entry: wait, never skip it
+            await self._evict(suspension=awaiting_suspension(self._home, self._run_id, err))
         except Exception as err:
             # A store error while applying (recording an update, a snapshot due) or a
             # failure of the host's own: the journal keeps every entry, so evict and come
@@ -384,6 +387,8 @@ class Activation(RunContext):
         try:
             verdict = await apply_live(self.definition, self.entity, entry, failed=failed)
             if isinstance(verdict, DeadLetter):
+                if not verdict.attempts:  # no handler here: is a newer build live?
+                    await check_awaiting(self._home, entry)
                 await self._dead_letter(entry, verdict, replaying=replaying)
         finally:
             self._applying = False

@@ -20,6 +20,7 @@ from corral.persistence import (
 
 from ._backend import Backend, LocalBackend
 from ._boundary import Authorize, Boundary, Limits, check_after_id, check_limit, check_status
+from ._builds import BuildInfo, BuildRegistration, build_infos, process_id
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._ops import DeadLetters, Entities, SignalWaits
@@ -171,6 +172,19 @@ class Runtime:
             (last.opened_at or 0.0, last.entity_type, last.key, last.run_id, last.name))
         return Page(items, cursor)
 
+    async def builds(self, entity_type: type[Entity] | str | None = None) -> list[BuildInfo]:
+        """The builds registered in the store (local backend), per type oldest first:
+        fingerprint, state version, first and last seen, live processes, and whether
+        the newest build of the type may run beside each (and why not).
+
+        Example:
+            for b in await rt.builds():
+                print(b.entity_type, b.fingerprint, b.newest, b.compatible, b.why)
+        """
+        etype = entity_type if isinstance(entity_type, str) or entity_type is None \
+            else self.boundary.definition(entity_type).name
+        return await build_infos(self.store, etype)
+
 
 @contextlib.asynccontextmanager
 async def open_runtime(
@@ -225,6 +239,9 @@ async def open_runtime(
         InvalidArgumentError: an option that does not fit (two entity types of one name,
             an unknown `backend`, `shards` below 1; with `backend="ray"`: a `Store`
             object, an in-memory store, or a `clock`). Also a `ValueError`.
+        IncompatibleBuildError: local backend: this process's build of an entity type
+            cannot run beside the newest one registered in the store (see `_builds`);
+            nothing was registered or hosted.
 
     Example:
         async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
@@ -261,10 +278,16 @@ async def open_runtime(
         else store
     local: LocalHost | None = None
     local_backend: LocalBackend | None = None
+    registration: BuildRegistration | None = None
     try:
         if host:
             local = LocalHost(the_store, router, definitions, lease_ttl=lease_ttl,
                               poll_interval=poll_interval, clock=clock)
+        registration = BuildRegistration(  # refused here, before anything is hosted
+            the_store, definitions, process=local.owner if local else process_id(),
+            role="host" if local else "client", ttl=2 * lease_ttl)
+        await registration.open()
+        if local is not None:
             await local.start()
         local_backend = LocalBackend(the_store, definitions, local, router.shard_of, clock)
         local = None  # the backend owns the host now
@@ -275,5 +298,7 @@ async def open_runtime(
             await local.close()
         if local_backend is not None:
             await local_backend.close()
+        if registration is not None:
+            await registration.close()
         if owned_store:
             await the_store.close()

@@ -42,6 +42,7 @@ from corral._errors import (
     UnknownEntityTypeError,
 )
 from corral.actors import EntityDefinition
+from corral.actors._manifest import manifest_json
 from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postgres_url
 
 from ._ops import AcceptBatch, Request, WaitUpdate
@@ -154,7 +155,8 @@ class RayBackend:
         ours = [self._definitions[etype]] if self.router.is_dedicated(index) \
             else self._definitions.values()
         try:
-            await handle.check_definitions.remote({d.name: host_fingerprint(d) for d in ours})
+            await handle.check_definitions.remote({d.name: host_fingerprint(d) for d in ours},
+                                                  {d.name: manifest_json(d) for d in ours})
         except rex.RayTaskError as err:
             if isinstance(err.cause, CorralError):
                 raise err.cause from None

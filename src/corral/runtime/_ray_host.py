@@ -37,6 +37,7 @@ from corral.actors import (
 from corral.persistence import Acceptance, Store, is_postgres_url, open_store
 
 from ._backend import LocalBackend
+from ._builds import refused_client
 from ._host import LocalHost
 from ._ops import AcceptBatch, Request, WaitUpdate
 from ._router import Router
@@ -307,23 +308,31 @@ class ShardHost:
                 await shard.start()
         return added
 
-    async def check_definitions(self, fingerprints: dict[str, str]) -> None:
+    async def check_definitions(self, fingerprints: dict[str, str],
+                                manifests: dict[str, str] | None = None) -> None:
         """Refuse a client whose entity definitions differ from the ones this actor runs,
-        or that speaks another version of this module's calls (`host_fingerprint`).
+        unless this code is a compatible successor of the client's (`manifests`: its
+        builds, see `_builds.refused_client`), or that speaks another version of this
+        module's calls (`host_fingerprint`).
 
         Raises:
             DefinitionMismatchError: for the first type whose fingerprints differ.
         """
         for etype, theirs in sorted(fingerprints.items()):
             definition = self.definitions.get(etype)
-            mine = None if definition is None else host_fingerprint(definition)
-            if definition is not None and mine is not None \
-                    and theirs not in accepted_fingerprints(definition):
+            if definition is None or theirs in accepted_fingerprints(definition):
+                continue
+            mine = host_fingerprint(definition)
+            same_protocol = theirs.endswith(f"-p{HOST_PROTOCOL}")
+            why = refused_client(definition, (manifests or {}).get(etype)) \
+                if same_protocol else []
+            if why is not None:
                 name = actor_name(self.spec, self.index)
                 raise DefinitionMismatchError(
                     f"{name} runs another definition of {etype} (fingerprint "
                     f"{mine}) than this client ({theirs}): it was started with "
-                    f"other entity code or another corral version. After deploying new "
+                    f"other entity code or another corral version"
+                    f"{''.join(f'; {d}' for d in why)}. After deploying new "
                     f"code, stop the old actors with "
                     f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
                     f"starts new ones, which recover every entity from the store.",

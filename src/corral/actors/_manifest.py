@@ -1,0 +1,59 @@
+"""The manifest of an entity type: what its code promises to callers and to the store.
+
+A manifest is derived from an `EntityDefinition`, purely and deterministically, as plain
+JSON: the fingerprint, `state_version` and the versions its upgrade hooks start from,
+each handler (kind, payload JSON schema, `renamed_from`) and each wait (payload schema,
+`renamed_from`). The store keeps one per build (`corral builds`); `_compat` compares two.
+
+Example:
+    manifest_json(Ticket._corral_definition)
+    # '{"entity_type":"Ticket","fingerprint":"...","handlers":{"reply":{...}},...}'
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from ._definition import EntityDefinition
+
+__all__ = ["Manifest", "manifest", "manifest_json", "payload_schema"]
+
+Manifest = dict[str, Any]
+"""A manifest as JSON data (see the module docstring for its keys)."""
+
+
+def payload_schema(model: type[BaseModel] | None) -> dict[str, Any] | None:
+    """The JSON schema of a payload model; None for a handler that takes none, and
+    `{"opaque": name}` for a model pydantic cannot describe."""
+    if model is None:
+        return None
+    try:
+        return model.model_json_schema()
+    except Exception:  # a field type without a JSON schema
+        return {"opaque": model.__qualname__}
+
+
+def manifest(definition: EntityDefinition) -> Manifest:
+    """The manifest of `definition` (plain JSON data, the same on every run)."""
+    return {
+        "entity_type": definition.name,
+        "fingerprint": definition.fingerprint,
+        "state_version": definition.state.version,
+        "upgrades_from": sorted(definition.state.upgrades),
+        "handlers": {
+            h.name: {"kind": h.kind.value, "payload": payload_schema(h.input_type),
+                     "renamed_from": list(h.renamed_from)}
+            for h in sorted(definition.handlers.values(), key=lambda h: h.name)},
+        "waits": {
+            w.name: {"payload": payload_schema(w.model), "renamed_from": list(w.renamed_from)}
+            for w in sorted(definition.waits.values(), key=lambda w: w.name)},
+    }
+
+
+def manifest_json(definition: EntityDefinition) -> str:
+    """The manifest as canonical JSON text (sorted keys, no spaces): equal definitions
+    give equal text."""
+    return json.dumps(manifest(definition), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,263 @@
+"""This process's builds in the store's registry: refused at open if incompatible, kept
+live while it runs, and the facts a host needs to never skip an entry silently.
+
+On open (`BuildRegistration.open`) each entity type's manifest (`actors._manifest`) is
+compared (`actors._compat`) with the newest build of the type the store holds:
+
+* a build the store does not know yet is a new release, the new newest: it must be
+  able to run beside the newest (`compare(newest, mine)`);
+* a known build older than the newest (release 1 still running while release 2 rolls
+  out, or a rollback) keeps working if the newest is a compatible successor of it
+  (`compare(mine, newest)`);
+* a build never seen that the newest shows to be older (the newest renames its names
+  or upgrades from its state version: an old release started late) is registered as
+  older, never the newest, under the same rule as a known older build.
+
+The facts the comparison needs about removed handlers and waits are read at that
+moment: messages of them in the journal or the dead letters, and live processes whose
+build has them (their senders). Any incompatible difference refuses the open with
+`IncompatibleBuildError`, before this process registers or hosts anything. Two builds
+opened at the same instant are each checked against what was registered before: the
+check and the registration are two transactions.
+
+Liveness: every process (host or pure client) refreshes its registration on its own
+timer, every quarter of its `ttl` (twice the lease ttl: 20 s by default), and drops it
+on close; one that stops refreshing is no longer live once `ttl` has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from corral._errors import IncompatibleBuildError, StoreError
+from corral.actors import EntityDefinition
+from corral.actors._compat import Difference, compare, incompatible, removed
+from corral.actors._manifest import Manifest, manifest, manifest_json
+from corral.persistence import BuildProcess, BuildRecord, Store, newest_build
+
+__all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
+           "refused_client"]
+
+log = logging.getLogger("corral.builds")
+
+
+def process_id() -> str:
+    """A pure client's name in the registry (a host registers under its lease owner)."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class BuildInfo:
+    """One registered build of an entity type, as `Runtime.builds()` reports it.
+
+    Attributes:
+        entity_type, fingerprint: which build.
+        state_version: the version its snapshots are written at.
+        first_seen, last_seen: when a process first and last registered it (epoch s).
+        processes: the processes live on it now (`host` or `client`).
+        newest: whether it is the type's newest build (the last one registered as a
+            new release, not as an older one started late).
+        compatible: whether the newest build may run beside it.
+        why: "newest", or each difference from it to the newest, with the fix.
+    """
+
+    entity_type: str
+    fingerprint: str
+    state_version: int
+    first_seen: float
+    last_seen: float
+    processes: tuple[BuildProcess, ...]
+    newest: bool
+    compatible: bool
+    why: str
+
+
+class BuildRegistration:
+    """This process's registration in the registry of builds (see the module docstring)."""
+
+    def __init__(self, store: Store, definitions: Mapping[str, EntityDefinition], *,
+                 process: str, role: str, ttl: float) -> None:
+        self.store = store
+        self.process = process
+        self._role = role
+        self._ttl = ttl
+        self._definitions = definitions
+        self._builds = [(name, d.fingerprint, manifest_json(d))
+                        for name, d in sorted(definitions.items())]
+        self._older: frozenset[str] = frozenset()
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Check every type against the registry, register, and keep it live.
+
+        Raises:
+            IncompatibleBuildError: a type's build cannot run beside the newest one.
+        """
+        if not self._builds:
+            return
+        registered = await self.store.builds()
+        older: set[str] = set()
+        refused: list[IncompatibleBuildError] = []
+        for name, definition in sorted(self._definitions.items()):
+            verdict = await self._check(definition, registered)
+            if isinstance(verdict, IncompatibleBuildError):
+                refused.append(verdict)
+            elif verdict == "older":
+                older.add(name)
+        if refused:
+            raise IncompatibleBuildError(
+                "; ".join(str(e) for e in refused), entity_type=refused[0].entity_type,
+                differences=tuple(d for e in refused for d in e.differences),
+                fingerprint=refused[0].fingerprint,
+                newest_fingerprint=refused[0].newest_fingerprint)
+        self._older = frozenset(older)
+        await self._register()
+        self._task = asyncio.create_task(self._keep_live(), name="corral-builds")
+
+    async def close(self) -> None:
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)  # never raised on close
+        with contextlib.suppress(StoreError):
+            await self.store.forget_process(self.process)
+
+    async def _register(self) -> None:
+        await self.store.register_builds(self.process, self._role, self._builds,
+                                         ttl=self._ttl, older=self._older)
+
+    async def _keep_live(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl / 4)
+            try:
+                await self._register()
+            except StoreError as err:  # the next round tries again; ttl covers three
+                log.warning("process %s: build registration not refreshed (%s)",
+                            self.process, err)
+
+    async def _check(self, definition: EntityDefinition,
+                     registered: Sequence[BuildRecord]
+                     ) -> IncompatibleBuildError | str | None:
+        """None (the newest, or a known build the newest may run beside), "older" (a
+        build never seen, older than the newest), or the error refusing it."""
+        etype, mine = definition.name, manifest(definition)
+        newest = newest_build(registered, etype)
+        if newest is None or newest.fingerprint == mine["fingerprint"]:
+            return None
+        others = [b for b in registered if b.entity_type == etype]
+        theirs: Manifest = json.loads(newest.manifest)
+        known = any(b.fingerprint == mine["fingerprint"] for b in others)
+        # This process sends what it has: that matters while the newest build hosts.
+        me = [(f"this process ({self.process}) sends it", mine)] if newest.processes else []
+        if known:  # an older build than the newest: the newest must succeed it
+            bad = incompatible(await assess(self.store, etype, mine, theirs, others, me))
+            role = "an older build than"
+        else:  # a new release; or an old one started late, which the newest shows
+            bad = incompatible(await assess(self.store, etype, theirs, mine, others))
+            if bad and _succeeds(theirs, mine) and not incompatible(
+                    await assess(self.store, etype, mine, theirs, others, me)):
+                return "older"
+            role = "a new build, not compatible with"
+        if not bad:
+            return None
+        return IncompatibleBuildError(
+            f"{etype} build {mine['fingerprint']} is {role} the newest build "
+            f"{newest.fingerprint} in the store: " + "; ".join(str(d) for d in bad),
+            entity_type=etype, differences=tuple(str(d) for d in bad),
+            fingerprint=mine["fingerprint"], newest_fingerprint=newest.fingerprint)
+
+
+def _succeeds(newer: Manifest, older: Manifest) -> bool:
+    """Whether `newer` shows it came after `older`: it renames one of `older`'s names
+    (`renamed_from=`), or its upgrade hooks reach its state version from `older`'s."""
+    names = {n for section in ("handlers", "waits") for n in older[section]}
+    renamed = any(set(item["renamed_from"]) & names
+                  for section in ("handlers", "waits") for item in newer[section].values())
+    ahead = older["state_version"] < newer["state_version"] and all(
+        v in newer["upgrades_from"] for v in range(older["state_version"],
+                                                    newer["state_version"]))
+    return renamed or ahead
+
+
+async def assess(store: Store, etype: str, older: Manifest, newer: Manifest,
+                 builds: Sequence[BuildRecord],
+                 senders: Sequence[tuple[str, Manifest]] = ()) -> list[Difference]:
+    """`compare(older, newer)` with the facts about what the newer build removed: its
+    messages still stored, and the live processes (of `builds`, and `senders`) whose
+    build has it."""
+    gone = removed(older, newer)
+    in_use = dict(await store.names_in_use(etype, gone)) if gone else {}
+    live = [*((f"process {p.process} of build {b.fingerprint} sends it",
+               json.loads(b.manifest)) for b in builds for p in b.processes), *senders]
+    for name in gone:
+        users = [who for who, m in live if _knows(m, name)]
+        if users:
+            in_use[name] = "; ".join([in_use[name], *users] if name in in_use else users)
+    return compare(older, newer, in_use=in_use)
+
+
+def _knows(m: Manifest, name: str) -> bool:
+    return any(name == n or name in item["renamed_from"]
+               for section in ("handlers", "waits") for n, item in m[section].items())
+
+
+async def build_infos(store: Store, etype: str | None = None) -> list[BuildInfo]:
+    """Every registered build (of one type, or all) with its compatibility with the
+    newest build of its type (`Runtime.builds()`, `corral builds`)."""
+    registered = await store.builds(etype)
+    infos: list[BuildInfo] = []
+    for b in registered:
+        of_type = [o for o in registered if o.entity_type == b.entity_type]
+        newest = newest_build(of_type, b.entity_type)
+        assert newest is not None
+        mine = json.loads(b.manifest)
+        if newest is b:
+            bad, why = [], "newest"
+        else:
+            found = await assess(store, b.entity_type, mine, json.loads(newest.manifest),
+                                 of_type)
+            bad = incompatible(found)
+            why = "; ".join(str(d) for d in (bad or found)) or "same handlers"
+        infos.append(BuildInfo(b.entity_type, b.fingerprint, mine["state_version"],
+                               b.first_seen, b.last_seen, b.processes, newest is b,
+                               not bad, why))
+    return infos
+
+
+async def build_knowing(store: Store, definition: EntityDefinition, name: str
+                        ) -> str | None:
+    """A live build of `definition`'s type, other than this code's, that has a signal
+    or update handler called `name` (today or as a `renamed_from=` name): a description
+    of it, or None when no live build knows the name."""
+    for b in reversed(await store.builds(definition.name)):
+        if b.fingerprint == definition.fingerprint or not b.processes:
+            continue
+        handlers = json.loads(b.manifest)["handlers"]
+        if any(item["kind"] != "query" and (n == name or name in item["renamed_from"])
+               for n, item in handlers.items()):
+            return (f"build {b.fingerprint} (live: "
+                    f"{', '.join(p.process for p in b.processes)}) has it")
+    return None
+
+
+def refused_client(definition: EntityDefinition, client_manifest: str | None
+                   ) -> list[str] | None:
+    """Why a host running `definition` must refuse a client whose build of the type has
+    manifest `client_manifest` (the Ray backend's check, see `ShardHost`): None when it
+    serves it, that is when this build is a compatible successor of the client's (an
+    older release: everything it sends, this code has), else each difference (empty
+    when the client sent no manifest)."""
+    if client_manifest is None:
+        return []
+    theirs: Manifest = json.loads(client_manifest)
+    mine = manifest(definition)
+    sent = {name: "the client sends it" for name in removed(theirs, mine)}
+    bad = incompatible(compare(theirs, mine, in_use=sent))
+    return [str(d) for d in bad] or None
