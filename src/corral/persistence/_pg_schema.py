@@ -84,6 +84,19 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # A host taking a shard reads its suspended runs.
         "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
     ),
+    5: (),  # reserved for builds
+    # Graceful shard hand-off (`_ops_handoff`): a host's request for a shard, then the
+    # shard released to it; and which hosts are alive to receive shards.
+    6: (
+        """CREATE TABLE IF NOT EXISTS lease_handoffs (
+            shard integer PRIMARY KEY,
+            requester text NOT NULL,
+            until double precision NOT NULL,
+            released boolean NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS shard_hosts (
+            owner text PRIMARY KEY,
+            expires_at double precision NOT NULL)""",
+    ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -31,6 +31,7 @@ import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from corral._errors import CorralError, StoreError, StoreUnavailableError
 
 from . import _pg_tail as tail
+from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
@@ -38,7 +39,7 @@ from ._pg_txn import PgTxn, is_connection_error, store_error
 from ._pg_writer import GroupCommit
 from ._records import JournalEntry
 from ._store_core import StoreCore
-from ._txn import WriteOp
+from ._txn import Fence, WriteOp
 
 __all__ = ["PostgresStore", "open_postgres_store"]
 
@@ -172,6 +173,12 @@ class PostgresStore(StoreCore):
         finally:
             self._held.clear()
             await self._session.unlock(self._session.locked)
+
+    async def hand_off_lease(self, fence: Fence, heir: str, ttl: float) -> bool:
+        handed: bool = await self.write(HandOffLeaseOp(fence, heir, ttl))
+        self._held.discard(fence.shard)
+        await self._session.unlock({fence.shard})  # the heir takes the lock with the lease
+        return handed
 
     # -- reads --------------------------------------------------------------------
 

@@ -99,6 +99,21 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # A host taking a shard reads its suspended runs.
         "CREATE INDEX IF NOT EXISTS suspensions_shard ON suspensions (shard)",
     ),
+    7: (),  # reserved for builds
+    # Graceful shard hand-off (`_ops_handoff`): a host's request for a shard, then the
+    # shard released to it; and which hosts are alive to receive shards.
+    8: (
+        """CREATE TABLE IF NOT EXISTS lease_handoffs (
+            shard INTEGER PRIMARY KEY,
+            requester TEXT NOT NULL,
+            until REAL NOT NULL,
+            released INTEGER NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS shard_hosts (
+            owner TEXT PRIMARY KEY,
+            expires_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+    ),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -27,6 +27,7 @@ from corral._errors import CorralError, StoreError
 
 from ._batch import CommitQueue
 from ._locks import LeaseLocks
+from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._reads import ENTRY_COLUMNS, entry_from_row
 from ._records import JournalEntry
@@ -34,7 +35,7 @@ from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_vers
 from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
-from ._txn import WriteOp, apply_ops, drive
+from ._txn import Fence, WriteOp, apply_ops, drive
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -271,6 +272,11 @@ class SqliteStore(StoreCore):
         finally:
             if self._locks is not None:
                 self._locks.unlock_all()
+
+    async def hand_off_lease(self, fence: Fence, heir: str, ttl: float) -> bool:
+        handed: bool = await self.write(HandOffLeaseOp(fence, heir, ttl))
+        self._unlock(fence.shard)  # the heir takes the lock with the lease
+        return handed
 
     def _unlock(self, shard: int) -> None:
         if self._locks is not None:

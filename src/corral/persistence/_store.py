@@ -120,6 +120,31 @@ class HostStore(Protocol):
 
     async def release_leases(self, owner: str) -> None: ...
 
+    async def request_leases(self, requester: str, shards: Sequence[int], ttl: float
+                             ) -> None:
+        """Ask the holders of `shards` to hand them to `requester` (valid `ttl` seconds:
+        renew it while waiting). See `_ops_handoff`."""
+        ...
+
+    async def host_tick(self, owner: str, ttl: float, *, alive: bool = True
+                        ) -> dict[int, str]:
+        """`owner` is alive to receive shards for `ttl` seconds (unless `alive=False`);
+        the live requests for the shards it holds, {shard: requester}."""
+        ...
+
+    async def live_hosts(self, owner: str) -> list[str]:
+        """The other hosts alive to receive shards; `owner` is no longer one of them."""
+        ...
+
+    async def lease_offers(self, heir: str) -> set[int]:
+        """The shards released to `heir` that it has not taken yet."""
+        ...
+
+    async def hand_off_lease(self, fence: Fence, heir: str, ttl: float) -> bool:
+        """Release the shard `fence` holds to `heir`, reserved for it for `ttl` seconds
+        (the holder's writes are refused from now on); False if `fence` was stale."""
+        ...
+
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
                              passivate: bool = False, forget_seq: int = 0,

@@ -1,0 +1,94 @@
+"""Graceful shard hand-off between `LocalHost`s (the store's side: `_ops_handoff`).
+
+A receiver *requests* shards (`request_shards`); each holder sees the request on its
+next renewal tick and hands the shard over (`hand_off`): it stops taking work for the
+shard (new entries wait in the store's journal), stops the shard's activations (their
+writes already queued commit before the release, which is queued after them), and
+releases the lease to the requester, which takes it at the next epoch as soon as it
+sees the offer (it polls for it while it waits) and recovers the shard from the store.
+A host closing gracefully hands its shards to the other live hosts the same way
+(`hand_off_all`); they take them on their next renewal tick.
+
+What callers see meanwhile: sends are accepted by the store as always (any process
+accepts; the new holder applies them); an update waiting on the old holder is answered
+by the new one (its outcome is durable); a query is answered from the store's
+snapshot and journal while no process hosts the entity. Nothing fails for the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from corral._errors import InvalidArgumentError, StoreError
+
+from ._events import lifecycle
+
+if TYPE_CHECKING:
+    from ._host import LocalHost
+
+__all__ = ["hand_off", "hand_off_all", "request_shards"]
+
+_OFFER_POLL = 0.005  # seconds between a requester's reads for its offers (a short pause)
+
+
+async def hand_off(host: LocalHost, index: int, heir: str) -> bool:
+    """Drain shard `index` here and release its lease to `heir`; whether it was handed
+    (False: not held here, or fenced out meanwhile). Call with `host.leasing` held."""
+    shard = host.shards.pop(index, None)
+    if shard is None:
+        return False
+    stopped_at = time.time()
+    await shard.stop()  # intake stopped: entries for it wait in the journal
+    handed = await host.store.hand_off_lease(shard.fence, heir, host.lease_ttl)
+    lifecycle("lease handed off", shard=index, epoch=shard.fence.epoch, owner=host.owner,
+              heir=heir, handed=handed, stopped_at=stopped_at)
+    return handed
+
+
+async def hand_off_all(host: LocalHost) -> int:
+    """Hand every shard held here to the other live hosts, in turn; how many were
+    handed. None alive (or the store unreachable): none handed, the caller releases."""
+    with contextlib.suppress(StoreError):
+        heirs = await host.store.live_hosts(host.owner)
+        if not heirs:
+            return 0
+        handed = await asyncio.gather(*(
+            hand_off(host, index, heirs[n % len(heirs)])
+            for n, index in enumerate(sorted(host.shards))), return_exceptions=True)
+        return sum(1 for h in handed if h is True)
+    return 0
+
+
+async def request_shards(host: LocalHost, indexes: Iterable[int], *,
+                         timeout: float | None = None) -> dict[int, int]:
+    """Ask the holders of `indexes` to hand them here and wait until they have, or
+    until `timeout` (default: two lease terms); {shard: epoch} of those held here now.
+
+    The request is renewed every third of a lease term while waiting, so it expires
+    one lease term after this host stops waiting (or dies). Free shards are taken too.
+
+    Raises:
+        InvalidArgumentError: a shard this host may not hold.
+    """
+    asked = sorted(set(indexes))
+    beyond = [i for i in asked if i not in host.indices]
+    if beyond:
+        raise InvalidArgumentError(f"shards {beyond} are not among those this host may "
+                                   f"hold ({len(host.indices)} shards from {host.indices[:1]})")
+    deadline = time.monotonic() + (2 * host.lease_ttl if timeout is None else timeout)
+    renew_at = 0.0
+    while (wanted := set(asked) - set(host.shards)) and time.monotonic() < deadline:
+        renew = time.monotonic() >= renew_at
+        if renew:
+            await host.store.request_leases(host.owner, sorted(wanted), host.lease_ttl)
+            renew_at = time.monotonic() + host.lease_ttl / 3
+        if renew or await host.store.lease_offers(host.owner) & wanted:
+            async with host.leasing:
+                await host.acquire()
+        else:
+            await asyncio.sleep(_OFFER_POLL)
+    return {i: host.shards[i].fence.epoch for i in asked if i in host.shards}
