@@ -44,6 +44,7 @@ async def hand_off(host: LocalHost, index: int, heir: str) -> bool:
     stopped_at = time.time()
     await shard.stop()  # intake stopped: entries for it wait in the journal
     handed = await host.store.hand_off_lease(shard.fence, heir, host.lease_ttl)
+    host._lost[index] = time.monotonic()  # the heir locks the shard at its next renewal
     lifecycle("lease handed off", shard=index, epoch=shard.fence.epoch, owner=host.owner,
               heir=heir, handed=handed, stopped_at=stopped_at)
     return handed

@@ -62,10 +62,10 @@ class LocalHost:
         self.shards: dict[int, Shard] = {}
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
-        # Shards this host was fenced out of, and when (monotonic). Left alone for one
-        # lease_ttl: the new holder takes the shard's OS or advisory lock only at its next
-        # renewal, and until then the lock looks free, which would read as "its holder
-        # died" and let this host take the shard straight back.
+        # Shards this host was fenced out of or handed over, and when (monotonic). Left
+        # alone for one lease_ttl: the new holder takes the shard's OS or advisory lock
+        # only at its next renewal, and until then the lock looks free, which would read
+        # as "its holder died" and let this host take the shard straight back.
         self._lost: dict[int, float] = {}
         self._failures: dict[str, int] = {}  # a loop's failed rounds in a row
 
