@@ -38,7 +38,7 @@ async def test_a_requested_shard_is_handed_to_the_requester_at_the_next_epoch_an
     await other.request_leases("b", [1], 600.0)
     assert await store.host_tick("a", 600.0) == {1: "b"}
     assert await other.lease_offers("b") == set()  # asked, not yet released
-    assert await store.hand_off_lease(Fence(1, "a", 1), "b", 600.0)
+    assert await store.hand_off_leases({Fence(1, "a", 1): "b"}, 600.0) == {1}
     assert await store.host_tick("a", 600.0) == {}  # the request is met
     assert await other.lease_offers("b") == {1}
     # The holder's writes are refused from now on, and it does not take the shard back;
@@ -51,7 +51,10 @@ async def test_a_requested_shard_is_handed_to_the_requester_at_the_next_epoch_an
     assert await other.acquire_leases("b", [1, 2], 600.0) == {1: 2}  # 2 is a's, live
     assert await other.lease_offers("b") == set()
     await other.set_timer(Fence(1, "b", 2), "E", "k", 1, "t", 1.0)
-    assert not await store.hand_off_lease(Fence(1, "a", 1), "c", 600.0)  # stale: nothing
+    # A stale fence hands nothing; the others of the same call are handed.
+    assert await store.hand_off_leases({Fence(1, "a", 1): "c", Fence(2, "a", 1): "c"},
+                                       600.0) == {2}
+    assert await store.acquire_leases("c", [1, 2], 600.0) == {2: 2}
 
 
 async def test_a_request_of_a_requester_that_stopped_renewing_it_expires(
@@ -71,7 +74,7 @@ async def test_a_shard_released_to_an_heir_that_never_takes_it_is_anyones_after_
 ) -> None:
     assert await store.acquire_leases("a", [4], 600.0) == {4: 1}
     await other.request_leases("b", [4], 600.0)
-    assert await store.hand_off_lease(Fence(4, "a", 1), "b", 0.3)
+    assert await store.hand_off_leases({Fence(4, "a", 1): "b"}, 0.3) == {4}
     await other.request_leases("c", [4], 600.0)  # released already: c's ask is ignored
     assert await store.host_tick("a", 600.0) == {}
 

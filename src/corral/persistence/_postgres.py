@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -174,11 +174,12 @@ class PostgresStore(StoreCore):
             self._held.clear()
             await self._session.unlock(self._session.locked)
 
-    async def hand_off_lease(self, fence: Fence, heir: str, ttl: float) -> bool:
-        handed: bool = await self.write(HandOffLeaseOp(fence, heir, ttl))
-        self._held.discard(fence.shard)
-        await self._session.unlock({fence.shard})  # the heir takes the lock with the lease
-        return handed
+    async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
+        handed = await self.write_many([HandOffLeaseOp(f, h, ttl) for f, h in heirs.items()])
+        shards = {fence.shard for fence in heirs}
+        self._held.difference_update(shards)
+        await self._session.unlock(shards)  # the heir takes the lock with the lease
+        return {f.shard for f, ok in zip(heirs, handed, strict=True) if ok is True}
 
     # -- reads --------------------------------------------------------------------
 

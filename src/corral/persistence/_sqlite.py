@@ -18,7 +18,7 @@ import asyncio
 import sqlite3
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -273,10 +273,11 @@ class SqliteStore(StoreCore):
             if self._locks is not None:
                 self._locks.unlock_all()
 
-    async def hand_off_lease(self, fence: Fence, heir: str, ttl: float) -> bool:
-        handed: bool = await self.write(HandOffLeaseOp(fence, heir, ttl))
-        self._unlock(fence.shard)  # the heir takes the lock with the lease
-        return handed
+    async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
+        handed = await self.write_many([HandOffLeaseOp(f, h, ttl) for f, h in heirs.items()])
+        for fence in heirs:
+            self._unlock(fence.shard)  # the heir takes the lock with the lease
+        return {f.shard for f, ok in zip(heirs, handed, strict=True) if ok is True}
 
     def _unlock(self, shard: int) -> None:
         if self._locks is not None:

@@ -7,7 +7,7 @@ with the store's own lifecycle. Both engines implement `Store`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from corral._common import RunStatus
@@ -140,9 +140,10 @@ class HostStore(Protocol):
         """The shards released to `heir` that it has not taken yet."""
         ...
 
-    async def hand_off_lease(self, fence: Fence, heir: str, ttl: float) -> bool:
-        """Release the shard `fence` holds to `heir`, reserved for it for `ttl` seconds
-        (the holder's writes are refused from now on); False if `fence` was stale."""
+    async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
+        """Release each shard a fence holds to its heir, reserved for it for `ttl`
+        seconds (the holder's writes are refused from now on), in one transaction; the
+        shards handed (not those whose fence was stale)."""
         ...
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,

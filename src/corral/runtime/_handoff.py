@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from corral._errors import InvalidArgumentError, StoreError
@@ -35,33 +35,35 @@ __all__ = ["hand_off", "hand_off_all", "request_shards"]
 _OFFER_POLL = 0.005  # seconds between a requester's reads for its offers (a short pause)
 
 
-async def hand_off(host: LocalHost, index: int, heir: str) -> bool:
-    """Drain shard `index` here and release its lease to `heir`; whether it was handed
-    (False: not held here, or fenced out meanwhile). Call with `host.leasing` held."""
-    shard = host.shards.pop(index, None)
-    if shard is None:
-        return False
+async def hand_off(host: LocalHost, heirs: Mapping[int, str]) -> set[int]:
+    """Drain the shards of `heirs` held here and release each to its heir, in one
+    transaction; the shards handed (not those this host no longer held, or was fenced
+    out of meanwhile). Call with `host.leasing` held."""
+    shards = {i: host.shards.pop(i) for i in sorted(heirs) if i in host.shards}
+    if not shards:
+        return set()
     stopped_at = time.time()
-    await shard.stop()  # intake stopped: entries for it wait in the journal
-    handed = await host.store.hand_off_lease(shard.fence, heir, host.lease_ttl)
-    host._lost[index] = time.monotonic()  # the heir locks the shard at its next renewal
-    lifecycle("lease handed off", shard=index, epoch=shard.fence.epoch, owner=host.owner,
-              heir=heir, handed=handed, stopped_at=stopped_at)
+    await asyncio.gather(*(s.stop() for s in shards.values()))  # entries wait in the journal
+    handed = await host.store.hand_off_leases(
+        {shard.fence: heirs[index] for index, shard in shards.items()}, host.lease_ttl)
+    now = time.monotonic()
+    for index, shard in shards.items():
+        host._lost[index] = now  # the heir locks the shard at its next renewal
+        lifecycle("lease handed off", shard=index, epoch=shard.fence.epoch,
+                  owner=host.owner, heir=heirs[index], handed=index in handed,
+                  stopped_at=stopped_at)
     return handed
 
 
-async def hand_off_all(host: LocalHost) -> int:
-    """Hand every shard held here to the other live hosts, in turn; how many were
-    handed. None alive (or the store unreachable): none handed, the caller releases."""
+async def hand_off_all(host: LocalHost) -> set[int]:
+    """Hand every shard held here to the other live hosts, in turn; the shards handed.
+    None alive (or the store unreachable): none handed, the caller releases them."""
     with contextlib.suppress(StoreError):
-        heirs = await host.store.live_hosts(host.owner)
-        if not heirs:
-            return 0
-        handed = await asyncio.gather(*(
-            hand_off(host, index, heirs[n % len(heirs)])
-            for n, index in enumerate(sorted(host.shards))), return_exceptions=True)
-        return sum(1 for h in handed if h is True)
-    return 0
+        alive = await host.store.live_hosts(host.owner)
+        if alive:
+            return await hand_off(host, {index: alive[n % len(alive)]
+                                         for n, index in enumerate(sorted(host.shards))})
+    return set()
 
 
 async def request_shards(host: LocalHost, indexes: Iterable[int], *,

@@ -93,11 +93,15 @@ class LocalHost:
         """
         return await request_shards(self, indexes, timeout=timeout)
 
-    async def hand_off(self, index: int, heir: str) -> bool:
-        """Drain shard `index` and release its lease to host `heir` (which takes it at
-        the next epoch); whether it was handed."""
+    async def hand_off(self, heirs: Mapping[int, str]) -> set[int]:
+        """Drain the shards of `heirs` and release each lease to its heir host (which
+        takes it at the next epoch); the shards handed.
+
+        Example:
+            await host.hand_off({3: other.owner})
+        """
         async with self.leasing:
-            return await hand_off(self, index, heir)
+            return await hand_off(self, heirs)
 
     async def close(self) -> None:
         """Stop in order: the host's own tasks (cancelled and awaited, wherever they
@@ -129,22 +133,32 @@ class LocalHost:
         if not free:
             return
         taken = await self.store.acquire_leases(self.owner, free, self.lease_ttl, force=force)
-        for index, epoch in sorted(taken.items()):
-            shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
-                          self.clock)
-            self.shards[index] = shard
-            try:
-                recovered = await shard.start()
-            except BaseException:
-                # Its recovery read failed: hosting it now would strand its running
-                # entities. Drop it and keep the lease: the next round takes it again
-                # (already ours, same epoch) and recovers it then.
-                del self.shards[index]
-                await shard.stop()
-                raise
-            lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
-            log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
-                     index, epoch, recovered)
+        # Recovered side by side: the pause of a shard taken with others is its own
+        # recovery's, not the sum of theirs.
+        outcomes = await asyncio.gather(*(self._host(index, epoch)
+                                          for index, epoch in sorted(taken.items())),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _host(self, index: int, epoch: int) -> None:
+        """Start hosting shard `index`, just taken at `epoch`: recover its entities."""
+        shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
+                      self.clock)
+        self.shards[index] = shard
+        try:
+            recovered = await shard.start()
+        except BaseException:
+            # Its recovery read failed: hosting it now would strand its running
+            # entities. Drop it and keep the lease: the next round takes it again
+            # (already ours, same epoch) and recovers it then.
+            del self.shards[index]
+            await shard.stop()
+            raise
+        lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
+        log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
+                 index, epoch, recovered)
 
     async def _keep_leases(self) -> None:
         while True:
@@ -167,8 +181,7 @@ class LocalHost:
             self._lost[index] = time.monotonic()
             await self.shards.pop(index).stop()
         asked = await self.store.host_tick(self.owner, self.lease_ttl, alive=self._receives)
-        for index, requester in sorted(asked.items()):
-            await hand_off(self, index, requester)
+        await hand_off(self, asked)
         await self.acquire()
 
     async def _housekeep(self) -> None:
