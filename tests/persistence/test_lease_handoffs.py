@@ -106,3 +106,17 @@ async def test_a_host_asking_for_a_shard_it_holds_asks_for_nothing(store: Store)
     assert await store.acquire_leases("a", [5], 600.0) == {5: 1}
     await store.request_leases("a", [5], 600.0)
     assert await store.host_tick("a", 600.0) == {}
+
+
+async def test_a_shard_handed_over_is_locked_by_its_heir_at_once_so_no_third_host_takes_it(
+    store: Store, other: Store, db_path: str,
+) -> None:
+    """The holder drops the shard's OS or advisory lock when it hands the shard over; the
+    heir takes the lock with the lease, not at its next renewal: a host starting in
+    between would find the lock free and take the shard as if its holder had died."""
+    assert await store.acquire_leases("a", [6], 600.0) == {6: 1}
+    await other.request_leases("b", [6], 600.0)
+    assert await store.hand_off_leases({Fence(6, "a", 1): "b"}, 600.0) == {6}
+    assert await other.acquire_leases("b", [6], 600.0) == {6: 2}
+    async with opened(db_path, SHARDS) as third:
+        assert await third.acquire_leases("c", [6], 600.0) == {}
