@@ -21,21 +21,33 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from corral._errors import InvalidArgumentError, StoreError
+from corral.persistence import Store
 
 from ._events import lifecycle
+from ._shard import Shard
 
-if TYPE_CHECKING:
-    from ._host import LocalHost
+__all__ = ["Holder", "hand_off", "hand_off_all", "request_shards"]
 
-__all__ = ["hand_off", "hand_off_all", "request_shards"]
+
+class Holder(Protocol):
+    """What a hand-off uses of a `LocalHost` (which calls in here)."""
+
+    store: Store
+    owner: str
+    shards: dict[int, Shard]
+    lease_ttl: float
+    indices: tuple[int, ...]
+    leasing: asyncio.Lock
+
+    async def acquire(self, *, force: bool = False) -> None: ...
 
 _OFFER_POLL = 0.005  # seconds between a requester's reads for its offers (a short pause)
 
 
-async def hand_off(host: LocalHost, heirs: Mapping[int, str]) -> set[int]:
+async def hand_off(host: Holder, heirs: Mapping[int, str]) -> set[int]:
     """Drain the shards of `heirs` held here and release each to its heir, in one
     transaction; the shards handed (not those this host no longer held, or was fenced
     out of meanwhile). Call with `host.leasing` held."""
@@ -46,16 +58,14 @@ async def hand_off(host: LocalHost, heirs: Mapping[int, str]) -> set[int]:
     await asyncio.gather(*(s.stop() for s in shards.values()))  # entries wait in the journal
     handed = await host.store.hand_off_leases(
         {shard.fence: heirs[index] for index, shard in shards.items()}, host.lease_ttl)
-    now = time.monotonic()
     for index, shard in shards.items():
-        host._lost[index] = now  # the heir locks the shard at its next renewal
         lifecycle("lease handed off", shard=index, epoch=shard.fence.epoch,
                   owner=host.owner, heir=heirs[index], handed=index in handed,
                   stopped_at=stopped_at)
     return handed
 
 
-async def hand_off_all(host: LocalHost) -> set[int]:
+async def hand_off_all(host: Holder) -> set[int]:
     """Hand every shard held here to the other live hosts, in turn; the shards handed.
     None alive (or the store unreachable): none handed, the caller releases them."""
     with contextlib.suppress(StoreError):
@@ -66,7 +76,7 @@ async def hand_off_all(host: LocalHost) -> set[int]:
     return set()
 
 
-async def request_shards(host: LocalHost, indexes: Iterable[int], *,
+async def request_shards(host: Holder, indexes: Iterable[int], *,
                          timeout: float | None = None) -> dict[int, int]:
     """Ask the holders of `indexes` to hand them here and wait until they have, or
     until `timeout` (default: two lease terms); {shard: epoch} of those held here now.

@@ -101,7 +101,15 @@ class LocalHost:
             await host.hand_off({3: other.owner})
         """
         async with self.leasing:
-            return await hand_off(self, heirs)
+            return await self._hand_off(heirs)
+
+    async def _hand_off(self, heirs: Mapping[int, str]) -> set[int]:
+        left = set(heirs) & set(self.shards)
+        handed = await hand_off(self, heirs)
+        now = time.monotonic()
+        for index in left:  # the heir may lock the shard only at its next renewal
+            self._lost[index] = now
+        return handed
 
     async def close(self) -> None:
         """Stop in order: the host's own tasks (cancelled and awaited, wherever they
@@ -181,7 +189,7 @@ class LocalHost:
             self._lost[index] = time.monotonic()
             await self.shards.pop(index).stop()
         asked = await self.store.host_tick(self.owner, self.lease_ttl, alive=self._receives)
-        await hand_off(self, asked)
+        await self._hand_off(asked)
         await self.acquire()
 
     async def _housekeep(self) -> None:
