@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,3 +129,18 @@ def run(main: Coroutine[Any, Any, T]) -> T:
             signal.signal(signal.SIGTERM, previous)
 
     return asyncio.run(guarded())
+
+
+def run_and_write(main: Callable[[Server | None], Coroutine[Any, Any, Any]], *,
+                  postgres: bool, out: Path) -> None:
+    """`run(main(server))` with a throwaway server (or None without `postgres`), then
+    its result written to `out` as JSON; no server binaries stops with the hint."""
+    try:
+        server_cm = throwaway_server() if postgres else contextlib.nullcontext(None)
+        with server_cm as server:
+            data = run(main(server))
+    except ServerUnavailable as err:
+        raise SystemExit(f"{err}; or pass --no-postgres") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print(f"wrote {out}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -223,17 +222,8 @@ def main() -> None:
         acked = asyncio.run(sender_child(store, prefix, float(duration)))
         Path(out).write_text(json.dumps(acked))
         return
-    try:
-        server_cm = contextlib.nullcontext(None) if args.no_postgres else \
-            _pg.throwaway_server()
-        with server_cm as server:
-            data = _pg.run(amain(args, server))
-    except _pg.ServerUnavailable as err:
-        raise SystemExit(f"{err}; or pass --no-postgres") from None
-    out = Path(args.out or (QUICK_RESULTS if args.quick else RESULTS))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
-    print(f"wrote {out}")
+    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
+                      out=Path(args.out or (QUICK_RESULTS if args.quick else RESULTS)))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ._ops_handoff import reserved_heirs
 from ._txn import LockPlan, Txn
 
 __all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp"]
@@ -27,7 +28,9 @@ class AcquireLeasesOp:
     taken at a new epoch even if its lease is live: a restarted Ray shard actor (whose
     name maps to exactly one live incarnation) fences out its predecessor at once.
     `orphaned` shards are taken the same way: their holder is known to be dead (the
-    store obtained the shard's OS or advisory lock, see `_locks`, `_pg_session`).
+    store obtained the shard's OS or advisory lock, see `_locks`, `_pg_session`). A
+    shard its holder released to an heir (`_ops_handoff`) is the heir's at once, and
+    nobody else's (unless forced) until that reservation ends.
     """
 
     owner: str
@@ -43,12 +46,17 @@ class AcquireLeasesOp:
 
     async def apply(self, txn: Txn) -> dict[int, int]:
         now = await txn.clock()
+        heirs = await reserved_heirs(txn, self.shards, now)
         taken: dict[int, int] = {}
         for shard in self.shards:
             row = await txn.lease(shard)
+            heir = heirs.get(shard)
             if row is not None and row[0] == self.owner and not self.force:
                 epoch = row[1]
-            elif row is None or row[2] < now or self.force or shard in self.orphaned:
+            elif heir is not None and heir != self.owner and not self.force:
+                continue  # released to another host: theirs until the reservation ends
+            elif row is None or row[2] < now or self.force or shard in self.orphaned \
+                    or heir == self.owner:
                 epoch = (row[1] if row else 0) + 1
             else:
                 continue
@@ -56,6 +64,8 @@ class AcquireLeasesOp:
             txn.leases[shard] = (self.owner, epoch, now + self.ttl)
         await txn.executemany(_SET_LEASE, [(shard, self.owner, epoch, now + self.ttl)
                                            for shard, epoch in taken.items()])
+        await txn.executemany("DELETE FROM lease_handoffs WHERE shard = ?",
+                              [(shard,) for shard in taken])  # met, or moot: a new holder
         return taken
 
 
@@ -97,6 +107,7 @@ class ReleaseLeasesOp:
 
     async def apply(self, txn: Txn) -> None:
         await txn.execute("UPDATE leases SET expires_at = 0 WHERE owner = ?", self.owner)
+        await txn.execute("DELETE FROM shard_hosts WHERE owner = ?", self.owner)
         for shard, (owner, epoch, _) in list(txn.leases.items()):
             if owner == self.owner:
                 txn.leases[shard] = (owner, epoch, 0.0)

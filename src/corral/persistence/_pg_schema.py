@@ -49,6 +49,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: create("suspensions", "postgres"),
     # The registry of builds (`_builds`).
     5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
+    # Graceful shard hand-off (`_ops_handoff`).
+    6: (*create("lease_handoffs", "postgres"), *create("shard_hosts", "postgres")),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -31,6 +31,7 @@ from corral._errors import CorralError, StoreError
 from . import _pg_tail as tail
 from ._batch import CommitQueue
 from ._open import redacted
+from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
@@ -38,7 +39,7 @@ from ._pg_txn import PgTxn, store_error
 from ._pg_writer import GroupCommit
 from ._records import JournalEntry
 from ._store_core import StoreCore
-from ._txn import WriteOp
+from ._txn import Fence, WriteOp
 
 __all__ = ["PostgresStore", "open_postgres_store"]
 
@@ -143,6 +144,13 @@ class PostgresStore(StoreCore):
         finally:
             self._held.clear()
             await self._session.unlock(self._session.locked)
+
+    async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
+        handed = await self.write_many([HandOffLeaseOp(f, h, ttl) for f, h in heirs.items()])
+        shards = {fence.shard for fence in heirs}
+        self._held.difference_update(shards)
+        await self._session.unlock(shards)  # the heir takes the lock with the lease
+        return {f.shard for f, ok in zip(heirs, handed, strict=True) if ok is True}
 
     # -- reads --------------------------------------------------------------------
 

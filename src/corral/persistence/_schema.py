@@ -42,6 +42,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: create("suspensions", "sqlite"),
     # The registry of builds (`_builds`).
     7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
+    # Graceful shard hand-off (`_ops_handoff`).
+    8: (*create("lease_handoffs", "sqlite"), *create("shard_hosts", "sqlite")),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -15,7 +15,7 @@ import asyncio
 import sqlite3
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from corral._errors import CorralError, StoreError
 
 from ._batch import CommitQueue
 from ._locks import LeaseLocks
+from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._reads import ENTRY_COLUMNS, entry_from_row
 from ._records import JournalEntry
@@ -31,7 +32,7 @@ from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
 from ._tables import create_all
-from ._txn import WriteOp, apply_ops, drive
+from ._txn import Fence, WriteOp, apply_ops, drive
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -211,6 +212,12 @@ class SqliteStore(StoreCore):
         finally:
             if self._locks is not None:
                 self._locks.unlock_all()
+
+    async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
+        handed = await self.write_many([HandOffLeaseOp(f, h, ttl) for f, h in heirs.items()])
+        for fence in heirs:
+            self._unlock(fence.shard)  # the heir takes the lock with the lease
+        return {f.shard for f, ok in zip(heirs, handed, strict=True) if ok is True}
 
     def _unlock(self, shard: int) -> None:
         if self._locks is not None:

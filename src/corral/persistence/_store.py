@@ -7,7 +7,7 @@ with the store's own lifecycle. Both engines implement `Store`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from corral._common import RunStatus
@@ -120,6 +120,32 @@ class HostStore(Protocol):
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]: ...
 
     async def release_leases(self, owner: str) -> None: ...
+
+    async def request_leases(self, requester: str, shards: Sequence[int], ttl: float
+                             ) -> None:
+        """Ask the holders of `shards` to hand them to `requester` (valid `ttl` seconds:
+        renew it while waiting). See `_ops_handoff`."""
+        ...
+
+    async def host_tick(self, owner: str, ttl: float, *, alive: bool = True
+                        ) -> dict[int, str]:
+        """`owner` is alive to receive shards for `ttl` seconds (unless `alive=False`);
+        the live requests for the shards it holds, {shard: requester}."""
+        ...
+
+    async def live_hosts(self, owner: str) -> list[str]:
+        """The other hosts alive to receive shards; `owner` is no longer one of them."""
+        ...
+
+    async def lease_offers(self, heir: str) -> set[int]:
+        """The shards released to `heir` that it has not taken yet."""
+        ...
+
+    async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
+        """Release each shard a fence holds to its heir, reserved for it for `ttl`
+        seconds (the holder's writes are refused from now on), in one transaction; the
+        shards handed (not those whose fence was stale)."""
+        ...
 
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,

@@ -20,6 +20,7 @@ from ._builds import BuildRecord
 from ._ops_accept import AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
+from ._ops_handoff import HostTickOp, LiveHostsOp, RequestLeasesOp, offered_to
 from ._ops_runs import (
     ActivatedOp,
     CloseRunOp,
@@ -140,6 +141,22 @@ class StoreCore:
         op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
                              tuple(carried))
         return await self.write(op)  # type: ignore[no-any-return]
+
+    # -- graceful shard hand-off (`_ops_handoff`) -----------------------------------
+
+    async def request_leases(self, requester: str, shards: Sequence[int], ttl: float
+                             ) -> None:
+        await self.write(RequestLeasesOp(requester, tuple(shards), ttl))
+
+    async def host_tick(self, owner: str, ttl: float, *, alive: bool = True
+                        ) -> dict[int, str]:
+        return await self.write(HostTickOp(owner, ttl, alive))  # type: ignore[no-any-return]
+
+    async def live_hosts(self, owner: str) -> list[str]:
+        return await self.write(LiveHostsOp(owner))  # type: ignore[no-any-return]
+
+    async def lease_offers(self, heir: str) -> set[int]:
+        return await self.query(offered_to, heir)
 
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
         await self.write(ActivatedOp(fence, etype, key))

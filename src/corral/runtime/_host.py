@@ -2,8 +2,9 @@
 
 Any process may accept messages; only the lease holder of a shard applies them. The
 host renews its leases, takes over shards whose holder stopped renewing (a new epoch
-fences the old holder out), and tails the journal for entries that other processes
-accepted for its shards.
+fences the old holder out), hands shards over gracefully when another host asks for
+them or when it closes (`_handoff`), and tails the journal for entries that other
+processes accepted for its shards.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from corral.persistence import Fence, Store
 
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
+from ._handoff import hand_off, hand_off_all, request_shards
 from ._router import Router
 from ._shard import Shard
 
@@ -46,26 +48,32 @@ class LocalHost:
         self.router = router
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._definitions = definitions
-        self._ttl = lease_ttl
+        self.lease_ttl = lease_ttl
         self._poll_interval = poll_interval
         self._timer_interval = timer_interval
-        self._indices = tuple(range(router.shards) if indices is None else indices)
+        self.indices = tuple(range(router.shards) if indices is None else indices)
         self._takeover = takeover
+        # A host that may hold any shard receives shards other hosts hand over when
+        # they close, and hands its own over when it closes (a Ray shard actor, pinned
+        # to its one shard, does neither).
+        self._receives = indices is None and not takeover
+        self.leasing = asyncio.Lock()  # one change of this host's set of shards at a time
         self.clock: Clock = clock or SystemClock()
         self.shards: dict[int, Shard] = {}
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
-        # Shards this host was fenced out of, and when (monotonic). Left alone for one
-        # lease_ttl: the new holder takes the shard's OS or advisory lock only at its next
-        # renewal, and until then the lock looks free, which would read as "its holder
-        # died" and let this host take the shard straight back.
+        # Shards this host was fenced out of or handed over, and when (monotonic). Left
+        # alone for one lease_ttl: the new holder takes the shard's OS or advisory lock
+        # only at its next renewal, and until then the lock looks free, which would read
+        # as "its holder died" and let this host take the shard straight back.
         self._lost: dict[int, float] = {}
         self._failures: dict[str, int] = {}  # a loop's failed rounds in a row
 
     async def start(self) -> None:
         metrics.track_residents(self)
         self._cursor = await self.store.journal_end()
-        await self._acquire(force=self._takeover)
+        async with self.leasing:
+            await self.acquire(force=self._takeover)
         self._tasks = [
             asyncio.create_task(self._keep_leases(), name="corral-leases"),
             asyncio.create_task(self._tail_journal(), name="corral-tail"),
@@ -75,11 +83,40 @@ class LocalHost:
     def shard(self, index: int) -> Shard | None:
         return self.shards.get(index)
 
+    async def request_shards(self, indexes: Sequence[int], *, timeout: float | None = None
+                             ) -> dict[int, int]:
+        """Ask the holders of `indexes` to hand them here gracefully and wait until they
+        have (or `timeout`, default two lease terms); {shard: epoch} held here now.
+
+        Example:
+            taken = await host.request_shards(range(4))  # {0: 2, 1: 2, 2: 2, 3: 2}
+        """
+        return await request_shards(self, indexes, timeout=timeout)
+
+    async def hand_off(self, heirs: Mapping[int, str]) -> set[int]:
+        """Drain the shards of `heirs` and release each lease to its heir host (which
+        takes it at the next epoch); the shards handed.
+
+        Example:
+            await host.hand_off({3: other.owner})
+        """
+        async with self.leasing:
+            return await self._hand_off(heirs)
+
+    async def _hand_off(self, heirs: Mapping[int, str]) -> set[int]:
+        left = set(heirs) & set(self.shards)
+        handed = await hand_off(self, heirs)
+        now = time.monotonic()
+        for index in left:  # the heir may lock the shard only at its next renewal
+            self._lost[index] = now
+        return handed
+
     async def close(self) -> None:
         """Stop in order: the host's own tasks (cancelled and awaited, wherever they
-        were), then its shards' activations, then its leases. The store is closed only
-        after this returns, so nothing of the host reaches a closed store; a task that
-        had died of a bug is logged here, never raised out of the runtime's close."""
+        were), then its shards (handed to the other live hosts, see `_handoff`, or
+        stopped), then its leases. The store is closed only after this returns, so
+        nothing of the host reaches a closed store; a task that had died of a bug is
+        logged here, never raised out of the runtime's close."""
         for task in self._tasks:
             task.cancel()
         ended = await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -88,50 +125,72 @@ class LocalHost:
                 log.error("host %s: task %s had failed", self.owner, task.get_name(),
                           exc_info=outcome)
         self._tasks = []
+        if self._receives and self.shards:
+            async with self.leasing:
+                await hand_off_all(self)
         await asyncio.gather(*(s.stop() for s in self.shards.values()))
         self.shards.clear()
         with contextlib.suppress(StoreError):
             await self.store.release_leases(self.owner)
 
-    async def _acquire(self, *, force: bool = False) -> None:
+    async def acquire(self, *, force: bool = False) -> None:
+        """Take the shards free to take (call with `leasing` held)."""
         now = time.monotonic()
-        free = [i for i in self._indices if i not in self.shards
-                and now - self._lost.get(i, -self._ttl) >= self._ttl]
+        free = [i for i in self.indices if i not in self.shards
+                and now - self._lost.get(i, -self.lease_ttl) >= self.lease_ttl]
         if not free:
             return
-        taken = await self.store.acquire_leases(self.owner, free, self._ttl, force=force)
-        for index, epoch in sorted(taken.items()):
-            shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
-                          self.clock)
-            self.shards[index] = shard
-            try:
-                recovered = await shard.start()
-            except BaseException:
-                # Its recovery read failed: hosting it now would strand its running
-                # entities. Drop it and keep the lease: the next round takes it again
-                # (already ours, same epoch) and recovers it then.
-                del self.shards[index]
-                await shard.stop()
-                raise
-            lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
-            log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
-                     index, epoch, recovered)
+        taken = await self.store.acquire_leases(self.owner, free, self.lease_ttl, force=force)
+        # Recovered side by side: the pause of a shard taken with others is its own
+        # recovery's, not the sum of theirs.
+        outcomes = await asyncio.gather(*(self._host(index, epoch)
+                                          for index, epoch in sorted(taken.items())),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _host(self, index: int, epoch: int) -> None:
+        """Start hosting shard `index`, just taken at `epoch`: recover its entities."""
+        shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
+                      self.clock)
+        self.shards[index] = shard
+        try:
+            recovered = await shard.start()
+        except BaseException:
+            # Its recovery read failed: hosting it now would strand its running
+            # entities. Drop it and keep the lease: the next round takes it again
+            # (already ours, same epoch) and recovers it then.
+            del self.shards[index]
+            await shard.stop()
+            raise
+        lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
+        log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
+                 index, epoch, recovered)
 
     async def _keep_leases(self) -> None:
         while True:
-            await asyncio.sleep(self._ttl / 3)
+            await asyncio.sleep(self.lease_ttl / 3)
             try:
-                held = {i: s.fence.epoch for i, s in self.shards.items()}
-                kept = await self.store.renew_leases(self.owner, held, self._ttl)
-                for index in set(held) - kept:
-                    log.warning("host %s: lost shard %d; evicting its entities", self.owner, index)
-                    lifecycle("lease lost", shard=index, owner=self.owner)
-                    self._lost[index] = time.monotonic()
-                    await self.shards.pop(index).stop()
-                await self._acquire()
+                async with self.leasing:
+                    await self._tick()
                 self._failures.pop("lease renewal", None)
             except Exception as err:
                 await self._backoff("lease renewal", err)
+
+    async def _tick(self) -> None:
+        """Renew the leases held, hand over the shards other hosts asked for, take the
+        shards free to take (or released to this host)."""
+        held = {i: s.fence.epoch for i, s in self.shards.items()}
+        kept = await self.store.renew_leases(self.owner, held, self.lease_ttl)
+        for index in set(held) - kept:
+            log.warning("host %s: lost shard %d; evicting its entities", self.owner, index)
+            lifecycle("lease lost", shard=index, owner=self.owner)
+            self._lost[index] = time.monotonic()
+            await self.shards.pop(index).stop()
+        asked = await self.store.host_tick(self.owner, self.lease_ttl, alive=self._receives)
+        await self._hand_off(asked)
+        await self.acquire()
 
     async def _housekeep(self) -> None:
         """Fire due durable timers of entities not in memory; passivate idle ones."""

@@ -1,0 +1,152 @@
+"""Graceful shard hand-off: a host asks for a shard, its holder releases it to that host.
+
+The steps, each a write op here (written once for both engines, judged by `Txn.clock`
+like the leases they sit beside):
+
+1. The receiver *requests* the shard (`RequestLeasesOp`): a `lease_handoffs` row naming
+   it, valid for one lease term. A requester keeps renewing its request while it waits,
+   so the request of a requester that died expires by itself.
+2. The holder sees the live requests for its shards on its renewal tick (`HostTickOp`,
+   which also says the host is alive, in `shard_hosts`), stops taking work for the
+   shard, lets the commits in flight land, and releases the lease *to* the requester
+   (`HandOffLeaseOp`): the lease row loses its owner (fencing the holder out) and stays
+   reserved for the heir for one lease term.
+3. The heir takes it at once at the next epoch (`AcquireLeasesOp` consults
+   `reserved_heirs`); any other host, even one that finds the shard's OS or advisory
+   lock free, leaves it alone until the reservation ends. If the heir dies before
+   taking it, the shard is anyone's when the reservation ends: within one lease term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ._txn import Fence, LockPlan, Txn
+
+__all__ = ["HandOffLeaseOp", "HostTickOp", "LiveHostsOp", "RequestLeasesOp", "offered_to",
+           "reserved_heirs"]
+
+_SET_HANDOFF = (
+    "INSERT INTO lease_handoffs (shard, requester, until, released) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (shard) DO UPDATE SET requester = excluded.requester, "
+    "until = excluded.until, released = excluded.released"
+)
+
+
+async def reserved_heirs(txn: Txn, shards: Sequence[int], now: float) -> dict[int, str]:
+    """{shard: heir} of `shards` released to a host that has not taken them yet."""
+    rows = await txn.fetchall("SELECT shard, requester FROM lease_handoffs "
+                              "WHERE released = ? AND until > ?", True, now)
+    wanted = set(shards)
+    return {r[0]: r[1] for r in rows if r[0] in wanted}
+
+
+async def offered_to(q: Txn, heir: str) -> set[int]:
+    """The shards released to `heir` that it has not taken yet (a read: the requester
+    polls it while it waits, and takes them through `AcquireLeasesOp`)."""
+    rows = await q.fetchall("SELECT shard FROM lease_handoffs WHERE requester = ? "
+                            "AND released = ?", heir, True)
+    return {r[0] for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLeasesOp:
+    """`requester` asks for `shards` for `ttl` seconds (renewed while it waits). A shard
+    it holds already, or one released to a host that has not taken it yet, is skipped."""
+
+    requester: str
+    shards: tuple[int, ...]
+    ttl: float
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.update(self.shards)  # serialised with the holder's hand-off
+        plan.lease_update = True
+
+    async def apply(self, txn: Txn) -> None:
+        now = await txn.clock()
+        heirs = await reserved_heirs(txn, self.shards, now)
+        rows = []
+        for shard in self.shards:
+            lease = await txn.lease(shard)
+            if shard not in heirs and (lease is None or lease[0] != self.requester):
+                rows.append((shard, self.requester, now + self.ttl, False))
+        await txn.executemany(_SET_HANDOFF, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class HostTickOp:
+    """A host's renewal tick: mark it alive (a candidate heir when another host closes)
+    for `ttl` seconds, and return the live requests for the shards it holds,
+    {shard: requester}. `alive=False`: only the requests (a host that takes no shards
+    it is handed, such as a Ray shard actor, pinned to its one shard)."""
+
+    owner: str
+    ttl: float
+    alive: bool = True
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        pass
+
+    async def apply(self, txn: Txn) -> dict[int, str]:
+        now = await txn.clock()
+        if self.alive:
+            await txn.execute(
+                "INSERT INTO shard_hosts (owner, expires_at) VALUES (?, ?) ON CONFLICT "
+                "(owner) DO UPDATE SET expires_at = excluded.expires_at",
+                self.owner, now + self.ttl)
+        rows = await txn.fetchall(
+            "SELECT h.shard, h.requester FROM lease_handoffs h JOIN leases l ON "
+            "l.shard = h.shard WHERE l.owner = ? AND h.released = ? AND h.until > ?",
+            self.owner, False, now)
+        return {r[0]: r[1] for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class LiveHostsOp:
+    """The hosts other than `owner` alive to receive shards (by their last tick),
+    sorted; a host closing hands its shards to them."""
+
+    owner: str
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        pass
+
+    async def apply(self, txn: Txn) -> list[str]:
+        now = await txn.clock()
+        await txn.execute("DELETE FROM shard_hosts WHERE expires_at < ? OR owner = ?",
+                          now, self.owner)  # this host is going: never an heir again
+        rows = await txn.fetchall("SELECT owner FROM shard_hosts ORDER BY owner")
+        return [r[0] for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class HandOffLeaseOp:
+    """Release the shard `fence` holds to `heir`: the lease row keeps its epoch but no
+    owner (every later write of the holder is refused), and is reserved for `heir`
+    for `ttl` seconds. False (nothing written) if `fence` no longer holds the shard."""
+
+    fence: Fence
+    heir: str
+    ttl: float
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.add(self.fence.shard)
+        plan.lease_update = True
+
+    async def apply(self, txn: Txn) -> bool:
+        shard, epoch = self.fence.shard, self.fence.epoch
+        lease = await txn.lease(shard)
+        if lease is None or (lease[0], lease[1]) != (self.fence.owner, epoch):
+            return False
+        until = await txn.clock() + self.ttl
+        await txn.execute("UPDATE leases SET owner = '', expires_at = ? WHERE shard = ?",
+                          until, shard)
+        txn.leases[shard] = ("", epoch, until)
+        await txn.execute(_SET_HANDOFF, shard, self.heir, until, True)
+        return True
