@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
+import typer.core
 import typer.main
 from typer.testing import CliRunner
 
 MARKER = "<!-- corral --help -->"
 
 
-def _commands(cmd: click.Command, path: list[str]) -> list[list[str]]:
+def _commands(cmd: Any, path: list[str]) -> list[list[str]]:
     """`path` and every command below it, depth first, in the order `--help` lists them."""
     found = [path]
-    if isinstance(cmd, click.Group):
-        ctx = click.Context(cmd)
+    if isinstance(cmd, typer.core.TyperGroup):
+        ctx = cmd.context_class(cmd)
         for name in cmd.list_commands(ctx):
             sub = cmd.get_command(ctx, name)
             if sub is not None:
