@@ -13,7 +13,8 @@ HOOK = ROOT / "scripts" / "docs_cli_reference.py"
 
 def test_the_cli_reference_has_every_command_with_its_help() -> None:
     spec = importlib.util.spec_from_file_location("docs_cli_reference", HOOK)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
     page = (ROOT / "docs" / "reference" / "cli.md").read_text()
