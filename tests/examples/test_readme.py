@@ -70,6 +70,13 @@ def test_the_readme_links_to_files_that_exist() -> None:
     assert missing == []
 
 
+def test_the_readme_shows_the_test_command_ci_runs() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && scripts/check"
+    assert f"\n{command}\n" in ci
+    assert f"\n{command}\n" in README.read_text()
+
+
 def test_the_docs_have_the_snippets_this_test_runs() -> None:
     blocks = [b for page in nav_pages() for b in snippets(page)]
     assert len(blocks) >= 8
