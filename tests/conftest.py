@@ -5,7 +5,7 @@ versions and upgrades), `persistence/` (the store: `test_store_contract.py` runs
 store op on both engines; the engine-specific tests say their engine in their name),
 `runtime/` (hosts, activations, the client, on both stores), `ray/` (the Ray backend),
 `operators/` (the `corral` command, the dashboard, metrics, lifecycle logs) and
-`examples/` (the examples, the README's snippets, the peers benchmark). Every helper
+`examples/` (the examples, the README's and docs' snippets, the peers benchmark). Every helper
 module and worker script is in `support/`, which this file puts on `sys.path`: tests
 import helpers by name (`from stores import sql`), as worker scripts run by path do
 (their own folder is on their `sys.path`; `procs.Worker` adds `support/` to a
