@@ -1,12 +1,13 @@
 """corral: durable, addressable entities for Python on Ray.
 
 Entities are addressed by business key; `signal_with_start` starts one if needed and
-delivers the message in one atomic, durable step. See README.md.
+delivers the message in one atomic, durable step. The guides and this reference are
+in `docs/` (`mkdocs serve`); README.md is the landing page.
 
 Layering, bottom up: the leaves `corral._errors` (the error hierarchy) and
 `corral._common` (run statuses and policies), which import nothing of corral; then
 `corral.actors` (the programming model) and `corral.persistence` (the `Store`
-protocol and the SQLite store), which import only the leaves and never each other;
+protocol and its SQLite and PostgreSQL engines), which import only the leaves and never each other;
 then `corral.runtime` (shards, activations, routing, the client), which uses storage
 only through `Store`. This module re-exports the user-facing surface.
 """
