@@ -859,8 +859,8 @@ def ray_metrics() -> dict[str, float]:
 
 async def test_shard_actors_export_their_series_through_rays_metrics_agent(
         tmp_path: Path, namespace: str) -> None:
-    # Each shard actor mirrors its counters into ray.util.metrics every second and its
-    # histograms per observation; Ray's agent exports them (~every 10 s). Without the
+    # Each shard actor mirrors its counters' growth and its histograms' new observations
+    # into ray.util.metrics every second; Ray's agent exports them (~every 10 s). Without the
     # mirror no ray_corral_* series of Metered exists.
     sends = 30
     async with ray_runtime(str(tmp_path / "s.db"), namespace, entities=[Metered]) as rt:
