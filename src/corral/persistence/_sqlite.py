@@ -28,6 +28,7 @@ from corral._errors import CorralError, StoreError
 from ._batch import CommitQueue
 from ._locks import LeaseLocks
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._own_commits import OwnCommits
 from ._reads import ENTRY_COLUMNS, entry_from_row
 from ._records import JournalEntry
 from ._schema import DDL, MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
@@ -86,6 +87,8 @@ class SqliteStore(StoreCore):
         self._writer_task: asyncio.Task[None] | None = None
         self._data_version: int | None = None
         self._foreign_commit = False
+        self._shared = False  # another process committed to the file since it was opened
+        self._own = OwnCommits()  # positions of this store's commits, once _shared
         self._locks = LeaseLocks(path) if self.durable else None
         self.commits = 0
         self.ops_committed = 0
@@ -200,12 +203,16 @@ class SqliteStore(StoreCore):
         """Apply `ops` in one transaction and commit; on any failure roll back and raise."""
         try:
             db.execute("BEGIN IMMEDIATE")
+            first = self._own.last_position(db) if self._shared else None
             results = drive(apply_ops(SqliteTxn(db=db), ops))
+            last = self._own.last_position(db) if first is not None else None
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        if first is not None and last is not None:
+            self._own.committed(first, last)
         self.commits += 1
         metrics.batch("sqlite", len(ops))
         self.ops_committed += len(ops)
@@ -216,7 +223,7 @@ class SqliteStore(StoreCore):
         # host learns that other processes accepted messages for shards it owns.
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if self._data_version is not None and version != self._data_version:
-            self._foreign_commit = True
+            self._foreign_commit = self._shared = True
         self._data_version = version
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
@@ -314,8 +321,10 @@ class SqliteStore(StoreCore):
 
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = 2000
                            ) -> tuple[int, list[JournalEntry]]:
-        """Entries committed after position `after_pos` for `shards`; returns the new position."""
-        return await self.query(_tail, after_pos, shards, limit)
+        """Entries committed after position `after_pos` for `shards`, but for those this
+        store committed itself (see `_own_commits`); returns the new position."""
+        pos, own = self._own.ahead(after_pos)
+        return await self.query(_tail, pos, shards, limit, own)
 
     async def journal_end(self) -> int:
         return await self.query(_end)
@@ -341,20 +350,25 @@ class SqliteStore(StoreCore):
                           stacklevel=1)
 
 
-async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int
-                ) -> tuple[int, list[JournalEntry]]:
+async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int,
+                own: list[tuple[int, int]]) -> tuple[int, list[JournalEntry]]:
     """The journal by its global position (`pos`, a rowid growing in commit order: one
     writer at a time holds the file), up to `limit` positions on; only the rows of
-    `shards` are read (a host of one shard of many reads no one else's payloads)."""
+    `shards` are read (a host of one shard of many reads no one else's payloads), and
+    none in the `own` ranges (first, last] (this store's commits)."""
     row = await q.fetchone("SELECT max(pos) FROM (SELECT pos FROM journal WHERE pos > ? "
                            "ORDER BY pos LIMIT ?)", after_pos, limit)
     assert row is not None
     if row[0] is None:
         return after_pos, []
+    end = int(row[0])
+    own = [r for r in own if r[0] < end]
     wanted = ",".join(str(int(s)) for s in sorted(shards))  # ints only: safe inline
+    skipped = " AND NOT (pos > ? AND pos <= ?)" * len(own)
     rows = await q.fetchall(f"SELECT {ENTRY_COLUMNS} FROM journal WHERE pos > ? AND pos <= ? "
-                            f"AND shard IN ({wanted}) ORDER BY pos", after_pos, row[0])
-    return int(row[0]), [entry_from_row(r) for r in rows]
+                            f"AND shard IN ({wanted}){skipped} ORDER BY pos", after_pos, end,
+                            *(p for r in own for p in r))
+    return end, [entry_from_row(r) for r in rows]
 
 
 async def _end(q: SqliteTxn) -> int:
