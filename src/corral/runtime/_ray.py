@@ -252,7 +252,7 @@ class RayBackend:
         handle = self._handles.get(index)
         for start in range(0, len(queue), _MAX_BATCH):
             waiting = queue[start:start + _MAX_BATCH]
-            batch = AcceptBatch(index, [acc for acc, _ in waiting])
+            batch = AcceptBatch(index, [acc for acc, _ in waiting], self.router.shards)
             sent = None
             if handle is not None:  # a known actor: send at once, not when a task first runs
                 try:
