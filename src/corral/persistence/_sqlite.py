@@ -88,6 +88,7 @@ class SqliteStore(StoreCore):
         self._data_version: int | None = None
         self._foreign_commit = False
         self._shared = False  # another process committed to the file since it was opened
+        self._versions_read = self._versions_asked = 0  # data_version reads; as of last ask
         self._own = OwnCommits()  # positions of this store's commits, once _shared
         self._locks = LeaseLocks(path) if self.durable else None
         self.commits = 0
@@ -225,6 +226,7 @@ class SqliteStore(StoreCore):
         if self._data_version is not None and version != self._data_version:
             self._foreign_commit = self._shared = True
         self._data_version = version
+        self._versions_read += 1
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Sleep `timeout` seconds, then say whether another process committed (SQLite
@@ -233,9 +235,14 @@ class SqliteStore(StoreCore):
         return await self.foreign_commit_seen()
 
     async def foreign_commit_seen(self) -> bool:
-        """Whether another process committed since the last call (cheap; no transaction)."""
-        if self._queue.empty:  # idle writer: ask directly instead of waiting for a batch
+        """Whether another process committed since the last call (cheap; no transaction).
+
+        Asks the writer's thread only when no batch read the file's version since the
+        last call (a busy writer reads it at every batch: a commit after that read is
+        seen at the next call)."""
+        if self._queue.empty and self._versions_read == self._versions_asked:
             await self._on(self._writer, self._note_data_version)
+        self._versions_asked = self._versions_read
         seen, self._foreign_commit = self._foreign_commit, False
         return seen
 
