@@ -5,9 +5,9 @@ Every process that accepts or hosts counts into `REGISTRY` (its own
 cluttered): scrape it with `corral.metrics.serve(port)`, from the dashboard's
 `/metrics`, or mount `prometheus_client.make_asgi_app(REGISTRY)` yourself. A Ray shard
 actor also mirrors every series into `ray.util.metrics` (`export_to_ray()`), which
-Ray's own metrics agent exports from each node: counters as their growth once a second
-(a Ray metric call costs ~3 us, and each message makes two counts), histograms per
-observation.
+Ray's own metrics agent exports from each node: once a second, from a thread of its own,
+each counter's growth and each histogram's new observations (a Ray metric call costs
+~2-3 us: none is made on the path of a message).
 
 A leaf of the package: it imports nothing of corral, so every layer may count.
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import threading
 import time
 import weakref
@@ -100,14 +101,16 @@ _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
 # metric families only when scraped (`_Series`). Keys are (name, label values).
 _counting = threading.Lock()
 _counts: dict[tuple[str, tuple[str, ...]], float] = {}
-_observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}  # bucket counts..., sum
+# Per histogram series: each bucket's count (the last one +Inf), then each bucket's sum.
+_observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}
 
 # Ray mirrors (`export_to_ray`): every series' name -> ray.util.metrics object, once
-# enabled (empty before); each series' tags; each counter's total as last mirrored.
+# enabled (empty before); each counter's total and each histogram's series as last
+# mirrored.
 _ray: dict[str, Any] = {}
-_ray_tags: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
 _mirrored: dict[tuple[str, tuple[str, ...]], float] = {}
-_MIRROR_EVERY = 1.0  # seconds between two mirrorings of the counters
+_mirrored_observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+_MIRROR_EVERY = 1.0  # seconds between two mirrorings
 _mirroring = threading.Lock()
 
 
@@ -121,21 +124,17 @@ def _count(name: str, values: tuple[str, ...], value: float = 1.0) -> None:
         _counts[key] = _counts.get(key, 0.0) + value
 
 
-def _observe(name: str, values: tuple[str, ...], value: float) -> None:
+def _observe(name: str, values: tuple[str, ...], value: float, count: int = 1) -> None:
+    """`count` observations of `value` (a batch of accepts shares its commit's latency)."""
     bounds = _HISTOGRAMS[name][2]
     bucket = bisect.bisect_left(bounds, value)  # the first bound >= value (`le`)
     key = (name, values)
     with _counting:
         series = _observed.get(key)
         if series is None:
-            series = _observed[key] = [0.0] * (len(bounds) + 2)  # buckets, +Inf, sum
-        series[bucket] += 1
-        series[-1] += value
-    if _ray:
-        tags = _ray_tags.get(key)
-        if tags is None:
-            tags = _ray_tags[key] = _tags(_HISTOGRAMS[name][1], values)
-        _ray[name].observe(value, tags=tags)
+            series = _observed[key] = [0.0] * (2 * len(bounds) + 2)
+        series[bucket] += count
+        series[len(bounds) + 1 + bucket] += value * count
 
 
 class _Series(Collector):
@@ -156,22 +155,23 @@ class _Series(Collector):
             edges = [repr(float(b)) for b in bounds] + ["+Inf"]  # as `le` is written
             for (of, values), series in observed:
                 if of == name:
-                    cumulative = list(itertools.accumulate(series[:-1]))
+                    cumulative = list(itertools.accumulate(series[:len(edges)]))
                     histogram.add_metric(values, list(zip(edges, cumulative, strict=True)),
-                                         sum_value=series[-1])
+                                         sum_value=sum(series[len(edges):]))
             yield histogram
 
 
 REGISTRY.register(_Series())
 
 
-def accepted(etype: str, kind: str, seconds: float) -> None:
-    _count("corral_messages_accepted", (etype, kind))
-    _observe("corral_accept_seconds", (etype,), seconds)
+def accepted(etype: str, kind: str, seconds: float, count: int = 1) -> None:
+    """`count` new messages accepted, each `seconds` after it was sent (one commit)."""
+    _count("corral_messages_accepted", (etype, kind), count)
+    _observe("corral_accept_seconds", (etype,), seconds, count)
 
 
-def duplicate(etype: str, kind: str) -> None:
-    _count("corral_messages_duplicate", (etype, kind))
+def duplicate(etype: str, kind: str, count: int = 1) -> None:
+    _count("corral_messages_duplicate", (etype, kind), count)
 
 
 def rejected(etype: str, reason: str) -> None:
@@ -293,24 +293,51 @@ def export_to_ray() -> None:
                                            tag_keys=labels)
     with _counting:
         _mirrored.update(_counts)  # from now on
-    threading.Thread(target=_mirror_counters, name="corral-metrics-ray", daemon=True).start()
+        _mirrored_observed.update((k, list(v)) for k, v in _observed.items())
+    threading.Thread(target=_mirror, name="corral-metrics-ray", daemon=True).start()
 
 
-def _mirror_counters() -> None:
+def _mirror() -> None:
     while True:
         time.sleep(_MIRROR_EVERY)
-        mirror_counters()
+        mirror_to_ray()
 
 
-def mirror_counters() -> None:
-    """Add each counter's growth since the last call to its Ray mirror (the mirror
-    thread calls this every `_MIRROR_EVERY` seconds)."""
+def mirror_to_ray() -> None:
+    """Add each series' growth since the last call to its Ray mirror (the mirror thread
+    calls this every `_MIRROR_EVERY` seconds): a counter's by one `inc`; a histogram's
+    as one `observe` per new observation, each at the mean of its bucket's new ones
+    (Ray's histogram takes single observations), so that every bucket's count and the
+    sum are exact."""
     with _mirroring:
         with _counting:
             counts = list(_counts.items())
+            observed = [(key, list(series)) for key, series in _observed.items()]
         for key, total in counts:
             grown = total - _mirrored.get(key, 0.0)
             if grown > 0:
                 name, values = key
                 _ray[name].inc(grown, tags=_tags(_COUNTERS[name][1], values))
                 _mirrored[key] = total
+        for key, series in observed:
+            name, values = key
+            last = _mirrored_observed.get(key) or [0.0] * len(series)
+            _replay(_ray[name], _tags(_HISTOGRAMS[name][1], values), _HISTOGRAMS[name][2],
+                    last, series)
+            _mirrored_observed[key] = series
+
+
+def _replay(histogram: Any, tags: dict[str, str], bounds: tuple[float, ...],
+            last: list[float], now: list[float]) -> None:
+    buckets = len(bounds) + 1
+    for bucket in range(buckets):
+        new = int(now[bucket] - last[bucket])
+        if new > 0:
+            mean = (now[buckets + bucket] - last[buckets + bucket]) / new
+            # Inside its bucket, whatever the rounding of the sum: (lower bound, bound].
+            if bucket < len(bounds):
+                mean = min(mean, float(bounds[bucket]))
+            if bucket > 0:
+                mean = max(mean, math.nextafter(float(bounds[bucket - 1]), math.inf))
+            for _ in range(new):
+                histogram.observe(mean, tags=tags)

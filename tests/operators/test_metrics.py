@@ -189,3 +189,40 @@ def test_a_histogram_counts_each_observation_in_its_le_bucket_and_above() -> Non
     assert total == pytest.approx(0.0002 + 0.00021 + 0.001 + 6.0)
     assert corral.metrics.REGISTRY.get_sample_value(
         "corral_messages_accepted_total", {"entity_type": "Edges", "kind": "signal"}) == 4
+
+
+def test_a_batch_of_accepts_counts_each_message_at_its_commits_latency() -> None:
+    """One call for a group commit's accepts of one kind: every message is counted."""
+    def sample(name: str, **labels: str) -> float:
+        return corral.metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    corral.metrics.accepted("Batched", "signal", 0.003, count=5)
+    corral.metrics.duplicate("Batched", "signal", count=2)
+    assert sample("corral_messages_accepted_total", entity_type="Batched", kind="signal") == 5
+    assert sample("corral_messages_duplicate_total", entity_type="Batched", kind="signal") == 2
+    assert sample("corral_accept_seconds_bucket", entity_type="Batched", le="0.002") == 0
+    assert sample("corral_accept_seconds_bucket", entity_type="Batched", le="0.005") == 5
+    assert sample("corral_accept_seconds_sum", entity_type="Batched") == pytest.approx(0.015)
+
+
+class Observations:
+    """Records what a Ray histogram would be given (its `observe(value, tags=...)`)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float, tags: dict[str, str]) -> None:
+        self.values.append(value)
+
+
+def test_the_ray_mirror_replays_each_buckets_new_observations_with_an_exact_sum() -> None:
+    bounds = (0.001, 0.01, 0.1)
+    # One series as `_observe` keeps it: counts of (<=0.001, <=0.01, <=0.1, +Inf), sums.
+    before = [1.0, 0.0, 0.0, 0.0, 0.0005, 0.0, 0.0, 0.0]
+    after = [1.0, 0.0, 3.0, 1.0, 0.0005, 0.0, 0.1 + 0.1 + 0.1, 7.0]
+    seen = Observations()
+    corral.metrics._replay(seen, {"entity_type": "E"}, bounds, before, after)
+    assert len(seen.values) == 4  # the new ones only
+    # (0.1 + 0.1 + 0.1) / 3 is 0.10000000000000002: clamped into its bucket, not above it
+    assert [sum(1 for v in seen.values if v <= b) for b in bounds] == [0, 0, 3]
+    assert sum(seen.values) == pytest.approx(0.3 + 7.0)

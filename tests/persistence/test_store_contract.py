@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import corral
-from acceptances import acc, fence_for, opened
+from acceptances import acc, fence_for, opened, tail_all
 from corral import WaitStatus
 from corral.persistence import (
     AcceptResult,
@@ -160,6 +160,29 @@ async def test_the_journal_tail_moves_past_a_page_of_other_shards_entries(
             break
     assert mine == ["mine"]
     assert await store.journal_tail(pos, frozenset({1})) == (pos, [])
+
+
+async def test_the_journal_tail_never_leaves_out_another_stores_entry_between_its_own(
+    store: Store, other: Store,
+) -> None:
+    """A store may leave its own commits out of its tail (its process had them in hand
+    when it committed them), never another's: entries of another writer, committed
+    between its own single and grouped commits, each come back once, in order."""
+    pos = await store.journal_end()
+    await store.accept(acc("warm", "m", shard=1))
+    theirs = []
+    for i in range(12):
+        await other.accept(acc(f"theirs{i}", "m", shard=1))
+        theirs.append(f"theirs{i}")
+        if i % 3 == 0:
+            await store.accept_many([acc(f"own{i}-{j}", "m", shard=1) for j in range(3)])
+        elif i % 3 == 1:
+            await store.accept(acc(f"own{i}", "m", shard=1))
+    pos, keys = await tail_all(store, pos, frozenset({1}))
+    assert [k for k in keys if k.startswith("theirs")] == theirs
+    assert len(keys) == len(set(keys))
+    await other.accept(acc("last", "m", shard=1))
+    assert (await tail_all(store, pos, frozenset({1})))[1] == ["last"]
 
 
 async def test_another_stores_commit_on_a_held_shard_is_seen(store: Store, other: Store) -> None:

@@ -36,7 +36,15 @@ from prometheus_client.parser import text_string_to_metric_families
 import corral
 from corral import LeaseLostError, RunStatus
 from corral.actors._manifest import manifest
-from corral.persistence import Fence, UpdateOutcome, open_sqlite_store
+from corral.persistence import (
+    Acceptance,
+    EntryKind,
+    Fence,
+    UpdateOutcome,
+    canonical_json,
+    open_sqlite_store,
+    payload_hash,
+)
 from corral.runtime._backend import LocalBackend
 from corral.runtime._host import LocalHost
 from corral.runtime._ops import AcceptBatch, Query
@@ -261,6 +269,37 @@ async def test_a_batch_sent_again_after_it_committed_is_answered_duplicate_on_ra
         await wait_until(both_applied, "both items applied")
         await asyncio.sleep(0.2)  # time for a wrongly accepted repeat to be applied too
         assert (await ref.query(Counter.seen)).items == ["a", "b"]
+
+
+def acceptance(key: str, shard: int) -> Acceptance:
+    """A signal-with-start of `Counter.add` for `key`, said to belong to `shard`."""
+    payload = canonical_json({"id": "x"})
+    return Acceptance("Counter", key, shard, EntryKind.SIGNAL, "add", fresh_key("m"), payload,
+                      payload_hash("add", payload), None, canonical_json({"tenant": "t"}),
+                      corral.IdReusePolicy.ALLOW_DUPLICATE, time.time())
+
+
+async def test_a_shard_actor_refuses_each_acceptance_routed_to_it_wrongly(
+        db_path: str, namespace: str) -> None:
+    """A batch routed with another shard count (or none said) has each key hashed again
+    and a key of another shard refused alone; any batch has an acceptance naming another
+    shard refused alone. The rest of the batch commits."""
+    async with ray_runtime(db_path, namespace) as rt:
+        ours, theirs = keys_on(rt, "Counter", 0, 3), keys_on(rt, "Counter", 1, 1)[0]
+        for shards in (None, SHARDS + 1):
+            batch = [acceptance(ours[0], 0), acceptance(theirs, 0)]
+            accepted, refused = await backend(rt).call(0, "Counter",
+                                                       AcceptBatch(0, batch, shards))
+            assert not isinstance(accepted, BaseException), accepted
+            assert isinstance(refused, corral.CorralError)
+            assert "does not belong to shard 0" in str(refused)
+        batch = [acceptance(ours[1], 0), acceptance(ours[2], 1)]
+        accepted, refused = await backend(rt).call(0, "Counter",
+                                                   AcceptBatch(0, batch, SHARDS))
+        assert not isinstance(accepted, BaseException), accepted
+        assert isinstance(refused, corral.CorralError)
+        assert "routed to shard 1" in str(refused)
+        assert sql(db_path, "SELECT count(*) FROM journal WHERE key=?", theirs) == [(0,)]
 
 
 @pytest.mark.every_version
@@ -888,8 +927,8 @@ def ray_metrics() -> dict[str, float]:
 
 async def test_shard_actors_export_their_series_through_rays_metrics_agent(
         tmp_path: Path, namespace: str) -> None:
-    # Each shard actor mirrors its counters into ray.util.metrics every second and its
-    # histograms per observation; Ray's agent exports them (~every 10 s). Without the
+    # Each shard actor mirrors its counters' growth and its histograms' new observations
+    # into ray.util.metrics every second; Ray's agent exports them (~every 10 s). Without the
     # mirror no ray_corral_* series of Metered exists.
     sends = 30
     async with ray_runtime(str(tmp_path / "s.db"), namespace, entities=[Metered]) as rt:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import corral
 from corral.persistence import Acceptance, EntryKind, Fence, Store, open_store, payload_hash
 
-__all__ = ["ALLOW", "acc", "fence_for", "opened"]
+__all__ = ["ALLOW", "acc", "fence_for", "opened", "tail_all"]
 
 ALLOW = corral.IdReusePolicy.ALLOW_DUPLICATE
 _CLOCK = itertools.count(1)
@@ -43,3 +43,15 @@ async def opened(location: str, shards: int) -> AsyncIterator[Store]:
         yield store
     finally:
         await store.close()
+
+
+async def tail_all(store: Store, pos: int, shards: frozenset[int]) -> tuple[int, list[str]]:
+    """The keys of every entry a host's tail reads from `pos` (small pages, until the
+    position stops moving), and the position it ends at."""
+    keys: list[str] = []
+    before = -1
+    while pos != before:
+        before = pos
+        pos, page = await store.journal_tail(pos, shards, limit=3)
+        keys += [e.key for e in page]
+    return pos, keys

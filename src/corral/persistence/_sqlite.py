@@ -25,6 +25,7 @@ from ._batch import CommitQueue
 from ._locks import LeaseLocks
 from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._own_commits import OwnCommits
 from ._reads import ENTRY_COLUMNS, entry_from_row
 from ._records import JournalEntry
 from ._schema import MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
@@ -83,6 +84,9 @@ class SqliteStore(StoreCore):
         self._queue: CommitQueue[WriteOp] = CommitQueue("sqlite")
         self._data_version: int | None = None
         self._foreign_commit = False
+        self._shared = False  # another process committed to the file since it was opened
+        self._versions_read = self._versions_asked = 0  # data_version reads; as of last ask
+        self._own = OwnCommits()  # positions of this store's commits, once _shared
         self._locks = LeaseLocks(path) if self.durable else None
 
     async def _open(self, *, shards: int) -> None:
@@ -149,12 +153,16 @@ class SqliteStore(StoreCore):
         self._note_data_version(db)
         try:
             db.execute("BEGIN IMMEDIATE")
+            first = self._own.last_position(db) if self._shared else None
             results = drive(apply_ops(SqliteTxn(db=db), ops))
+            last = self._own.last_position(db) if first is not None else None
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        if first is not None and last is not None:
+            self._own.committed(first, last)
         return results
 
     def _note_data_version(self, db: sqlite3.Connection) -> None:
@@ -162,8 +170,9 @@ class SqliteStore(StoreCore):
         # host learns that other processes accepted messages for shards it owns.
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if self._data_version is not None and version != self._data_version:
-            self._foreign_commit = True
+            self._foreign_commit = self._shared = True
         self._data_version = version
+        self._versions_read += 1
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Sleep `timeout` seconds, then say whether another process committed (SQLite
@@ -172,9 +181,14 @@ class SqliteStore(StoreCore):
         return await self.foreign_commit_seen()
 
     async def foreign_commit_seen(self) -> bool:
-        """Whether another process committed since the last call (cheap; no transaction)."""
-        if self._queue.empty:  # idle writer: ask directly instead of waiting for a batch
+        """Whether another process committed since the last call (cheap; no transaction).
+
+        Asks the writer's thread only when no batch read the file's version since the
+        last call (a busy writer reads it at every batch: a commit after that read is
+        seen at the next call)."""
+        if self._queue.empty and self._versions_read == self._versions_asked:
             await self._on(self._writer, self._note_data_version)
+        self._versions_asked = self._versions_read
         seen, self._foreign_commit = self._foreign_commit, False
         return seen
 
@@ -261,8 +275,10 @@ class SqliteStore(StoreCore):
 
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = 2000
                            ) -> tuple[int, list[JournalEntry]]:
-        """Entries committed after position `after_pos` for `shards`; returns the new position."""
-        return await self.query(_tail, after_pos, shards, limit)
+        """Entries committed after position `after_pos` for `shards`, but for those this
+        store committed itself (see `_own_commits`); returns the new position."""
+        pos, own = self._own.ahead(after_pos)
+        return await self.query(_tail, pos, shards, limit, own)
 
     async def journal_end(self) -> int:
         return await self.query(_end)
@@ -286,20 +302,25 @@ class SqliteStore(StoreCore):
                           stacklevel=1)
 
 
-async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int
-                ) -> tuple[int, list[JournalEntry]]:
+async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int,
+                own: list[tuple[int, int]]) -> tuple[int, list[JournalEntry]]:
     """The journal by its global position (`pos`, a rowid growing in commit order: one
     writer at a time holds the file), up to `limit` positions on; only the rows of
-    `shards` are read (a host of one shard of many reads no one else's payloads)."""
+    `shards` are read (a host of one shard of many reads no one else's payloads), and
+    none in the `own` ranges (first, last] (this store's commits)."""
     row = await q.fetchone("SELECT max(pos) FROM (SELECT pos FROM journal WHERE pos > ? "
                            "ORDER BY pos LIMIT ?)", after_pos, limit)
     assert row is not None
     if row[0] is None:
         return after_pos, []
+    end = int(row[0])
+    own = [r for r in own if r[0] < end]
     wanted = ",".join(str(int(s)) for s in sorted(shards))  # ints only: safe inline
+    skipped = " AND NOT (pos > ? AND pos <= ?)" * len(own)
     rows = await q.fetchall(f"SELECT {ENTRY_COLUMNS} FROM journal WHERE pos > ? AND pos <= ? "
-                            f"AND shard IN ({wanted}) ORDER BY pos", after_pos, row[0])
-    return int(row[0]), [entry_from_row(r) for r in rows]
+                            f"AND shard IN ({wanted}){skipped} ORDER BY pos", after_pos, end,
+                            *(p for r in own for p in r))
+    return end, [entry_from_row(r) for r in rows]
 
 
 async def _end(q: SqliteTxn) -> int:

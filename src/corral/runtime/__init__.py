@@ -22,7 +22,8 @@ Local backend, one process:
    then `_activation.Activation.enqueue`, which applies a sync signal at once
    (`_apply_now`) or queues it for the activation's worker task (`_drain`, `_apply`).
    The caller's `Ack` comes back from step 2; applying never holds it up. Another
-   process hosting the shard finds the entry by tailing the journal (`_host`).
+   process hosting the shard finds the entry by tailing the journal (`_host`; a
+   store's tail leaves out what its own process committed and handed over here).
 
 Ray backend, client process -> shard actor:
 
@@ -30,7 +31,8 @@ Ray backend, client process -> shard actor:
 2. `_ray.RayBackend.run(acc)` queues it per shard; on the event loop's next turn
    (`_flush`) the shard's queue goes as one `_ops.AcceptBatch` in one Ray call
    (`RayBackend.call`: get-or-create the named actor, retry while it restarts).
-3. In the actor, `_ray_host.ShardHost.handle(batch)` checks the routing and runs
+3. In the actor, `_ray_host.ShardHost.handle(batch)` checks the routing (each key
+   hashed again only if the batch was routed with another shard count) and runs
    `LocalBackend.accept_many`: one group commit, then local step 3 for each entry;
    the results travel back as `AcceptResult.to_wire` tuples to each caller's future.
    Every other record is one `ShardHost.handle(op)` call, run by the actor's

@@ -141,18 +141,30 @@ class LocalBackend:
         began = time.perf_counter()
         results = await self.store.accept_many(accs)
         seconds = time.perf_counter() - began
+        counted: dict[tuple[str, str, bool], int] = {}  # one count per kind, not per message
         for acc, result in zip(accs, results, strict=True):
             if not isinstance(result, Exception):
-                self._accepted(acc, result, seconds)
+                self._hand_over(acc, result)
+                # `.value` is a Python-level property: ~0.3 us a read
+                group = (acc.entity_type, acc.kind._value_, result.duplicate)
+                counted[group] = counted.get(group, 0) + 1
+        for (etype, kind, duplicate), count in counted.items():
+            if duplicate:
+                metrics.duplicate(etype, kind, count)
+            else:
+                metrics.accepted(etype, kind, seconds, count)
         return results
 
     def _accepted(self, acc: Acceptance, result: AcceptResult, seconds: float) -> None:
         """Count a committed acceptance and hand its entry to this process's shard."""
-        kind = acc.kind._value_  # `.value` is a Python-level property: ~0.3 us a read
         if result.duplicate:
-            metrics.duplicate(acc.entity_type, kind)
+            metrics.duplicate(acc.entity_type, acc.kind._value_)
         else:
-            metrics.accepted(acc.entity_type, kind, seconds)
+            metrics.accepted(acc.entity_type, acc.kind._value_, seconds)
+        self._hand_over(acc, result)
+
+    def _hand_over(self, acc: Acceptance, result: AcceptResult) -> None:
+        """Give a committed acceptance's entry to this process's shard, if it hosts it."""
         if result.started:
             lifecycle("run started", acc.entity_type, acc.key, result.entry.run_id,
                       by=acc.kind.value)

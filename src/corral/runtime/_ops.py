@@ -62,17 +62,22 @@ class AcceptBatch(Op[list[AcceptResult | Exception]]):
     """Accept several messages of one shard in one group commit (how a Ray client sends
     the acceptances queued for a shard); each one's result, or the error refusing it
     alone. On Ray it travels as `Acceptance.to_wire` tuples (`__reduce__`): cloudpickle
-    takes ~2 us per record, ~0.2 us per tuple of str and numbers."""
+    takes ~2 us per record, ~0.2 us per tuple of str and numbers. `shards`: the shard
+    count of the router that routed them (a shard actor routing with the same count
+    need not hash each key again)."""
 
     shard: int
     accs: Sequence[Acceptance]
+    shards: int | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_batch_from_wire, (self.shard, [acc.to_wire() for acc in self.accs]))
+        return (_batch_from_wire,
+                (self.shard, [acc.to_wire() for acc in self.accs], self.shards))
 
 
-def _batch_from_wire(shard: int, wires: Sequence[Sequence[Any]]) -> AcceptBatch:
-    return AcceptBatch(shard, [Acceptance.from_wire(w) for w in wires])
+def _batch_from_wire(shard: int, wires: Sequence[Sequence[Any]], shards: int | None = None
+                     ) -> AcceptBatch:
+    return AcceptBatch(shard, [Acceptance.from_wire(w) for w in wires], shards)
 
 
 @dataclass(frozen=True, slots=True)
