@@ -25,8 +25,8 @@ from typing import ClassVar
 
 from ._txn import Fence, LockPlan, Txn
 
-__all__ = ["HandOffLeaseOp", "HostTickOp", "LiveHostsOp", "RequestLeasesOp", "offered_to",
-           "reserved_heirs"]
+__all__ = ["HandOffLeaseOp", "HostTickOp", "LiveHostsOp", "RequestLeasesOp", "held_by",
+           "offered_to", "reserved_heirs"]
 
 _SET_HANDOFF = (
     "INSERT INTO lease_handoffs (shard, requester, until, released) VALUES (?, ?, ?, ?) "
@@ -49,6 +49,14 @@ async def offered_to(q: Txn, heir: str) -> set[int]:
     rows = await q.fetchall("SELECT shard FROM lease_handoffs WHERE requester = ? "
                             "AND released = ?", heir, True)
     return {r[0] for r in rows}
+
+
+async def held_by(q: Txn) -> dict[int, str]:
+    """{shard: owner} of the leases held now (not expired, not released): a read, for a
+    host deciding which shards to request (`runtime/_newest`)."""
+    rows = await q.fetchall("SELECT shard, owner FROM leases WHERE owner <> '' AND "
+                            "expires_at > ?", await q.clock())
+    return {r[0]: r[1] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,10 @@ class HostStore(Protocol):
         """The shards released to `heir` that it has not taken yet."""
         ...
 
+    async def lease_holders(self) -> dict[int, str]:
+        """{shard: owner} of the leases held now (not expired, not handed off)."""
+        ...
+
     async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:
         """Release each shard a fence holds to its heir, reserved for it for `ttl`
         seconds (the holder's writes are refused from now on), in one transaction; the

@@ -20,7 +20,7 @@ from ._builds import BuildRecord
 from ._ops_accept import AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
-from ._ops_handoff import HostTickOp, LiveHostsOp, RequestLeasesOp, offered_to
+from ._ops_handoff import HostTickOp, LiveHostsOp, RequestLeasesOp, held_by, offered_to
 from ._ops_runs import (
     ActivatedOp,
     CloseRunOp,
@@ -157,6 +157,9 @@ class StoreCore:
 
     async def lease_offers(self, heir: str) -> set[int]:
         return await self.query(offered_to, heir)
+
+    async def lease_holders(self) -> dict[int, str]:
+        return await self.query(held_by)
 
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
         await self.write(ActivatedOp(fence, etype, key))
