@@ -5,10 +5,11 @@ Release 1 of `Case` (`build_entities.py`) hosts every shard in a worker process
 (`build_worker.py stream`) and streams notes to its own keys. Release 2 (a rename, an
 optional field, the new signal `escalate`, state version 2 with its hook) first sends
 as a pure client, so its `remark` and `escalate` entries reach release 1's host, which
-lacks both names and leaves them waiting (`_awaiting`); then a host of release 2 starts in the test process. Every
-shard moves to it, each exactly once (its epoch one up: no ping-pong), release 1 goes
-on sending as a client, and each entity applied exactly what was acknowledged, in
-order, `escalate` once each: nothing lost, nothing doubled.
+lacks both names and leaves them waiting (`_awaiting`); then a host of release 2
+starts in the test process. Every shard moves to it, each exactly once (its epoch one
+up: no ping-pong), release 1 goes on sending as a client, and each entity applied
+exactly what was acknowledged, in order, `escalate` once each: nothing lost, nothing
+doubled.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from pathlib import Path
 import pytest
 
 import corral
-from build_entities import CaseR2, Escalation, NoteV2
+from build_entities import CaseR1, CaseR2, Escalation, NoteV2
+from corral.persistence import BuildProcess, BuildRecord
 from corral.runtime import Runtime
+from corral.runtime._newest import Plan, plan
 from procs import TESTS, Worker, spawner, sql, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs flock")
@@ -126,6 +129,7 @@ async def test_a_rolling_deploy_moves_every_shard_to_release_2_which_applies_its
                 await _applied(rt.ref(CaseR2, ref.key), stream.remarks[ref.key],
                                stream.escalations[ref.key])
             assert set(rt.host.shards) == set(range(SHARDS))
+            assert leases(db_path) == {s: (owner, e + 1) for s, (_, e) in before.items()}
             assert await rt.dead_letters() == []
 
 
@@ -136,3 +140,61 @@ async def _applied(ref: corral.EntityRef[CaseR2, None], remarks: list[str],
         view = await ref.query(CaseR2.view)
         return (view.notes, view.level) == (remarks, escalations)
     await wait_until(done, f"{ref.key} applied what was acknowledged, once")
+
+
+async def test_a_host_of_an_older_build_takes_no_free_shard_while_a_newest_host_lives(
+        db_path: str) -> None:
+    """Release 2's host frees its shards (handed to a host that never comes): release
+    1's host, live beside it, leaves them free, and release 2 takes them back once."""
+    async with corral.open_runtime(db_path, entities=[CaseR2], shards=SHARDS,
+                                   lease_ttl=TTL) as r2:
+        newest = r2.host
+        assert newest is not None
+        before = leases(db_path)
+        async with corral.open_runtime(db_path, entities=[CaseR1], shards=SHARDS,
+                                       lease_ttl=TTL) as r1:
+            older = r1.host
+            assert older is not None
+            assert older.shards == {}
+            handed = await newest.hand_off({s: "nobody" for s in range(SHARDS)})
+            assert handed == set(range(SHARDS))
+            await wait_until(lambda: len(newest.shards) == SHARDS,
+                             "release 2 takes its shards back when the reservation ends")
+            assert older.shards == {}
+            assert leases(db_path) == {s: (newest.owner, e + 1)
+                                       for s, (_, e) in before.items()}
+
+
+def _record(etype: str, fingerprint: str, *hosts: str, older: bool = False
+            ) -> BuildRecord:
+    return BuildRecord(etype, fingerprint, "{}", 0.0, 0.0, older,
+                       tuple(BuildProcess(h, "host", 0.0) for h in hosts))
+
+
+def test_a_host_on_the_newest_build_of_every_type_requests_a_few_shards_of_older_hosts(
+        ) -> None:
+    # Release 2 changes Case only; Ledger's build is the same in both releases.
+    records = [_record("Case", "c1", "old"), _record("Case", "c2", "new"),
+               _record("Ledger", "l1", "old", "new")]
+    holders = {0: "old", 1: "old", 2: "old", 3: "new", 4: "gone"}
+    new = plan("new", {"Case": "c2", "Ledger": "l1"}, records, holders, limit=2)
+    assert not new.yielding
+    assert len(new.requests) == 2
+    assert set(new.requests) <= {0, 1, 2}
+    assert plan("new", {"Case": "c2", "Ledger": "l1"}, records, holders, limit=9) == Plan(
+        False, (0, 1, 2))
+    assert plan("old", {"Case": "c1", "Ledger": "l1"}, records, holders, limit=9) == Plan(
+        True, ())
+
+
+def test_no_host_supersedes_one_hosting_a_type_it_lacks_or_one_on_the_newest() -> None:
+    records = [_record("Case", "c1", "old"), _record("Case", "c2", "new", "peer"),
+               _record("Ledger", "l1", "old"),
+               _record("Case", "c0", "late", older=True)]  # an old release started late
+    holders = {0: "old", 1: "peer", 2: "late"}
+    # "new" lacks Ledger, which "old" hosts: moving old's shards would strand it.
+    assert plan("new", {"Case": "c2"}, records, holders, limit=9) == Plan(False, (2,))
+    assert plan("old", {"Case": "c1", "Ledger": "l1"}, records, holders, limit=9) == Plan(
+        False, ())
+    assert plan("late", {"Case": "c0"}, records, holders, limit=9) == Plan(True, ())
+    assert plan("peer", {"Case": "c2"}, records, holders, limit=9) == Plan(False, (2,))
