@@ -107,7 +107,6 @@ class ReleaseLeasesOp:
 
     async def apply(self, txn: Txn) -> None:
         await txn.execute("UPDATE leases SET expires_at = 0 WHERE owner = ?", self.owner)
-        await txn.execute("DELETE FROM shard_hosts WHERE owner = ?", self.owner)
         for shard, (owner, epoch, _) in list(txn.leases.items()):
             if owner == self.owner:
                 txn.leases[shard] = (owner, epoch, 0.0)

@@ -127,14 +127,13 @@ class HostStore(Protocol):
         renew it while waiting). See `_ops_handoff`."""
         ...
 
-    async def host_tick(self, owner: str, ttl: float, *, alive: bool = True
-                        ) -> dict[int, str]:
-        """`owner` is alive to receive shards for `ttl` seconds (unless `alive=False`);
-        the live requests for the shards it holds, {shard: requester}."""
+    async def lease_requests(self, owner: str) -> dict[int, str]:
+        """The live requests for the shards `owner` holds, {shard: requester}."""
         ...
 
     async def live_hosts(self, owner: str) -> list[str]:
-        """The other hosts alive to receive shards; `owner` is no longer one of them."""
+        """The other hosts alive to receive shards (registered as hosts, see
+        `register_builds`); `owner` is no longer one of them."""
         ...
 
     async def lease_offers(self, heir: str) -> set[int]:

@@ -199,7 +199,7 @@ class LocalHost:
             lifecycle("lease lost", shard=index, owner=self.owner)
             self._lost[index] = time.monotonic()
             await self.shards.pop(index).stop()
-        asked = await self.store.host_tick(self.owner, self.lease_ttl, alive=self._receives)
+        asked = await self.store.lease_requests(self.owner)
         await self._hand_off(asked)
         await self.acquire()
 
