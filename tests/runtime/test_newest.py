@@ -26,7 +26,7 @@ import corral
 from build_entities import CaseR1, CaseR2, Escalation, NoteV2
 from corral.persistence import BuildProcess, BuildRecord
 from corral.runtime import Runtime
-from corral.runtime._newest import Plan, plan
+from corral.runtime._newest import Plan, moves_per_round, plan
 from procs import TESTS, Worker, spawner, sql, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs flock")
@@ -189,6 +189,7 @@ def test_a_host_on_the_newest_build_of_every_type_requests_a_few_shards_of_older
         False, (0, 1, 2))
     assert plan("old", {"Case": "c1", "Ledger": "l1"}, records, holders, limit=9) == Plan(
         True, ())
+    assert [moves_per_round(n) for n in (1, 4, 16, 64)] == [1, 1, 4, 16]
 
 
 def test_no_host_supersedes_one_hosting_a_type_it_lacks_or_one_on_the_newest() -> None:
