@@ -28,6 +28,7 @@ from corral.persistence import BuildProcess, BuildRecord
 from corral.runtime import Runtime
 from corral.runtime._newest import Plan, moves_per_round, plan
 from procs import TESTS, Worker, spawner, sql, wait_until
+from senders import Senders
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs flock")
 
@@ -55,30 +56,21 @@ class Release2Stream:
         self.refs = [rt.ref(CaseR2, f"r2-{n}") for n in range(8)]
         self.remarks: dict[str, list[str]] = {ref.key: [] for ref in self.refs}
         self.escalations: dict[str, int] = {ref.key: 0 for ref in self.refs}
-        self._stop = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._send(ref)) for ref in self.refs]
+        self.senders = Senders(self.refs, self._send, pause=0.01)
 
-    async def _send(self, ref: corral.EntityRef[CaseR2, None]) -> None:
-        n = 0
-        while not self._stop.is_set():
-            mid = f"{ref.key}/{n}"
-            if n % 3 == 1:
-                await ref.signal_with_start(CaseR2.escalate, Escalation(level=1),
-                                            start=None, message_id=mid)
-                self.escalations[ref.key] += 1
-            else:
-                await ref.signal_with_start(CaseR2.remark, NoteV2(text=mid, lang="fr"),
-                                            start=None, message_id=mid)
-                self.remarks[ref.key].append(mid)
-            n += 1
-            await asyncio.sleep(0.01)
+    async def _send(self, ref: corral.EntityRef[CaseR2, None], n: int) -> None:
+        mid = f"{ref.key}/{n}"
+        if n % 3 == 1:
+            await ref.signal_with_start(CaseR2.escalate, Escalation(level=1), start=None,
+                                        message_id=mid)
+            self.escalations[ref.key] += 1
+        else:
+            await ref.signal_with_start(CaseR2.remark, NoteV2(text=mid, lang="fr"),
+                                        start=None, message_id=mid)
+            self.remarks[ref.key].append(mid)
 
     def sent(self) -> int:
         return sum(map(len, self.remarks.values())) + sum(self.escalations.values())
-
-    async def stop(self) -> None:
-        self._stop.set()
-        await asyncio.gather(*self._tasks)
 
 
 async def test_a_rolling_deploy_moves_every_shard_to_release_2_which_applies_its_new_signal_once(
@@ -118,7 +110,7 @@ async def test_a_rolling_deploy_moves_every_shard_to_release_2_which_applies_its
             await wait_until(lambda: stream.sent() >= sent + 3 * len(stream.refs),
                              "both releases go on sending", alive=[r1])
             stop.write_text("")
-            await stream.stop()
+            await stream.senders.stop()
             assert await asyncio.to_thread(r1.proc.wait, 60) == 0, r1.output
             r1_sent = json.loads(ready.with_suffix(".acked.json").read_text())
             assert r1_sent["unhosted"] > 0  # release 1 kept sending as a client
