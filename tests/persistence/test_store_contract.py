@@ -588,6 +588,16 @@ async def test_hosts_alive_to_receive_shards_are_those_registered_as_hosts_until
     assert await store.live_hosts("x") == []
 
 
+async def test_a_host_that_releases_its_leases_withdraws_its_requests(
+    store: Store, other: Store,
+) -> None:
+    assert await store.acquire_leases("a", [6], 600.0) == {6: 1}
+    await other.request_leases("b", [6], 600.0)
+    assert await store.lease_requests("a") == {6: "b"}
+    await other.release_leases("b")  # b closes while it waits (a rolling deploy's host)
+    assert await store.lease_requests("a") == {}
+
+
 async def test_a_host_asking_for_a_shard_it_holds_asks_for_nothing(store: Store) -> None:
     assert await store.acquire_leases("a", [5], 600.0) == {5: 1}
     await store.request_leases("a", [5], 600.0)
