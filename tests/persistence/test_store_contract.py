@@ -542,12 +542,12 @@ async def test_a_requested_shard_is_handed_to_the_requester_at_the_next_epoch_an
     store: Store, other: Store,
 ) -> None:
     assert await store.acquire_leases("a", [1, 2], 600.0) == {1: 1, 2: 1}
-    assert await store.host_tick("a", 600.0) == {}
+    assert await store.lease_requests("a") == {}
     await other.request_leases("b", [1], 600.0)
-    assert await store.host_tick("a", 600.0) == {1: "b"}
+    assert await store.lease_requests("a") == {1: "b"}
     assert await other.lease_offers("b") == set()  # asked, not yet released
     assert await store.hand_off_leases({Fence(1, "a", 1): "b"}, 600.0) == {1}
-    assert await store.host_tick("a", 600.0) == {}  # the request is met
+    assert await store.lease_requests("a") == {}  # the request is met
     assert await other.lease_offers("b") == {1}
     # The holder's writes are refused from now on, and it does not take the shard back;
     # nor does a third host, though the shard's lock is free now: it is reserved for b.
@@ -572,7 +572,7 @@ async def test_a_request_of_a_requester_that_stopped_renewing_it_expires(
     await other.request_leases("b", [3], 0.3)
 
     async def expired() -> bool:
-        return await store.host_tick("a", 600.0) == {}
+        return await store.lease_requests("a") == {}
     assert not await expired()
     await wait_until(expired, "b's request expires")
 
@@ -584,7 +584,7 @@ async def test_a_shard_released_to_an_heir_that_never_takes_it_is_anyones_after_
     await other.request_leases("b", [4], 600.0)
     assert await store.hand_off_leases({Fence(4, "a", 1): "b"}, 0.3) == {4}
     await other.request_leases("c", [4], 600.0)  # released already: c's ask is ignored
-    assert await store.host_tick("a", 600.0) == {}
+    assert await store.lease_requests("a") == {}
 
     async def taken() -> bool:
         return await other.acquire_leases("c", [4], 600.0) == {4: 2}
@@ -592,13 +592,14 @@ async def test_a_shard_released_to_an_heir_that_never_takes_it_is_anyones_after_
     await wait_until(taken, "b's reservation ends")
 
 
-async def test_hosts_alive_to_receive_shards_are_those_ticking_until_they_go(
+async def test_hosts_alive_to_receive_shards_are_those_registered_as_hosts_until_they_go(
     store: Store, other: Store,
 ) -> None:
-    await store.host_tick("a", 600.0)
-    await other.host_tick("b", 600.0)
-    await other.host_tick("pinned", 600.0, alive=False)  # receives no hand-offs
-    await other.host_tick("brief", 0.3)
+    builds = [("E", "f1", "{}"), ("F", "f2", "{}")]  # one row per type: listed once
+    await store.register_builds("a", "host", builds, ttl=600.0)
+    await other.register_builds("b", "host", builds, ttl=600.0)
+    await other.register_builds("c", "client", builds, ttl=600.0)  # receives no shard
+    await other.register_builds("brief", "host", builds, ttl=0.3)
     assert await other.live_hosts("x") == ["a", "b", "brief"]
 
     async def brief_gone() -> bool:
@@ -606,14 +607,24 @@ async def test_hosts_alive_to_receive_shards_are_those_ticking_until_they_go(
     await wait_until(brief_gone, "brief's presence expires")
     assert await store.live_hosts("a") == ["b"]
     assert await other.live_hosts("x") == ["b"]  # a went when it asked: it is closing
-    await other.release_leases("b")
+    await other.forget_process("b")
     assert await store.live_hosts("x") == []
+
+
+async def test_a_host_that_releases_its_leases_withdraws_its_requests(
+    store: Store, other: Store,
+) -> None:
+    assert await store.acquire_leases("a", [6], 600.0) == {6: 1}
+    await other.request_leases("b", [6], 600.0)
+    assert await store.lease_requests("a") == {6: "b"}
+    await other.release_leases("b")  # b closes while it waits (a rolling deploy's host)
+    assert await store.lease_requests("a") == {}
 
 
 async def test_a_host_asking_for_a_shard_it_holds_asks_for_nothing(store: Store) -> None:
     assert await store.acquire_leases("a", [5], 600.0) == {5: 1}
     await store.request_leases("a", [5], 600.0)
-    assert await store.host_tick("a", 600.0) == {}
+    assert await store.lease_requests("a") == {}
 
 
 async def test_a_shard_handed_over_is_locked_by_its_heir_at_once_so_no_third_host_takes_it(

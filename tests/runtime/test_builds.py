@@ -8,7 +8,6 @@ field, a new signal and state version 2 with its hook; release 3 removes that si
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -99,15 +98,16 @@ async def test_release_3_removing_a_handler_that_still_has_entries_is_refused_at
 async def test_a_host_on_release_1_waits_for_release_2_and_never_dead_letters_its_entry(
         db_path: str) -> None:
     key = fresh_key()
-    async with contextlib.AsyncExitStack() as release_1:
-        r1 = await release_1.enter_async_context(
-            corral.open_runtime(db_path, entities=[CaseR1], shards=2, lease_ttl=1.0))
+    async with corral.open_runtime(db_path, entities=[CaseR1], shards=2,
+                                   lease_ttl=1.0) as r1:
         ref1 = r1.ref(CaseR1, key)
         await ref1.signal_with_start(CaseR1.note, Note(text="a"), start=None)
+        # Release 2 sends first as a pure client: a host of it would request release
+        # 1's shards at once (`_newest`), maybe before release 1 met the entry.
         async with corral.open_runtime(db_path, entities=[CaseR2], shards=2,
-                                       lease_ttl=1.0) as r2:
-            ref2 = r2.ref(CaseR2, key)
-            await ref2.signal(CaseR2.escalate, Escalation(level=3), message_id="esc")
+                                       host=False) as c2:
+            await c2.ref(CaseR2, key).signal(CaseR2.escalate, Escalation(level=3),
+                                             message_id="esc")
 
             async def waiting() -> bool:
                 found = (await ref1.describe()).suspension
@@ -117,17 +117,20 @@ async def test_a_host_on_release_1_waits_for_release_2_and_never_dead_letters_it
             assert why is not None
             assert f"build {_fp(CaseR2)}" in why.error
             assert await ref1.dead_letters() == []
-            await release_1.aclose()  # release 1 stops: release 2 takes its shards
+            # A host of release 2 starts: the newest build hosts, it takes the shards.
+            async with corral.open_runtime(db_path, entities=[CaseR2], shards=2,
+                                           lease_ttl=1.0) as r2:
+                ref2 = r2.ref(CaseR2, key)
 
-            async def applied() -> bool:
-                return (await ref2.query(CaseR2.view)).level == 3
-            await wait_until(applied, "release 2 takes the shard and applies it")
-            assert (await ref2.query(CaseR2.view)).notes == ["a"]
-            assert await ref2.dead_letters() == []
+                async def applied() -> bool:
+                    return (await ref2.query(CaseR2.view)).level == 3
+                await wait_until(applied, "release 2 takes the shard and applies it")
+                assert (await ref2.query(CaseR2.view)).notes == ["a"]
+                assert await ref2.dead_letters() == []
 
-            async def resumed() -> bool:
-                return (await ref2.describe()).suspension is None
-            await wait_until(resumed, "the suspension is over")
+                async def resumed() -> bool:
+                    return (await ref2.describe()).suspension is None
+                await wait_until(resumed, "the suspension is over")
 
 
 async def test_a_rollback_to_a_build_with_a_handler_the_newest_removed_waits_for_its_processes(

@@ -9,7 +9,6 @@ each shard and how; no assertion is about time (the pause is `benchmarks/handoff
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import sys
@@ -23,6 +22,7 @@ import corral
 from corral.runtime import Runtime
 from handoff_entities import Mark, Tally
 from procs import TESTS, Worker, spawner, wait_until
+from senders import Senders
 from stores import sql
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL and flock")
@@ -60,22 +60,17 @@ class Stream:
         self.refs = [rt.ref(Tally, key) for key in KEYS]
         assert {ref.shard for ref in self.refs} == set(range(SHARDS))
         self.acked: dict[str, list[str]] = {key: [] for key in KEYS}
-        self._stop = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._send(ref)) for ref in self.refs]
+        self._senders = Senders(self.refs, self._send, pause=0.005)
 
-    async def _send(self, ref: corral.EntityRef[Tally, Mark]) -> None:
-        n = 0
-        while not self._stop.is_set():
-            mid = f"{ref.key}-{n}"
-            if n % 5 == 4:
-                count = await ref.update(Tally.add, Mark(mid=mid), update_id=mid, timeout=60)
-                assert count == n + 1  # every earlier message applied once, none twice
-            else:
-                await ref.signal_with_start(Tally.note, Mark(mid=mid), start=Mark(mid=""),
-                                            message_id=mid)
-            self.acked[ref.key].append(mid)
-            n += 1
-            await asyncio.sleep(0.005)
+    async def _send(self, ref: corral.EntityRef[Tally, Mark], n: int) -> None:
+        mid = f"{ref.key}-{n}"
+        if n % 5 == 4:
+            count = await ref.update(Tally.add, Mark(mid=mid), update_id=mid, timeout=60)
+            assert count == n + 1  # every earlier message applied once, none twice
+        else:
+            await ref.signal_with_start(Tally.note, Mark(mid=mid), start=Mark(mid=""),
+                                        message_id=mid)
+        self.acked[ref.key].append(mid)
 
     async def wait_sent(self, more: int) -> None:
         """Until every sender has had `more` further messages acknowledged."""
@@ -85,8 +80,7 @@ class Stream:
 
     async def stop_and_check(self) -> None:
         """Stop sending; then each entity applied exactly what was acknowledged."""
-        self._stop.set()
-        await asyncio.gather(*self._tasks)
+        await self._senders.stop()
         for ref in self.refs:
             async def applied(ref: corral.EntityRef[Tally, Mark] = ref) -> bool:
                 return await ref.query(Tally.ids) == self.acked[ref.key]
@@ -126,8 +120,8 @@ async def test_a_host_closed_gracefully_hands_its_shards_to_the_live_host(
                                    lease_ttl=TTL) as rt:
         host = rt.host
         assert host is not None
-        await wait_until(lambda: (host.owner,) in sql(db_path, "SELECT owner FROM shard_hosts"),
-                         "this host ticked once: alive to receive shards")
+        assert (host.owner, "host") in sql(db_path, "SELECT process, role FROM "
+                                                    "build_processes")  # alive to receive
         stream = Stream(rt)
         await stream.wait_sent(5)
         holder.proc.send_signal(signal.SIGTERM)
@@ -139,8 +133,8 @@ async def test_a_host_closed_gracefully_hands_its_shards_to_the_live_host(
         assert set(host.shards) == set(range(SHARDS))
         assert leases(db_path) == {s: (host.owner, epoch + 1)
                                    for s, (_, epoch) in before.items()}
-        assert status["owner"] not in {o for (o,) in sql(db_path, "SELECT owner FROM "
-                                                                   "shard_hosts")}
+        assert status["owner"] not in {p for (p,) in sql(db_path, "SELECT process FROM "
+                                                                   "build_processes")}
 
 
 @pytest.mark.parametrize("role", ["request", "receive"])

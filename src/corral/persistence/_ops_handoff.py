@@ -1,20 +1,24 @@
 """Graceful shard hand-off: a host asks for a shard, its holder releases it to that host.
 
-The steps, each a write op here (written once for both engines, judged by `Txn.clock`
-like the leases they sit beside):
+The steps, each an op or a read here (written once for both engines, judged by
+`Txn.clock` like the leases they sit beside):
 
 1. The receiver *requests* the shard (`RequestLeasesOp`): a `lease_handoffs` row naming
    it, valid for one lease term. A requester keeps renewing its request while it waits,
    so the request of a requester that died expires by itself.
-2. The holder sees the live requests for its shards on its renewal tick (`HostTickOp`,
-   which also says the host is alive, in `shard_hosts`), stops taking work for the
-   shard, lets the commits in flight land, and releases the lease *to* the requester
-   (`HandOffLeaseOp`): the lease row loses its owner (fencing the holder out) and stays
-   reserved for the heir for one lease term.
+2. The holder reads the live requests for its shards on its renewal tick
+   (`requests_for`), stops taking work for the shard, lets the commits in flight land,
+   and releases the lease *to* the requester (`HandOffLeaseOp`): the lease row loses
+   its owner (fencing the holder out) and stays reserved for the heir for one term.
 3. The heir takes it at once at the next epoch (`AcquireLeasesOp` consults
    `reserved_heirs`); any other host, even one that finds the shard's OS or advisory
    lock free, leaves it alone until the reservation ends. If the heir dies before
    taking it, the shard is anyone's when the reservation ends: within one lease term.
+
+The hosts alive to receive shards (`LiveHostsOp`, the heirs of a host that closes) are
+the processes registered as hosts in the registry of builds (`build_processes`, kept
+live by each process's registration, see `runtime/_builds`): one notion of a live
+process, not a second table beside it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from typing import ClassVar
 
 from ._txn import Fence, LockPlan, Txn
 
-__all__ = ["HandOffLeaseOp", "HostTickOp", "LiveHostsOp", "RequestLeasesOp", "offered_to",
-           "reserved_heirs"]
+__all__ = ["HandOffLeaseOp", "LiveHostsOp", "RequestLeasesOp", "held_by", "offered_to",
+           "requests_for", "reserved_heirs"]
 
 _SET_HANDOFF = (
     "INSERT INTO lease_handoffs (shard, requester, until, released) VALUES (?, ?, ?, ?) "
@@ -49,6 +53,14 @@ async def offered_to(q: Txn, heir: str) -> set[int]:
     rows = await q.fetchall("SELECT shard FROM lease_handoffs WHERE requester = ? "
                             "AND released = ?", heir, True)
     return {r[0] for r in rows}
+
+
+async def held_by(q: Txn) -> dict[int, str]:
+    """{shard: owner} of the leases held now (not expired, not released): a read, for a
+    host deciding which shards to request (`runtime/_newest`)."""
+    rows = await q.fetchall("SELECT shard, owner FROM leases WHERE owner <> '' AND "
+                            "expires_at > ?", await q.clock())
+    return {r[0]: r[1] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,39 +88,20 @@ class RequestLeasesOp:
         await txn.executemany(_SET_HANDOFF, rows)
 
 
-@dataclass(frozen=True, slots=True)
-class HostTickOp:
-    """A host's renewal tick: mark it alive (a candidate heir when another host closes)
-    for `ttl` seconds, and return the live requests for the shards it holds,
-    {shard: requester}. `alive=False`: only the requests (a host that takes no shards
-    it is handed, such as a Ray shard actor, pinned to its one shard)."""
-
-    owner: str
-    ttl: float
-    alive: bool = True
-    buffered: ClassVar[bool] = False
-
-    def plan(self, plan: LockPlan) -> None:
-        pass
-
-    async def apply(self, txn: Txn) -> dict[int, str]:
-        now = await txn.clock()
-        if self.alive:
-            await txn.execute(
-                "INSERT INTO shard_hosts (owner, expires_at) VALUES (?, ?) ON CONFLICT "
-                "(owner) DO UPDATE SET expires_at = excluded.expires_at",
-                self.owner, now + self.ttl)
-        rows = await txn.fetchall(
-            "SELECT h.shard, h.requester FROM lease_handoffs h JOIN leases l ON "
-            "l.shard = h.shard WHERE l.owner = ? AND h.released = ? AND h.until > ?",
-            self.owner, False, now)
-        return {r[0]: r[1] for r in rows}
+async def requests_for(q: Txn, owner: str) -> dict[int, str]:
+    """The live requests for the shards `owner` holds, {shard: requester} (a read: the
+    holder's renewal tick)."""
+    rows = await q.fetchall(
+        "SELECT h.shard, h.requester FROM lease_handoffs h JOIN leases l ON "
+        "l.shard = h.shard WHERE l.owner = ? AND h.released = ? AND h.until > ?",
+        owner, False, await q.clock())
+    return {r[0]: r[1] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)
 class LiveHostsOp:
-    """The hosts other than `owner` alive to receive shards (by their last tick),
-    sorted; a host closing hands its shards to them."""
+    """The hosts other than `owner` alive to receive shards (registered as hosts and
+    not expired), sorted; a host closing hands its shards to them."""
 
     owner: str
     buffered: ClassVar[bool] = False
@@ -118,9 +111,11 @@ class LiveHostsOp:
 
     async def apply(self, txn: Txn) -> list[str]:
         now = await txn.clock()
-        await txn.execute("DELETE FROM shard_hosts WHERE expires_at < ? OR owner = ?",
-                          now, self.owner)  # this host is going: never an heir again
-        rows = await txn.fetchall("SELECT owner FROM shard_hosts ORDER BY owner")
+        await txn.execute("DELETE FROM build_processes WHERE process = ?",
+                          self.owner)  # this host is going: never an heir again
+        rows = await txn.fetchall(
+            "SELECT DISTINCT process FROM build_processes WHERE role = 'host' AND "
+            "expires_at >= ? ORDER BY process", now)
         return [r[0] for r in rows]
 
 

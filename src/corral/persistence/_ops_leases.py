@@ -97,7 +97,9 @@ class RenewLeasesOp:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseLeasesOp:
-    """Let every lease of `owner` expire now (a host shutting down)."""
+    """Let every lease of `owner` expire now (a host shutting down), and withdraw its
+    requests for other hosts' shards (`_ops_handoff`) that no holder met yet: a shard
+    released to a host that is gone would wait a lease term for anyone else."""
 
     owner: str
     buffered: ClassVar[bool] = False
@@ -107,7 +109,8 @@ class ReleaseLeasesOp:
 
     async def apply(self, txn: Txn) -> None:
         await txn.execute("UPDATE leases SET expires_at = 0 WHERE owner = ?", self.owner)
-        await txn.execute("DELETE FROM shard_hosts WHERE owner = ?", self.owner)
+        await txn.execute("DELETE FROM lease_handoffs WHERE requester = ? AND released = ?",
+                          self.owner, False)
         for shard, (owner, epoch, _) in list(txn.leases.items()):
             if owner == self.owner:
                 txn.leases[shard] = (owner, epoch, 0.0)

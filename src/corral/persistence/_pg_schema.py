@@ -50,7 +50,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # The registry of builds (`_builds`).
     5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
     # Graceful shard hand-off (`_ops_handoff`).
-    6: (*create("lease_handoffs", "postgres"), *create("shard_hosts", "postgres")),
+    6: create("lease_handoffs", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -43,7 +43,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # The registry of builds (`_builds`).
     7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
     # Graceful shard hand-off (`_ops_handoff`).
-    8: (*create("lease_handoffs", "sqlite"), *create("shard_hosts", "sqlite")),
+    8: create("lease_handoffs", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -127,18 +127,21 @@ class HostStore(Protocol):
         renew it while waiting). See `_ops_handoff`."""
         ...
 
-    async def host_tick(self, owner: str, ttl: float, *, alive: bool = True
-                        ) -> dict[int, str]:
-        """`owner` is alive to receive shards for `ttl` seconds (unless `alive=False`);
-        the live requests for the shards it holds, {shard: requester}."""
+    async def lease_requests(self, owner: str) -> dict[int, str]:
+        """The live requests for the shards `owner` holds, {shard: requester}."""
         ...
 
     async def live_hosts(self, owner: str) -> list[str]:
-        """The other hosts alive to receive shards; `owner` is no longer one of them."""
+        """The other hosts alive to receive shards (registered as hosts, see
+        `register_builds`); `owner` is no longer one of them."""
         ...
 
     async def lease_offers(self, heir: str) -> set[int]:
         """The shards released to `heir` that it has not taken yet."""
+        ...
+
+    async def lease_holders(self) -> dict[int, str]:
+        """{shard: owner} of the leases held now (not expired, not handed off)."""
         ...
 
     async def hand_off_leases(self, heirs: Mapping[Fence, str], ttl: float) -> set[int]:

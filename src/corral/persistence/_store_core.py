@@ -20,7 +20,13 @@ from ._builds import BuildRecord
 from ._ops_accept import AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
-from ._ops_handoff import HostTickOp, LiveHostsOp, RequestLeasesOp, offered_to
+from ._ops_handoff import (
+    LiveHostsOp,
+    RequestLeasesOp,
+    held_by,
+    offered_to,
+    requests_for,
+)
 from ._ops_runs import (
     ActivatedOp,
     CloseRunOp,
@@ -148,15 +154,17 @@ class StoreCore:
                              ) -> None:
         await self.write(RequestLeasesOp(requester, tuple(shards), ttl))
 
-    async def host_tick(self, owner: str, ttl: float, *, alive: bool = True
-                        ) -> dict[int, str]:
-        return await self.write(HostTickOp(owner, ttl, alive))  # type: ignore[no-any-return]
+    async def lease_requests(self, owner: str) -> dict[int, str]:
+        return await self.query(requests_for, owner)
 
     async def live_hosts(self, owner: str) -> list[str]:
         return await self.write(LiveHostsOp(owner))  # type: ignore[no-any-return]
 
     async def lease_offers(self, heir: str) -> set[int]:
         return await self.query(offered_to, heir)
+
+    async def lease_holders(self) -> dict[int, str]:
+        return await self.query(held_by)
 
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
         await self.write(ActivatedOp(fence, etype, key))

@@ -143,11 +143,10 @@ TABLES = (
         role TEXT NOT NULL, last_seen REAL NOT NULL, expires_at REAL NOT NULL,
         PRIMARY KEY (process, etype)"""),
     # Graceful shard hand-off (`_ops_handoff`): a host's request for a shard, then the
-    # shard released to it; and which hosts are alive to receive shards.
+    # shard released to it (the hosts alive to receive one: `build_processes`).
     Table("lease_handoffs", """
         shard INT PRIMARY KEY, requester TEXT NOT NULL, until REAL NOT NULL,
         released BOOL NOT NULL""", rowid=True),
-    Table("shard_hosts", "owner TEXT PRIMARY KEY, expires_at REAL NOT NULL"),
 )
 _BY_NAME = {table.name: table for table in TABLES}
 

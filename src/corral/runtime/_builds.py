@@ -22,7 +22,9 @@ check and the registration are two transactions.
 
 Liveness: every process (host or pure client) refreshes its registration on its own
 timer, every quarter of its `ttl` (twice the lease ttl: 20 s by default), and drops it
-on close; one that stops refreshing is no longer live once `ttl` has passed.
+on close; one that stops refreshing is no longer live once `ttl` has passed. A live
+host's registration is also what makes it an heir for the shards of a host that closes
+(`Store.live_hosts`) and what the newest build's hosts are found by (`_newest`).
 """
 
 from __future__ import annotations

@@ -294,11 +294,13 @@ async def open_runtime(
         yield Runtime(local_backend, router,
                       Boundary(definitions, limits or Limits(), authorize), clock)
     finally:
+        # Out of the registry first: a closing host is no heir (`live_hosts`) and no
+        # host of an older build yields to it any more (`_newest`).
+        if registration is not None:
+            await registration.close()
         if local is not None:
             await local.close()
         if local_backend is not None:
             await local_backend.close()
-        if registration is not None:
-            await registration.close()
         if owned_store:
             await the_store.close()

@@ -4,7 +4,8 @@ Any process may accept messages; only the lease holder of a shard applies them. 
 host renews its leases, takes over shards whose holder stopped renewing (a new epoch
 fences the old holder out), hands shards over gracefully when another host asks for
 them or when it closes (`_handoff`), and tails the journal for entries that other
-processes accepted for its shards.
+processes accepted for its shards. During a rolling deploy the newest build hosts
+(`_newest`): a host on it requests the shards of hosts on an older one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from corral.persistence import Fence, Store
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._handoff import hand_off, hand_off_all, request_shards
+from ._newest import Plan, moves_per_round, plan
 from ._router import Router
 from ._shard import Shard
 
@@ -68,10 +70,14 @@ class LocalHost:
         # as "its holder died" and let this host take the shard straight back.
         self._lost: dict[int, float] = {}
         self._failures: dict[str, int] = {}  # a loop's failed rounds in a row
+        # A live host of a newer build supersedes this one: take only shards handed here.
+        self._yielding = False
 
     async def start(self) -> None:
         metrics.track_residents(self)
         self._cursor = await self.store.journal_end()
+        if self._receives:  # an old release started late takes no shard from the newest
+            self._yielding = (await self._plan()).yielding
         async with self.leasing:
             await self.acquire(force=self._takeover)
         self._tasks = [
@@ -79,6 +85,8 @@ class LocalHost:
             asyncio.create_task(self._tail_journal(), name="corral-tail"),
             asyncio.create_task(self._housekeep(), name="corral-housekeeping"),
         ]
+        if self._receives:
+            self._tasks.append(asyncio.create_task(self._host_newest(), name="corral-newest"))
 
     def shard(self, index: int) -> Shard | None:
         return self.shards.get(index)
@@ -138,6 +146,9 @@ class LocalHost:
         now = time.monotonic()
         free = [i for i in self.indices if i not in self.shards
                 and now - self._lost.get(i, -self.lease_ttl) >= self.lease_ttl]
+        if free and self._yielding and not force:
+            offered = await self.store.lease_offers(self.owner)
+            free = [i for i in free if i in offered]
         if not free:
             return
         taken = await self.store.acquire_leases(self.owner, free, self.lease_ttl, force=force)
@@ -188,9 +199,30 @@ class LocalHost:
             lifecycle("lease lost", shard=index, owner=self.owner)
             self._lost[index] = time.monotonic()
             await self.shards.pop(index).stop()
-        asked = await self.store.host_tick(self.owner, self.lease_ttl, alive=self._receives)
+        asked = await self.store.lease_requests(self.owner)
         await self._hand_off(asked)
         await self.acquire()
+
+    async def _plan(self) -> Plan:
+        """This round's decision of `_newest.plan`, from the registry and the leases."""
+        mine = {name: d.fingerprint for name, d in self._definitions.items()}
+        records = await self.store.builds()
+        return plan(self.owner, mine, records, await self.store.lease_holders(),
+                    limit=moves_per_round(len(self.indices)))
+
+    async def _host_newest(self) -> None:
+        """Every third of a lease term: yield to a live host of a newer build, or request
+        a few shards of the hosts on older builds (see `_newest`)."""
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                decided = await self._plan()
+                self._yielding = decided.yielding
+                if decided.requests:
+                    await self.request_shards(decided.requests, timeout=self.lease_ttl)
+                self._failures.pop("newest build", None)
+            except Exception as err:
+                await self._backoff("newest build", err)
 
     async def _housekeep(self) -> None:
         """Fire due durable timers of entities not in memory; passivate idle ones."""
