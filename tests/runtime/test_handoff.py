@@ -173,20 +173,22 @@ async def test_a_receiver_killed_in_the_middle_of_a_hand_off_loses_no_shard_and_
 async def test_a_request_of_a_dead_requester_expires_and_moves_nothing(
     db_path: str, tmp_path: Path, spawn: Callable[..., Worker],
 ) -> None:
-    # A lease term of 600 s: no renewal tick runs by itself here; the test runs one
-    # after the dead requester's request (0.5 s) expired.
+    # A lease term of 600 s: no renewal tick runs by itself here; the host's lock held
+    # throughout keeps its request poll out until the test runs one tick, after the dead
+    # requester's request (0.5 s) expired.
     async with corral.open_runtime(db_path, entities=[Tally], shards=SHARDS,
                                    lease_ttl=600.0) as rt:
         host = rt.host
         assert host is not None
         before = leases(db_path)
-        requester = spawn("request", "request", db_path, str(tmp_path / "r.json"), "0.5")
-        await wait_until(lambda: len(sql(db_path, "SELECT * FROM lease_handoffs")) == SHARDS,
-                         "the requester asked for every shard", alive=[requester])
-        requester.sigkill()
-        until = max(u for (u,) in sql(db_path, "SELECT until FROM lease_handoffs"))
-        await wait_until(lambda: time.time() > until + 0.1, "the request expires")
         async with host.leasing:
+            requester = spawn("request", "request", db_path, str(tmp_path / "r.json"), "0.5")
+            await wait_until(
+                lambda: len(sql(db_path, "SELECT * FROM lease_handoffs")) == SHARDS,
+                "the requester asked for every shard", alive=[requester])
+            requester.sigkill()
+            until = max(u for (u,) in sql(db_path, "SELECT until FROM lease_handoffs"))
+            await wait_until(lambda: time.time() > until + 0.1, "the request expires")
             await host._tick()
         assert set(host.shards) == set(range(SHARDS))
         assert leases(db_path) == before

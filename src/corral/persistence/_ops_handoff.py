@@ -6,7 +6,7 @@ The steps, each an op or a read here (written once for both engines, judged by
 1. The receiver *requests* the shard (`RequestLeasesOp`): a `lease_handoffs` row naming
    it, valid for one lease term. A requester keeps renewing its request while it waits,
    so the request of a requester that died expires by itself.
-2. The holder reads the live requests for its shards on its renewal tick
+2. The holder reads the live requests for its shards several times a second
    (`requests_for`), stops taking work for the shard, lets the commits in flight land,
    and releases the lease *to* the requester (`HandOffLeaseOp`): the lease row loses
    its owner (fencing the holder out) and stays reserved for the heir for one term.
@@ -90,7 +90,7 @@ class RequestLeasesOp:
 
 async def requests_for(q: Txn, owner: str) -> dict[int, str]:
     """The live requests for the shards `owner` holds, {shard: requester} (a read: the
-    holder's renewal tick)."""
+    holder polls it between lease renewals)."""
     rows = await q.fetchall(
         "SELECT h.shard, h.requester FROM lease_handoffs h JOIN leases l ON "
         "l.shard = h.shard WHERE l.owner = ? AND h.released = ? AND h.until > ?",

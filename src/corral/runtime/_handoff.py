@@ -1,11 +1,12 @@
 """Graceful shard hand-off between `LocalHost`s (the store's side: `_ops_handoff`).
 
-A receiver *requests* shards (`request_shards`); each holder sees the request on its
-next renewal tick and hands the shard over (`hand_off`): it stops taking work for the
-shard (new entries wait in the store's journal), stops the shard's activations (their
-writes already queued commit before the release, which is queued after them), and
-releases the lease to the requester, which takes it at the next epoch as soon as it
-sees the offer (it polls for it while it waits) and recovers the shard from the store.
+A receiver *requests* shards (`request_shards`); each holder sees the request within
+`_host.REQUEST_POLL` (a quarter second) and hands the shard over (`hand_off`): it
+stops taking work for the shard (new entries wait in the store's journal), stops the
+shard's activations (their writes already queued commit before the release, which is
+queued after them), and releases the lease to the requester, which takes it at the
+next epoch as soon as it sees the offer (it polls for it while it waits) and recovers
+the shard from the store.
 A host closing gracefully hands its shards to the other live hosts the same way
 (`hand_off_all`); they take them on their next renewal tick.
 

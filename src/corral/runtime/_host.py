@@ -32,6 +32,10 @@ from ._shard import Shard
 
 __all__ = ["LocalHost"]
 
+REQUEST_POLL = 0.25
+"""Seconds between a host's reads of the hand-off requests for its shards (between
+lease renewals; a read of a few rows, so four a second cost nothing measurable)."""
+
 log = logging.getLogger("corral.host")
 
 
@@ -180,11 +184,19 @@ class LocalHost:
                  index, epoch, recovered)
 
     async def _keep_leases(self) -> None:
+        """Every third of a lease term renew (`_tick`); between renewals, every
+        `REQUEST_POLL`, hand over the shards other hosts asked for, so a request waits
+        a fraction of a second rather than up to a third of a lease term."""
+        renew_at = time.monotonic() + self.lease_ttl / 3
         while True:
-            await asyncio.sleep(self.lease_ttl / 3)
+            await asyncio.sleep(min(self.lease_ttl / 3, REQUEST_POLL))
             try:
                 async with self.leasing:
-                    await self._tick()
+                    if time.monotonic() >= renew_at:
+                        renew_at = time.monotonic() + self.lease_ttl / 3
+                        await self._tick()
+                    else:
+                        await self._serve_requests()
                 self._failures.pop("lease renewal", None)
             except Exception as err:
                 await self._backoff("lease renewal", err)
@@ -199,9 +211,13 @@ class LocalHost:
             lifecycle("lease lost", shard=index, owner=self.owner)
             self._lost[index] = time.monotonic()
             await self.shards.pop(index).stop()
-        asked = await self.store.lease_requests(self.owner)
-        await self._hand_off(asked)
+        await self._serve_requests()
         await self.acquire()
+
+    async def _serve_requests(self) -> None:
+        """Hand over the shards held here that other hosts asked for (`_handoff`)."""
+        if self.shards and (asked := await self.store.lease_requests(self.owner)):
+            await self._hand_off(asked)
 
     async def _plan(self) -> Plan:
         """This round's decision of `_newest.plan`, from the registry and the leases."""
@@ -213,13 +229,16 @@ class LocalHost:
     async def _host_newest(self) -> None:
         """Every third of a lease term: yield to a live host of a newer build, or request
         a few shards of the hosts on older builds (see `_newest`)."""
+        pause = self.lease_ttl / 3
         while True:
-            await asyncio.sleep(self.lease_ttl / 3)
+            await asyncio.sleep(pause)
+            pause = self.lease_ttl / 3
             try:
                 decided = await self._plan()
                 self._yielding = decided.yielding
-                if decided.requests:
-                    await self.request_shards(decided.requests, timeout=self.lease_ttl)
+                if decided.requests and await self.request_shards(decided.requests,
+                                                                  timeout=self.lease_ttl):
+                    pause = 0  # a slice moved: plan the next one at once
                 self._failures.pop("newest build", None)
             except Exception as err:
                 await self._backoff("newest build", err)

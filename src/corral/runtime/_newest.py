@@ -10,8 +10,9 @@ release 2's hosts are on the newest and release 1's are not. A host *supersedes*
 another when it is on the newest, the other is not, and it hosts every type the other
 does (so a moved shard strands no type).
 
-Each round (every third of a lease term) a host that receives shards reads the
-registry's live hosts and the lease holders, then (`plan`):
+Each round (every third of a lease term, or at once after a round that moved shards)
+a host that receives shards reads the registry's live hosts and the lease holders,
+then (`plan`):
 
 * if a live host supersedes it, it *yields*: it takes no free shard, only those handed
   to it, so what it hands over never comes straight back (no ping-pong); it keeps
@@ -42,9 +43,10 @@ Builds = Mapping[str, str]  # one process's {entity type: fingerprint}
 
 
 def moves_per_round(shards: int) -> int:
-    """How many shards a host requests per round: a quarter of them, at least one (16
-    shards at the default lease term of 10 s move in about four rounds, ~20 s; each
-    shard pauses only for its own hand-off, see `benchmarks/handoff.py`)."""
+    """How many shards a host requests per round: a quarter of them, at least one (a
+    round that moved shards is followed by the next at once, so 16 shards move in four
+    rounds of a fraction of a second each; each shard pauses only for its own hand-off,
+    see `benchmarks/handoff.py`)."""
     return max(1, shards // 4)
 
 
