@@ -6,6 +6,7 @@ the server drops its session's advisory lock on each shard when the connection e
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from takeover_entities import Alarm
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL and flock")
 
+DEFAULT_LEASE_TTL = inspect.signature(corral.open_runtime).parameters["lease_ttl"].default
+
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
@@ -27,7 +30,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         yield start
 
 
-async def test_a_restarted_process_resumes_a_killed_hosts_timer_within_a_second(
+async def test_a_restarted_process_resumes_a_killed_hosts_timer_before_its_lease_expires(
     db_path: str, tmp_path: Path, spawn: Callable[..., Worker],
 ) -> None:
     status = tmp_path / "status"
@@ -46,7 +49,9 @@ async def test_a_restarted_process_resumes_a_killed_hosts_timer_within_a_second(
         assert rang_at is not None
         late = rang_at - due
         print(f"\n[takeover] the alarm rang {late * 1000:.0f} ms after it was due")
-        assert 0 <= late < 1.0
+        # ~10 ms on a quiet machine; waiting out the lease would ring ~8 s late. Half a
+        # lease term tells the two apart even on a loaded CI runner (once 1.2 s at load 40).
+        assert 0 <= late < DEFAULT_LEASE_TTL / 2
         epochs = sql(db_path, "SELECT epoch FROM leases WHERE shard=?", ref.shard)
     assert epochs == [(2,)]  # taken from the dead holder at a new epoch
 
