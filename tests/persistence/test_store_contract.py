@@ -763,11 +763,13 @@ async def test_a_new_run_starts_with_no_backlog_of_the_closed_one(store: Store) 
     await store.close_run(fence, "E", "k", 1, applied_seq=1, status=corral.RunStatus.FAILED,
                           result=None, error="boom", force=True)  # m2 dead-lettered
     [closed] = await store.entities("E", None, limit=10)
-    assert closed.progress is not None and closed.progress.oldest_unapplied_at is None
+    assert closed.progress is not None
+    assert closed.progress.oldest_unapplied_at is None
     await store.accept(acc("k", "m3"))  # run 2, from seq 3
     [record] = await store.entities("E", None, limit=10)
     assert (record.run_id, record.accepted_seq) == (2, 3)
-    assert record.progress is not None and record.progress.applied_seq == 2
+    assert record.progress is not None
+    assert record.progress.applied_seq == 2
 
 
 async def test_the_census_aggregates_a_stores_known_contents(store: Store) -> None:

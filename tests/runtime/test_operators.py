@@ -76,7 +76,7 @@ async def test_entities_are_listed_in_type_and_key_order_in_pages_with_filters(
     assert [e.key for e in running_jobs] == ["j-0", "j-2"]
 
 
-async def test_a_listing_knows_passivated_entities_and_what_it_cannot_see(
+async def test_a_listing_knows_passivated_entities_and_a_client_what_the_host_recorded(
         db_path: str) -> None:
     key = fresh_key("order")
     async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
@@ -87,7 +87,43 @@ async def test_a_listing_knows_passivated_entities_and_what_it_cannot_see(
         assert (summary.key, summary.passivated, summary.mailbox_depth) == (key, False, 0)
     async with corral.open_runtime(db_path, entities=ENTITIES, host=False) as client:
         remote = (await client.entities(Order)).items[0]
-    assert (remote.applied_seq, remote.mailbox_depth, remote.passivated) == (None, None, False)
+    # The host recorded its progress as it closed: the start mark applied, nothing behind.
+    assert (remote.applied_seq, remote.mailbox_depth, remote.passivated, remote.backlog,
+            remote.oldest_unapplied_age) == (1, 0, False, 0, None)
+
+
+async def test_a_pure_client_sees_applied_seq_and_backlog_change_as_a_host_applies(
+        db_path: str) -> None:
+    key = fresh_key("counter")
+    async with corral.open_runtime(db_path, entities=ENTITIES, host=False) as client:
+        ref = client.ref(Counter, key)
+        for i in range(3):
+            await ref.signal_with_start(Counter.add, Item(id=f"x{i}"), start=Start(tenant="t"),
+                                        message_id=f"m{i}")
+        behind = await ref.describe()  # no host yet: nothing applied
+        listed = next(e for e in (await client.entities(Counter, limit=1000)).items
+                      if e.key == key)
+        assert (behind.applied_seq, behind.backlog, behind.hosted_here) == (0, 3, False)
+        assert behind.oldest_unapplied_age is not None
+        assert behind.oldest_unapplied_age >= 0
+        assert behind.progress_age is None  # never recorded by a host
+        assert (listed.key, listed.applied_seq, listed.backlog) == (key, 0, 3)
+        async with corral.open_runtime(db_path, entities=ENTITIES) as host:
+            assert host.host is not None
+            async def caught_up() -> bool:
+                d = await ref.describe()
+                return (d.applied_seq, d.backlog, d.mailbox_depth) == (3, 0, 0)
+            await wait_until(caught_up, "the host records that it applied all three")
+            done = await ref.describe()
+            assert done.oldest_unapplied_age is None
+            assert done.progress_age is not None
+            assert not done.hosted_here
+            await ref.signal(Counter.add, Item(id="x3"), message_id="m3")
+
+            async def fourth() -> bool:
+                page = await client.entities(Counter, limit=1000)
+                return [e.applied_seq for e in page.items if e.key == key] == [4]
+            await wait_until(fourth, "the listing shows the fourth applied")
 
 
 async def test_describe_shows_snapshots_timers_open_waits_and_dead_letters(

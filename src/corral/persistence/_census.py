@@ -85,7 +85,8 @@ async def census(q: Txn) -> Census:
     held = await q.fetchone("SELECT count(*) FROM leases WHERE expires_at >= ? "
                             "AND owner <> ''", now)
     shards = await q.fetchone("SELECT v FROM meta WHERE k = 'shards'")
-    assert hosts is not None and held is not None
+    assert hosts is not None
+    assert held is not None
     return Census(
         now, tuple((r[0], r[1], int(r[2])) for r in entities),
         tuple(TypeBacklog(r[0], int(r[1]), int(r[2]), r[3]) for r in behind),

@@ -15,6 +15,7 @@ from typing import Any
 
 from corral._common import RunStatus
 
+from ._progress import applied_sql, oldest_unapplied_sql, progress_from
 from ._records import (
     DeadLetter,
     EntityDetails,
@@ -27,7 +28,6 @@ from ._records import (
     UpdateOutcome,
     WaitRecord,
 )
-from ._progress import applied_sql, oldest_unapplied_sql, progress_from
 from ._suspensions import OF_ENTITY, OF_SHARD, SUSPENDED_COLUMN, suspension_from_row
 from ._txn import Txn
 from ._unapplied import DEAD_LETTER_COLUMNS

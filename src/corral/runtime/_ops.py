@@ -22,8 +22,8 @@ from typing import Any, Generic, TypeVar
 from corral._common import RunStatus
 from corral.persistence import (
     Acceptance,
-    Census,
     AcceptResult,
+    Census,
     DeadLetter,
     DeliveryRequest,
     RunRecord,
