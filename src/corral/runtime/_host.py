@@ -23,11 +23,12 @@ from corral._errors import StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, Store
 
+from . import _progress
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._handoff import hand_off, hand_off_all, request_shards
 from ._newest import Plan, moves_per_round, plan
-from ._progress import PROGRESS_INTERVAL, ProgressLog
+from ._progress import ProgressLog
 from ._router import Router
 from ._shard import Shard
 
@@ -78,7 +79,8 @@ class LocalHost:
         # A live host of a newer build supersedes this one: take only shards handed here.
         self._yielding = False
         self.progress = ProgressLog()
-        self.progress_interval: float | None = PROGRESS_INTERVAL  # None: never recorded
+        # Read at construction, so a benchmark may set it to None (never recorded).
+        self.progress_interval: float | None = _progress.PROGRESS_INTERVAL
 
     async def start(self) -> None:
         metrics.track_residents(self)

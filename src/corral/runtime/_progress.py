@@ -19,8 +19,9 @@ from ._shard import Shard
 
 __all__ = ["PROGRESS_INTERVAL", "ProgressLog"]
 
-PROGRESS_INTERVAL = 1.0
-"""Seconds between two recordings of a host's progress."""
+PROGRESS_INTERVAL: float | None = 1.0
+"""Seconds between two recordings of a host's progress (None: never record; for
+measuring what recording costs, `benchmarks/accept.py --progress`)."""
 
 _Row = tuple[str, str, int, int]
 
