@@ -39,9 +39,11 @@ class Census:
         entities: (entity type, status, count) of every entity's latest run.
         backlog: the types with running entities behind.
         dead_letters, open_waits, suspended_runs: (entity type, count) each.
-        processes: (entity type, build fingerprint, role, live processes): role `host`
-            or `client`; a process expired when it stopped refreshing its registration.
-        hosts: live host processes (of any type).
+        processes: (entity type, build fingerprint, role, live processes) of the
+            registry of builds: role `host` or `client` (the processes that opened a
+            runtime; Ray's shard actors are not in it, their clients are); a process
+            expired when it stopped refreshing its registration.
+        hosts: the hosts holding a live lease on a shard (on every backend).
         shards: the store's shard count; shards_held: those with a live lease.
     """
 
@@ -80,12 +82,9 @@ async def census(q: Txn) -> Census:
         "SELECT etype, fingerprint, role, count(*) FROM build_processes "
         "WHERE expires_at >= ? GROUP BY etype, fingerprint, role "
         "ORDER BY etype, fingerprint, role", now)
-    hosts = await q.fetchone("SELECT count(DISTINCT process) FROM build_processes "
-                             "WHERE expires_at >= ? AND role = 'host'", now)
-    held = await q.fetchone("SELECT count(*) FROM leases WHERE expires_at >= ? "
-                            "AND owner <> ''", now)
+    held = await q.fetchone("SELECT count(DISTINCT owner), count(*) FROM leases "
+                            "WHERE expires_at >= ? AND owner <> ''", now)
     shards = await q.fetchone("SELECT v FROM meta WHERE k = 'shards'")
-    assert hosts is not None
     assert held is not None
     return Census(
         now, tuple((r[0], r[1], int(r[2])) for r in entities),
@@ -93,4 +92,4 @@ async def census(q: Txn) -> Census:
         tuple((r[0], int(r[1])) for r in dead), tuple((r[0], int(r[1])) for r in waits),
         tuple((r[0], int(r[1])) for r in suspended),
         tuple((r[0], r[1], r[2], int(r[3])) for r in processes),
-        int(hosts[0]), 0 if shards is None else int(shards[0]), int(held[0]))
+        int(held[0]), 0 if shards is None else int(shards[0]), int(held[1]))

@@ -176,8 +176,9 @@ class Runtime:
     async def census(self) -> Census:
         """The whole deployment's numbers as its store holds them (entities by type and
         status, backlog and the oldest unapplied message, dead letters, open waits,
-        suspended runs, live processes and shards held): what `corral.scrape` turns
-        into Prometheus series. Aggregated in SQL, on every backend.
+        suspended runs, live processes and shards held), aggregated in SQL, on every
+        backend: the `corral_store_*` series of `corral metrics` and of the dashboard's
+        `/metrics`.
 
         Example:
             c = await rt.census()
