@@ -65,6 +65,7 @@ from _pg_ceiling import PgCeilingWriter
 from pydantic import BaseModel
 
 import corral
+import corral.persistence
 import corral.runtime._progress as progress_module
 from corral.persistence import canonical_json, is_postgres_url, open_sqlite_store, payload_hash
 from corral.persistence._schema import PRAGMAS
@@ -607,6 +608,66 @@ async def run_plan(plan: Plan, server: _pg.Server | None) -> list[Row]:
 
 
 PROGRESS_CONFIGS = ((10_000, 100), (10_000, 1000), (1, 100))  # (entities, senders)
+CENSUS_ENTITIES = (10_000, 100_000)
+
+
+async def run_recording_cost(server: _pg.Server | None) -> dict[str, Any]:
+    """What one round of recording costs the store's writer (its rows in 16 fenced
+    writes, one per shard, as a host makes them) at the cap and past it, and what a
+    census read costs with half of the entities behind: median of 5, milliseconds."""
+    stores = STORES if server is not None else STORES[:1]
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        for store in stores:
+            for entities in CENSUS_ENTITIES:
+                async with fresh_store(store, tmp, f"cost-{entities}", server) as location:
+                    out[f"{store} {entities}"] = await _recording_cost(location, entities)
+                log(f"recording cost {store:<8} {entities:>7,} entities: "
+                    + ", ".join(f"{k} {v:.1f} ms" for k, v in out[f"{store} {entities}"].items()))
+    return out
+
+
+async def _recording_cost(location: str, entities: int) -> dict[str, float]:
+    store = await corral.persistence.open_store(location, shards=SHARDS)
+    try:
+        fences = []
+        for shard in range(SHARDS):
+            epoch = (await store.acquire_leases("bench", [shard], 600.0))[shard]
+            fences.append(corral.persistence.Fence(shard, "bench", epoch))
+        router, start = Router(SHARDS), canonical_json({"tenant": "acme"})
+        for first in range(0, entities, 1000):
+            accs = []
+            for i in range(first, min(first + 1000, entities)):
+                key = f"ticket-{i}"
+                payload = canonical_json({"n": i, "text": TEXT})
+                accs.append(corral.persistence.Acceptance(
+                    ETYPE, key, router.shard_of(ETYPE, key), corral.persistence.EntryKind.SIGNAL,
+                    "ping", new_message_id(), payload, payload_hash("ping", payload), None,
+                    start, corral.IdReusePolicy.ALLOW_DUPLICATE, time.time()))
+            await store.accept_many(accs)
+        cost: dict[str, float] = {}
+        for rows in (progress_module.PROGRESS_ROWS, 10_000):
+            times = []
+            for rnd in range(5):
+                per_shard: dict[int, list[tuple[str, str, int, int]]] = {}
+                for i in range(0, min(rows, entities)):
+                    key = f"ticket-{i}"
+                    per_shard.setdefault(router.shard_of(ETYPE, key), []).append(
+                        (ETYPE, key, i % 2, rnd))  # half behind: seq 0 of 1
+                t = time.perf_counter()
+                await asyncio.gather(*(store.record_progress(fences[shard], batch, at=time.time())
+                                       for shard, batch in per_shard.items()))
+                times.append((time.perf_counter() - t) * 1000)
+            cost[f"record {rows:,} rows"] = sorted(times)[2]
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            await store.census()
+            times.append((time.perf_counter() - t) * 1000)
+        cost["census"] = sorted(times)[2]
+        return cost
+    finally:
+        await store.close()
 
 
 async def run_progress(server: _pg.Server | None, rounds: int = 3) -> dict[str, Any]:
@@ -656,7 +717,9 @@ async def run_progress(server: _pg.Server | None, rounds: int = 3) -> dict[str, 
     log(f"recording progress (every {shipped} s per shard) on vs off, host=True, median "
         f"of {rounds} round(s); ratio = on / off")
     log(text)
-    return {"benchmark": "accept-progress", "started_at": time.time(),
+    cost = await run_recording_cost(server)
+    return {"benchmark": "accept-progress", "started_at": time.time(), "cost_ms": cost,
+            "progress_rows": progress_module.PROGRESS_ROWS,
             "progress_interval_s": shipped, "rounds": rounds, "rows": rows, "table": text,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "sqlite": sqlite3.sqlite_version, "loadavg_end": os.getloadavg()}}

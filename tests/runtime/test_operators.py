@@ -7,6 +7,8 @@ import pytest
 from pydantic import BaseModel
 
 import corral
+import corral.runtime._progress as progress
+from corral.runtime._progress import share
 from entities import Job, Start, fresh_key
 from procs import wait_until
 from test_signal_waits import ENTITIES as WAITING
@@ -158,3 +160,36 @@ async def test_describe_shows_snapshots_timers_open_waits_and_dead_letters(
 
 async def _dead(ref: corral.EntityRef[Counter, Start]) -> bool:
     return len(await ref.dead_letters()) == 1
+
+
+def test_a_round_of_progress_shares_its_rows_among_the_shards_that_moved() -> None:
+    assert share([0, 5, 1], 10) == [0, 5, 1]  # all fit
+    assert share([10, 10, 1], 10) == [4, 5, 1]  # the rest split evenly
+    assert share([3, 3], 0) == [0, 0]
+
+
+async def test_with_more_entities_moving_than_a_round_records_each_is_recorded_in_turn(
+        db_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "PROGRESS_ROWS", 3)
+    monkeypatch.setattr(progress, "PROGRESS_INTERVAL", None)  # rounds run by the test
+    keys = [fresh_key("turn") for _ in range(10)]
+    async with corral.open_runtime(db_path, entities=ENTITIES, shards=1) as rt:
+        assert rt.host is not None
+        rounds = []
+        for n in range(1, 5):  # every entity moves before each round
+            for key in keys:
+                await rt.ref(Counter, key).signal_with_start(
+                    Counter.add, Item(id=f"x{n}"), start=Start(tenant="t"))
+            for key in keys:
+                act = rt.host.shards[0].get("Counter", key)
+                assert act is not None
+                await act.wait_applied(n)
+            rounds.append(await rt.host.record_progress())
+        async with corral.open_runtime(db_path, entities=ENTITIES, shards=1,
+                                       host=False) as client:
+            described = [await client.ref(Counter, key).describe() for key in keys]
+    assert rounds == [3, 3, 3, 3]
+    # Each recorded in turn (not the same three every round): k0-k2 at seq 1, k3-k5 at
+    # 2, k6-k8 at 3, then k9, k0, k1 at 4.
+    assert [d.applied_seq for d in described] == [4, 4, 1, 2, 2, 2, 3, 3, 3, 4]
+    assert all(d.progress_age is not None for d in described)
