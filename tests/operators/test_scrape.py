@@ -22,13 +22,13 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel
 
 import corral
 from acceptances import acc, fence_for, opened
 from corral._scrape import CENSUS_SERIES, census_text
 from corral.metrics import REGISTRY
 from corral.persistence import Suspension
+from dashboard_app import BROKEN, Ledger, Note, Stuck
 from procs import wait_until
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -108,32 +108,6 @@ async def test_corral_metrics_refuses_a_location_without_a_store(tmp_path: Path)
     assert not (tmp_path / "none.db").exists()  # nothing created
 
 
-class Item(BaseModel):
-    id: str
-
-
-class Scraped(corral.Entity):
-    retry = corral.RetryPolicy(max_attempts=1)
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    @corral.signal
-    def add(self, item: Item) -> None:
-        if item.id == "boom":
-            raise ValueError("boom")
-        self.items.append(item.id)
-
-
-class Broken(corral.Entity):
-    """`run()` has a bug: its run is suspended (retried an hour later)."""
-
-    run_retry = corral.RetryPolicy(max_attempts=None, initial_backoff=3600, max_backoff=3600)
-
-    async def run(self) -> None:
-        raise KeyError("bug")
-
-
 def expressions() -> list[tuple[str, str]]:
     """(where, PromQL expression) of every alert rule and Grafana panel target."""
     found: list[tuple[str, str]] = []
@@ -152,19 +126,23 @@ def expressions() -> list[tuple[str, str]]:
 
 async def test_every_alert_rule_and_grafana_expression_names_a_series_corral_exports(
         tmp_path: Path) -> None:
-    async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Scraped, Broken]) as rt:
-        for i, item in enumerate(["a", "b", "boom"]):
-            await rt.ref(Scraped, f"k{i}").signal_with_start(Scraped.add, Item(id=item),
-                                                             start=None)
-        broken = rt.ref(Broken, "b")
-        await broken.start(start=None)
+    BROKEN.set()  # Ledger.add raises: dead-lettered at once
+    try:
+        async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Ledger, Stuck]) as rt:
+            for i in range(3):
+                await rt.ref(Ledger, f"k{i}").signal_with_start(Ledger.add, Note(text="x"),
+                                                                start=None)
+            stuck = rt.ref(Stuck, "s")  # run() raises: suspended
+            await stuck.start(start=None)
 
-        async def settled() -> bool:
-            return len(await rt.dead_letters()) == 1 and \
-                (await broken.describe()).suspension is not None
-        await wait_until(settled, "a dead letter and a suspended run")
-        # What the dashboard's /metrics serves: the census, then this process's series.
-        text = (await census_text(rt.census) + generate_latest(REGISTRY)).decode()
+            async def settled() -> bool:
+                return len(await rt.dead_letters()) == 3 and \
+                    (await stuck.describe()).suspension is not None
+            await wait_until(settled, "three dead letters and a suspended run")
+            # What the dashboard's /metrics serves: the census, then this process's series.
+            text = (await census_text(rt.census) + generate_latest(REGISTRY)).decode()
+    finally:
+        BROKEN.clear()
     exported = set(samples(text)) | {f.name for f in text_string_to_metric_families(text)}
     relabel = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     [ray_job] = [j for j in relabel["scrape_configs"] if j["job_name"] == "ray"]

@@ -1,28 +1,15 @@
 """Progress and the census on Ray: a pure client (and the census through a shard actor)
-sees how far the shard actors applied, from the store."""
+sees how far the shard actors applied, from the store (`namespace`: tests/ray/conftest.py)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import corral
-from corral.runtime._ray import stop_hosts
 from procs import wait_until
 from ray_workers import ENTITIES, Counter, Item, Start
 
 SHARDS = 2
-
-
-@pytest.fixture
-def namespace(ray_address: str) -> Iterator[str]:
-    """A deployment of its own; its actors are stopped (leases released) afterwards."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    yield name
-    stop_hosts(name)
 
 
 async def test_a_pure_client_and_the_census_see_what_the_shard_actors_applied(
