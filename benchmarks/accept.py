@@ -5,6 +5,7 @@ Run from the repository root:
     .venv/bin/python benchmarks/accept.py                # full run (~11-15 min on 2 cores)
     .venv/bin/python benchmarks/accept.py --quick        # smoke run (< 90 s)
     .venv/bin/python benchmarks/accept.py --no-postgres  # the SQLite rows only
+    .venv/bin/python benchmarks/accept.py --progress     # recording progress: on vs off
 
 Workloads (see benchmarks/README.md for the columns):
 
@@ -25,6 +26,11 @@ Workloads (see benchmarks/README.md for the columns):
 6. Sequential `signal_with_start` latency (one sender, a fresh key per call) on both stores.
 7. Pickup latency of a signal accepted by a `host=False` process, on both stores
    (`pickup.py`: polling on SQLite, LISTEN/NOTIFY on PostgreSQL).
+
+8. `--progress` (on its own): the cost of hosts recording their progress in the store
+   (`corral.runtime._progress`, once a second per shard): corral `host=True` with the
+   recording on (as shipped) and off, rounds interleaved, on both stores; writes
+   benchmarks/results/accept-progress.json.
 
 Results are printed as tables and written to benchmarks/results/accept.json.
 """
@@ -59,6 +65,8 @@ from _pg_ceiling import PgCeilingWriter
 from pydantic import BaseModel
 
 import corral
+import corral.persistence
+import corral.runtime._progress as progress_module
 from corral.persistence import canonical_json, is_postgres_url, open_sqlite_store, payload_hash
 from corral.persistence._schema import PRAGMAS
 from corral.runtime._boundary import new_message_id
@@ -67,6 +75,7 @@ from corral.runtime._router import Router
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "accept.json"
 QUICK_RESULTS = HERE / "results" / "accept-quick.json"  # a smoke run never overwrites the full one
+PROGRESS_RESULTS = HERE / "results" / "accept-progress.json"
 SHARDS = 16
 PRIME_SENDERS = 1000
 STORES = ("sqlite", "postgres")
@@ -598,6 +607,124 @@ async def run_plan(plan: Plan, server: _pg.Server | None) -> list[Row]:
     return list(rows.values())
 
 
+PROGRESS_CONFIGS = ((10_000, 100), (10_000, 1000), (1, 100))  # (entities, senders)
+CENSUS_ENTITIES = (10_000, 100_000)
+
+
+async def run_recording_cost(server: _pg.Server | None) -> dict[str, Any]:
+    """What one round of recording costs the store's writer (its rows in 16 fenced
+    writes, one per shard, as a host makes them) at the cap and past it, and what a
+    census read costs with half of the entities behind: median of 5, milliseconds."""
+    stores = STORES if server is not None else STORES[:1]
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        for store in stores:
+            for entities in CENSUS_ENTITIES:
+                async with fresh_store(store, tmp, f"cost-{entities}", server) as location:
+                    out[f"{store} {entities}"] = await _recording_cost(location, entities)
+                log(f"recording cost {store:<8} {entities:>7,} entities: "
+                    + ", ".join(f"{k} {v:.1f} ms" for k, v in out[f"{store} {entities}"].items()))
+    return out
+
+
+async def _recording_cost(location: str, entities: int) -> dict[str, float]:
+    store = await corral.persistence.open_store(location, shards=SHARDS)
+    try:
+        fences = []
+        for shard in range(SHARDS):
+            epoch = (await store.acquire_leases("bench", [shard], 600.0))[shard]
+            fences.append(corral.persistence.Fence(shard, "bench", epoch))
+        router, start = Router(SHARDS), canonical_json({"tenant": "acme"})
+        for first in range(0, entities, 1000):
+            accs = []
+            for i in range(first, min(first + 1000, entities)):
+                key = f"ticket-{i}"
+                payload = canonical_json({"n": i, "text": TEXT})
+                accs.append(corral.persistence.Acceptance(
+                    ETYPE, key, router.shard_of(ETYPE, key), corral.persistence.EntryKind.SIGNAL,
+                    "ping", new_message_id(), payload, payload_hash("ping", payload), None,
+                    start, corral.IdReusePolicy.ALLOW_DUPLICATE, time.time()))
+            await store.accept_many(accs)
+        cost: dict[str, float] = {}
+        for rows in (progress_module.PROGRESS_ROWS, 10_000):
+            times = []
+            for rnd in range(5):
+                per_shard: dict[int, list[tuple[str, str, int, int]]] = {}
+                for i in range(0, min(rows, entities)):
+                    key = f"ticket-{i}"
+                    per_shard.setdefault(router.shard_of(ETYPE, key), []).append(
+                        (ETYPE, key, i % 2, rnd))  # half behind: seq 0 of 1
+                t = time.perf_counter()
+                await asyncio.gather(*(store.record_progress(fences[shard], batch, at=time.time())
+                                       for shard, batch in per_shard.items()))
+                times.append((time.perf_counter() - t) * 1000)
+            cost[f"record {rows:,} rows"] = sorted(times)[2]
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            await store.census()
+            times.append((time.perf_counter() - t) * 1000)
+        cost["census"] = sorted(times)[2]
+        return cost
+    finally:
+        await store.close()
+
+
+async def run_progress(server: _pg.Server | None, rounds: int = 3) -> dict[str, Any]:
+    """corral `host=True` with progress recorded (as shipped) and not, interleaved."""
+    stores = STORES if server is not None else STORES[:1]
+    shipped = progress_module.PROGRESS_INTERVAL
+    found: dict[tuple[str, int, int, bool], list[Round]] = {}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        for rnd in range(rounds):
+            for store in stores:
+                for entities, senders in PROGRESS_CONFIGS:
+                    for recording in (True, False):
+                        progress_module.PROGRESS_INTERVAL = shipped if recording else None
+                        name = f"r{rnd}-progress-{entities}-{senders}-{recording}"
+                        try:
+                            async with fresh_store(store, tmp, name, server) as location:
+                                result = await run_corral(location, entities=entities,
+                                                          senders=senders, host=True,
+                                                          warmup=1.0, duration=5.0)
+                        finally:
+                            progress_module.PROGRESS_INTERVAL = shipped
+                        found.setdefault((store, entities, senders, recording), []
+                                         ).append(result)
+                        log(f"progress round {rnd + 1} {store:<8} {entities:>6} entities "
+                            f"{senders:>5} senders recording={recording!s:<5}: "
+                            f"{fmt_round(result)}")
+    header = (f"{'store':<8} {'entities':>8} {'senders':>7} | {'on acks/s':>9} {'p99 ms':>7} "
+              f"{'applied/s':>9} | {'off acks/s':>10} {'p99 ms':>7} {'applied/s':>9} | "
+              f"{'ratio':>5}")
+    lines, rows = [header, "-" * len(header)], []
+    for store in stores:
+        for entities, senders in PROGRESS_CONFIGS:
+            on = sorted(found[(store, entities, senders, True)], key=lambda r: r.acks_per_s)
+            off = sorted(found[(store, entities, senders, False)], key=lambda r: r.acks_per_s)
+            a, b = on[(len(on) - 1) // 2], off[(len(off) - 1) // 2]
+            ratio = a.acks_per_s / b.acks_per_s if b.acks_per_s else float("nan")
+            lines.append(
+                f"{store:<8} {entities:>8,} {senders:>7,} | {a.acks_per_s:>9,.0f} "
+                f"{a.p99_ms:>7.2f} {a.applied_per_s or 0:>9,.0f} | {b.acks_per_s:>10,.0f} "
+                f"{b.p99_ms:>7.2f} {b.applied_per_s or 0:>9,.0f} | {ratio:>5.2f}")
+            rows.append({"store": store, "entities": entities, "senders": senders,
+                         "recording": asdict(a), "not_recording": asdict(b), "ratio": ratio,
+                         "recording_rounds_acks_per_s": [r.acks_per_s for r in on],
+                         "not_recording_rounds_acks_per_s": [r.acks_per_s for r in off]})
+    text = "\n".join(lines)
+    log("")
+    log(f"recording progress (every {shipped} s per shard) on vs off, host=True, median "
+        f"of {rounds} round(s); ratio = on / off")
+    log(text)
+    cost = await run_recording_cost(server)
+    return {"benchmark": "accept-progress", "started_at": time.time(), "cost_ms": cost,
+            "progress_rows": progress_module.PROGRESS_ROWS,
+            "progress_interval_s": shipped, "rounds": rounds, "rows": rows, "table": text,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "sqlite": sqlite3.sqlite_version, "loadavg_end": os.getloadavg()}}
+
+
 async def run_latency(plan: Plan, server: _pg.Server | None) -> list[Row]:
     """Sequential signal_with_start (fresh keys) per store and host flag, interleaved."""
     stores = STORES if server is not None else STORES[:1]
@@ -706,6 +833,8 @@ def pg_header(settings: dict[str, str]) -> str:
 
 
 async def amain(args: argparse.Namespace, server: _pg.Server | None) -> dict[str, Any]:
+    if args.progress:
+        return await run_progress(server)
     plan = QUICK if args.quick else FULL
     started = time.time()
     load0 = os.getloadavg()
@@ -789,6 +918,8 @@ def main() -> None:
                         help="the SQLite rows only (no PostgreSQL server is started)")
     parser.add_argument("--out", help="where to write the JSON results (default: "
                         "results/accept.json, or results/accept-quick.json with --quick)")
+    parser.add_argument("--progress", action="store_true",
+                        help="only the cost of recording progress: on vs off (~8 min)")
     parser.add_argument("--memory-child", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--senders", type=int, default=PRIME_SENDERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -801,9 +932,10 @@ def main() -> None:
             result = _pg.run(amain(args, server))
     except _pg.ServerUnavailable as err:
         raise SystemExit(f"{err}; or pass --no-postgres for the SQLite rows only") from None
-    out_path = Path(args.out or (QUICK_RESULTS if args.quick else RESULTS))
+    out_path = Path(args.out or (PROGRESS_RESULTS if args.progress else
+                                 QUICK_RESULTS if args.quick else RESULTS))
     write_json(out_path, result)
-    log(f"\nwrote {out_path} in {result['elapsed_s']:.0f} s")
+    log(f"\nwrote {out_path}")
 
 
 if __name__ == "__main__":

@@ -196,6 +196,37 @@ async def test_ls_and_show_say_a_run_is_suspended_and_show_prints_its_error(
     assert "KeyError" in found["error"]
 
 
+async def test_ls_and_show_print_the_applied_seq_and_backlog_a_host_recorded(
+    db_path: str, tmp_path: Path,
+) -> None:
+    async with corral.open_runtime(db_path, entities=app.entities, host=False) as client:
+        ref = client.ref(Board, "p-1")
+        for i in range(3):  # accepted, and no host to apply them yet
+            await ref.signal_with_start(Board.post, Note(text=f"n{i}"),
+                                        start=BoardInput(title="progress"), message_id=f"p{i}")
+        ls, show, show_json = await _all(["ls", "Board"], ["show", "Board", "p-1"],
+                                         ["show", "Board", "p-1", "--json"],
+                                         store=db_path, cwd=tmp_path)
+        assert _row(ls.ok(), "Board", "p-1", "running", "1", "3", "0", "3")
+        assert _row(show.ok(), "applied seq", "0")
+        assert _row(show.stdout, "backlog", "3 messages, the oldest accepted")
+        assert _row(show.stdout, "progress", "never recorded")
+        behind = show_json.json()
+        assert (behind["applied_seq"], behind["backlog"]) == (0, 3)
+        assert behind["oldest_unapplied_age"] >= 0
+        async with corral.open_runtime(db_path, entities=app.entities):  # a host applies
+
+            async def caught_up() -> bool:
+                return (await ref.describe()).backlog == 0
+            await wait_until(caught_up, "the host records that it applied all three")
+        ls, show = await _all(["ls", "Board"], ["show", "Board", "p-1"], store=db_path,
+                              cwd=tmp_path)
+    assert _row(ls.ok(), "Board", "p-1", "running", "1", "3", "3", "0")
+    assert _row(show.ok(), "applied seq", "3")
+    assert _row(show.stdout, "backlog", "0 messages")
+    assert _row(show.stdout, "progress", "recorded by its host")
+
+
 async def test_ls_show_waits_and_dead_letters_print_tables_and_json_and_write_nothing(
     db_path: str, tmp_path: Path,
 ) -> None:

@@ -721,3 +721,84 @@ async def test_names_in_use_counts_journal_entries_and_dead_letters_of_each_name
     assert used == {"reply": "2 journal entries remain",
                     "close": "1 journal entry, 1 dead letter remain"}
     assert await store.names_in_use("T", []) == {}
+
+
+# -- hosts' progress and the census (operators' numbers from any process) ----------------
+
+
+async def test_recorded_progress_shows_every_reader_the_applied_seq_and_backlog_never_back(
+    store: Store, other: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    entries = [(await store.accept(acc("k", f"m{i}"))).entry for i in range(1, 4)]
+
+    async def progress() -> tuple[object, ...]:
+        [record] = await other.entities("E", None, limit=10)  # another process reads
+        details = await other.entity_details("E", "k", 1)
+        assert details.progress == record.progress
+        p = record.progress
+        assert p is not None
+        return p.applied_seq, p.mailbox_depth, p.recorded_at, p.oldest_unapplied_at
+
+    assert await progress() == (0, None, None, entries[0].accepted_at)  # nothing recorded
+    await store.record_progress(fence, [("E", "k", 2, 1)], at=100.0)
+    assert await progress() == (2, 1, 100.0, entries[2].accepted_at)
+    await store.record_progress(fence, [("E", "k", 1, 0)], at=101.0)  # a stale watermark
+    assert await progress() == (2, 1, 100.0, entries[2].accepted_at)
+    with pytest.raises(corral.LeaseLostError):  # a former holder writes nothing
+        await store.record_progress(Fence(1, "host", 99), [("E", "k", 3, 0)], at=102.0)
+    assert await progress() == (2, 1, 100.0, entries[2].accepted_at)
+    await store.record_progress(fence, [("E", "k", 3, 0)], at=103.0)
+    assert await progress() == (3, 0, 103.0, None)  # nothing left to apply
+    await store.accept(acc("k", "m4"))
+    await store.write_snapshot(fence, "E", "k", 1, applied_seq=4, state=b"1", keep=1,
+                               passivate=True)  # passivated after applying it
+    assert (await progress())[0::3] == (4, None)
+
+
+async def test_a_new_run_starts_with_no_backlog_of_the_closed_one(store: Store) -> None:
+    fence = await fence_for(store, 1)
+    for mid in ("m1", "m2"):
+        await store.accept(acc("k", mid))
+    await store.close_run(fence, "E", "k", 1, applied_seq=1, status=corral.RunStatus.FAILED,
+                          result=None, error="boom", force=True)  # m2 dead-lettered
+    [closed] = await store.entities("E", None, limit=10)
+    assert closed.progress is not None
+    assert closed.progress.oldest_unapplied_at is None
+    await store.accept(acc("k", "m3"))  # run 2, from seq 3
+    [record] = await store.entities("E", None, limit=10)
+    assert (record.run_id, record.accepted_seq) == (2, 3)
+    assert record.progress is not None
+    assert record.progress.applied_seq == 2
+
+
+async def test_the_census_aggregates_a_stores_known_contents(store: Store) -> None:
+    fence = await fence_for(store, 1)
+    first = {key: (await store.accept(acc(key, "m1"))).entry for key in ("a", "b", "c")}
+    second_b = (await store.accept(acc("b", "m2"))).entry
+    await store.accept(acc("x", "m1", shard=2, etype="T"))
+    await store.record_progress(fence, [("E", "a", 1, 0), ("E", "b", 0, 0)], at=1.0)
+    await store.close_run(fence, "E", "c", 1, applied_seq=1,
+                          status=corral.RunStatus.COMPLETED, result='"done"', error=None)
+    await store.record_dead_letter(fence, second_b, error="ValueError", traceback="tb",
+                                   attempts=3, failed_at=5.0)
+    await store.open_wait(fence, "E", "a", 1, "approval", deadline=None, now=1.0)
+    await store.suspend_run(fence, Suspension("E", "b", 1, "RuntimeError", 1, 1.0, 9.0))
+    await store.register_builds("h1", "host", [("E", "f1", "{}"), ("T", "f2", "{}")],
+                                ttl=600.0)
+    await store.register_builds("c1", "client", [("E", "f1", "{}")], ttl=600.0)
+    await store.register_builds("old", "host", [("E", "f0", "{}")], ttl=0.01)
+    await asyncio.sleep(0.05)  # the store's clock passes old's registration
+    census = await store.census()
+    assert census.entities == (("E", "completed", 1), ("E", "running", 2), ("T", "running", 1))
+    assert [(b.entity_type, b.messages, b.entities) for b in census.backlog] == [
+        ("E", 2, 1), ("T", 1, 1)]  # b: 2 of 2 behind; a applied all; x: 1 never applied
+    by_type = {b.entity_type: b.oldest_unapplied_at for b in census.backlog}
+    assert by_type["E"] == first["b"].accepted_at
+    assert census.dead_letters == (("E", 1),)
+    assert census.open_waits == (("E", 1),)
+    assert census.suspended_runs == (("E", 1),)
+    assert census.processes == (("E", "f1", "client", 1), ("E", "f1", "host", 1),
+                                ("T", "f2", "host", 1))
+    assert (census.hosts, census.shards, census.shards_held) == (1, SHARDS, 1)
+    assert census.at > 1_000_000_000  # the store's clock

@@ -48,7 +48,8 @@ async def test_an_idle_entity_is_passivated_and_a_message_reactivates_it_with_it
 
         info = await ref.describe()
         assert info.status is corral.RunStatus.RUNNING, "passivation must not close the run"
-        assert (info.accepted_seq, info.applied_seq) == (10, None)
+        # Not in memory: the store's watermark, the seq it was passivated at.
+        assert (info.accepted_seq, info.applied_seq, info.backlog) == (10, 10, 0)
         assert sql(db_path, "SELECT passivated_seq FROM entities WHERE key='s-1'") == [(10,)]
         assert sql(db_path, "SELECT applied_seq, run_id FROM snapshots WHERE key='s-1' "
                             "ORDER BY applied_seq DESC LIMIT 1") == [(10, 1)]

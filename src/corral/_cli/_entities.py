@@ -67,13 +67,15 @@ def list_entities(
     if not page.items:
         console.print("no entities")
     else:
-        rows = table("TYPE", "KEY", "STATUS", "RUN", "ACCEPTED", "APPLIED", "PASSIVATED",
-                     "UPDATED", "SHARD")
+        rows = table("TYPE", "KEY", "STATUS", "RUN", "ACCEPTED", "APPLIED", "BACKLOG",
+                     "OLDEST UNAPPLIED", "PASSIVATED", "UPDATED", "SHARD")
         for e in page.items:
             status = f"{e.status.value} (suspended)" if e.suspended else e.status.value
             rows.add_row(*cells([e.entity_type, e.key, status, e.run_id,
-                                 e.accepted_seq, e.applied_seq, "yes" if e.passivated else "no",
-                                 when(e.updated_at), e.shard]))
+                                 e.accepted_seq, e.applied_seq, e.backlog,
+                                 _waited(e.oldest_unapplied_age),
+                                 "yes" if e.passivated else "no", when(e.updated_at),
+                                 e.shard]))
         console.print(rows)
     if page.next_cursor is not None:
         console.print(f"more: --after {page.next_cursor}")
@@ -88,10 +90,11 @@ def show_entity(
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
-    """Describe one entity: status, runs, snapshot, timers, open waits, dead letters.
+    """Describe one entity: status, progress, runs, snapshot, timers, open waits, dead
+    letters.
 
-    The applied position and mailbox depth are known only to the process hosting the
-    entity, so this command (a client, not a host) shows them as "-".
+    The applied position, backlog and mailbox depth are as the entity's host last
+    recorded them in the store (at most a second or so behind the host).
     """
     found = Connection(store, app, shards).run(
         ctx, lambda rt: rt.ref(entity_class(rt, entity_type), key).describe())
@@ -142,7 +145,11 @@ def _facts(d: corral.EntityDescription) -> Table:
         ("run", "-" if d.run_id == 0 else str(d.run_id)),
         ("accepted seq", str(d.accepted_seq)),
         ("applied seq", "-" if d.applied_seq is None else str(d.applied_seq)),
+        ("backlog", _backlog(d)),
         ("mailbox depth", "-" if d.mailbox_depth is None else str(d.mailbox_depth)),
+        ("progress", "live here" if d.hosted_here else
+         "never recorded" if d.progress_age is None else
+         f"recorded by its host {age(d.progress_age)} ago"),
         ("snapshot", snapshot),
         ("timers", timers),
         ("open waits", str(len(d.open_waits))),
@@ -150,6 +157,19 @@ def _facts(d: corral.EntityDescription) -> Table:
     ]:
         grid.add_row(name, printable(value))
     return grid
+
+
+def _waited(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{age(seconds)} ago"
+
+
+def _backlog(d: corral.EntityDescription) -> str:
+    """"3 messages, the oldest accepted 12s ago" (or "-" for an entity never started)."""
+    if d.backlog is None:
+        return "-"
+    text = f"{d.backlog} message{'' if d.backlog == 1 else 's'}"
+    oldest = _waited(d.oldest_unapplied_age)
+    return text if oldest is None else f"{text}, the oldest accepted {oldest}"
 
 
 def send_signal(

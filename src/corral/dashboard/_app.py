@@ -8,18 +8,17 @@ form says), so the application's `authorize` hook decides on them as on any call
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 from urllib.parse import quote
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 import corral
 from corral import (
@@ -36,6 +35,8 @@ from corral import (
     UnknownEntityTypeError,
     UnknownHandlerError,
 )
+from corral._scrape import census_text
+from corral.metrics import REGISTRY
 
 from . import _views as views
 from ._auth import COOKIE, Authenticate, Gate, Refused, check_origin, safe_next
@@ -111,26 +112,15 @@ async def _form(request: Request) -> dict[str, str]:
         return {k: v for k, v in form.items() if isinstance(v, str)}
 
 
-class _Asgi:
-    """An ASGI app as a route endpoint (Starlette treats a plain function as a view)."""
+def _metrics_route(runtime: Runtime) -> Route:
+    """`/metrics`: the deployment's census from the store (`corral._scrape`, the same on
+    every backend), then this process's own series (`corral.metrics.REGISTRY`)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    async def metrics(request: Request) -> Response:
+        body = await census_text(runtime.census) + generate_latest(REGISTRY)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
-
-
-def _metrics_app() -> ASGIApp | None:
-    """Prometheus' ASGI app on `corral.metrics.REGISTRY`, or None without that module."""
-    try:
-        metrics = importlib.import_module("corral.metrics")
-        from prometheus_client import make_asgi_app
-    except ModuleNotFoundError as err:
-        if err.name in ("corral.metrics", "prometheus_client"):
-            return None
-        raise
-    return cast(ASGIApp, make_asgi_app(registry=metrics.REGISTRY))
+    return Route("/metrics", metrics, methods=["GET"])
 
 
 class _Dashboard:
@@ -376,8 +366,8 @@ def create_app(runtime: Runtime, *, authenticate: Authenticate | None = None,
             sign-in form, which sets an HttpOnly cookie); their sender is `"dashboard"`.
 
     Every write is made with `sender=` the operator, so the runtime's `authorize` hook
-    sees who it was. `/healthz` and `/metrics` (Prometheus, when `corral.metrics` is
-    there) answer without signing in.
+    sees who it was. `/healthz` and `/metrics` (Prometheus: the deployment's census from
+    the store, then this process's own series) answer without signing in.
 
     Example:
         async with corral.open_runtime("corral.db", entities=[Order], host=False) as rt:
@@ -386,7 +376,5 @@ def create_app(runtime: Runtime, *, authenticate: Authenticate | None = None,
     """
     dashboard = _Dashboard(runtime, Gate(authenticate, token))
     routes = dashboard.routes()
-    metrics = _metrics_app()
-    if metrics is not None:
-        routes.append(Route("/metrics", _Asgi(metrics), methods=["GET"]))
+    routes.append(_metrics_route(runtime))
     return Starlette(routes=routes)

@@ -56,7 +56,8 @@ def _next_link(path: str, params: Mapping[str, object], cursor: str | None) -> H
 
 
 _ENTITY_ROW = """<tr><td>$type</td><td>$key</td><td class="status">$status</td><td>$run</td>
-<td>$accepted</td><td>$applied</td><td>$mailbox</td><td>$passivated</td><td>$updated</td></tr>"""
+<td>$accepted</td><td>$applied</td><td class="backlog">$backlog</td><td>$oldest</td>
+<td>$mailbox</td><td>$passivated</td><td>$updated</td></tr>"""
 
 
 def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: str | None,
@@ -68,14 +69,16 @@ def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: st
     rows = [render(_ENTITY_ROW, type=e.entity_type, key=_entity_link(e.entity_type, e.key),
                    status=f"{e.status.value} (suspended)" if e.suspended else e.status.value,
                    run=e.run_id, accepted=e.accepted_seq, applied=opt(e.applied_seq),
+                   backlog=opt(e.backlog), oldest=_waited(e.oldest_unapplied_age),
                    mailbox=opt(e.mailbox_depth),
                    passivated="yes" if e.passivated else "no", updated=when(e.updated_at))
             for e in page.items]
     table = render(
         "<table class=\"entities\"><thead><tr><th>Type</th><th>Key</th><th>Status</th>"
-        "<th>Run</th><th>Accepted seq</th><th>Applied seq</th><th>Mailbox</th>"
-        "<th>Passivated</th><th>Updated</th></tr></thead><tbody>$rows</tbody></table>",
-        rows=join(rows) if rows else render("<tr><td colspan=\"9\">No entities.</td></tr>"))
+        "<th>Run</th><th>Accepted seq</th><th>Applied seq</th><th>Backlog</th>"
+        "<th>Oldest unapplied</th><th>Mailbox</th><th>Passivated</th><th>Updated</th>"
+        "</tr></thead><tbody>$rows</tbody></table>",
+        rows=join(rows) if rows else render("<tr><td colspan=\"11\">No entities.</td></tr>"))
     params = {"type": chosen_type, "status": chosen_status, "limit": limit}
     return join([_filters("/", types, chosen_type, extra), table,
                  _next_link("/", params, page.next_cursor)])
@@ -84,8 +87,9 @@ def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: st
 _FACTS = """<dl class="facts">
 <dt>Type</dt><dd>$type</dd><dt>Key</dt><dd class="key">$key</dd>
 <dt>Status</dt><dd class="status" id="status">$status</dd><dt>Run</dt><dd>$run</dd>
-<dt>Accepted seq</dt><dd>$accepted</dd><dt>Applied seq</dt><dd>$applied</dd>
-<dt>Mailbox depth</dt><dd>$mailbox</dd><dt>Live in the dashboard's process</dt><dd>$hosted</dd>
+<dt>Accepted seq</dt><dd>$accepted</dd><dt>Applied seq</dt><dd id="applied">$applied</dd>
+<dt>Backlog</dt><dd id="backlog">$backlog</dd><dt>Mailbox depth</dt><dd>$mailbox</dd>
+<dt>Progress</dt><dd>$progress</dd><dt>Live in the dashboard's process</dt><dd>$hosted</dd>
 <dt>Shard</dt><dd>$shard</dd><dt>Snapshot</dt><dd>$snapshot</dd>
 <dt>Timers</dt><dd>$timers</dd><dt>Dead letters</dt><dd>$dead</dd>
 </dl>"""
@@ -97,14 +101,13 @@ _RUN_ROW = """<tr><td>$run</td><td>$status</td><td>$started</td><td>$closed</td>
 def entity_detail(visit: Visit, d: EntityDescription, models: Models,
                   letters: Sequence[DeadLetter]) -> Html:
     """One entity: its state, run chain, timers, open waits and dead letters."""
-    live = " (known only to the process hosting it)" if not d.hosted_here else ""
     snapshot = "none yet" if d.snapshot_seq is None else \
         f"at seq {d.snapshot_seq}, {age(d.snapshot_age)} old"
     status = d.status.value if d.suspension is None else f"{d.status.value} (suspended)"
     facts = render(_FACTS, type=d.entity_type, key=d.key, status=status,
                    run=d.run_id, accepted=d.accepted_seq,
-                   applied=f"{opt(d.applied_seq)}{live if d.applied_seq is None else ''}",
-                   mailbox=f"{opt(d.mailbox_depth)}{live if d.mailbox_depth is None else ''}",
+                   applied=opt(d.applied_seq), mailbox=opt(d.mailbox_depth),
+                   backlog=_backlog(d), progress=_progress(d),
                    hosted="yes" if d.hosted_here else "no", shard=d.shard, snapshot=snapshot,
                    timers=", ".join(when(t) for t in d.timers) or "none", dead=d.dead_letters)
     waits = [_wait_card(visit, w, models) for w in d.open_waits]
@@ -124,6 +127,28 @@ def entity_detail(visit: Visit, d: EntityDescription, models: Models,
         render("<h2>Dead letters</h2>"),
         _letters(visit, letters),
     ])
+
+
+def _waited(seconds: float | None) -> str:
+    return "\u2014" if seconds is None else f"{age(seconds)} ago"
+
+
+def _backlog(d: EntityDescription) -> str:
+    """Messages accepted and not applied yet, and how long the oldest has waited."""
+    if d.backlog is None:
+        return "\u2014"
+    text = f"{d.backlog} message{'' if d.backlog == 1 else 's'}"
+    return text if d.oldest_unapplied_age is None else \
+        f"{text}, the oldest accepted {_waited(d.oldest_unapplied_age)}"
+
+
+def _progress(d: EntityDescription) -> str:
+    """Where the applied seq, backlog and mailbox depth come from."""
+    if d.hosted_here:
+        return "live, in the dashboard's process"
+    if d.progress_age is None:
+        return "not recorded by a host yet"
+    return f"as its host recorded it {_waited(d.progress_age)}"
 
 
 def _suspension(d: EntityDescription) -> Html:

@@ -12,6 +12,7 @@ the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tai
 """
 
 from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
+from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
@@ -25,6 +26,7 @@ from ._records import (
     EntityRecord,
     EntryKind,
     JournalEntry,
+    Progress,
     RunRecord,
     Suspension,
     UpdateOutcome,
@@ -42,6 +44,7 @@ __all__ = [
     "BuildProcess",
     "BuildRecord",
     "BuildRegistry",
+    "Census",
     "DeadLetter",
     "DeliveryRequest",
     "DeliveryResult",
@@ -51,11 +54,13 @@ __all__ = [
     "Fence",
     "HostStore",
     "JournalEntry",
+    "Progress",
     "ReadStore",
     "RunRecord",
     "SqliteStore",
     "Store",
     "Suspension",
+    "TypeBacklog",
     "UpdateOutcome",
     "WaitPosition",
     "WaitRecord",

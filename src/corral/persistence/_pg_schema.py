@@ -51,6 +51,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
     # Graceful shard hand-off (`_ops_handoff`).
     6: create("lease_handoffs", "postgres"),
+    # Hosts' progress: applied watermarks and mailbox depths (`_progress`).
+    7: create("progress", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -15,12 +15,14 @@ from typing import Any
 
 from corral._common import RunStatus
 
+from ._progress import applied_sql, oldest_unapplied_sql, progress_from
 from ._records import (
     DeadLetter,
     EntityDetails,
     EntityRecord,
     EntryKind,
     JournalEntry,
+    Progress,
     RunRecord,
     Suspension,
     UpdateOutcome,
@@ -53,8 +55,19 @@ __all__ = [
 ]
 
 ENTRY_COLUMNS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
-_ENTITY_COLUMNS = ("etype, key, shard, run_id, status, next_seq - 1, passivated_seq, "
-                   f"updated_at, {SUSPENDED_COLUMN}")
+_ENTITY_COLUMNS = ", ".join(f"entities.{c}" for c in (
+    "etype", "key", "shard", "run_id", "status")) + (
+    ", entities.next_seq - 1, entities.passivated_seq, entities.updated_at, "
+    f"{SUSPENDED_COLUMN}")
+
+
+def _progress_columns(q: Txn) -> str:
+    """The `Progress` columns, over `progress_from()`."""
+    return f"{applied_sql(q)}, p.mailbox, p.recorded_at, {oldest_unapplied_sql(q)}"
+
+
+def _progress(r: Sequence[Any]) -> Progress:
+    return Progress(int(r[0]), None if r[1] is None else int(r[1]), r[2], r[3])
 _RUN_COLUMNS = ("run_id, status, start_input, result, error, started_at, closed_at, "
                 "continued_from, first_seq")
 
@@ -184,22 +197,23 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     where: list[str] = []
     args: list[Any] = []
     if status is not None:
-        where.append("status = ?")
+        where.append("entities.status = ?")
         args.append(status.value)
     if etype is not None:
-        where.append("etype = ?")
+        where.append("entities.etype = ?")
         args.append(etype)
     if isinstance(start, tuple) and etype is not None:
-        where.append("key > ?")
+        where.append("entities.key > ?")
         args.append(start[1])
     elif isinstance(start, tuple):
-        where.append("(etype, key) > (?, ?)")
+        where.append("(entities.etype, entities.key) > (?, ?)")
         args.extend(start)
     rows = await q.fetchall(
-        f"SELECT {_ENTITY_COLUMNS} FROM entities {'WHERE ' if where else ''}"
-        f"{' AND '.join(where)} ORDER BY etype, key LIMIT ?", *args, limit)
+        f"SELECT {_ENTITY_COLUMNS}, {_progress_columns(q)} FROM {progress_from()} "
+        f"{'WHERE ' if where else ''}{' AND '.join(where)} "
+        "ORDER BY entities.etype, entities.key LIMIT ?", *args, limit)
     return [EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7],
-                         bool(r[8])) for r in rows]
+                         bool(r[8]), _progress(r[9:])) for r in rows]
 
 
 async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDetails:
@@ -215,11 +229,15 @@ async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDet
     dead = await q.fetchone("SELECT count(*) FROM dead_letters WHERE etype = ? AND key = ?",
                             etype, key)
     suspended = await q.fetchone(OF_ENTITY, etype, key)
+    progress = await q.fetchone(
+        f"SELECT {_progress_columns(q)} FROM {progress_from()} "
+        "WHERE entities.etype = ? AND entities.key = ?", etype, key)
     assert dead is not None
     return EntityDetails(None if snap is None else snap[0], None if snap is None else snap[1],
                          tuple(t[0] for t in timers), tuple(wait_from_row(w) for w in waits),
                          int(dead[0]),
-                         None if suspended is None else suspension_from_row(suspended))
+                         None if suspended is None else suspension_from_row(suspended),
+                         None if progress is None else _progress(progress))
 
 
 async def shard_suspensions(q: Txn, shard: int) -> list[Suspension]:

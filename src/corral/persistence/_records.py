@@ -27,6 +27,7 @@ __all__ = [
     "EntityRecord",
     "EntryKind",
     "JournalEntry",
+    "Progress",
     "RunRecord",
     "Suspension",
     "UpdateOutcome",
@@ -273,6 +274,28 @@ class EntityRecord:
     updated_at: float | None
     suspended: bool = False
     """Its running run is suspended (see `Suspension`)."""
+    progress: Progress | None = None
+    """How far its host applied, as recorded in the store (see `Progress`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far an entity's host applied, as the store knows it (any process reads it).
+
+    Attributes:
+        applied_seq: the applied watermark: the highest of what its host recorded, the
+            seq it was passivated at, and the seq before its run's first entry.
+        mailbox_depth: payloads waiting for `run()` when its host last recorded (None:
+            never recorded).
+        recorded_at: when its host last recorded (None: never).
+        oldest_unapplied_at: when its oldest unapplied message was accepted (None:
+            none, or its run is not running).
+    """
+
+    applied_seq: int
+    mailbox_depth: int | None
+    recorded_at: float | None
+    oldest_unapplied_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +309,7 @@ class EntityDetails:
     waits: tuple[WaitRecord, ...]
     dead_letters: int
     suspension: Suspension | None = None
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)

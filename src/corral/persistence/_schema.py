@@ -44,6 +44,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
     # Graceful shard hand-off (`_ops_handoff`).
     8: create("lease_handoffs", "sqlite"),
+    # Hosts' progress: applied watermarks and mailbox depths (`_progress`).
+    9: create("progress", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

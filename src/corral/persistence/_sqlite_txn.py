@@ -56,6 +56,8 @@ SWEEP_DEDUPE = (
 class SqliteTxn(Txn):
     """One `BEGIN IMMEDIATE` transaction on the writer's `sqlite3` connection."""
 
+    GREATEST: ClassVar[str] = "max"
+
     CARRY_JOURNAL: ClassVar[str] = (
         "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "
         "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "

@@ -13,6 +13,7 @@ from typing import Protocol
 from corral._common import RunStatus
 
 from ._builds import BuildRegistry
+from ._census import Census
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -224,6 +225,14 @@ class HostStore(Protocol):
 
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]: ...
 
+    async def record_progress(self, fence: Fence,
+                              rows: Sequence[tuple[str, str, int, int]], *, at: float
+                              ) -> None:
+        """Record (etype, key, applied seq, mailbox depth) of entities of the fence's
+        shard, as of `at` (fenced); a watermark below the recorded one is left out, so
+        progress never moves back (see `_progress`)."""
+        ...
+
     async def suspend_run(self, fence: Fence, record: Suspension) -> None:
         """Record that the run is suspended (its `run()` raised, or its activation could
         not be built), replacing the entity's earlier record (fenced)."""
@@ -241,7 +250,7 @@ class HostStore(Protocol):
 
 class ReadStore(Protocol):
     """What operators and tools read: listings, one entity's details, runs, update
-    outcomes and dead letters."""
+    outcomes, dead letters and the census."""
 
     async def signal_waits(self, etype: str | None, *, limit: int,
                            after: WaitPosition | None = None) -> list[WaitRecord]:
@@ -260,6 +269,11 @@ class ReadStore(Protocol):
         ...
 
     async def runs(self, etype: str, key: str) -> list[RunRecord]: ...
+
+    async def census(self) -> Census:
+        """The deployment's numbers for a metrics scrape, aggregated in SQL (see
+        `_census`)."""
+        ...
 
     async def update_outcome(self, etype: str, key: str, message_id: str
                              ) -> UpdateOutcome | None: ...

@@ -17,6 +17,7 @@ from . import _builds as registry
 from . import _reads as reads
 from ._batch import CommitQueue
 from ._builds import BuildRecord
+from ._census import Census, census
 from ._ops_accept import AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
@@ -36,6 +37,7 @@ from ._ops_runs import (
     TimerOp,
 )
 from ._ops_waits import DeliverOp, ExpireWaitOp, OpenWaitOp
+from ._progress import RecordProgressOp
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -169,6 +171,11 @@ class StoreCore:
     async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
         await self.write(ActivatedOp(fence, etype, key))
 
+    async def record_progress(self, fence: Fence,
+                              rows: Sequence[tuple[str, str, int, int]], *, at: float
+                              ) -> None:
+        await self.write(RecordProgressOp(fence, tuple(rows), at))
+
     async def suspend_run(self, fence: Fence, record: Suspension) -> None:
         await self.write(SuspendOp(fence, record))
 
@@ -209,6 +216,9 @@ class StoreCore:
 
     async def suspensions(self, shard: int) -> list[Suspension]:
         return await self.query(reads.shard_suspensions, shard)
+
+    async def census(self) -> Census:
+        return await self.query(census)
 
     async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]:
         return await self.query(reads.due_timers, shards, now)

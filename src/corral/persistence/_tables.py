@@ -147,6 +147,13 @@ TABLES = (
     Table("lease_handoffs", """
         shard INT PRIMARY KEY, requester TEXT NOT NULL, until REAL NOT NULL,
         released BOOL NOT NULL""", rowid=True),
+    # Hosts' progress (`_progress`): each entity's applied watermark and mailbox depth
+    # as its host last recorded them (batched, at most once a second per host; the
+    # watermark never moves back), so any process sees the backlog.
+    Table("progress", """
+        etype TEXT NOT NULL, key TEXT NOT NULL, applied_seq BIGINT NOT NULL,
+        mailbox INT NOT NULL, recorded_at REAL NOT NULL,
+        PRIMARY KEY (etype, key)"""),
 )
 _BY_NAME = {table.name: table for table in TABLES}
 

@@ -130,6 +130,7 @@ class Txn:
     ROW_LOCK: ClassVar[str] = ""  # appended to a read of the entity row it will write
     SHARE_LOCK: ClassVar[str] = ""  # appended to a read of a lease row it checks
     CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... at)
+    GREATEST: ClassVar[str] = "greatest"  # the largest of its (non-null) arguments
 
     entities: dict[Ident, EntityRow | None] = field(default_factory=dict)
     dedupe: dict[Ident, dict[str, Seen | None]] = field(default_factory=dict)

@@ -26,11 +26,13 @@ from corral.actors import EntityDefinition
 from corral.persistence import (
     Acceptance,
     AcceptResult,
+    Census,
     DeadLetter,
     DeliveryRequest,
     DeliveryResult,
     EntityRecord,
     EntryKind,
+    Progress,
     RunRecord,
     Store,
     UpdateOutcome,
@@ -53,6 +55,7 @@ from ._ops import (
     Query,
     ReplayDeadLetter,
     SignalWaits,
+    TakeCensus,
     WaitUpdate,
 )
 from ._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
@@ -108,7 +111,7 @@ class LocalBackend:
             Describe: self.describe, LatestRun: self.latest_run, Entities: self.entities,
             SignalWaits: self.signal_waits, DeadLetters: self.dead_letters,
             ReplayDeadLetter: self.replay_dead_letter,
-            DiscardDeadLetter: self.discard_dead_letter,
+            DiscardDeadLetter: self.discard_dead_letter, TakeCensus: self.census,
         }
 
     def run(self, op: Any) -> Awaitable[Any]:
@@ -198,10 +201,25 @@ class LocalBackend:
         live = self._live(r.entity_type, r.key, r.run_id)
         passivated = r.status is RunStatus.RUNNING and r.passivated_seq is not None \
             and live is None
+        applied, depth, backlog, age = self._progress(r.status, r.accepted_seq, live,
+                                                      r.progress)
         return EntitySummary(
             r.entity_type, r.key, r.shard, r.status, r.run_id, r.accepted_seq,
-            live.applied_seq if live else (r.passivated_seq if passivated else None),
-            live.mailbox_depth if live else None, passivated, r.updated_at, r.suspended)
+            applied, depth, passivated, r.updated_at, r.suspended, backlog, age)
+
+    def _progress(self, status: RunStatus, accepted: int, live: Activation | None,
+                  stored: Progress | None
+                  ) -> tuple[int | None, int | None, int | None, float | None]:
+        """(applied seq, mailbox depth, backlog, oldest unapplied age): the live
+        activation's where this process hosts it, else the store's."""
+        applied = live.applied_seq if live else (stored.applied_seq if stored else None)
+        depth = live.mailbox_depth if live else (stored.mailbox_depth if stored else None)
+        if applied is None:
+            return None, depth, None, None
+        backlog = max(0, accepted - applied) if status is RunStatus.RUNNING else 0
+        oldest = stored.oldest_unapplied_at if stored and backlog else None
+        age = None if oldest is None else max(0.0, self._clock.time() - oldest)
+        return applied, depth, backlog, age
 
     def _live(self, etype: str, key: str, run_id: int) -> Activation | None:
         """This process's ready activation of the entity's run `run_id`, if any."""
@@ -317,9 +335,11 @@ class LocalBackend:
                                 r.continued_from)
                      for r in await self.store.runs(etype, key))
         more = await self.store.entity_details(etype, key, run.run_id)
+        applied, depth, backlog, age = self._progress(run.status, next_seq - 1, live,
+                                                      more.progress)
+        recorded = more.progress.recorded_at if more.progress else None
         return EntityDescription(
-            etype, key, op.shard, run.status, run.run_id, next_seq - 1,
-            live.applied_seq if live else None, live.mailbox_depth if live else None,
+            etype, key, op.shard, run.status, run.run_id, next_seq - 1, applied, depth,
             live is not None, runs, snapshot_seq=more.snapshot_seq,
             snapshot_age=None if more.snapshot_at is None
             else max(0.0, self._clock.time() - more.snapshot_at),
@@ -328,7 +348,12 @@ class LocalBackend:
                              if w.status is WaitStatus.OPEN),
             dead_letters=more.dead_letters,
             suspension=more.suspension if run.status is RunStatus.RUNNING else None,
+            backlog=backlog, oldest_unapplied_age=age,
+            progress_age=None if recorded is None else max(0.0, self._clock.time() - recorded),
         )
+
+    async def census(self, op: TakeCensus) -> Census:
+        return await self.store.census()
 
     async def latest_run(self, op: LatestRun) -> RunRecord | None:
         found = await self.store.latest_run(op.entity_type, op.key)

@@ -13,6 +13,7 @@ from corral.actors import (
     EntityDefinition,
 )
 from corral.persistence import (
+    Census,
     DeadLetter,
     Store,
     open_store,
@@ -23,7 +24,7 @@ from ._boundary import Authorize, Boundary, Limits, check_after_id, check_limit,
 from ._builds import BuildInfo, BuildRegistration, build_infos, process_id
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
-from ._ops import DeadLetters, Entities, SignalWaits
+from ._ops import DeadLetters, Entities, SignalWaits, TakeCensus
 from ._ref import EntityRef
 from ._results import EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
@@ -171,6 +172,19 @@ class Runtime:
         cursor = None if last is None else encode_cursor(
             (last.opened_at or 0.0, last.entity_type, last.key, last.run_id, last.name))
         return Page(items, cursor)
+
+    async def census(self) -> Census:
+        """The whole deployment's numbers as its store holds them (entities by type and
+        status, backlog and the oldest unapplied message, dead letters, open waits,
+        suspended runs, live processes and shards held), aggregated in SQL, on every
+        backend: the `corral_store_*` series of `corral metrics` and of the dashboard's
+        `/metrics`.
+
+        Example:
+            c = await rt.census()
+            print(sum(b.messages for b in c.backlog), "messages behind")
+        """
+        return await self.backend.run(TakeCensus())
 
     async def builds(self, entity_type: type[Entity] | str | None = None) -> list[BuildInfo]:
         """The builds registered in the store (local backend), per type oldest first:

@@ -23,10 +23,12 @@ from corral._errors import StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, Store
 
+from . import _progress
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._handoff import hand_off, hand_off_all, request_shards
 from ._newest import Plan, moves_per_round, plan
+from ._progress import ProgressLog
 from ._router import Router
 from ._shard import Shard
 
@@ -76,6 +78,9 @@ class LocalHost:
         self._failures: dict[str, int] = {}  # a loop's failed rounds in a row
         # A live host of a newer build supersedes this one: take only shards handed here.
         self._yielding = False
+        self.progress = ProgressLog()
+        # Read at construction, so a benchmark may set it to None (never recorded).
+        self.progress_interval: float | None = _progress.PROGRESS_INTERVAL
 
     async def start(self) -> None:
         metrics.track_residents(self)
@@ -89,6 +94,9 @@ class LocalHost:
             asyncio.create_task(self._tail_journal(), name="corral-tail"),
             asyncio.create_task(self._housekeep(), name="corral-housekeeping"),
         ]
+        if self.progress_interval is not None:
+            self._tasks.append(asyncio.create_task(self._keep_progress(),
+                                                   name="corral-progress"))
         if self._receives:
             self._tasks.append(asyncio.create_task(self._host_newest(), name="corral-newest"))
 
@@ -137,6 +145,9 @@ class LocalHost:
                 log.error("host %s: task %s had failed", self.owner, task.get_name(),
                           exc_info=outcome)
         self._tasks = []
+        if self.progress_interval is not None:
+            with contextlib.suppress(StoreError):  # where the shards' next holders start
+                await self.record_progress()
         if self._receives and self.shards:
             async with self.leasing:
                 await hand_off_all(self)
@@ -259,6 +270,23 @@ class LocalHost:
                 self._failures.pop("housekeeping", None)
             except Exception as err:
                 await self._backoff("housekeeping", err)
+
+    async def _keep_progress(self) -> None:
+        """Record the shards' progress in the store every `progress_interval`."""
+        assert self.progress_interval is not None
+        while True:
+            await asyncio.sleep(self.progress_interval)
+            try:
+                await self.record_progress()
+                self._failures.pop("progress", None)
+            except Exception as err:
+                await self._backoff("progress", err)
+
+    async def record_progress(self) -> int:
+        """Record in the store the applied watermark and mailbox depth of the resident
+        entities whose progress moved since last recorded (see `_progress`); the rows
+        written."""
+        return await self.progress.record(list(self.shards.values()), self.clock.time())
 
     async def fire_due_timers(self) -> int:
         """Activate the entities of our shards, not in memory, with a durable timer due."""

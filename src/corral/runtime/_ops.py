@@ -6,7 +6,7 @@ kind, the Ray backend sends it to the owning shard actor's `ShardHost.handle(op)
 does the same there. Every record names the shard that answers it (`shard`), as
 `persistence.Acceptance` and `persistence.DeliveryRequest` already do (those two are the
 records of an accept and of a delivery to a signal wait); the store-wide reads
-(`SignalWaits`, `Entities`, `DeadLetters` without a key) carry `shard=None`: any host
+(`SignalWaits`, `Entities`, `DeadLetters` without a key, `TakeCensus`) carry `shard=None`: any host
 answers them, since all of a deployment's hosts share one store.
 
 A leaf of `runtime`: records of plain str, int, float and persistence records, so they
@@ -23,6 +23,7 @@ from corral._common import RunStatus
 from corral.persistence import (
     Acceptance,
     AcceptResult,
+    Census,
     DeadLetter,
     DeliveryRequest,
     RunRecord,
@@ -45,6 +46,7 @@ __all__ = [
     "ReplayDeadLetter",
     "Request",
     "SignalWaits",
+    "TakeCensus",
     "WaitUpdate",
 ]
 
@@ -177,7 +179,15 @@ class Entities(Op[list[EntitySummary]]):
     shard: None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TakeCensus(Op[Census]):
+    """The deployment's numbers for a metrics scrape (`persistence.Census`)."""
+
+    entity_type: None = None
+    shard: None = None
+
+
 Request = (Acceptance | DeliveryRequest | AcceptBatch | WaitUpdate | Query | Describe
            | LatestRun | ReplayDeadLetter | DiscardDeadLetter | DeadLetters | SignalWaits
-           | Entities)
+           | Entities | TakeCensus)
 """Every record a backend runs."""

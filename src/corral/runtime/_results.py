@@ -172,14 +172,20 @@ class EntitySummary:
         status: its latest run's status.
         run_id: its latest run.
         accepted_seq: the last journal position accepted.
-        applied_seq: the last applied, where known: from the live activation when the
-            answering process hosts it, else the watermark it was passivated at; None
-            otherwise (hosted elsewhere, or closed).
-        mailbox_depth: payloads waiting for `run()` (live activations only, else None).
+        applied_seq: the last applied: from the live activation when the answering
+            process hosts it, else as its host last recorded it in the store (at most
+            `PROGRESS_INTERVAL` behind), or the seq it was passivated at.
+        mailbox_depth: payloads waiting for `run()`: live, or as last recorded (None:
+            never recorded).
         passivated: snapshotted and evicted from memory (its run still running).
         updated_at: when it last accepted a message or changed status.
         suspended: its running run is suspended (`run()` raised, or its activation
             could not be built; `describe()` says why): retried, messages kept.
+        backlog: messages accepted and not applied yet (`accepted_seq - applied_seq`
+            while its run is running; 0 once closed: what a closed run never applied
+            is dead-lettered).
+        oldest_unapplied_age: seconds since the oldest of those was accepted (None:
+            no backlog).
     """
 
     entity_type: str
@@ -193,6 +199,8 @@ class EntitySummary:
     passivated: bool
     updated_at: float | None
     suspended: bool = False
+    backlog: int | None = None
+    oldest_unapplied_age: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +223,12 @@ class EntityDescription:
     that never ran. `hosted_here` says whether the process answering holds a live
     activation of the entity: this process on the local backend, the entity's shard (or
     dedicated) actor on the Ray backend, which answers `describe`. `applied_seq` and
-    `mailbox_depth` come from that live activation and are None without one (a
-    passivated entity, one hosted by another process, or a run that has closed: a
-    completed run applied everything accepted before it closed).
+    `mailbox_depth` come from that live activation, else from the store, where the
+    entity's host records them at most `PROGRESS_INTERVAL` seconds late
+    (`progress_age` says how long ago; a passivated entity's watermark is the seq it
+    was passivated at). `backlog` is what it accepted and has not applied while its
+    run is running (0 once closed), `oldest_unapplied_age` how long the oldest of it
+    has waited.
     """
 
     entity_type: str
@@ -244,6 +255,12 @@ class EntityDescription:
     """Set while the running run is suspended (its `run()` raised, or its activation
     could not be built): the error with its traceback, the failed attempts, since when,
     and when the host tries next. The status stays `running`; nothing is lost."""
+    backlog: int | None = None
+    """Messages accepted and not applied yet (None: never started)."""
+    oldest_unapplied_age: float | None = None
+    """Seconds since the oldest of those was accepted (None: no backlog)."""
+    progress_age: float | None = None
+    """Seconds since its host last recorded its progress in the store (None: never)."""
 
 
 def encode_value(value: Any) -> str:

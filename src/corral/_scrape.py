@@ -1,0 +1,158 @@
+"""One scrape for the whole deployment: the store's census as Prometheus series.
+
+The series below are derived from the store alone (`Runtime.census`, aggregated in
+SQL), so any process serves the same numbers for every backend: the dashboard's
+`/metrics` (with that process's own `corral.metrics.REGISTRY` after them) and
+`corral metrics --store URL --port N`. They are gauges named `corral_store_*`, apart
+from the per-process series of `corral.metrics` (counters of what one process did), so
+the two never collide in one scrape. Scrape one census server per deployment, not one
+per process: every process would report the same store.
+
+Series (each type-labelled one is reported for every entity type the store holds, 0
+when there is nothing to count, so a series does not vanish when it goes to zero):
+    corral_store_up                                   1: the census was read; 0: not
+    corral_store_census_seconds                       how long the census read took
+    corral_store_entities{entity_type,status}         entities by their latest run's status
+    corral_store_backlog_messages{entity_type}        accepted, not yet applied (running runs)
+    corral_store_entities_behind{entity_type}         running entities with a backlog
+    corral_store_oldest_unapplied_age_seconds{entity_type}
+                                                      age of the oldest unapplied message
+    corral_store_dead_letters{entity_type}            dead letters held
+    corral_store_open_waits{entity_type}              durable signal waits open
+    corral_store_suspended_runs{entity_type}          running runs suspended
+    corral_store_processes{entity_type,build,role}    live processes by build and role
+    corral_store_hosts                                hosts holding a live shard lease
+    corral_store_shards                               the store's shard count
+    corral_store_shards_held                          shards with a live lease
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from corral.persistence import Census
+
+__all__ = ["CENSUS_SERIES", "census_families", "census_text", "serve_census"]
+
+CENSUS_SERIES = (
+    "corral_store_up", "corral_store_census_seconds", "corral_store_entities",
+    "corral_store_backlog_messages", "corral_store_entities_behind",
+    "corral_store_oldest_unapplied_age_seconds", "corral_store_dead_letters",
+    "corral_store_open_waits", "corral_store_suspended_runs", "corral_store_processes",
+    "corral_store_hosts", "corral_store_shards", "corral_store_shards_held",
+)
+"""Every series name the census exports (the alert rules and dashboard are checked
+against a live scrape, `tests/operators/test_scrape.py`)."""
+
+_TYPE = ["entity_type"]
+
+
+def _by_type(name: str, doc: str, types: Iterable[str],
+             counts: Iterable[tuple[str, float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=_TYPE)
+    known = dict(counts)
+    for etype in sorted(set(types) | set(known)):
+        family.add_metric([etype], known.get(etype, 0))
+    return family
+
+
+def census_families(census: Census | None, seconds: float = 0.0
+                    ) -> list[GaugeMetricFamily]:
+    """The census as metric families (None: it could not be read, `corral_store_up` 0)."""
+    up = GaugeMetricFamily("corral_store_up", "1 if the store's census was read.")
+    up.add_metric([], 0 if census is None else 1)
+    took = GaugeMetricFamily("corral_store_census_seconds", "Seconds the census read took.")
+    took.add_metric([], seconds)
+    if census is None:
+        return [up, took]
+    c = census
+    types = {etype for etype, _, _ in c.entities}
+    entities = GaugeMetricFamily("corral_store_entities", "Entities by their latest run's "
+                                 "status.", labels=["entity_type", "status"])
+    for etype, status, count in c.entities:
+        entities.add_metric([etype, status], count)
+    processes = GaugeMetricFamily("corral_store_processes", "Live processes by entity "
+                                  "type, build fingerprint and role (host or client).",
+                                  labels=["entity_type", "build", "role"])
+    for etype, build, role, count in c.processes:
+        processes.add_metric([etype, build, role], count)
+    singles = [("corral_store_hosts", "Hosts holding a live shard lease.", c.hosts),
+               ("corral_store_shards", "The store's shard count.", c.shards),
+               ("corral_store_shards_held", "Shards with a live lease.", c.shards_held)]
+    families = [up, took, entities, *(
+        _by_type(name, doc, types, counts) for name, doc, counts in (
+            ("corral_store_backlog_messages", "Messages accepted and not yet applied, of "
+             "running runs.", [(b.entity_type, b.messages) for b in c.backlog]),
+            ("corral_store_entities_behind", "Running entities with messages not yet "
+             "applied.", [(b.entity_type, b.entities) for b in c.backlog]),
+            ("corral_store_oldest_unapplied_age_seconds", "Seconds since the oldest message "
+             "not yet applied was accepted (0: none).",
+             [(b.entity_type, max(0.0, c.at - b.oldest_unapplied_at)) for b in c.backlog
+              if b.oldest_unapplied_at is not None]),
+            ("corral_store_dead_letters", "Dead letters held.", c.dead_letters),
+            ("corral_store_open_waits", "Durable signal waits open.", c.open_waits),
+            ("corral_store_suspended_runs", "Running runs suspended.", c.suspended_runs),
+        )), processes]
+    for name, doc, value in singles:
+        family = GaugeMetricFamily(name, doc)
+        family.add_metric([], value)
+        families.append(family)
+    return families
+
+
+class _Fixed(Collector):
+    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self.families
+
+
+async def census_text(read: Callable[[], Awaitable[Census]]) -> bytes:
+    """The Prometheus text exposition of a census `read()` now (`corral_store_up` 0 if
+    the read fails: the scrape itself still answers)."""
+    began = time.perf_counter()
+    try:
+        census: Census | None = await read()
+    except Exception:
+        census = None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(census_families(census, time.perf_counter() - began)))
+    return generate_latest(registry)
+
+
+class _Live(Collector):
+    """Reads a census on the event loop `loop` at each scrape (from the HTTP thread)."""
+
+    def __init__(self, read: Callable[[], Awaitable[Census]],
+                 loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self._read, self._loop, self._timeout = read, loop, timeout
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        began = time.perf_counter()
+        try:
+            census: Census | None = asyncio.run_coroutine_threadsafe(
+                self._call(), self._loop).result(self._timeout)
+        except Exception:
+            census = None
+        yield from census_families(census, time.perf_counter() - began)
+
+    async def _call(self) -> Census:
+        return await self._read()
+
+
+def serve_census(read: Callable[[], Awaitable[Census]], port: int, addr: str = "127.0.0.1",
+                 *, timeout: float = 10.0) -> int:
+    """Serve the census at `http://addr:port/metrics` from a daemon thread, each scrape
+    reading it through `read()` on the running event loop (keep it running); returns
+    the port (0: a free one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Live(read, asyncio.get_running_loop(), timeout))
+    server, _ = start_http_server(port, addr, registry=registry)
+    return int(server.server_address[1])

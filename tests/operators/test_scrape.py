@@ -1,0 +1,166 @@
+"""One scrape for the whole deployment: `corral metrics` serves the store's census, and
+the shipped alert rules and Grafana dashboard name only series corral exports.
+
+`corral metrics` runs as a real subprocess against a store whose contents this test
+wrote through the `Store` protocol (both engines, `db_path`); the expressions of
+`deploy/` are checked against a live scrape of the census and of this process's own
+series after a workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import corral
+from acceptances import acc, fence_for, opened
+from corral._scrape import CENSUS_SERIES, census_text
+from corral.metrics import REGISTRY
+from corral.persistence import Suspension
+from dashboard_app import BROKEN, Ledger, Note, Stuck
+from procs import wait_until
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+CORRAL = Path(sys.executable).with_name("corral")
+SERIES = re.compile(r"\b(?:ray_)?corral_[a-z0-9_]+\b")
+
+
+def samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """{sample name: {sorted labels: value}} of a Prometheus text exposition."""
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return found
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=20) as reply:
+        return str(reply.read().decode())
+
+
+async def test_corral_metrics_serves_the_census_of_a_store_with_known_contents(
+        db_path: str) -> None:
+    async with opened(db_path, 16) as store:
+        fence = await fence_for(store, 1)
+        entries = {key: [(await store.accept(acc(key, f"m{i}"))).entry for i in range(n)]
+                   for key, n in (("a", 3), ("b", 1), ("c", 1))}
+        await store.accept(acc("x", "m0", shard=2, etype="T"))
+        await store.record_progress(fence, [("E", "a", 1, 0), ("E", "b", 1, 0)], at=1.0)
+        await store.close_run(fence, "E", "c", 1, applied_seq=1, error=None,
+                              status=corral.RunStatus.COMPLETED, result='"done"')
+        await store.record_dead_letter(fence, entries["a"][0], error="ValueError",
+                                       traceback="tb", attempts=1, failed_at=1.0)
+        await store.suspend_run(fence, Suspension("E", "b", 1, "KeyError", 2, 1.0, 9.0))
+        await store.register_builds("h1", "host", [("E", "f1", "{}")], ttl=600.0)
+    proc = await asyncio.create_subprocess_exec(
+        str(CORRAL), "metrics", "--store", db_path, "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        url = line.removeprefix("corral metrics: ").strip()
+        assert url.startswith("http://127.0.0.1:"), line
+        text = await asyncio.to_thread(scrape, url)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    got = samples(text)
+    assert set(CENSUS_SERIES) <= set(got)
+    e, t = (("entity_type", "E"),), (("entity_type", "T"),)
+    assert got["corral_store_up"] == {(): 1.0}
+    assert got["corral_store_entities"] == {
+        (("entity_type", "E"), ("status", "completed")): 1.0,
+        (("entity_type", "E"), ("status", "running")): 2.0,
+        (("entity_type", "T"), ("status", "running")): 1.0}
+    assert got["corral_store_backlog_messages"] == {e: 2.0, t: 1.0}  # a: 2 of 3; b: none
+    assert got["corral_store_entities_behind"] == {e: 1.0, t: 1.0}
+    assert got["corral_store_oldest_unapplied_age_seconds"][e] > 0
+    assert got["corral_store_dead_letters"] == {e: 1.0, t: 0.0}
+    assert got["corral_store_open_waits"] == {e: 0.0, t: 0.0}
+    assert got["corral_store_suspended_runs"] == {e: 1.0, t: 0.0}
+    assert got["corral_store_processes"] == {
+        (("build", "f1"), ("entity_type", "E"), ("role", "host")): 1.0}
+    assert (got["corral_store_hosts"], got["corral_store_shards"],
+            got["corral_store_shards_held"]) == ({(): 1.0}, {(): 16.0}, {(): 1.0})
+
+
+async def test_corral_metrics_refuses_a_location_without_a_store(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        str(CORRAL), "metrics", "--store", str(tmp_path / "none.db"), "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, (out, err)
+    assert "InvalidArgumentError" in err.decode()
+    assert not (tmp_path / "none.db").exists()  # nothing created
+
+
+def expressions() -> list[tuple[str, str]]:
+    """(where, PromQL expression) of every alert rule and Grafana panel target."""
+    found: list[tuple[str, str]] = []
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            assert {"alert", "expr", "labels", "annotations"} <= set(rule), rule
+            assert rule["annotations"]["summary"]
+            found.append((f"alert {rule['alert']}", str(rule["expr"])))
+    dashboard: dict[str, Any] = json.loads((DEPLOY / "grafana" / "corral.json").read_text())
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        found.extend((f"panel {panel['title']!r}", t["expr"]) for t in panel["targets"])
+    return found
+
+
+async def test_every_alert_rule_and_grafana_expression_names_a_series_corral_exports(
+        tmp_path: Path) -> None:
+    BROKEN.set()  # Ledger.add raises: dead-lettered at once
+    try:
+        async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Ledger, Stuck]) as rt:
+            for i in range(3):
+                await rt.ref(Ledger, f"k{i}").signal_with_start(Ledger.add, Note(text="x"),
+                                                                start=None)
+            stuck = rt.ref(Stuck, "s")  # run() raises: suspended
+            await stuck.start(start=None)
+
+            async def settled() -> bool:
+                return len(await rt.dead_letters()) == 3 and \
+                    (await stuck.describe()).suspension is not None
+            await wait_until(settled, "three dead letters and a suspended run")
+            # What the dashboard's /metrics serves: the census, then this process's series.
+            text = (await census_text(rt.census) + generate_latest(REGISTRY)).decode()
+    finally:
+        BROKEN.clear()
+    exported = set(samples(text)) | {f.name for f in text_string_to_metric_families(text)}
+    relabel = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    [ray_job] = [j for j in relabel["scrape_configs"] if j["job_name"] == "ray"]
+    [rule] = ray_job["metric_relabel_configs"]
+    as_ray = re.compile(rule["regex"])
+
+    def named(series: str) -> str:
+        """The name Prometheus stores `series` under, after the Ray relabelling."""
+        match = as_ray.fullmatch(series)
+        return match.expand(rule["replacement"].replace("$1", r"\1")) if match else series
+
+    # Ray's agent exports the per-process series with a `ray_` prefix: relabelled,
+    # they are the names the local backend exports.
+    assert named("ray_corral_messages_accepted_total") == "corral_messages_accepted_total"
+    assert named("corral_store_up") == "corral_store_up"
+    unknown = []
+    for where, expr in expressions():
+        names = SERIES.findall(expr)
+        assert names, f"{where}: {expr} names no corral series"
+        unknown += [(where, n) for n in names if named(n) not in exported]
+    assert not unknown, f"not exported by corral: {unknown}"
