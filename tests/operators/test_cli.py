@@ -462,4 +462,5 @@ def test_usage_errors_exit_2_and_only_debug_shows_a_traceback(
     with pytest.raises(corral.UnknownEntityTypeError):
         main(["--debug", "show", "Nope", "k"])
     assert main(["show", "Nope", "k"]) == 2
-    assert capsys.readouterr().err.startswith("error: UnknownEntityTypeError: the --app has no entity type 'Nope'")
+    assert capsys.readouterr().err.startswith(
+        "error: UnknownEntityTypeError: the --app has no entity type 'Nope'")
