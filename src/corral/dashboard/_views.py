@@ -93,7 +93,7 @@ def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: st
 _FACTS = """<dl class="facts">
 <dt>Type</dt><dd>$type</dd><dt>Key</dt><dd class="key">$key</dd>
 <dt>Status</dt><dd class="status $cls" id="status">$status</dd><dt>Run</dt><dd>$run</dd>
-<dt>Accepted seq</dt><dd>$accepted</dd><dt>Applied seq</dt><dd>$applied</dd>
+<dt>Accepted seq</dt><dd id="accepted">$accepted</dd><dt>Applied seq</dt><dd>$applied</dd>
 <dt>Mailbox depth</dt><dd>$mailbox</dd><dt>Live in the dashboard's process</dt><dd>$hosted</dd>
 <dt>Shard</dt><dd>$shard</dd><dt>Snapshot</dt><dd>$snapshot</dd>
 <dt>Timers</dt><dd>$timers</dd><dt>Dead letters</dt><dd>$dead</dd>
