@@ -1,7 +1,8 @@
 """The dashboard's Starlette app: its routes, the operator on every page, errors as pages.
 
 Reads go through `Runtime.entities`, `signal_waits`, `dead_letters` and
-`EntityRef.describe`; writes through `EntityRef.deliver`, `replay_dead_letter` and
+`EntityRef.describe`, `state`, `history`; writes (and queries) through
+`EntityRef.deliver`, `terminate`, `query`, `replay_dead_letter` and
 `discard_dead_letter`, always with `sender=` the authenticated operator (whatever a
 form says), so the application's `authorize` hook decides on them as on any caller's.
 """
