@@ -10,6 +10,7 @@ way: one compact line, or indented with `--json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import typer
@@ -58,6 +59,16 @@ def _print_value(as_json: bool, value: Any) -> None:
         print(json.dumps(jsonable(value), ensure_ascii=True, separators=(", ", ": ")))
 
 
+def _acknowledge(ctx: typer.Context, connection: Connection, entity_type: str, key: str,
+                 as_json: bool, send: Callable[[Any], Awaitable[corral.Ack]]) -> None:
+    """Call `send(ref)` on the entity and print its acknowledgement (`--json`: as JSON)."""
+    async def work(rt: corral.Runtime) -> corral.Ack:
+        return await send(rt.ref(entity_class(rt, entity_type), key))
+
+    ack = connection.run(ctx, work)
+    print_result(as_json, ack, ack_line(ack))
+
+
 def start_entity(
     ctx: typer.Context,
     store: StoreOption,
@@ -79,12 +90,8 @@ def start_entity(
     with guard(ctx):
         data = read_payload(payload)
 
-    async def work(rt: corral.Runtime) -> corral.Ack:
-        ref = rt.ref(entity_class(rt, entity_type), key)
-        return await ref.start(start=data, start_id=start_id, sender=sender)
-
-    ack = Connection(store, app, shards).run(ctx, work)
-    print_result(as_json, ack, ack_line(ack))
+    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
+                 lambda ref: ref.start(start=data, start_id=start_id, sender=sender))
 
 
 def update_entity(
@@ -171,12 +178,8 @@ def terminate_entity(
 ) -> None:
     """Close the running run as terminated; messages not applied yet are dead-lettered,
     never applied. Prints the acknowledgement."""
-    async def work(rt: corral.Runtime) -> corral.Ack:
-        ref = rt.ref(entity_class(rt, entity_type), key)
-        return await ref.terminate(reason, message_id=message_id, sender=sender)
-
-    ack = Connection(store, app, shards).run(ctx, work)
-    print_result(as_json, ack, ack_line(ack))
+    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
+                 lambda ref: ref.terminate(reason, message_id=message_id, sender=sender))
 
 
 def resume_entity(
@@ -192,12 +195,8 @@ def resume_entity(
 ) -> None:
     """Retry a suspended run now (after deploying a fix) rather than at its next attempt;
     on a run that is not suspended it changes nothing. Prints the acknowledgement."""
-    async def work(rt: corral.Runtime) -> corral.Ack:
-        ref = rt.ref(entity_class(rt, entity_type), key)
-        return await ref.resume(message_id=message_id, sender=sender)
-
-    ack = Connection(store, app, shards).run(ctx, work)
-    print_result(as_json, ack, ack_line(ack))
+    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
+                 lambda ref: ref.resume(message_id=message_id, sender=sender))
 
 
 def result_of(
