@@ -197,6 +197,7 @@ BAD_INPUT: list[tuple[tuple[str, ...], str, int]] = [
      "InvalidPayloadError", 2),
     (("query", *_DESK, "post"), "UnknownHandlerError", 2),
     (("query", *_DESK, "nothing"), "UnknownHandlerError", 2),
+    (("query", *_DESK, "read", "-p", '{"x": 1}'), "InvalidPayloadError", 2),  # takes none
     (("query", *_DESK, "read", "--sender", ""), "InvalidKeyError", 2),
     (("query", "Desk", "d-9", "read"), "EntityNotRunningError", 1),
     (("terminate", "Nope", "d-1"), "UnknownEntityTypeError", 2),

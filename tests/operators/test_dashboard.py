@@ -621,6 +621,6 @@ async def test_a_query_runs_from_the_entity_page_through_the_authorize_hook(
     assert refused.status_code == 403  # the application's hook refused it
     assert "UnauthorizedError" in refused.text
     for bad, status in ((dict(name="bump"), 404), (dict(payload="{"), 400),
-                        (dict(csrf=""), 403)):
+                        (dict(payload='{"x": 1}'), 400), (dict(csrf=""), 403)):
         page = await web.post("/entities/query", data={**form, **bad})
         assert page.status_code == status, (bad, page.text)

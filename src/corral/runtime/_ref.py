@@ -385,7 +385,8 @@ class EntityRef(Generic[E_co, S]):
         with self._about(send=False):
             b = self._boundary
             h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
-            text = b.payload(h, payload) if h.input_type is not None else None
+            # A query without a model answers to no payload; one given is refused.
+            text = None if h.input_type is None and payload is None else b.payload(h, payload)
             await b.sender(sender, self.definition, self.key, "query", h.name)
             text = await self._backend.run(Query(self.definition.name, self.key, self.shard,
                                                  h.name, text, activate))
