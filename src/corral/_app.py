@@ -4,6 +4,7 @@ The attribute names the application's entity classes, so that every write from a
 operator tool is validated against the same models and goes through the same
 `authorize` hook as the application's own code:
 
+- one `Entity` subclass;
 - a list (or tuple) of `Entity` subclasses;
 - or an object with an `entities` attribute (that list) and optionally `authorize`
   (the `open_runtime` hook), `limits` (the application's `Limits`) and `authenticate`
@@ -70,7 +71,7 @@ def load_app(spec: str | None = None) -> App:
     if not spec:
         raise InvalidArgumentError(
             "which entity types? pass --app module:attribute (or set CORRAL_APP), naming "
-            "a list of corral.Entity classes or a corral.App")
+            "a corral.Entity class, a list of them or a corral.App")
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidArgumentError(f"--app must be module:attribute, got {spec!r}")
@@ -107,8 +108,8 @@ def _as_app(spec: str, value: Any) -> App:
         raise InvalidArgumentError(f"--app {spec}: {err}") from err
     if found is None:
         raise InvalidArgumentError(
-            f"--app {spec}: expected a list of corral.Entity classes or a corral.App, got "
-            f"{type(value).__name__}")
+            f"--app {spec}: expected a corral.Entity class, a list of them or a corral.App, "
+            f"got {type(value).__name__}")
     bad = [e for e in found.entities if not (isinstance(e, type) and issubclass(e, Entity))]
     if bad or not found.entities:
         raise InvalidArgumentError(
@@ -125,6 +126,8 @@ def _as_app(spec: str, value: Any) -> App:
 
 def _found_app(value: Any) -> App | None:
     """`value` as an `App` (its entities a tuple), or None if it is not one."""
+    if isinstance(value, type) and issubclass(value, Entity):
+        return App(entities=(value,))
     if isinstance(value, App):
         return App(entities=_entity_tuple(value.entities), authorize=value.authorize,
                    authenticate=value.authenticate, limits=value.limits)

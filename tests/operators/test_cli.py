@@ -294,17 +294,17 @@ async def test_signal_signal_with_start_and_deliver_reach_the_entities_once(
     explicit = ["--store", db_path, "--app", "cli_app:app"]
 
     sent, started, delivered = await asyncio.gather(
-        _corral(["signal", "Board", "b-1", "post", "--json", '{"text": "second"}',
+        _corral(["signal", "Board", "b-1", "post", "--payload", '{"text": "second"}',
                  "--message-id", "cli-1", *explicit], store=None, cwd=tmp_path),  # no env
-        _corral(["signal", "Board", "b-3", "post", "--json", '{"text": "new"}',
+        _corral(["signal", "Board", "b-3", "post", "--payload", '{"text": "new"}',
                  "--message-id", "cli-2", "--start", '{"title": "three"}', "--sender", "ops"],
                 store=db_path, cwd=tmp_path),
-        _corral(["deliver", "Approval", "a-1", "decision", "--json", '{"approved": true}',
-                 "--key", "click-1", "--sender", "ana", "-o", "json"],
+        _corral(["deliver", "Approval", "a-1", "decision", "--payload", '{"approved": true}',
+                 "--key", "click-1", "--sender", "ana", "--json"],
                 store=db_path, cwd=tmp_path))
     again, cleared, lost = await _all(
-        sent.args, ["signal", "Board", "b-3", "clear", "--message-id", "cli-3", "-o", "json"],
-        ["deliver", "Approval", "a-1", "decision", "--json", '{"approved": false}',
+        sent.args, ["signal", "Board", "b-3", "clear", "--message-id", "cli-3", "--json"],
+        ["deliver", "Approval", "a-1", "decision", "--payload", '{"approved": false}',
          "--key", "click-2", "--sender", "bob"],
         store=db_path, cwd=tmp_path)
 
@@ -338,8 +338,9 @@ async def test_dead_letters_are_replayed_and_discarded_by_id_and_all_at_once(
         ["dead-letters", "replay", str(boom)],  # found by id
         ["dead-letters", "discard", str(bang), "--type", "Board", "--key", "b-2"],
         store=db_path, cwd=tmp_path)
-    retried, gone, bulk = await _all(
+    retried, again, gone, bulk = await _all(
         ["dead-letters", "replay", str(boom), "--type", "Board", "--key", "b-1"],
+        ["dead-letters", "replay", str(boom)],
         ["dead-letters", "replay", str(boom), str(bang)],
         ["dead-letters", "replay", "--all", "--json"],
         store=db_path, cwd=tmp_path)
@@ -349,11 +350,13 @@ async def test_dead_letters_are_replayed_and_discarded_by_id_and_all_at_once(
     assert replayed.ok().strip() == f"replayed dead letter {boom} of Board 'b-1': " \
                                     f"accepted run 1 seq 3"
     assert discarded.ok().strip() == f"discarded dead letter {bang} of Board 'b-2'"
-    # Named by its entity, a replay retried is answered duplicate (once applied); by its
-    # id alone it is no longer found, and neither is a discarded one.
+    # A replay retried is answered duplicate (and applied once), named by its entity or
+    # by its id alone (found through its replay); a discarded one is not found.
     assert retried.ok().strip().endswith(": duplicate run 1 seq 3")
+    assert again.ok().strip() == f"replayed dead letter {boom} of Board 'b-1': " \
+                                 f"duplicate run 1 seq 3"
     assert gone.returncode == 1
-    assert gone.stderr == f"error: DeadLetterNotFoundError: no dead letter {boom}, {bang} " \
+    assert gone.stderr == f"error: DeadLetterNotFoundError: no dead letter {bang} " \
                           f"among the store's dead letters\n"
     # b-4 was terminated: its replay fails and is reported, the other one is replayed.
     assert bulk.returncode == 1
@@ -371,16 +374,16 @@ async def test_dead_letters_are_replayed_and_discarded_by_id_and_all_at_once(
         assert await rt.dead_letters() == []
 
 
-_NOTE = ("--json", '{"text": "x"}')
+_NOTE = ("--payload", '{"text": "x"}')
 _SIGNAL = ("signal", "Board", "b-1", "post")
 _DECIDE = ("deliver", "Approval", "a-1", "decision")
-_YES = ("--json", '{"approved": true}')
+_YES = ("--payload", '{"approved": true}')
 BAD_INPUT: list[tuple[tuple[str, ...], str, int]] = [
     (("signal", "Nope", "b-1", "post", *_NOTE, "--message-id", "x-1"),
      "UnknownEntityTypeError", 2),
     (("signal", "Board", "b-1", "count", "--message-id", "x-1"), "UnknownHandlerError", 2),
-    ((*_SIGNAL, "--json", '{"text": ', "--message-id", "x-1"), "InvalidPayloadError", 2),
-    ((*_SIGNAL, "--json", '{"text": ""}', "--message-id", "x-1"), "InvalidPayloadError", 2),
+    ((*_SIGNAL, "--payload", '{"text": ', "--message-id", "x-1"), "InvalidPayloadError", 2),
+    ((*_SIGNAL, "--payload", '{"text": ""}', "--message-id", "x-1"), "InvalidPayloadError", 2),
     (("signal", "Board", "b 1", "post", *_NOTE, "--message-id", "x-1"), "InvalidKeyError", 2),
     (("signal", "Board", "b-9", "post", *_NOTE, "--message-id", "x-1", "--start",
       '{"title": 5}'), "InvalidPayloadError", 2),
@@ -388,8 +391,8 @@ BAD_INPUT: list[tuple[tuple[str, ...], str, int]] = [
      "EntityNotRunningError", 1),
     (("deliver", "Nope", "a-1", "decision", *_YES, "--key", "k-1"), "UnknownEntityTypeError", 2),
     (("deliver", "Approval", "a-1", "verdict", *_YES, "--key", "k-1"), "UnknownHandlerError", 2),
-    ((*_DECIDE, "--json", "yes", "--key", "k-1"), "InvalidPayloadError", 2),
-    ((*_DECIDE, "--json", '{"approved": "maybe"}', "--key", "k-1"), "InvalidPayloadError", 2),
+    ((*_DECIDE, "--payload", "yes", "--key", "k-1"), "InvalidPayloadError", 2),
+    ((*_DECIDE, "--payload", '{"approved": "maybe"}', "--key", "k-1"), "InvalidPayloadError", 2),
     ((*_DECIDE, *_YES, "--key", "k" * 513), "InvalidKeyError", 2),
     (("deliver", "Approval", "a-9", "decision", *_YES, "--key", "k-1"),
      "EntityNotRunningError", 1),
@@ -433,13 +436,13 @@ def in_process(db_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 MORE_BAD_INPUT: list[tuple[tuple[str, ...], str, int]] = [
     (("signal", "Board", "b-1", "mailbox", "--message-id", "x-1"), "UnknownHandlerError", 2),
-    ((*_SIGNAL, "--json", '{"text": "a", "text": "b"}', "--message-id", "x-1"),
+    ((*_SIGNAL, "--payload", '{"text": "a", "text": "b"}', "--message-id", "x-1"),
      "InvalidPayloadError", 2),
-    ((*_SIGNAL, "--json", '{"text": "x", "colour": "red"}', "--message-id", "x-1"),
+    ((*_SIGNAL, "--payload", '{"text": "x", "colour": "red"}', "--message-id", "x-1"),
      "InvalidPayloadError", 2),
-    ((*_SIGNAL, "--json", '["x"]', "--message-id", "x-1"), "InvalidPayloadError", 2),
-    ((*_SIGNAL, "--json", '{"text": NaN}', "--message-id", "x-1"), "InvalidPayloadError", 2),
-    ((*_SIGNAL, "--json", "[" * 100_000, "--message-id", "x-1"), "InvalidPayloadError", 2),
+    ((*_SIGNAL, "--payload", '["x"]', "--message-id", "x-1"), "InvalidPayloadError", 2),
+    ((*_SIGNAL, "--payload", '{"text": NaN}', "--message-id", "x-1"), "InvalidPayloadError", 2),
+    ((*_SIGNAL, "--payload", "[" * 100_000, "--message-id", "x-1"), "InvalidPayloadError", 2),
     ((*_SIGNAL, *_NOTE, "--message-id", "x\x07"), "InvalidKeyError", 2),
     ((*_SIGNAL, *_NOTE, "--message-id", "x-1", "--sender", ""), "InvalidKeyError", 2),
     (("signal", "Board", "b-9", "post", *_NOTE, "--message-id", "x-1", "--start", "{"),
@@ -490,4 +493,5 @@ def test_usage_errors_exit_2_and_only_debug_shows_a_traceback(
     with pytest.raises(corral.UnknownEntityTypeError):
         main(["--debug", "show", "Nope", "k"])
     assert main(["show", "Nope", "k"]) == 2
-    assert capsys.readouterr().err.startswith("error: UnknownEntityTypeError: entity type 'Nope'")
+    assert capsys.readouterr().err.startswith(
+        "error: UnknownEntityTypeError: the --app has no entity type 'Nope'")

@@ -29,7 +29,7 @@ async def test_corral_builds_lists_each_build_with_its_compatibility_as_a_table_
     async with corral.open_runtime(db_path, entities=[CaseR3], shards=2, host=False):
         pass  # release 3 without release 2: compatible with release 1 (a rename only)
     async with corral.open_runtime(db_path, entities=[CaseR2], shards=2, host=False):
-        listed = _run("builds", "--store", db_path, "-o", "json", cwd=tmp_path)
+        listed = _run("builds", "--store", db_path, "--json", cwd=tmp_path)
         shown = _run("builds", "--store", db_path, "Case", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     r1, r3, r2 = json.loads(listed.stdout)

@@ -33,6 +33,7 @@ from dashboard_app import (
     Ledger,
     Note,
     Refund,
+    RefundInput,
     Stuck,
     Tally,
     dead_notes,
@@ -545,3 +546,114 @@ async def test_a_forged_listing_cursor_is_a_400_page_not_a_503(web: httpx.AsyncC
         page = await web.get(path)
         assert page.status_code == 400, (path, page.text)
         assert "not a cursor of this listing" in page.text
+
+
+# -- search, state and history, terminate, query ----------------------------------------
+
+
+async def test_the_entity_list_is_searched_by_key_prefix_and_marks_its_live_region(
+    rt: corral.Runtime, web: httpx.AsyncClient,
+) -> None:
+    stem = fresh("find")
+    for key in (f"{stem}-a", f"{stem}-b", f"other-{stem}"):
+        await rt.ref(Tally, key).signal_with_start(Tally.bump, start=None)
+    page = await web.get("/", params={"key": f"{stem}-", "refresh": "2"})
+    assert page.status_code == 200, page.text
+    assert re.findall(r'class="entity">([^<]+)</a>', page.text) == [f"{stem}-a", f"{stem}-b"]
+    assert f'name="key" value="{stem}-"' in page.text
+    assert 'id="live" data-live="2000"' in page.text
+    assert '<script src="/live.js" defer></script>' in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    script = await web.get("/live.js")
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "getElementById(\"live\")" in script.text
+    off = await web.get("/", params={"key": f"{stem}-", "refresh": "0"})
+    assert 'data-live="0"' in off.text
+    for bad in ("bad\x00", "k" * 600):
+        refused = await web.get("/", params={"key": bad})
+        assert refused.status_code == 400, refused.text
+
+
+async def test_an_entity_page_shows_its_state_history_result_and_start_input_escaped(
+    rt: corral.Runtime, web: httpx.AsyncClient,
+) -> None:
+    ref = rt.ref(Refund, fresh("refund"))
+    await ref.start(start=RefundInput(amount=40))
+    await ref.deliver(Refund.approval, Decision(approved=True, note="<b>card</b>"),
+                      key="k-1", sender="ops-ana")
+    assert (await ref.result(timeout=15)).note == "<b>card</b>"
+    page = await web.get(entity_path("Refund", ref.key))
+    assert page.status_code == 200, page.text
+    assert "&lt;b&gt;card&lt;/b&gt;" in page.text  # the result, escaped
+    assert "<b>card</b>" not in page.text
+    assert '<code>{&quot;amount&quot;:40}</code>' in page.text  # the start input
+    history = await web.get(entity_path("Refund", ref.key), params={"view": "history"})
+    assert history.status_code == 200, history.text
+    assert re.search(r'<td>approval</td><td class="status">delivered</td>', history.text)
+    assert "<td>ops-ana</td>" in history.text
+
+    ledger = rt.ref(Ledger, fresh("ledger"))
+    await ledger.signal_with_start(Ledger.add, Note(text="<i>one</i>"), start=None,
+                                   message_id="m-1", sender="ops-bob")
+    await eventually(lambda: _applied(ledger, ["<i>one</i>"]), what="the note applied")
+    detail = await web.get(entity_path("Ledger", ledger.key))
+    assert 'id="pending"' in detail.text or 'id="state"' in detail.text
+    listed = await web.get(entity_path("Ledger", ledger.key), params={"view": "history"})
+    assert re.search(r"<td>1</td><td>1</td><td>signal</td>\s*<td>add</td>", listed.text)
+    assert "<code>m-1</code>" in listed.text
+    assert "&lt;i&gt;one&lt;/i&gt;" in listed.text
+    assert "<i>one</i>" not in listed.text
+    for bad in ("?view=history&after=x", "?after=-1", "?view=history&limit=5000"):
+        refused = await web.get(entity_path("Ledger", ledger.key) + bad)
+        assert refused.status_code == 400, (bad, refused.text)
+
+
+async def _applied(ref: corral.EntityRef[Ledger, None], lines: list[str]) -> bool:
+    return await ref.query(Ledger.lines) == lines
+
+
+async def test_terminate_from_the_entity_page_records_the_operator_and_needs_the_form_token(
+    rt: corral.Runtime, web: httpx.AsyncClient,
+) -> None:
+    ref = rt.ref(Tally, fresh("tally"))
+    await ref.signal_with_start(Tally.bump, start=None)
+    page = await web.get(entity_path("Tally", ref.key))
+    assert 'action="/entities/terminate"' in page.text
+    csrf = await csrf_of(web)
+    form = {"csrf": csrf, "entity_type": "Tally", "key": ref.key, "reason": "<enough>",
+            "sender": "mallory"}
+    refused = await web.post("/entities/terminate", data={**form, "csrf": "0" * 64})
+    assert refused.status_code == 403
+    assert (await ref.describe()).status is corral.RunStatus.RUNNING
+    done = await web.post("/entities/terminate", data=form)
+    assert done.status_code == 200, done.text
+    assert f"Run 1 of Tally {ref.key} terminated (accepted)." in done.text
+    with pytest.raises(corral.EntityTerminatedError, match="<enough>"):
+        await ref.result(timeout=15)
+    last = (await ref.history()).messages.items[-1]  # the terminate mark (its journal
+    assert (last.seq, last.sender) == (2, "dashboard")  # entry may be gone by now)
+    again = await web.post("/entities/terminate", data=form)
+    assert again.status_code == 409  # not running any more
+    assert "EntityNotRunningError" in again.text
+
+
+async def test_a_query_runs_from_the_entity_page_through_the_authorize_hook(
+    rt: corral.Runtime, web: httpx.AsyncClient,
+) -> None:
+    ref = rt.ref(Tally, fresh("tally"))
+    secret = rt.ref(Tally, fresh("secret"))
+    for tally in (ref, ref, secret):
+        await tally.signal_with_start(Tally.bump, start=None)
+    csrf = await csrf_of(web)
+    form = {"csrf": csrf, "entity_type": "Tally", "key": ref.key, "name": "total",
+            "payload": ""}
+    answered = await web.post("/entities/query", data=form)
+    assert answered.status_code == 200, answered.text
+    assert shown(answered, "query-result") == "2"
+    refused = await web.post("/entities/query", data={**form, "key": secret.key})
+    assert refused.status_code == 403  # the application's hook refused it
+    assert "UnauthorizedError" in refused.text
+    for bad, status in ((dict(name="bump"), 404), (dict(payload="{"), 400),
+                        (dict(payload='{"x": 1}'), 400), (dict(csrf=""), 403)):
+        page = await web.post("/entities/query", data={**form, **bad})
+        assert page.status_code == status, (bad, page.text)

@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (selenium and Debian's chromedriver): sign
-in, list, an entity's detail, replay its dead letter, decide a refund; then the store
-is checked from the test process, which hosts the entities.
+in, list, an entity's detail, replay its dead letter, decide a refund; search by key,
+watch the list and an entity page refresh by themselves, terminate from the page; then
+the store is checked from the test process, which hosts the entities.
 
 Selenium blocks, so the walk runs in a thread (`asyncio.to_thread`) while this event
 loop hosts the entities and applies what the browser delivers.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from dashboard_app import (
     Decision,
     Ledger,
     Refund,
+    Tally,
     dead_notes,
     eventually,
     fresh,
@@ -145,3 +147,70 @@ async def test_an_operator_replays_a_dead_letter_and_decides_a_refund_in_a_real_
             await eventually(applied, what="the replayed note applied")
             assert await ledger.dead_letters() == []
             assert (await ledger.describe()).status is corral.RunStatus.RUNNING
+
+
+def live_walk(driver: WebDriver, dashboard: Dashboard, stem: str,
+              send: Callable[[str], None]) -> None:
+    """Search by key prefix, watch the list and the entity page refresh by themselves
+    (no reload: a marker set on the page survives), then terminate from the page.
+    `send(key)` has the test process signal that key (creating it if new)."""
+    until = WebDriverWait(driver, STEP, poll_frequency=0.05).until
+    assert dashboard.token is not None
+    driver.get(f"{dashboard.url}/login?token={dashboard.token}")
+    until(seen.title_contains("Entities"))
+
+    search = driver.find_element(By.NAME, "key")
+    search.send_keys(f"{stem}-")
+    search.submit()
+    until(seen.url_contains("key="))
+    keys = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "a.entity")]
+    assert keys == [f"{stem}-a"]
+    driver.get(driver.current_url + "&refresh=1")
+    driver.execute_script("window.corralMarker = 'same page';")
+    send(f"{stem}-b")  # a new entity: the list shows it without a reload
+    until(seen.presence_of_element_located((By.LINK_TEXT, f"{stem}-b")))
+    assert driver.execute_script("return window.corralMarker;") == "same page"
+    assert driver.find_elements(By.LINK_TEXT, f"other-{stem}") == []
+
+    driver.find_element(By.LINK_TEXT, f"{stem}-a").click()
+    until(seen.title_contains(f"{stem}-a"))
+    driver.get(driver.current_url + "?refresh=1")
+    assert driver.find_element(By.ID, "accepted").text == "1"
+    driver.execute_script("window.corralMarker = 'detail';")
+    send(f"{stem}-a")
+    until(seen.text_to_be_present_in_element((By.ID, "accepted"), "2"))
+    assert driver.execute_script("return window.corralMarker;") == "detail"
+
+    driver.find_element(By.CSS_SELECTOR, "details.terminate summary").click()
+    form = driver.find_element(By.CSS_SELECTOR, "form.terminate")
+    form.find_element(By.NAME, "reason").send_keys("closed from the browser")
+    form.find_element(By.CSS_SELECTOR, "button[name=terminate]").click()
+    until(seen.title_contains("Terminated"))
+    assert f"Run 1 of Tally {stem}-a terminated (accepted)." in \
+        driver.find_element(By.ID, "message").text
+    driver.find_element(By.LINK_TEXT, f"Tally {stem}-a").click()
+    until(seen.title_contains(f"{stem}-a"))
+    assert driver.find_element(By.ID, "status").text == "terminated"
+
+
+async def test_an_operator_searches_watches_pages_refresh_and_terminates_in_a_real_browser(
+    browser: WebDriver, db_path: str, tmp_path: Path,
+) -> None:
+    stem = fresh("live")
+    with start(db_path, tmp_path) as dashboard:
+        async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+            loop = asyncio.get_running_loop()
+            for key in (f"{stem}-a", f"other-{stem}"):
+                await rt.ref(Tally, key).signal_with_start(Tally.bump, start=None)
+
+            def send(key: str) -> None:
+                bump = rt.ref(Tally, key).signal_with_start(Tally.bump, start=None)
+                asyncio.run_coroutine_threadsafe(bump, loop).result(timeout=STEP)
+
+            await asyncio.to_thread(live_walk, browser, dashboard, stem, send)
+
+            ref = rt.ref(Tally, f"{stem}-a")
+            with pytest.raises(corral.EntityTerminatedError, match="closed from the browser"):
+                await ref.result(timeout=15)
+            last = (await ref.history()).messages.items[-1]  # the terminate mark
+            assert (last.seq, last.sender) == (3, "dashboard")

@@ -104,7 +104,7 @@ def sqlite_store(tmp_path: Path) -> str:
     return path
 
 
-_SIGNAL = ("signal", "Board", "b-1", "post", "--json", '{"text": "x"}', "--message-id", "op-1")
+_SIGNAL = ("signal", "Board", "b-1", "post", "--payload", '{"text": "x"}', "--message-id", "op-1")
 _START = ("--start", '{"title": "t"}')
 
 
@@ -178,7 +178,7 @@ async def test_signal_to_a_memory_store_is_refused_rather_than_acknowledged_and_
 def test_every_operator_command_refuses_a_memory_store(
     tmp_path: Path, in_process: Callable[..., Ran],
 ) -> None:
-    commands = [_SIGNAL, ("deliver", "Approval", "a-1", "decision", "--json",
+    commands = [_SIGNAL, ("deliver", "Approval", "a-1", "decision", "--payload",
                           '{"approved": true}', "--key", "k-1"),
                 ("dead-letters", "replay", "--all"), ("dead-letters", "discard", "1"),
                 ("ls",), ("show", "Board", "b-1"), ("waits",), ("dead-letters",),
@@ -376,11 +376,11 @@ async def test_the_command_validates_with_the_applications_limits(
     where = ("--store", db_path, "--app", "cli_app:limited")
 
     too_big, tilde, by_default = await asyncio.gather(
-        corral_command("signal", "Board", "b-2", "post", "--json", '{"text": "x"}',
+        corral_command("signal", "Board", "b-2", "post", "--payload", '{"text": "x"}',
                        "--message-id", "l-1", "--start", big, *where, cwd=tmp_path),
-        corral_command("signal", "Board", "ops~one", "post", "--json", '{"text": "x"}',
+        corral_command("signal", "Board", "ops~one", "post", "--payload", '{"text": "x"}',
                        "--message-id", "l-2", *_START, *where, cwd=tmp_path),
-        corral_command("signal", "Board", "ops~two", "post", "--json", '{"text": "x"}',
+        corral_command("signal", "Board", "ops~two", "post", "--payload", '{"text": "x"}',
                        "--message-id", "l-3", *_START, "--store", db_path, "--app",
                        "cli_app:app", cwd=tmp_path))
 

@@ -802,3 +802,79 @@ async def test_the_census_aggregates_a_stores_known_contents(store: Store) -> No
                                 ("T", "f2", "host", 1))
     assert (census.hosts, census.shards, census.shards_held) == (1, SHARDS, 1)
     assert census.at > 1_000_000_000  # the store's clock
+# -- an entity's history (operators: `corral history`, `show --state`) -------------------
+
+
+async def test_an_entitys_messages_merge_the_journal_the_dedupe_window_and_dead_letters(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    for mid in ("m1", "m2", "m3", "m4"):
+        await store.accept(acc("k", mid, sender="ana"))
+    await store.accept(acc("other", "m1"))
+    entries = await store.journal("E", "k", run_id=1, after_seq=0)
+    poison = await store.record_dead_letter(fence, entries[2], error="ValueError: 13",
+                                            traceback="tb", attempts=3, failed_at=99.0)
+    await store.write_snapshot(fence, "E", "k", 1, applied_seq=3, state=b"{}", keep=1)
+    found = await store.messages("E", "k")
+    assert [(m.seq, m.message_id, m.sender) for m in found] == [
+        (1, "m1", "ana"), (2, "m2", "ana"), (3, "m3", "ana"), (4, "m4", "ana")]
+    covered, dead, pending = found[0], found[2], found[3]
+    # Covered by the snapshot: only the dedupe window's row is left of it.
+    assert (covered.kind, covered.name, covered.payload) == (None, None, None)
+    assert covered.accepted_at == entries[0].accepted_at
+    assert (dead.dead_letter_id, dead.error, dead.failed_at, dead.payload) == (
+        poison, "ValueError: 13", 99.0, '{"v":1}')
+    assert dead.accepted_at == entries[2].accepted_at
+    assert (pending.kind, pending.name, pending.payload) == (EntryKind.SIGNAL, "note", '{"v":1}')
+    assert [m.seq for m in await store.messages("E", "k", after_seq=1, limit=2)] == [2, 3]
+    assert await store.messages("E", "nobody") == []
+    assert [e.seq for e in await store.journal("E", "k", run_id=1, after_seq=0, limit=1)] == [4]
+
+
+async def test_an_entitys_timers_and_waits_are_listed_with_their_runs(store: Store) -> None:
+    fence = await fence_for(store, 1)
+    await store.accept(acc("k", "m"))
+    await store.set_timer(fence, "E", "k", 1, "late", 50.0)
+    await store.set_timer(fence, "E", "k", 1, "soon", 20.0)
+    await store.open_wait(fence, "E", "k", 1, "approval", deadline=70.0, now=10.0)
+    assert [(t.run_id, t.timer_id, t.due_at) for t in await store.timers("E", "k")] == [
+        (1, "soon", 20.0), (1, "late", 50.0), (1, "wait:approval", 70.0)]  # its deadline
+    [wait] = await store.waits("E", "k")
+    assert (wait.run_id, wait.name, wait.status, wait.deadline) == (
+        1, "approval", WaitStatus.OPEN, 70.0)
+    assert await store.timers("E", "other") == []
+    assert await store.waits("E", "other") == []
+
+
+async def test_a_replayed_dead_letter_is_found_by_its_id_while_its_replay_is_remembered(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    entry = (await store.accept(acc("k/1", "poison"))).entry
+    dl = await store.record_dead_letter(fence, entry, error="e", traceback="", attempts=1,
+                                        failed_at=5.0)
+    assert await store.replayed_to(dl) is None  # still a dead letter
+    await store.replay_dead_letter("E", "k/1", 1, dl, accepted_at=7.0)
+    assert await store.replayed_to(dl) == ("E", "k/1")
+    assert await store.replayed_to(dl + 1) is None
+    assert await store.replayed_to(dl * 10) is None  # "replay:1:" is no prefix of "replay:10:"
+
+
+async def test_entities_are_listed_by_key_prefix(store: Store) -> None:
+    for key in ("order-1", "order-2", "orders", "other", "order_x"):
+        await store.accept(acc(key, "m"))
+    await store.accept(acc("order-9", "m", etype="F"))
+    found = await store.entities("E", None, limit=10, key_prefix="order-")
+    assert [e.key for e in found] == ["order-1", "order-2"]
+    assert [(e.entity_type, e.key) for e in
+            await store.entities(None, None, limit=10, key_prefix="order-")] == [
+        ("E", "order-1"), ("E", "order-2"), ("F", "order-9")]
+    page = await store.entities(None, None, limit=1, after=("E", "order-1"), key_prefix="order")
+    assert [e.key for e in page] == ["order-2"]
+    assert [e.key for e in await store.entities("E", None, limit=10, key_prefix="order_")] == [
+        "order_x"]  # `_` is no wildcard
+    # A prefix whose last code point has no successor (U+10FFFF), or whose successor is a
+    # surrogate (U+D7FF), still bounds the range: no error, and nothing matches here.
+    for odd in ("order\U0010ffff", "\U0010ffff", "order\ud7ff"):
+        assert await store.entities("E", None, limit=10, key_prefix=odd) == []

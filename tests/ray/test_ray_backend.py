@@ -237,6 +237,27 @@ async def test_dead_letters_are_listed_paged_replayed_and_discarded_the_same_on_
         assert await ref.discard_dead_letter(first[0].id) is False
 
 
+async def test_history_state_and_a_key_prefix_search_answer_the_same_on_ray(
+        db_path: str, namespace: str) -> None:
+    async with ray_runtime(db_path, namespace) as rt:
+        ref = rt.ref(Brittle, fresh_key("brittle"))
+        for item in ("a", "bad-1", "b"):
+            await ref.signal_with_start(Brittle.add, Item(id=item), start=Start(tenant="t"),
+                                        message_id=f"m-{item}")
+        assert await ref.query(Brittle.seen) == ["a", "b"]  # after the dead letter
+        history = await ref.history()
+        state = await ref.state()
+        found = await rt.entities(Brittle, key_prefix=ref.key)
+    # The shard actor hosts the entity: its live watermark says all three are settled.
+    assert [(m.message_id, m.status) for m in history.messages.items] == [
+        ("m-a", "applied"), ("m-bad-1", "dead_lettered"), ("m-b", "applied")]
+    assert history.applied_seq == 3
+    assert history.runs[0].start_input == {"tenant": "t"}
+    assert (state.run_id, state.status) == (1, RunStatus.RUNNING)
+    assert all(m.seq > (state.snapshot_seq or 0) for m in state.pending.items)
+    assert [e.key for e in found.items] == [ref.key]
+
+
 async def test_a_batch_sent_again_after_it_committed_is_answered_duplicate_on_ray(
         db_path: str, namespace: str) -> None:
     """`RayBackend.call` sends a batch again when its actor died, maybe after committing

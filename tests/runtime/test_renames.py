@@ -14,8 +14,9 @@ import pytest
 from pydantic import BaseModel
 
 import corral
-from corral._cli._entities import signal_handler
+from corral._cli._entities import handler_named
 from corral._cli._waits import signal_wait
+from corral.actors import HandlerKind
 from corral.runtime._ray_host import accepted_fingerprints, host_fingerprint
 from entities import fresh_key
 from procs import TESTS, Worker, spawner, wait_until
@@ -90,11 +91,12 @@ async def test_a_process_on_the_old_code_keeps_sending_the_old_name_to_a_host_on
 async def test_a_client_on_new_code_may_name_the_old_signal_as_the_cli_does(
         db_path: str) -> None:
     definition = TicketV2._corral_definition
-    assert signal_handler(definition, "customer_reply") is TicketV2.reply_from_customer
+    found = handler_named(definition, "customer_reply", HandlerKind.SIGNAL)
+    assert found is TicketV2.reply_from_customer
     key = fresh_key()
     async with corral.open_runtime(db_path, entities=[TicketV2], shards=2) as rt:
         ref = rt.ref(TicketV2, key)
-        handler = signal_handler(ref.definition, "customer_reply")
+        handler = handler_named(ref.definition, "customer_reply", HandlerKind.SIGNAL)
         await ref.signal_with_start(handler, Reply(text="x"), start=None)
         assert (await ref.query(TicketV2.replies)).texts == ["v2:x"]
 

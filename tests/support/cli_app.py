@@ -3,7 +3,8 @@
 
 `Board` takes notes by signal and has signals that raise while `Board.broken` is set
 (one attempt: a dead letter at once); `Approval` waits, durably, for one decision.
-`Flare` fails its run with its start input as the error. `limited` is the same
+`Flare` fails its run with its start input as the error. `Desk` keeps notes and waits an
+hour for a decision (a wait and its timer, for `corral history`). `limited` is the same
 application with limits of its own (`--app cli_app:limited`).
 """
 
@@ -15,8 +16,8 @@ from pydantic import BaseModel, Field
 
 import corral
 
-__all__ = ["LIMITS", "Approval", "Board", "BoardInput", "Decision", "Flare", "Note", "app",
-           "limited"]
+__all__ = ["LIMITS", "Approval", "Board", "BoardInput", "Decision", "Desk", "Flare", "Note",
+           "app", "limited"]
 
 
 class BoardInput(BaseModel):
@@ -110,7 +111,40 @@ class Stuck(corral.Entity):
         raise KeyError(self.text)
 
 
-app = corral.App(entities=[Board, Approval, Flare, Stuck])
+class Desk(corral.Entity):
+    """Notes by signal (`fragile` always raises: a dead letter at once); `run()` waits up
+    to an hour for `decision` and returns how many notes it holds then."""
+
+    retry = corral.RetryPolicy(max_attempts=1)
+    decision = corral.wait(Decision)
+
+    def __init__(self, init: BoardInput) -> None:
+        self.title = init.title
+        self.notes: list[str] = []
+
+    @corral.signal
+    def post(self, note: Note) -> None:
+        self.notes.append(note.text)
+
+    @corral.signal
+    def fragile(self, note: Note) -> None:
+        raise RuntimeError(f"cannot take {note.text!r}")
+
+    @corral.update
+    def rename(self, init: BoardInput) -> str:
+        old, self.title = self.title, init.title
+        return old
+
+    @corral.query
+    def read(self) -> list[str]:
+        return self.notes
+
+    async def run(self) -> int:
+        await self.wait_for_signal(Desk.decision, timeout=3600)
+        return len(self.notes)
+
+
+app = corral.App(entities=[Board, Approval, Flare, Stuck, Desk])
 
 LIMITS = corral.Limits(max_payload_bytes=1024, key_pattern=r"[a-z0-9-]+(~[a-z0-9-]+)?")
 """Payloads up to 1 KiB, and keys that may hold one `~` (the default pattern refuses it)."""

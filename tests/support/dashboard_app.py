@@ -114,14 +114,28 @@ class Ledger(corral.Entity):
 
 
 class Tally(corral.Entity):
-    """Counts; only the listing test makes these, so it knows every one there is."""
+    """Counts; only the listing tests make these, so they know every one there is. A run
+    ends when `stop` is signalled, with the count as its result."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.stopped = False
 
     @corral.signal
     def bump(self) -> None:
         self.count += 1
+
+    @corral.signal
+    def stop(self) -> None:
+        self.stopped = True
+
+    @corral.query
+    def total(self) -> int:
+        return self.count
+
+    async def run(self) -> int:
+        await self.wait_for(lambda: self.stopped)
+        return self.count
 
 
 class Stuck(corral.Entity):
@@ -137,10 +151,12 @@ ENTITIES: list[type[corral.Entity]] = [Refund, Ledger, Tally, Stuck]
 
 
 def authorize(request: corral.AuthRequest) -> str | bool | None:
-    """Operator calls (deliver, replay, discard) only from `OPERATORS`; the rest as
-    claimed."""
+    """Operator calls (deliver, replay, discard) only from `OPERATORS`; no query of a
+    key that starts with "secret-" (whoever asks); the rest as claimed."""
     if request.kind in ("deliver", "replay", "discard"):
         return request.sender if request.sender in OPERATORS else False
+    if request.kind == "query" and request.key.startswith("secret-"):
+        return False
     return request.sender
 
 

@@ -13,9 +13,9 @@ import typer
 import corral
 from corral.persistence import stored_shards
 
-from ._connection import StoreOption
+from ._connection import JsonFlag, StoreOption
 from ._errors import execute
-from ._output import Format, Output, cells, out, print_json, table, when
+from ._output import cells, out, print_json, table, when
 
 __all__ = ["list_builds"]
 
@@ -25,7 +25,7 @@ def list_builds(
     store: StoreOption,
     entity_type: Annotated[str | None, typer.Argument(
         metavar="TYPE", help="Only builds of this entity type.", show_default=False)] = None,
-    output: Output = Format.TEXT,
+    as_json: JsonFlag = False,
 ) -> None:
     """List the builds that processes registered, per entity type, oldest first.
 
@@ -34,7 +34,7 @@ def list_builds(
     newest may run beside it (if not, each difference with its fix).
     """
     builds = execute(ctx, _read(store, entity_type))
-    if output is Format.JSON:
+    if as_json:
         print_json(builds)
         return
     console = out()

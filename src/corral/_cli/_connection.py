@@ -17,6 +17,7 @@ import typer
 
 import corral
 from corral._app import load_app, open_operator_runtime
+from corral._errors import UnknownEntityTypeError
 from corral.actors import Entity
 
 from ._errors import execute
@@ -35,14 +36,14 @@ StoreOption = Annotated[str, typer.Option(
 AppOption = Annotated[str, typer.Option(
     "--app", envvar="CORRAL_APP", show_envvar=True, metavar="MODULE:ATTRIBUTE",
     rich_help_panel=_PANEL,
-    help="The application's entity types: a list of corral.Entity classes or a corral.App "
-         "(the current directory is importable).")]
+    help="The application's entity types: a module attribute that is one corral.Entity "
+         "class, a list of them, or a corral.App (the current directory is importable).")]
 ShardsOption = Annotated[int | None, typer.Option(
     "--shards", envvar="CORRAL_SHARDS", show_envvar=True, min=1, rich_help_panel=_PANEL,
     help="The store's shard count, checked against the store (default: read from it).",
     show_default=False)]
 JsonFlag = Annotated[bool, typer.Option(
-    "--json", help="Print JSON for scripts instead of a table.")]
+    "--json", help="Print JSON for scripts instead of a table or a line.")]
 TypeArgument = Annotated[str, typer.Argument(
     metavar="TYPE", help="An entity type of the application (its class name).",
     show_default=False)]
@@ -75,6 +76,13 @@ def entity_class(rt: corral.Runtime, name: str) -> type[Entity]:
     """The registered entity class named `name`.
 
     Raises:
-        UnknownEntityTypeError: the application registers no type of that name.
+        UnknownEntityTypeError: the `--app` has no type of that name (the message says
+            which it has, and that `--app` names the application).
     """
-    return cast("type[Entity]", rt.boundary.definition(name).cls)
+    try:
+        return cast("type[Entity]", rt.boundary.definition(name).cls)
+    except UnknownEntityTypeError as err:
+        raise UnknownEntityTypeError(
+            f"the --app has no entity type {name!r} (its types: "
+            f"{sorted(rt.boundary.definitions)}); pass --app module:attribute naming the "
+            "application that declares it (or set CORRAL_APP)") from err

@@ -1,7 +1,8 @@
 """`corral dead-letters`: list dead letters, and replay or discard them, by id or all.
 
 A dead letter's id is unique in the store: `replay 17` looks it up among the store's
-dead letters to find its entity, and `--type T --key K` names the entity outright (no
+dead letters to find its entity (or, once replayed, among the replays the dedupe windows
+remember, so a repeat is answered duplicate), and `--type T --key K` names the entity outright (no
 lookup). Several ids, and `--all`, are worked through oldest first and one at a time,
 so an entity's replayed signals keep their original order; one that fails (its entity
 is not running, say) is reported and the rest go on.
@@ -128,14 +129,16 @@ def replay(
 
     `replay 17 18` finds each id in the store; `replay 17 --type T --key K` names its
     entity (no lookup); `replay --all --type T` replays every dead letter of T. A
-    replay repeated is answered duplicate and applied once.
+    replay repeated is answered duplicate and applied once (while the entity's dedupe
+    window remembers the replay).
     """
     async def one(rt: corral.Runtime, letter: _Letter) -> corral.Ack:
         ref = rt.ref(entity_class(rt, letter.entity_type), letter.key)
         return await ref.replay_dead_letter(letter.id, sender=sender)
 
-    _work_through(ctx, Connection(store, app, shards), _Choice(ids or [], everything,
-                  entity_type, key), one, verb="replayed", doing="replaying", as_json=as_json,
+    choice = _Choice(ids or [], everything, entity_type, key, replays=True)
+    _work_through(ctx, Connection(store, app, shards), choice, one, verb="replayed",
+                  doing="replaying", as_json=as_json,
                   describe=lambda letter, ack: f"replayed {letter}: {ack_line(ack)}")
 
 
@@ -177,6 +180,9 @@ class _Choice:
     everything: bool
     entity_type: str | None
     key: str | None
+    replays: bool = False
+    """A replay: an id replayed before is found through its replay (a CLI client is
+    always on the local backend, so it reads the store itself)."""
 
     async def letters(self, rt: corral.Runtime) -> list[_Letter]:
         """The chosen dead letters, checked before any is touched.
@@ -203,6 +209,11 @@ class _Choice:
             after = page[-1].id
         if self.everything:
             return list(by_id.values())
+        if self.replays:  # replayed before: its entity answers the repeat "duplicate"
+            for i in (i for i in self.ids if i not in by_id):
+                found = await rt.store.replayed_to(i)
+                if found is not None and etype in (None, found[0]) and key in (None, found[1]):
+                    by_id[i] = _Letter(i, *found)
         missing = [i for i in self.ids if i not in by_id]
         if missing:
             among = f" of {etype}" if etype else ""

@@ -23,10 +23,10 @@ from ._connection import (
     TypeArgument,
     entity_class,
 )
-from ._errors import guard, parse_json
+from ._errors import guard
+from ._history import After, Limit, print_state
+from ._input import PayloadOption, read_payload
 from ._output import (
-    Format,
-    Output,
     age,
     cells,
     out,
@@ -37,7 +37,7 @@ from ._output import (
     when,
 )
 
-__all__ = ["ack_line", "list_entities", "send_signal", "show_entity", "signal_handler"]
+__all__ = ["ack_line", "handler_named", "list_entities", "send_signal", "show_entity"]
 
 
 def list_entities(
@@ -87,19 +87,31 @@ def show_entity(
     app: AppOption,
     entity_type: TypeArgument,
     key: KeyArgument,
+    state: Annotated[bool, typer.Option(
+        "--state", help="Also the latest snapshot's state as JSON and the messages accepted "
+        "after it, with their payloads (--json: only that).")] = False,
+    limit: Limit = 100,
+    after: After = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
     """Describe one entity: status, progress, runs, snapshot, timers, open waits, dead
-    letters.
+    letters; with --state, what is in it.
 
     The applied position, backlog and mailbox depth are as the entity's host last
     recorded them in the store (at most a second or so behind the host).
     """
-    found = Connection(store, app, shards).run(
-        ctx, lambda rt: rt.ref(entity_class(rt, entity_type), key).describe())
+    async def read(rt: corral.Runtime) -> tuple[corral.EntityDescription,
+                                                 corral.EntityState | None]:
+        ref = rt.ref(entity_class(rt, entity_type), key)
+        described = await ref.describe()
+        if not state or described.status is corral.RunStatus.NEVER_STARTED:
+            return described, None
+        return described, await ref.state(limit=limit, after=after)
+
+    found, contents = Connection(store, app, shards).run(ctx, read)
     if as_json:
-        print_json(found)
+        print_json(found if contents is None else contents)
         return
     console = out()
     console.print(_facts(found))
@@ -124,6 +136,8 @@ def show_entity(
             waits.add_row(*cells([w.name, w.run_id, when(w.waiting_since), when(w.deadline)]))
         console.print()
         console.print(waits)
+    if contents is not None:
+        print_state(contents, as_json=False)
 
 
 def _facts(d: corral.EntityDescription) -> Table:
@@ -184,16 +198,13 @@ def send_signal(
         "--message-id", metavar="ID",
         help="The message's idempotency key: the same command again is answered duplicate.",
         show_default=False)],
-    payload: Annotated[str | None, typer.Option(
-        "--json", metavar="JSON",
-        help="The payload, a JSON object of the handler's model (none for a handler "
-             "without one).")] = None,
+    payload: PayloadOption = None,
     start: Annotated[str | None, typer.Option(
-        "--start", metavar="JSON",
+        "--start", metavar="JSON|@FILE|-",
         help="Signal-with-start: start a run first if none is running, with this start "
              "input (null for a type whose __init__ takes none).")] = None,
     sender: SenderOption = None,
-    output: Output = Format.TEXT,
+    as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
     """Send a signal to an entity (with --start: starting a run if none is running).
@@ -204,41 +215,44 @@ def send_signal(
     before is answered "duplicate" with the original position.
     """
     with guard(ctx):  # bad JSON never reaches the store
-        data, start_input = parse_json(payload, "--json"), parse_json(start, "--start")
+        data, start_input = read_payload(payload), read_payload(start, "--start")
 
     async def send(rt: corral.Runtime) -> corral.Ack:
         ref = rt.ref(entity_class(rt, entity_type), key)
-        signal = signal_handler(ref.definition, handler)
+        signal = handler_named(ref.definition, handler, HandlerKind.SIGNAL)
         if start is None:
             try:
                 return await ref.signal(signal, data, message_id=message_id, sender=sender)
             except EntityNotRunningError as err:
                 raise EntityNotRunningError(
-                    f"{err} (--start JSON)", entity_type=err.entity_type,
+                    f"{err} (--start JSON starts one)", entity_type=err.entity_type,
                     key=err.key, run_id=err.run_id, message_id=err.message_id) from err
         return await ref.signal_with_start(signal, data, start=start_input,
                                            message_id=message_id, sender=sender)
 
     ack = Connection(store, app, shards).run(ctx, send)
-    print_result(output, ack, ack_line(ack))
+    print_result(as_json, ack, ack_line(ack))
 
 
-def signal_handler(definition: EntityDefinition, name: str) -> Any:
-    """The signal handler `name` of the type, as its class declares it (an old name
-    given by `renamed_from=` finds the handler under today's name).
+_PLURAL = {HandlerKind.SIGNAL: "signals", HandlerKind.UPDATE: "updates",
+           HandlerKind.QUERY: "queries"}
+
+
+def handler_named(definition: EntityDefinition, name: str, kind: HandlerKind) -> Any:
+    """The `kind` handler `name` of the type, as its class declares it (an old name given
+    by `renamed_from=` finds the handler under today's name).
 
     Raises:
-        UnknownHandlerError: the type declares no signal of that name.
+        UnknownHandlerError: the type declares no handler of that kind and name.
     """
     declared = definition.handler(name)
-    if declared is None or declared.kind is not HandlerKind.SIGNAL:
-        signals = sorted(n for n, h in definition.handlers.items()
-                         if h.kind is HandlerKind.SIGNAL)
-        kind = None if declared is None else declared.kind.value
-        what = "no such signal" if kind is None else \
-            f"{kind} handler, not a signal"
-        raise UnknownHandlerError(f"{definition.name}.{name}: {what} (its signals: {signals})",
-                                  entity_type=definition.name)
+    if declared is None or declared.kind is not kind:
+        handlers = sorted(n for n, h in definition.handlers.items() if h.kind is kind)
+        what = f"no such {kind.value}" if declared is None else \
+            f"{declared.kind.value} handler, not a {kind.value}"
+        raise UnknownHandlerError(
+            f"{definition.name}.{name}: {what} (its {_PLURAL[kind]}: {handlers})",
+            entity_type=definition.name)
     return getattr(definition.cls, declared.name)
 
 

@@ -12,7 +12,16 @@ import typer
 import corral
 from corral._app import load_app
 
-from . import _builds, _dead_letters, _entities, _metrics, _snapshots, _waits
+from . import (
+    _builds,
+    _dead_letters,
+    _entities,
+    _history,
+    _metrics,
+    _snapshots,
+    _verbs,
+    _waits,
+)
 from ._connection import AppOption, ShardsOption, StoreOption
 from ._errors import (
     EXIT_BAD_INPUT,
@@ -22,6 +31,7 @@ from ._errors import (
     guard,
     report,
 )
+from ._input import legacy_payload
 
 __all__ = ["DEFAULT_DEMO_STORE", "app", "main"]
 
@@ -58,10 +68,17 @@ def _root(
 
 app.command("ls")(_entities.list_entities)
 app.command("show")(_entities.show_entity)
+app.command("history")(_history.entity_history)
 app.command("waits")(_waits.list_waits)
 app.add_typer(_dead_letters.commands, name="dead-letters")
+app.command("start")(_verbs.start_entity)
 app.command("signal")(_entities.send_signal)
+app.command("update")(_verbs.update_entity)
+app.command("query")(_verbs.query_entity)
 app.command("deliver")(_waits.deliver)
+app.command("terminate")(_verbs.terminate_entity)
+app.command("resume")(_verbs.resume_entity)
+app.command("result")(_verbs.result_of)
 app.command("check-snapshots")(_snapshots.check)
 app.command("builds")(_builds.list_builds)
 app.command("metrics")(_metrics.serve_metrics)
@@ -126,8 +143,9 @@ def ui(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `corral` console script; returns the exit status."""
+    args = legacy_payload(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=list(argv) if argv is not None else None, prog_name="corral")
+        app(args=args, prog_name="corral")
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_FAILED)

@@ -10,39 +10,26 @@ its Python escape, `\\x1b`, never sent to the terminal. JSON escapes them itself
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from pydantic_core import to_jsonable_python
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["Format", "Output", "age", "cells", "err_console", "jsonable", "out", "print_json",
-           "print_result", "printable", "table", "when"]
+__all__ = ["age", "cells", "err_console", "jsonable", "out", "print_json", "print_result",
+           "printable", "table", "when"]
 
 _PIPE_WIDTH = 1000  # characters: rows are never wrapped or cut when piped
 # C0 and C1 controls, DEL, the line and paragraph separators, and the bidirectional
 # overrides and isolates (which reorder what the terminal shows).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-class Format(str, enum.Enum):
-    """What a write command prints: a line for people, or its result as JSON."""
-
-    TEXT = "text"
-    JSON = "json"
-
-
-Output = Annotated[Format, typer.Option(
-    "--output", "-o", help="What to print: text (one line) or json (the result, for scripts).")]
 
 
 def _console(*, stderr: bool) -> Console:
@@ -73,9 +60,9 @@ def print_json(value: object) -> None:
     sys.stdout.write(json.dumps(jsonable(value), indent=2, ensure_ascii=True) + "\n")
 
 
-def print_result(output: Format, result: object, line: str) -> None:
-    """A write command's result: `line` for people, or `result` as JSON."""
-    if output is Format.JSON:
+def print_result(as_json: bool, result: object, line: str) -> None:
+    """A write command's result: `line` for people, or `result` as JSON (`--json`)."""
+    if as_json:
         print_json(result)
     else:
         print(line)

@@ -21,8 +21,9 @@ from ._connection import (
     TypeArgument,
     entity_class,
 )
-from ._errors import guard, parse_json
-from ._output import Format, Output, cells, out, print_json, print_result, table, when
+from ._errors import guard
+from ._input import read_payload
+from ._output import cells, out, print_json, print_result, table, when
 
 __all__ = ["deliver", "delivery_line", "list_waits", "signal_wait"]
 
@@ -68,8 +69,9 @@ def deliver(
     name: Annotated[str, typer.Argument(
         metavar="WAIT", help="The wait's name, as the class declares it.", show_default=False)],
     payload: Annotated[str, typer.Option(
-        "--json", metavar="JSON", help="The payload, a JSON object of the wait's model.",
-        show_default=False)],
+        "--payload", "-p", metavar="JSON|@FILE|-",
+        help="The payload, a JSON object of the wait's model: inline, @FILE to read a file, "
+             "or - to read stdin.", show_default=False)],
     delivery_key: Annotated[str, typer.Option(
         "--key", metavar="DELIVERY_KEY",
         help="The delivery's idempotency key: the same command again is answered duplicate.",
@@ -79,7 +81,7 @@ def deliver(
         "--run-id", metavar="RUN", min=1,
         help="Only this run (a delivery meant for a run that moved on is then stale).")
         ] = None,
-    output: Output = Format.TEXT,
+    as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
     """Close a durable signal wait of an entity's run, once.
@@ -90,7 +92,7 @@ def deliver(
     an answer, not an error: the exit status is 0.
     """
     with guard(ctx):  # bad JSON never reaches the store
-        data = parse_json(payload, "--json")
+        data = read_payload(payload)
 
     async def send(rt: corral.Runtime) -> corral.Delivery[Any]:
         ref = rt.ref(entity_class(rt, entity_type), key)
@@ -98,7 +100,7 @@ def deliver(
         return await ref.deliver(wait, data, key=delivery_key, sender=sender, run_id=run_id)
 
     outcome = Connection(store, app, shards).run(ctx, send)
-    print_result(output, outcome, delivery_line(outcome))
+    print_result(as_json, outcome, delivery_line(outcome))
 
 
 def signal_wait(definition: EntityDefinition, name: str) -> Any:

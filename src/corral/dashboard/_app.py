@@ -1,7 +1,8 @@
 """The dashboard's Starlette app: its routes, the operator on every page, errors as pages.
 
 Reads go through `Runtime.entities`, `signal_waits`, `dead_letters` and
-`EntityRef.describe`; writes through `EntityRef.deliver`, `replay_dead_letter` and
+`EntityRef.describe`, `state`, `history`; writes (and queries) through
+`EntityRef.deliver`, `terminate`, `query`, `replay_dead_letter` and
 `discard_dead_letter`, always with `sender=` the authenticated operator (whatever a
 form says), so the application's `authorize` hook decides on them as on any caller's.
 """
@@ -15,6 +16,7 @@ from urllib.parse import quote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -28,6 +30,7 @@ from corral import (
     EntityNotRunningError,
     IdempotencyConflictError,
     PayloadTooLargeError,
+    RunStatus,
     Runtime,
     SignalWait,
     StoreError,
@@ -36,12 +39,15 @@ from corral import (
     UnknownHandlerError,
 )
 from corral._scrape import census_text
+from corral.actors import HandlerKind
 from corral.metrics import REGISTRY
 
+from . import _entity as entity
 from . import _views as views
 from ._auth import COOKIE, Authenticate, Gate, Refused, check_origin, safe_next
-from ._forms import Visit, deliver_form, login_form, who
+from ._forms import Visit, deliver_form, login_form, query_form, who
 from ._html import EMPTY, STYLE, Html, entity_url, join, layout, render
+from ._live import LIVE_JS, live, refresh_period
 
 __all__ = ["create_app"]
 
@@ -51,7 +57,8 @@ MAX_PAGE = 1000
 """The most rows one page lists."""
 
 _HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'self'; form-action 'self'; "
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -139,12 +146,18 @@ class _Dashboard:
                         self.waits[(name, value.name)] = value
         self.models: dict[tuple[str, str], type[BaseModel]] = {
             k: cast("type[BaseModel]", w.model) for k, w in self.waits.items()}
+        self.queries: dict[str, list[str]] = {
+            name: sorted(n for n, h in d.handlers.items() if h.kind is HandlerKind.QUERY)
+            for name, d in definitions.items()}
 
     def routes(self) -> list[BaseRoute]:
         routes: list[BaseRoute] = [
             Route("/healthz", _healthz, methods=["GET"]),
             Route("/style.css", _style, methods=["GET"]),
+            Route("/live.js", _live_js, methods=["GET"]),
             Route("/", self._get(self.entity_list), methods=["GET"]),
+            Route("/entities/terminate", self._post(self.terminate), methods=["POST"]),
+            Route("/entities/query", self._post(self.query), methods=["POST"]),
             Route("/entities/{entity_type}/{key:path}", self._get(self.entity_detail),
                   methods=["GET"]),
             Route("/waits", self._get(self.wait_list), methods=["GET"]),
@@ -229,25 +242,39 @@ class _Dashboard:
     async def entity_list(self, request: Request, visit: Visit) -> Response:
         q = request.query_params
         etype, status = q.get("type") or None, q.get("status") or None
+        prefix = q.get("key") or None
         limit = _limit(q.get("limit"), 50)
         page = await self.rt.entities(etype, status=status, limit=limit,
-                                      after=q.get("after") or None)
-        body = views.entity_list(page, self.types, etype, status, limit)
+                                      after=q.get("after") or None, key_prefix=prefix)
+        body = views.entity_list(page, self.types, etype, status, limit, prefix,
+                                 refresh_period(q.get("refresh")))
         return self._page("Entities", body, visit)
 
     async def entity_detail(self, request: Request, visit: Visit) -> Response:
         ref = self._ref(request.path_params["entity_type"], request.path_params["key"])
+        q = request.query_params
+        refresh, after = refresh_period(q.get("refresh")), q.get("after") or None
+        title = f"{ref.definition.name} {ref.key}"
+        if q.get("view") == "history":
+            found = await ref.history(limit=_limit(q.get("limit"), 100), after=after)
+            body = join([entity.tabs(ref.definition.name, ref.key, "history"),
+                         live(entity.history_view(found), refresh)])
+            return self._page(f"{title} \u00b7 history", body, visit)
         described = await ref.describe()
         letters = await ref.dead_letters() if described.dead_letters else []
-        body = views.entity_detail(visit, described, self.models, letters)
-        return self._page(f"{described.entity_type} {described.key}", body, visit)
+        state = None if described.status is RunStatus.NEVER_STARTED else \
+            await ref.state(limit=_limit(q.get("limit"), 20), after=after)
+        body = views.entity_detail(visit, described, self.models, letters, state,
+                                   self.queries.get(ref.definition.name, []), refresh)
+        return self._page(title, body, visit)
 
     async def wait_list(self, request: Request, visit: Visit) -> Response:
         q = request.query_params
         etype = q.get("type") or None
         page = await self.rt.signal_waits(etype, limit=100, after=q.get("after") or None)
         waiting = sorted({t for t, _ in self.waits})
-        body = views.waits_page(visit, page, waiting, etype, self.models)
+        body = views.waits_page(visit, page, waiting, etype, self.models,
+                                refresh_period(q.get("refresh")))
         return self._page("Open waits", body, visit)
 
     async def dead_letter_list(self, request: Request, visit: Visit) -> Response:
@@ -258,7 +285,8 @@ class _Dashboard:
         letters = await self.rt.dead_letters(etype, limit=limit + 1,
                                              after=_int(q.get("after"), "after"))
         cursor = str(letters[limit - 1].id) if len(letters) > limit else None
-        body = views.dead_letters_page(visit, letters[:limit], self.types, etype, limit, cursor)
+        body = views.dead_letters_page(visit, letters[:limit], self.types, etype, limit, cursor,
+                                       refresh_period(q.get("refresh")))
         return self._page("Dead letters", body, visit)
 
     # -- writes --------------------------------------------------------------------------
@@ -304,6 +332,36 @@ class _Dashboard:
             f"Dead letter {ident} was already gone; nothing changed."
         return self._page("Discarded", self._done(text, ref), visit)
 
+    async def terminate(self, request: Request, visit: Visit, form: dict[str, str]
+                        ) -> Response:
+        ref = self._ref(form.get("entity_type", ""), form.get("key", ""))
+        ack = await ref.terminate(form.get("reason", ""), sender=visit.operator)
+        text = f"Run {ack.run_id} of {ref.definition.name} {ref.key} terminated ({ack.status})."
+        return self._page("Terminated", views.message(text, links=[
+            (entity_url(ref.definition.name, ref.key), f"{ref.definition.name} {ref.key}"),
+            ("/", "Entities")]), visit)
+
+    async def query(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
+        ref = self._ref(form.get("entity_type", ""), form.get("key", ""))
+        etype, name, text = ref.definition.name, form.get("name", ""), form.get("payload", "")
+        if name not in self.queries.get(etype, []):
+            raise UnknownHandlerError(f"{etype} has no query {name!r}", entity_type=etype)
+        again = render("<h2>Try again</h2>$form", form=query_form(
+            visit, etype, ref.key, self.queries[etype], chosen=name, text=text))
+        try:
+            payload = json.loads(text) if text.strip() else None
+        except (ValueError, RecursionError) as err:
+            body = views.message(f"The argument is not JSON ({err}).", error=True, extra=again)
+            return self._page("Not queried", body, visit, 400)
+        try:
+            result = await ref.query(getattr(ref.definition.cls, name), payload,
+                                     sender=visit.operator)
+        except CorralError as err:
+            return self._error(visit, err, again)
+        body = entity.query_result(etype, ref.key, name,
+                                   to_jsonable_python(result, by_alias=True))
+        return self._page(f"Query {name}", body, visit)
+
     def _done(self, text: str, ref: corral.EntityRef[Any, Any]) -> Html:
         return views.message(text, links=[
             (entity_url(ref.definition.name, ref.key), f"{ref.definition.name} {ref.key}"),
@@ -347,6 +405,11 @@ class _Dashboard:
 
 async def _healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
+
+
+async def _live_js(request: Request) -> Response:
+    return Response(LIVE_JS, media_type="text/javascript",
+                    headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
 
 
 async def _style(request: Request) -> Response:

@@ -1,4 +1,5 @@
-"""The dashboard's forms: deliver a decision, replay or discard a dead letter, sign in.
+"""The dashboard's forms: deliver a decision, replay or discard a dead letter, terminate
+a run, run a query, sign in.
 
 Every write form posts the operator's hidden `csrf` token and nothing that says who
 they are: the server records the authenticated operator as the sender.
@@ -17,7 +18,7 @@ from corral import DeadLetter
 from ._html import Html, join, render
 
 __all__ = ["Visit", "dead_letter_buttons", "deliver_form", "login_form", "model_hint",
-           "new_delivery_key", "who"]
+           "new_delivery_key", "query_form", "terminate_form", "who"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,43 @@ def dead_letter_buttons(visit: Visit, letter: DeadLetter) -> Html:
     """Replay (deliver it again) and, behind a second click, discard."""
     return render(_DEAD_LETTER, csrf=visit.csrf, entity_type=letter.entity_type,
                   key=letter.key, id=letter.id)
+
+
+_TERMINATE = """<details class="terminate"><summary>Terminate&hellip;</summary>
+<form method="post" action="/entities/terminate" class="terminate">
+<input type="hidden" name="csrf" value="$csrf">
+<input type="hidden" name="entity_type" value="$entity_type">
+<input type="hidden" name="key" value="$key">
+<label>Reason <input type="text" name="reason" maxlength="1000"></label>
+<button type="submit" name="terminate">Terminate run $run_id</button>
+</form></details>"""
+
+
+def terminate_form(visit: Visit, entity_type: str, key: str, run_id: int) -> Html:
+    """Terminate the running run, behind a second click (messages not applied yet are
+    dead-lettered)."""
+    return render(_TERMINATE, csrf=visit.csrf, entity_type=entity_type, key=key,
+                  run_id=run_id)
+
+
+_QUERY = """<form method="post" action="/entities/query" class="query">
+<input type="hidden" name="csrf" value="$csrf">
+<input type="hidden" name="entity_type" value="$entity_type">
+<input type="hidden" name="key" value="$key">
+<label>Query <select name="name">$options</select></label>
+<label>Argument (JSON, if it takes one)<br>
+<textarea name="payload" placeholder="{}">$text</textarea></label>
+<button type="submit">Run query</button>
+</form>"""
+
+
+def query_form(visit: Visit, entity_type: str, key: str, names: list[str], *,
+               chosen: str = "", text: str = "") -> Html:
+    """Run one of the type's query handlers (it changes nothing)."""
+    options = join([render("<option value=\"$n\"$sel>$n</option>", n=n,
+                           sel=Html(" selected") if n == chosen else "") for n in names], "")
+    return render(_QUERY, csrf=visit.csrf, entity_type=entity_type, key=key,
+                  options=options, text=text)
 
 
 _LOGIN = """<form method="post" action="/login" class="card">

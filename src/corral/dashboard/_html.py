@@ -132,6 +132,15 @@ input[type=text] { width: 22rem; }
 .filters { margin-bottom: .8rem; }
 .filters label { margin-right: .8rem; }
 button { cursor: pointer; }
+tr.suspended td, .status.suspended { background: #fff4e5; color: #8a4b00; }
+.suspension { border-left: 4px solid #e08a00; }
+tr.message.dead_lettered td { background: #fbeceb; }
+tr.message.accepted td.status { color: #8a4b00; }
+nav.tabs { margin: 0 0 .8rem; }
+nav.tabs a.tab { margin-right: 1rem; }
+nav.tabs a.current { font-weight: 700; text-decoration: none; color: inherit; }
+.actions form { margin: .4rem 0 .8rem; }
+.refresh { font-size: .85rem; }
 """
 
 _PAGE = """<!doctype html>
@@ -141,6 +150,7 @@ _PAGE = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>$title \u00b7 corral</title>
 <link rel="stylesheet" href="/style.css">
+<script src="/live.js" defer></script>
 </head>
 <body>
 <header>

@@ -10,14 +10,17 @@ from corral import (
     DeadLetter,
     Delivery,
     EntityDescription,
+    EntityState,
     EntitySummary,
     Page,
     RunStatus,
     SignalWaitInfo,
 )
 
+from ._entity import actions, runs_table, state_panel, tabs
 from ._forms import Visit, dead_letter_buttons, deliver_form
 from ._html import EMPTY, Html, age, entity_url, join, opt, pretty_json, query_url, render, when
+from ._live import DEFAULT_REFRESH, live
 
 __all__ = ["dead_letters_page", "delivery_result", "entity_detail", "entity_list",
            "message", "waits_page"]
@@ -55,18 +58,23 @@ def _next_link(path: str, params: Mapping[str, object], cursor: str | None) -> H
                   url=query_url(path, {**params, "after": cursor}))
 
 
-_ENTITY_ROW = """<tr><td>$type</td><td>$key</td><td class="status">$status</td><td>$run</td>
-<td>$accepted</td><td>$applied</td><td class="backlog">$backlog</td><td>$oldest</td>
-<td>$mailbox</td><td>$passivated</td><td>$updated</td></tr>"""
+_ENTITY_ROW = """<tr class="$cls"><td>$type</td><td>$key</td><td class="status">$status</td>
+<td>$run</td><td>$accepted</td><td>$applied</td><td class="backlog">$backlog</td>
+<td>$oldest</td><td>$mailbox</td><td>$passivated</td><td>$updated</td></tr>"""
 
 
 def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: str | None,
-                chosen_status: str | None, limit: int) -> Html:
-    """Entities in (type, key) order, filtered by type and status, one page."""
+                chosen_status: str | None, limit: int, prefix: str | None, refresh: int
+                ) -> Html:
+    """Entities in (type, key) order, filtered by type, status and key prefix, one page
+    (refreshed live)."""
     extra = join([_select("status", "Status", STATUSES, chosen_status),
+                  render("<label>Key starts with <input type=\"search\" name=\"key\" "
+                         "value=\"$prefix\" maxlength=\"512\"></label>", prefix=prefix or ""),
                   render("<label>Per page <input type=\"number\" name=\"limit\" min=\"1\" "
                          "max=\"1000\" value=\"$limit\"></label>", limit=limit)], "")
-    rows = [render(_ENTITY_ROW, type=e.entity_type, key=_entity_link(e.entity_type, e.key),
+    rows = [render(_ENTITY_ROW, cls="suspended" if e.suspended else "",
+                   type=e.entity_type, key=_entity_link(e.entity_type, e.key),
                    status=f"{e.status.value} (suspended)" if e.suspended else e.status.value,
                    run=e.run_id, accepted=e.accepted_seq, applied=opt(e.applied_seq),
                    backlog=opt(e.backlog), oldest=_waited(e.oldest_unapplied_age),
@@ -79,54 +87,54 @@ def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: st
         "<th>Oldest unapplied</th><th>Mailbox</th><th>Passivated</th><th>Updated</th>"
         "</tr></thead><tbody>$rows</tbody></table>",
         rows=join(rows) if rows else render("<tr><td colspan=\"11\">No entities.</td></tr>"))
-    params = {"type": chosen_type, "status": chosen_status, "limit": limit}
-    return join([_filters("/", types, chosen_type, extra), table,
-                 _next_link("/", params, page.next_cursor)])
+    params = {"type": chosen_type, "status": chosen_status, "key": prefix, "limit": limit,
+              "refresh": None if refresh == DEFAULT_REFRESH else refresh}
+    return join([_filters("/", types, chosen_type, extra),
+                 live(join([table, _next_link("/", params, page.next_cursor)]), refresh)])
 
 
 _FACTS = """<dl class="facts">
 <dt>Type</dt><dd>$type</dd><dt>Key</dt><dd class="key">$key</dd>
-<dt>Status</dt><dd class="status" id="status">$status</dd><dt>Run</dt><dd>$run</dd>
-<dt>Accepted seq</dt><dd>$accepted</dd><dt>Applied seq</dt><dd id="applied">$applied</dd>
+<dt>Status</dt><dd class="status $cls" id="status">$status</dd><dt>Run</dt><dd>$run</dd>
+<dt>Accepted seq</dt><dd id="accepted">$accepted</dd>
+<dt>Applied seq</dt><dd id="applied">$applied</dd>
 <dt>Backlog</dt><dd id="backlog">$backlog</dd><dt>Mailbox depth</dt><dd>$mailbox</dd>
 <dt>Progress</dt><dd>$progress</dd><dt>Live in the dashboard's process</dt><dd>$hosted</dd>
 <dt>Shard</dt><dd>$shard</dd><dt>Snapshot</dt><dd>$snapshot</dd>
 <dt>Timers</dt><dd>$timers</dd><dt>Dead letters</dt><dd>$dead</dd>
 </dl>"""
 
-_RUN_ROW = """<tr><td>$run</td><td>$status</td><td>$started</td><td>$closed</td>
-<td>$continued</td><td>$error</td></tr>"""
-
 
 def entity_detail(visit: Visit, d: EntityDescription, models: Models,
-                  letters: Sequence[DeadLetter]) -> Html:
-    """One entity: its state, run chain, timers, open waits and dead letters."""
+                  letters: Sequence[DeadLetter], state: EntityState | None,
+                  queries: list[str], refresh: int) -> Html:
+    """One entity: its facts, what is in it, open waits, runs and dead letters (refreshed
+    live), then the forms that act on it."""
     snapshot = "none yet" if d.snapshot_seq is None else \
         f"at seq {d.snapshot_seq}, {age(d.snapshot_age)} old"
     status = d.status.value if d.suspension is None else f"{d.status.value} (suspended)"
     facts = render(_FACTS, type=d.entity_type, key=d.key, status=status,
+                   cls="suspended" if d.suspension is not None else "",
                    run=d.run_id, accepted=d.accepted_seq,
                    applied=opt(d.applied_seq), mailbox=opt(d.mailbox_depth),
                    backlog=_backlog(d), progress=_progress(d),
                    hosted="yes" if d.hosted_here else "no", shard=d.shard, snapshot=snapshot,
                    timers=", ".join(when(t) for t in d.timers) or "none", dead=d.dead_letters)
     waits = [_wait_card(visit, w, models) for w in d.open_waits]
-    runs = [render(_RUN_ROW, run=r.run_id, status=r.status.value, started=when(r.started_at),
-                   closed=when(r.closed_at), continued=opt(r.continued_from),
-                   error=render("<pre>$e</pre>", e=r.error) if r.error else "")
-            for r in d.runs]
-    return join([
+    body = join([
         facts,
         _suspension(d),
+        render("<h2>State</h2>"),
+        state_panel(state),
         render("<h2>Open waits</h2>"),
         join(waits) if waits else render("<p class=\"muted\">No open waits.</p>"),
-        render("<h2>Runs</h2><table class=\"runs\"><thead><tr><th>Run</th><th>Status</th>"
-               "<th>Started</th><th>Closed</th><th>Continued from</th><th>Error</th></tr>"
-               "</thead><tbody>$rows</tbody></table>",
-               rows=join(runs) if runs else render("<tr><td colspan=\"6\">Never ran.</td></tr>")),
+        render("<h2>Runs</h2>"),
+        runs_table(d.runs),
         render("<h2>Dead letters</h2>"),
         _letters(visit, letters),
     ])
+    return join([tabs(d.entity_type, d.key, "overview"), live(body, refresh),
+                 actions(visit, d, queries)])
 
 
 def _waited(seconds: float | None) -> str:
@@ -176,12 +184,12 @@ def _wait_card(visit: Visit, w: SignalWaitInfo, models: Models) -> Html:
 
 
 def waits_page(visit: Visit, page: Page[SignalWaitInfo], types: Sequence[str],
-               chosen_type: str | None, models: Models) -> Html:
+               chosen_type: str | None, models: Models, refresh: int) -> Html:
     """Open signal waits, oldest first, each with a form to decide it."""
     cards = [_wait_card(visit, w, models) for w in page.items]
-    return join([_filters("/waits", types, chosen_type),
-                 join(cards) if cards else render("<p class=\"muted\">No open waits.</p>"),
-                 _next_link("/waits", {"type": chosen_type}, page.next_cursor)])
+    return join([_filters("/waits", types, chosen_type), live(join([
+        join(cards) if cards else render("<p class=\"muted\">No open waits.</p>"),
+        _next_link("/waits", {"type": chosen_type}, page.next_cursor)]), refresh)])
 
 
 _LETTER = """<div class="card dead-letter" id="dead-letter-$id">
@@ -208,11 +216,12 @@ def _letters(visit: Visit, letters: Sequence[DeadLetter]) -> Html:
 
 
 def dead_letters_page(visit: Visit, letters: Sequence[DeadLetter], types: Sequence[str],
-                      chosen_type: str | None, limit: int, next_cursor: str | None) -> Html:
+                      chosen_type: str | None, limit: int, next_cursor: str | None,
+                      refresh: int) -> Html:
     """Dead letters, oldest first, one page, with replay and discard."""
     params = {"type": chosen_type, "limit": limit}
-    return join([_filters("/dead-letters", types, chosen_type), _letters(visit, letters),
-                 _next_link("/dead-letters", params, next_cursor)])
+    return join([_filters("/dead-letters", types, chosen_type), live(join([
+        _letters(visit, letters), _next_link("/dead-letters", params, next_cursor)]), refresh)])
 
 
 _OUTCOMES = {

@@ -2,10 +2,11 @@
 `PostgresStore` (`corral.persistence._postgres`, a shared database for clusters of
 several machines; imported only when a `postgresql://` store is opened).
 
-One store core for both engines: every write op (`_ops_*`) and every read (`_reads`) is
-written once against the shared transaction `_txn.Txn`, `_store_core.StoreCore` holds
-the `Store` methods both stores share, `_batch` their group commit and `_tables` every
-table (each engine keeps its own migrations). Each engine implements only its
+One store core for both engines: every write op (`_ops_*`) and every read (`_reads`;
+an entity's history: `_history`) is written once against the shared transaction
+`_txn.Txn`, `_store_core.StoreCore` holds the `Store` methods both stores share,
+`_batch` their group commit and `_tables` every table (each engine keeps its own
+migrations). Each engine implements only its
 primitives: `_sqlite_txn` / `_sqlite` (a `sqlite3` connection in a thread of its own,
 ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyncpg,
 the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
@@ -26,9 +27,11 @@ from ._records import (
     EntityRecord,
     EntryKind,
     JournalEntry,
+    MessageRecord,
     Progress,
     RunRecord,
     Suspension,
+    TimerRecord,
     UpdateOutcome,
     WaitRecord,
 )
@@ -54,12 +57,14 @@ __all__ = [
     "Fence",
     "HostStore",
     "JournalEntry",
+    "MessageRecord",
     "Progress",
     "ReadStore",
     "RunRecord",
     "SqliteStore",
     "Store",
     "Suspension",
+    "TimerRecord",
     "TypeBacklog",
     "UpdateOutcome",
     "WaitPosition",

@@ -113,12 +113,13 @@ async def latest_snapshot(q: Txn, etype: str, key: str, run_id: int
     return None if row is None else (int(row[0]), bytes(row[1]))
 
 
-async def journal(q: Txn, etype: str, key: str, run_id: int, after_seq: int
-                  ) -> list[JournalEntry]:
-    """The run's journal entries after `after_seq`, in order."""
+async def journal(q: Txn, etype: str, key: str, run_id: int, after_seq: int,
+                  limit: int | None = None) -> list[JournalEntry]:
+    """The run's journal entries after `after_seq`, in order (at most `limit`)."""
     rows = await q.fetchall(
         f"SELECT {ENTRY_COLUMNS} FROM journal WHERE etype = ? AND key = ? AND seq > ? "
-        "AND run_id = ? ORDER BY seq", etype, key, after_seq, run_id)
+        f"AND run_id = ? ORDER BY seq{'' if limit is None else ' LIMIT ?'}",
+        etype, key, after_seq, run_id, *(() if limit is None else (limit,)))
     return [entry_from_row(r) for r in rows]
 
 
@@ -189,8 +190,10 @@ def after_within(etype: str | None, after: tuple[str, str] | None
 
 
 async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, limit: int,
-                        after: tuple[str, str] | None) -> list[EntityRecord]:
-    """A page of entities in (etype, key) order after `after`."""
+                        after: tuple[str, str] | None, key_prefix: str | None = None
+                        ) -> list[EntityRecord]:
+    """A page of entities in (etype, key) order after `after`, optionally only those
+    whose key starts with `key_prefix` (a filter on the walk, not a seek)."""
     start = after_within(etype, after)
     if start is False:
         return []
@@ -202,6 +205,10 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     if etype is not None:
         where.append("entities.etype = ?")
         args.append(etype)
+    if key_prefix:
+        condition, prefix_args = q.starts_with("entities.key", key_prefix)
+        where.append(condition)
+        args.extend(prefix_args)
     if isinstance(start, tuple) and etype is not None:
         where.append("entities.key > ?")
         args.append(start[1])

@@ -27,9 +27,11 @@ __all__ = [
     "EntityRecord",
     "EntryKind",
     "JournalEntry",
+    "MessageRecord",
     "Progress",
     "RunRecord",
     "Suspension",
+    "TimerRecord",
     "UpdateOutcome",
     "WaitRecord",
 ]
@@ -193,6 +195,41 @@ class DeadLetter:
     traceback: str
     attempts: int
     failed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One message of an entity, with what the store still keeps of it (`_history`).
+
+    Attributes:
+        seq, run_id: its position in the entity's journal, and the run it went to.
+        message_id, sender: its idempotency key and recorded sender.
+        accepted_at: when it was accepted (None: only its dead letter is left).
+        kind, name, payload: the journal entry's, while the journal holds it (until a
+            snapshot covers it) or a dead letter does; None after that.
+        dead_letter_id, error, failed_at: its dead letter, if its handler kept raising.
+    """
+
+    seq: int
+    run_id: int
+    message_id: str
+    sender: str | None
+    accepted_at: float | None
+    kind: EntryKind | None = None
+    name: str | None = None
+    payload: str | None = None
+    dead_letter_id: int | None = None
+    error: str | None = None
+    failed_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRecord:
+    """A pending durable timer of an entity's run (`sleep`, `wait_for(timeout=)`)."""
+
+    run_id: int
+    timer_id: str
+    due_at: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,9 +88,15 @@ class SqliteTxn(Txn):
         return time.time()
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
-        # A range scan of the index: ids from `prefix` up to the next prefix.
-        return (f"{column} >= ? AND {column} < ?",
-                (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)))
+        # A range scan of the index: from `prefix` up to the first string past every one
+        # that starts with it (trailing U+10FFFF have no successor; surrogates are skipped:
+        # SQLite orders UTF-8 bytes, which is code point order).
+        stem = prefix.rstrip("\U0010ffff")
+        if not stem:
+            return f"{column} >= ?", (prefix,)
+        after = ord(stem[-1]) + 1
+        after = 0xE000 if 0xD800 <= after <= 0xDFFF else after
+        return f"{column} >= ? AND {column} < ?", (prefix, stem[:-1] + chr(after))
 
     async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
                    forget_seq: int, forget_before: float, passivate: bool) -> int:

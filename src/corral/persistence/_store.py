@@ -23,8 +23,10 @@ from ._records import (
     EntityDetails,
     EntityRecord,
     JournalEntry,
+    MessageRecord,
     RunRecord,
     Suspension,
+    TimerRecord,
     UpdateOutcome,
     WaitRecord,
 )
@@ -187,8 +189,10 @@ class HostStore(Protocol):
     async def latest_snapshot(self, etype: str, key: str, run_id: int
                               ) -> tuple[int, bytes] | None: ...
 
-    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
-                      ) -> list[JournalEntry]: ...
+    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int,
+                      limit: int | None = None) -> list[JournalEntry]:
+        """The run's journal entries after `after_seq`, in order (at most `limit`)."""
+        ...
 
     async def journal_tail(self, after_pos: int, shards: frozenset[int], limit: int = ...
                            ) -> tuple[int, list[JournalEntry]]:
@@ -258,9 +262,30 @@ class ReadStore(Protocol):
         ...
 
     async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
-                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
+                       after: tuple[str, str] | None = None, key_prefix: str | None = None
+                       ) -> list[EntityRecord]:
         """Entities in (type, key) order after `after`, optionally of one type and/or
-        status; indexed, so a page costs the same in a store of any size."""
+        status; indexed, so a page costs the same in a store of any size. `key_prefix`
+        keeps only keys that start with it (a filter on that walk)."""
+        ...
+
+    async def messages(self, etype: str, key: str, *, after_seq: int = 0, limit: int = 100
+                       ) -> list[MessageRecord]:
+        """The entity's messages with a seq above `after_seq`, oldest first: each with
+        what the journal, the dedupe window and the dead letters still keep of it."""
+        ...
+
+    async def timers(self, etype: str, key: str) -> list[TimerRecord]:
+        """The entity's pending durable timers, the earliest due first."""
+        ...
+
+    async def waits(self, etype: str, key: str) -> list[WaitRecord]:
+        """Every signal wait of the entity's retained runs, by run and name."""
+        ...
+
+    async def replayed_to(self, dead_letter_id: int) -> tuple[str, str] | None:
+        """The entity (type, key) that dead letter `dead_letter_id` was replayed to,
+        while the replay is in its dedupe window; None otherwise."""
         ...
 
     async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from corral._common import RunStatus
 
 from . import _builds as registry
+from . import _history as history
 from . import _reads as reads
 from ._batch import CommitQueue
 from ._builds import BuildRecord
@@ -47,8 +48,10 @@ from ._records import (
     EntityDetails,
     EntityRecord,
     JournalEntry,
+    MessageRecord,
     RunRecord,
     Suspension,
+    TimerRecord,
     UpdateOutcome,
     WaitRecord,
 )
@@ -208,8 +211,9 @@ class StoreCore:
         return await self.query(reads.open_waits, etype, limit, after)
 
     async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
-                       after: tuple[str, str] | None = None) -> list[EntityRecord]:
-        return await self.query(reads.list_entities, etype, status, limit, after)
+                       after: tuple[str, str] | None = None, key_prefix: str | None = None
+                       ) -> list[EntityRecord]:
+        return await self.query(reads.list_entities, etype, status, limit, after, key_prefix)
 
     async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
         return await self.query(reads.entity_details, etype, key, run_id)
@@ -230,9 +234,22 @@ class StoreCore:
                               ) -> tuple[int, bytes] | None:
         return await self.query(reads.latest_snapshot, etype, key, run_id)
 
-    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int
-                      ) -> list[JournalEntry]:
-        return await self.query(reads.journal, etype, key, run_id, after_seq)
+    async def journal(self, etype: str, key: str, *, run_id: int, after_seq: int,
+                      limit: int | None = None) -> list[JournalEntry]:
+        return await self.query(reads.journal, etype, key, run_id, after_seq, limit)
+
+    async def messages(self, etype: str, key: str, *, after_seq: int = 0, limit: int = 100
+                       ) -> list[MessageRecord]:
+        return await self.query(history.messages, etype, key, after_seq, limit)
+
+    async def timers(self, etype: str, key: str) -> list[TimerRecord]:
+        return await self.query(history.entity_timers, etype, key)
+
+    async def waits(self, etype: str, key: str) -> list[WaitRecord]:
+        return await self.query(history.entity_waits, etype, key)
+
+    async def replayed_to(self, dead_letter_id: int) -> tuple[str, str] | None:
+        return await self.query(history.replayed_to, dead_letter_id)
 
     async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None:
         return await self.query(reads.latest_run, etype, key)

@@ -44,6 +44,7 @@ from corral.persistence import DeadLetter
 from ._boundary import Authorize, AuthRequest, Limits
 from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
+from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
 from ._ray_host import stop_ray_hosts
 from ._ref import EntityRef
 from ._results import (
@@ -66,13 +67,18 @@ __all__ = [
     "Delivery",
     "DeliveryStatus",
     "EntityDescription",
+    "EntityHistory",
     "EntityRef",
+    "EntityState",
     "EntitySummary",
     "Limits",
+    "MessageInfo",
     "Page",
     "RunSummary",
     "Runtime",
     "SignalWaitInfo",
+    "TimerInfo",
+    "WaitSummary",
     "open_runtime",
     "stop_ray_hosts",
 ]

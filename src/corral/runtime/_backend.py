@@ -43,6 +43,7 @@ from ._activation import Activation
 from ._apply import ReplicaContext, Unappliable, apply_entry, run_query
 from ._clock import Clock, SystemClock
 from ._events import lifecycle
+from ._history import EntityHistory, EntityState, read_history, read_state
 from ._host import LocalHost
 from ._ops import (
     AcceptBatch,
@@ -50,17 +51,19 @@ from ._ops import (
     Describe,
     DiscardDeadLetter,
     Entities,
+    History,
     LatestRun,
     Op,
     Query,
     ReplayDeadLetter,
     SignalWaits,
+    State,
     TakeCensus,
     WaitUpdate,
 )
 from ._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
 from ._shard import Shard, ShardStopped
-from ._snapshot import rebuild
+from ._snapshot import decode, rebuild
 
 __all__ = ["Backend", "LocalBackend", "ShardOf"]
 
@@ -108,7 +111,8 @@ class LocalBackend:
         self._by_kind: dict[type, Callable[[Any], Awaitable[Any]]] = {
             Acceptance: self.accept, AcceptBatch: self.accept_batch,
             DeliveryRequest: self.deliver, WaitUpdate: self.wait_update, Query: self.query,
-            Describe: self.describe, LatestRun: self.latest_run, Entities: self.entities,
+            Describe: self.describe, History: self.history, State: self.state,
+            LatestRun: self.latest_run, Entities: self.entities,
             SignalWaits: self.signal_waits, DeadLetters: self.dead_letters,
             ReplayDeadLetter: self.replay_dead_letter,
             DiscardDeadLetter: self.discard_dead_letter, TakeCensus: self.census,
@@ -194,7 +198,7 @@ class LocalBackend:
 
     async def entities(self, op: Entities) -> list[EntitySummary]:
         rows = await self.store.entities(op.entity_type, op.status, limit=op.limit,
-                                         after=op.after)
+                                         after=op.after, key_prefix=op.key_prefix)
         return [self._summary(r) for r in rows]
 
     def _summary(self, r: EntityRecord) -> EntitySummary:
@@ -331,9 +335,7 @@ class LocalBackend:
                                      RunStatus.NEVER_STARTED, 0, 0, None, None, False, ())
         run, next_seq = found
         live = self._live(etype, key, run.run_id)
-        runs = tuple(RunSummary(r.run_id, r.status, r.started_at, r.closed_at, r.error,
-                                r.continued_from)
-                     for r in await self.store.runs(etype, key))
+        runs = tuple(RunSummary.of(r) for r in await self.store.runs(etype, key))
         more = await self.store.entity_details(etype, key, run.run_id)
         applied, depth, backlog, age = self._progress(run.status, next_seq - 1, live,
                                                       more.progress)
@@ -354,6 +356,26 @@ class LocalBackend:
 
     async def census(self, op: TakeCensus) -> Census:
         return await self.store.census()
+    async def history(self, op: History) -> EntityHistory:
+        run = await self._started(op.entity_type, op.key)
+        live = self._live(op.entity_type, op.key, run.run_id)
+        return await read_history(self.store, run, live.applied_seq if live else None,
+                                  limit=op.limit, after=op.after)
+
+    async def state(self, op: State) -> EntityState:
+        etype, key = op.entity_type, op.key
+        run = await self._started(etype, key)
+        snap = await self.store.latest_snapshot(etype, key, run.run_id)
+        envelope = None if snap is None else decode(self._definitions[etype], key, *snap)
+        return await read_state(self.store, run, envelope, None if snap is None else snap[0],
+                                limit=op.limit, after=op.after)
+
+    async def _started(self, etype: str, key: str) -> RunRecord:
+        found = await self.store.latest_run(etype, key)
+        if found is None:
+            raise EntityNotRunningError(f"{etype} {key!r} was never started",
+                                        entity_type=etype, key=key)
+        return found[0]
 
     async def latest_run(self, op: LatestRun) -> RunRecord | None:
         found = await self.store.latest_run(op.entity_type, op.key)

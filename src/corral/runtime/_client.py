@@ -124,7 +124,8 @@ class Runtime:
 
     async def entities(self, entity_type: type[Entity] | str | None = None, *,
                        status: RunStatus | str | None = None, limit: int = 100,
-                       after: str | None = None) -> Page[EntitySummary]:
+                       after: str | None = None, key_prefix: str | None = None
+                       ) -> Page[EntitySummary]:
         """Entities in (type, key) order, paged; indexed, so a page costs the same
         however many entities the store holds.
 
@@ -133,6 +134,8 @@ class Runtime:
             status: only entities whose latest run has this status.
             limit: at most this many per page.
             after: the `next_cursor` of the previous page.
+            key_prefix: only entities whose key starts with it (the walk filters on
+                it: a page costs as many entities as the walk passes over).
 
         Example:
             page = await rt.entities(TicketAgent, status="running")
@@ -143,7 +146,10 @@ class Runtime:
         wanted = None if status is None else check_status(status)
         limit = check_limit(limit)
         position = decode_cursor(after, (str, str))
-        rows = await self.backend.run(Entities(etype, wanted, limit + 1, position))
+        prefix = None if key_prefix in (None, "") else \
+            self.boundary.check_identifier(key_prefix, "key prefix")
+        rows = await self.backend.run(Entities(etype, wanted, limit + 1, position,
+                                               key_prefix=prefix))
         last = rows[limit - 1] if len(rows) > limit else None
         return Page(rows[:limit], None if last is None else
                     encode_cursor((last.entity_type, last.key)))

@@ -32,6 +32,7 @@ from corral.persistence import (
     WaitRecord,
 )
 
+from ._history import EntityHistory, EntityState
 from ._results import EntityDescription, EntitySummary
 
 __all__ = [
@@ -40,12 +41,14 @@ __all__ = [
     "Describe",
     "DiscardDeadLetter",
     "Entities",
+    "History",
     "LatestRun",
     "Op",
     "Query",
     "ReplayDeadLetter",
     "Request",
     "SignalWaits",
+    "State",
     "TakeCensus",
     "WaitUpdate",
 ]
@@ -116,6 +119,28 @@ class Describe(Op[EntityDescription]):
 
 
 @dataclass(frozen=True, slots=True)
+class History(Op[EntityHistory]):
+    """The entity's runs, waits, timers and a page of its messages after seq `after`."""
+
+    entity_type: str
+    key: str
+    shard: int
+    limit: int
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
+class State(Op[EntityState]):
+    """The latest snapshot's state and a page of the messages after it (and `after`)."""
+
+    entity_type: str
+    key: str
+    shard: int
+    limit: int
+    after: int
+
+
+@dataclass(frozen=True, slots=True)
 class LatestRun(Op[RunRecord | None]):
     """The entity's latest run, or None if it was never started."""
 
@@ -177,6 +202,7 @@ class Entities(Op[list[EntitySummary]]):
     limit: int
     after: tuple[str, str] | None
     shard: None = None
+    key_prefix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +214,6 @@ class TakeCensus(Op[Census]):
 
 
 Request = (Acceptance | DeliveryRequest | AcceptBatch | WaitUpdate | Query | Describe
-           | LatestRun | ReplayDeadLetter | DiscardDeadLetter | DeadLetters | SignalWaits
-           | Entities | TakeCensus)
+           | History | State | LatestRun | ReplayDeadLetter | DiscardDeadLetter
+           | DeadLetters | SignalWaits | Entities | TakeCensus)
 """Every record a backend runs."""

@@ -24,6 +24,7 @@ from corral._errors import (
     EntityFailedError,
     EntityNotRunningError,
     EntityTerminatedError,
+    InvalidArgumentError,
     UpdateFailedError,
     WaitTimeoutError,
 )
@@ -51,13 +52,16 @@ from ._boundary import (
     new_message_id,
 )
 from ._clock import Clock
+from ._history import EntityHistory, EntityState
 from ._ops import (
     DeadLetters,
     Describe,
     DiscardDeadLetter,
+    History,
     LatestRun,
     Query,
     ReplayDeadLetter,
+    State,
     WaitUpdate,
 )
 from ._results import Ack, Delivery, EntityDescription, decode_value
@@ -381,7 +385,8 @@ class EntityRef(Generic[E_co, S]):
         with self._about(send=False):
             b = self._boundary
             h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
-            text = b.payload(h, payload) if h.input_type is not None else None
+            # A query without a model answers to no payload; one given is refused.
+            text = None if h.input_type is None and payload is None else b.payload(h, payload)
             await b.sender(sender, self.definition, self.key, "query", h.name)
             text = await self._backend.run(Query(self.definition.name, self.key, self.shard,
                                                  h.name, text, activate))
@@ -390,6 +395,39 @@ class EntityRef(Generic[E_co, S]):
     async def describe(self) -> EntityDescription:
         """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
         return await self._backend.run(Describe(self.definition.name, self.key, self.shard))
+
+    async def history(self, *, limit: int = 100, after: str | None = None) -> EntityHistory:
+        """The entity's runs (with start inputs and results), one page of its messages
+        oldest first (each accepted, applied or dead-lettered, with its id, sender and
+        time), its signal waits and its pending timers, read from the store without
+        activating the entity. Pass `history.messages.next_cursor` as `after` for the
+        next page. What the store no longer keeps is None (a message's name and payload
+        once a snapshot covers it; messages the dedupe window forgot are gone).
+
+        Raises:
+            EntityNotRunningError: the entity was never started.
+
+        Example:
+            h = await ref.history(limit=20)
+            for m in h.messages.items:
+                print(m.seq, m.name, m.status, m.sender)
+        """
+        return await self._backend.run(History(
+            self.definition.name, self.key, self.shard, check_limit(limit),
+            _seq_cursor(after)))
+
+    async def state(self, *, limit: int = 100, after: str | None = None) -> EntityState:
+        """The latest snapshot's state of the current run, as JSON data, and one page of
+        the run's messages accepted after it, with their payloads (`after`: the
+        previous page's `pending.next_cursor`). Read from the store, without activating
+        the entity; the state is as stored (before any upgrade hook).
+
+        Raises:
+            EntityNotRunningError: the entity was never started.
+        """
+        return await self._backend.run(State(
+            self.definition.name, self.key, self.shard, check_limit(limit),
+            _seq_cursor(after)))
 
     async def result(self: EntityRef[_Runs[R], Any], *, timeout: float | None = None) -> R:
         """Wait for the latest run to close and return `run()`'s result.
@@ -550,6 +588,16 @@ def _annotate(err: CorralError, ref: EntityRef[Any, Any], message_id: object,
     err.key = err.key or ref.key
     if err.message_id is None and isinstance(message_id, str):
         err.message_id = message_id
+
+
+def _seq_cursor(after: object) -> int:
+    """A messages page's cursor (a seq, as its `next_cursor` gives it); 0 for None."""
+    if after is None:
+        return 0
+    if not (isinstance(after, str) and after.isascii() and after.isdecimal()
+            and len(after) <= 18):
+        raise InvalidArgumentError(f"after must be a cursor a page gave, got {after!r:.60}")
+    return int(after)
 
 
 def _ack(res: AcceptResult) -> Ack:

@@ -17,7 +17,7 @@ from pydantic_core import to_jsonable_python
 
 from corral._common import RunStatus
 from corral._errors import InvalidArgumentError
-from corral.persistence import Suspension, WaitRecord, canonical_json
+from corral.persistence import RunRecord, Suspension, WaitRecord, canonical_json
 
 __all__ = [
     "Ack",
@@ -205,7 +205,11 @@ class EntitySummary:
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
-    """One run of an entity, as `EntityDescription.runs` lists it (oldest first)."""
+    """One run of an entity, as `EntityDescription.runs` lists it (oldest first).
+
+    `start_input` is the run's start input and `result` what a completed `run()`
+    returned, both as the JSON data stored (None: none).
+    """
 
     run_id: int
     status: RunStatus
@@ -213,6 +217,17 @@ class RunSummary:
     closed_at: float | None
     error: str | None
     continued_from: int | None = None
+    start_input: Any = None
+    result: Any = None
+
+    @classmethod
+    def of(cls, r: RunRecord) -> RunSummary:
+        return cls(r.run_id, r.status, r.started_at, r.closed_at, r.error, r.continued_from,
+                   _json(r.start_input), _json(r.result))
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
 
 
 @dataclass(frozen=True, slots=True)

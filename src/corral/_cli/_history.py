@@ -1,0 +1,137 @@
+"""`corral history` and `corral show --state`: what an entity went through, and what is
+in it now (`EntityRef.history`, `EntityRef.state`), read from the store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+
+import corral
+
+from ._connection import (
+    AppOption,
+    Connection,
+    JsonFlag,
+    KeyArgument,
+    ShardsOption,
+    StoreOption,
+    TypeArgument,
+    entity_class,
+)
+from ._output import cells, out, print_json, printable, table, when
+
+__all__ = ["After", "Limit", "entity_history", "print_state"]
+
+Limit = Annotated[int, typer.Option("--limit", help="At most this many messages.")]
+After = Annotated[str | None, typer.Option(
+    "--after", metavar="CURSOR", help="The next page of messages: the cursor the last page "
+    "printed.")]
+
+
+def _compact(value: Any) -> str:
+    """JSON data on one line (None: '-')."""
+    return "-" if value is None else json.dumps(value, ensure_ascii=False,
+                                                separators=(",", ":"))
+
+
+def entity_history(
+    ctx: typer.Context,
+    store: StoreOption,
+    app: AppOption,
+    entity_type: TypeArgument,
+    key: KeyArgument,
+    limit: Limit = 100,
+    after: After = None,
+    as_json: JsonFlag = False,
+    shards: ShardsOption = None,
+) -> None:
+    """List an entity's runs (start input, result or error), its messages oldest first
+    (accepted, applied or dead-lettered, with ids, senders and times; a page at a time),
+    its signal waits and its pending timers.
+
+    A message's name and payload are kept until a snapshot covers it: after that the
+    dedupe window still shows its id, sender and time (until it forgets it).
+    """
+    found = Connection(store, app, shards).run(
+        ctx, lambda rt: rt.ref(entity_class(rt, entity_type), key).history(
+            limit=limit, after=after))
+    if as_json:
+        print_json(found)
+        return
+    console = out()
+    applied = "-" if found.applied_seq is None else str(found.applied_seq)
+    console.print(printable(f"{found.entity_type} {found.key!r}: {found.status.value}, "
+                            f"run {found.run_id}, applied seq {applied}"))
+    runs = table("RUN", "STATUS", "STARTED", "CLOSED", "START INPUT", "RESULT", "ERROR",
+                 title="runs")
+    for r in found.runs:
+        error = (r.error or "").strip().splitlines()
+        runs.add_row(*cells([r.run_id, r.status.value, when(r.started_at), when(r.closed_at),
+                             _compact(r.start_input), _compact(r.result),
+                             error[-1] if error else None]))
+    console.print()
+    console.print(runs)
+    console.print()
+    _messages(found.messages.items, "messages", dead=True)
+    if found.waits:
+        waits = table("RUN", "WAIT", "STATUS", "OPENED", "DEADLINE", "DELIVERY KEY", "SENDER",
+                      "DELIVERED", title="waits")
+        for w in found.waits:
+            waits.add_row(*cells([w.run_id, w.name, w.status.value, when(w.opened_at),
+                                  when(w.deadline), w.delivery_key, w.sender,
+                                  when(w.delivered_at)]))
+        console.print()
+        console.print(waits)
+    if found.timers:
+        timers = table("RUN", "TIMER", "DUE", title="timers")
+        for t in found.timers:
+            timers.add_row(*cells([t.run_id, t.timer_id, when(t.due_at)]))
+        console.print()
+        console.print(timers)
+    if found.messages.next_cursor is not None:
+        console.print(f"more: --after {found.messages.next_cursor}")
+
+
+def _messages(items: Sequence[corral.MessageInfo], title: str, *, dead: bool) -> None:
+    console = out()
+    if not items:
+        console.print(f"no {title}")
+        return
+    columns = ["SEQ", "RUN", "KIND", "NAME", "STATUS", "MESSAGE ID", "SENDER", "ACCEPTED",
+               "PAYLOAD"] + (["DEAD LETTER"] if dead else [])
+    rows = table(*columns, title=title)
+    for m in items:
+        letter = [] if not dead else [
+            None if m.dead_letter_id is None else f"{m.dead_letter_id}: {m.error}"]
+        rows.add_row(*cells([m.seq, m.run_id, m.kind, m.name, m.status, m.message_id,
+                             m.sender, when(m.accepted_at),
+                             None if m.kind is None else _compact(m.payload), *letter]))
+    console.print(rows)
+
+
+def print_state(state: corral.EntityState, *, as_json: bool) -> None:
+    """`show --state`: the snapshot's state as JSON, its mailbox, the messages after it."""
+    if as_json:
+        print_json(state)
+        return
+    console = out()
+    console.print()
+    if state.snapshot_seq is None:
+        console.print("state: no snapshot yet (the messages below are the whole run)")
+    else:
+        console.print(f"state at seq {state.snapshot_seq} (state version "
+                      f"{state.state_version}):")
+        text = json.dumps(state.state, indent=2, ensure_ascii=False)
+        for line in text.splitlines():
+            console.print(printable(line))
+    if state.mailbox:
+        console.print(f"mailbox: {len(state.mailbox)} payload(s) not taken by run() yet")
+        for item in state.mailbox:
+            console.print(printable(_compact(item)))
+    console.print()
+    _messages(state.pending.items, "messages after the snapshot", dead=False)
+    if state.pending.next_cursor is not None:
+        console.print(f"more: --state --after {state.pending.next_cursor}")

@@ -1,0 +1,192 @@
+"""What operators read of one entity beyond `describe()`: its history and its state.
+
+`EntityRef.history()` lists the entity's runs, its messages (each accepted, applied or
+dead-lettered, with ids, senders and times), its signal waits and its timers;
+`EntityRef.state()` shows the latest snapshot's state as JSON data and the messages
+accepted after it, with their payloads. Both read the store (`Store.messages`,
+`timers`, `waits`, `latest_snapshot`, `journal`) and never activate the entity; what
+the store no longer keeps (a message's payload once a snapshot covers it) is None.
+
+A message counts as applied when its run has closed, or when its seq is at or below the
+applied watermark known: the latest snapshot's, or the live activation's when the
+answering process hosts the entity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from corral._common import RunStatus, WaitStatus
+from corral.persistence import MessageRecord, RunRecord, Store, WaitRecord
+
+from ._results import Page, RunSummary
+
+__all__ = ["EntityHistory", "EntityState", "MessageInfo", "MessageStatus", "TimerInfo",
+           "WaitSummary", "read_history", "read_state"]
+
+MessageStatus = Literal["accepted", "applied", "dead_lettered"]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """One message of an entity, as `history()` and `state()` list it.
+
+    Attributes:
+        seq, run_id: its position in the entity's journal, and its run.
+        message_id, sender: its idempotency key and the recorded sender.
+        accepted_at: when it was accepted (None: only its dead letter is left).
+        status: "accepted" (not applied yet), "applied", or "dead_lettered".
+        kind, name, payload: the entry's kind ("signal", "update", "start", ...),
+            handler name and payload (JSON data), while the store keeps them; None once
+            a snapshot covers the message.
+        dead_letter_id, error: its dead letter (replay or discard it by this id).
+    """
+
+    seq: int
+    run_id: int
+    message_id: str
+    sender: str | None
+    accepted_at: float | None
+    status: MessageStatus
+    kind: str | None = None
+    name: str | None = None
+    payload: Any = None
+    dead_letter_id: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerInfo:
+    """A pending durable timer: `sleep`, `wait_for(timeout=)`, a wait's deadline."""
+
+    run_id: int
+    timer_id: str
+    due_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSummary:
+    """One signal wait of a run (open, buffered, delivered or timed out), without its
+    payload: who decided it, with which delivery key, when."""
+
+    run_id: int
+    name: str
+    status: WaitStatus
+    opened_at: float | None
+    deadline: float | None
+    delivery_key: str | None
+    sender: str | None
+    delivered_at: float | None
+
+    @classmethod
+    def of(cls, w: WaitRecord) -> WaitSummary:
+        return cls(w.run_id, w.name, w.status, w.opened_at, w.deadline, w.delivery_key,
+                   w.sender, w.delivered_at)
+
+
+@dataclass(frozen=True, slots=True)
+class EntityHistory:
+    """An entity's runs, one page of its messages (oldest first: pass
+    `messages.next_cursor` as `after=`), its waits and pending timers.
+
+    `applied_seq` is the watermark the message statuses were decided by (None: no
+    snapshot and not hosted by the answering process).
+    """
+
+    entity_type: str
+    key: str
+    status: RunStatus
+    run_id: int
+    applied_seq: int | None
+    runs: tuple[RunSummary, ...]
+    messages: Page[MessageInfo]
+    waits: tuple[WaitSummary, ...]
+    timers: tuple[TimerInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EntityState:
+    """The latest snapshot of the current run and the messages accepted after it.
+
+    Attributes:
+        snapshot_seq: the snapshot's applied watermark (None: no snapshot yet, then
+            `state` is None and `pending` starts at the run's first message).
+        state_version: the state version the snapshot was written at.
+        state: the entity's attributes as the snapshot holds them (JSON data).
+        mailbox: mailbox payloads applied but not yet taken by `run()`, as snapshotted.
+        pending: one page of the current run's messages after the snapshot, with their
+            payloads (`after=` the previous page's `next_cursor`).
+    """
+
+    entity_type: str
+    key: str
+    status: RunStatus
+    run_id: int
+    snapshot_seq: int | None
+    state_version: int | None
+    state: Any
+    mailbox: tuple[Any, ...]
+    pending: Page[MessageInfo]
+
+
+def _status(m: MessageRecord, run: RunRecord, applied: int | None) -> MessageStatus:
+    if m.dead_letter_id is not None:
+        return "dead_lettered"
+    if m.run_id != run.run_id or run.status is not RunStatus.RUNNING:
+        return "applied"
+    return "applied" if applied is not None and m.seq <= applied else "accepted"
+
+
+def _data(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _info(m: MessageRecord, status: MessageStatus) -> MessageInfo:
+    return MessageInfo(m.seq, m.run_id, m.message_id, m.sender, m.accepted_at, status,
+                       None if m.kind is None else m.kind.value, m.name, _data(m.payload),
+                       m.dead_letter_id, m.error)
+
+
+def _cursor(items: list[MessageInfo], limit: int, more: bool) -> str | None:
+    return str(items[limit - 1].seq) if more else None
+
+
+async def read_history(store: Store, run: RunRecord, live_applied: int | None, *,
+                       limit: int, after: int) -> EntityHistory:
+    """The history of `run`'s entity (its latest run), a page of `limit` messages."""
+    etype, key = run.entity_type, run.key
+    snap = await store.latest_snapshot(etype, key, run.run_id)
+    known = [seq for seq in (live_applied, None if snap is None else snap[0])
+             if seq is not None]
+    applied = max(known) if known else None
+    rows = await store.messages(etype, key, after_seq=after, limit=limit + 1)
+    items = [_info(m, _status(m, run, applied)) for m in rows]
+    runs = tuple(RunSummary.of(r) for r in await store.runs(etype, key))
+    waits = tuple(WaitSummary.of(w) for w in await store.waits(etype, key))
+    timers = tuple(TimerInfo(t.run_id, t.timer_id, t.due_at)
+                   for t in await store.timers(etype, key))
+    page = Page(items[:limit], _cursor(items, limit, len(items) > limit))
+    return EntityHistory(etype, key, run.status, run.run_id, applied, runs, page, waits,
+                         timers)
+
+
+async def read_state(store: Store, run: RunRecord, envelope: dict[str, Any] | None,
+                     snapshot_seq: int | None, *, limit: int, after: int) -> EntityState:
+    """The state of `run`'s latest snapshot (`envelope`, decoded) and a page of the
+    run's messages after it."""
+    start = max(after, snapshot_seq or 0)
+    entries = await store.journal(run.entity_type, run.key, run_id=run.run_id,
+                                  after_seq=start, limit=limit + 1)
+    status: MessageStatus = "accepted" if run.status is RunStatus.RUNNING else "applied"
+    items = [MessageInfo(e.seq, e.run_id, e.message_id, e.sender, e.accepted_at, status,
+                         e.kind.value, e.name, _data(e.payload)) for e in entries]
+    page = Page(items[:limit], _cursor(items, limit, len(items) > limit))
+    if envelope is None:
+        return EntityState(run.entity_type, run.key, run.status, run.run_id, None, None,
+                           None, (), page)
+    mailbox = tuple({**m, "payload": _data(m.get("payload"))} if isinstance(m, dict) else m
+                    for m in envelope.get("mailbox") or ())
+    return EntityState(run.entity_type, run.key, run.status, run.run_id, snapshot_seq,
+                       envelope.get("state_version"), envelope.get("state"), mailbox, page)
