@@ -18,6 +18,7 @@ __all__ = [
     "EntityNotRunningError",
     "EntityTerminatedError",
     "FailRun",
+    "HandlerNotHostedError",
     "IdempotencyConflictError",
     "IncompatibleBuildError",
     "InvalidArgumentError",
@@ -26,6 +27,7 @@ __all__ = [
     "LeaseLostError",
     "PayloadTooLargeError",
     "PickledSnapshotError",
+    "ShardMovedError",
     "SignalTimeoutError",
     "SnapshotCaptureError",
     "SnapshotRestoreError",
@@ -191,6 +193,36 @@ class DefinitionMismatchError(CorralError):
         super().__init__(message, **fields)
         self.client_fingerprint = client_fingerprint
         self.host_fingerprint = host_fingerprint
+
+
+class ShardMovedError(CorralError):
+    """The Ray actor a call reached no longer hosts the shard: a rolling deploy
+    (`corral.runtime.roll_ray_hosts`) moved it to the actor named `actor`.
+
+    Retryable, and retried by the Ray client itself (it re-routes the call to `actor`,
+    a bounded number of times), so callers see it only if shards keep moving under one
+    call. Nothing was accepted by the call that got it.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, shard: int = -1, actor: str = "",
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.shard = shard
+        self.actor = actor
+
+
+class HandlerNotHostedError(CorralError):
+    """The Ray actor hosting the entity's shard runs an older build of its type that
+    has no handler of this name: a newer client sent it before a rolling deploy
+    (`corral.runtime.roll_ray_hosts`) moved the shard to the new build.
+
+    Retryable, and retried by the Ray client itself for up to its `retry_timeout`;
+    nothing was stored. Roll the hosts to the build that has the handler.
+    """
+
+    retryable = True
 
 
 class IncompatibleBuildError(CorralError):
