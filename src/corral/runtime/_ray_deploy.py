@@ -182,11 +182,14 @@ def _check_successors(namespace: str, names: set[str], definitions: list[EntityD
     manifests = {d.name: manifest_json(d) for d in definitions}
     refs = [h.check_successor.remote(manifests) for name in sorted(names)
             if (h := _actor(name, namespace)) is not None]
-    for ref in refs:
+    refused: list[Exception] = []
+    for ref in refs:  # every answer read: none left to be logged as unhandled
         try:
             ray.get(ref, timeout=timeout)
         except ray.exceptions.RayTaskError as err:
-            raise _unwrap(err) from None
+            refused.append(_unwrap(err))
+    if refused:
+        raise refused[0]
 
 
 def _move(spec: RayHostSpec, index: int, old: str, new: str, entities: list[type[Entity]],
