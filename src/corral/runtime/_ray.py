@@ -290,23 +290,39 @@ class RayBackend:
     async def _send(self, batch: AcceptBatch,
                     waiting: list[tuple[Acceptance, asyncio.Future[AcceptResult]]],
                     sent: tuple[Any, Any] | None) -> None:
-        try:
-            results = await self.call(batch.shard, batch.accs[0].entity_type, batch,
-                                      sent=sent)
-        except BaseException as err:  # every waiter gets it
-            for _, fut in waiting:
-                if not fut.done():
-                    fut.set_exception(err)
-            if not isinstance(err, Exception):
-                raise
-            return
-        for (_, fut), result in zip(waiting, results, strict=True):
-            if fut.done():  # its caller was cancelled; the accept still happened
-                continue
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(AcceptResult.from_wire(result))
+        """Send `batch` and give each waiter its result. An acceptance refused with
+        `HandlerNotHostedError` (an older build hosts the shard during a roll) is sent
+        again, with backoff, for up to `retry_timeout` seconds."""
+        deadline = time.monotonic() + self._retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                results = await self.call(batch.shard, batch.accs[0].entity_type, batch,
+                                          sent=sent)
+            except BaseException as err:  # every waiter gets it
+                for _, fut in waiting:
+                    if not fut.done():
+                        fut.set_exception(err)
+                if not isinstance(err, Exception):
+                    raise
+                return
+            again = []
+            for (acc, fut), result in zip(waiting, results, strict=True):
+                if fut.done():  # its caller was cancelled; the accept still happened
+                    continue
+                if isinstance(result, HandlerNotHostedError) and \
+                        time.monotonic() + delay <= deadline:
+                    again.append((acc, fut))
+                elif isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(AcceptResult.from_wire(result))
+            if not again:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            waiting, sent = again, None
+            batch = AcceptBatch(batch.shard, [acc for acc, _ in again], batch.shards)
 
     async def close(self) -> None:
         """Forget the actor handles (the actors live on); shut Ray down if we started it."""
