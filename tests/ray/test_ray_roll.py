@@ -26,6 +26,7 @@ import corral
 import ray_roll_bad
 import ray_roll_entities as release2
 import ray_workers as release1
+from corral._cli import main
 from corral.runtime import RollStep, roll_ray_hosts
 from corral.runtime._ray import RayBackend, stop_hosts
 from corral.runtime._ray_directory import host_of
@@ -227,3 +228,24 @@ async def test_a_sigkill_of_the_receiving_actor_mid_hand_off_loses_nothing(
     assert not errors, errors[:5]
     assert steps[0].epoch > before[0]["epoch"]
     assert_each_ack_applied_once(applied, acked)
+
+
+def test_corral_deploy_roll_prints_each_shard_moved_and_refuses_an_incompatible_build(
+        tmp_path: Any, namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "corral.db")
+
+    async def start() -> None:
+        async with client(store, namespace, release1.Counter) as rt:
+            await start_all(rt)
+    asyncio.run(start())
+    argv = ["deploy", "roll", "--namespace", namespace, "--app"]
+    assert main([*argv, "ray_roll_bad:ENTITIES"]) == 1
+    assert "IncompatibleBuildError" in capsys.readouterr().err
+    assert main([*argv, "ray_roll_entities:ENTITIES"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for index in range(SHARDS):
+        assert any(line.startswith(f"shard {index}: {actor_name_of(namespace, index)} -> ")
+                   for line in lines), lines
+    assert lines[-1].startswith(f"rolled {SHARDS} shards in ")
+    assert main([*argv, "ray_roll_entities:ENTITIES"]) == 0
+    assert capsys.readouterr().out.startswith("rolled 0 shards in ")

@@ -32,3 +32,6 @@ class Counter(corral.Entity):
     @corral.query
     def seen(self) -> Seen:
         return Seen(items=self.items, pid=os.getpid(), starts=0)
+
+
+ENTITIES = [Counter]

@@ -40,6 +40,10 @@ class Counter(corral.Entity):
         return Seen(items=self.items, pid=os.getpid(), starts=0)
 
 
+ENTITIES = [Counter]
+"""Release 2 as `--app ray_roll_entities:ENTITIES` (`corral deploy roll`)."""
+
+
 def task_stream(store: str, namespace: str, shards: int, keys: list[str], who: str,
                 count: int) -> list[list[str]]:
     """A Ray task of release 1 sending `count` signals round-robin to `keys` (running

@@ -101,6 +101,10 @@ class RayBackend:
         self._creating: dict[int, asyncio.Future[Any]] = {}
         self._queued: dict[int, list[tuple[Acceptance, asyncio.Future[AcceptResult]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
+        self.retries: collections.Counter[str] = collections.Counter()
+        """Calls sent again, by why: `moved` (a roll moved the shard: re-routed),
+        `not_hosted` (an older build hosts it: `HandlerNotHostedError`), `unavailable`
+        (the actor restarting or gone). For operators and benchmarks."""
 
     # -- actors ------------------------------------------------------------------------
 
@@ -197,11 +201,13 @@ class RayBackend:
                     continue
                 if isinstance(cause, ShardMovedError) and moves < _MAX_MOVES:
                     moves += 1  # a roll moved the shard: the next handle is its new actor's
+                    self.retries["moved"] += 1
                     self._forget(index, handle)
                     continue
                 if isinstance(cause, HandlerNotHostedError) and \
                         time.monotonic() + delay <= deadline:
                     self._forget(index, handle)  # an older build hosts it: wait for the roll
+                    self.retries["not_hosted"] += 1
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
@@ -210,6 +216,7 @@ class RayBackend:
                 raise
             except _RETRYABLE as err:
                 self._forget(index, handle)
+                self.retries["unavailable"] += 1
                 if getattr(err, "_actor_init_failed", False):
                     init_failures += 1
                     if init_failures >= 3:
@@ -319,6 +326,7 @@ class RayBackend:
                     fut.set_result(AcceptResult.from_wire(result))
             if not again:
                 return
+            self.retries["not_hosted"] += len(again)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
             waiting, sent = again, None

@@ -202,7 +202,7 @@ class ShardHost:
                                     self.router.shard_of)
         shard = self.host.shard(index)
         log.info("%s: pid %d holds shard %d at epoch %s", self.name, os.getpid(),
-                 index, shard.fence.epoch if shard else None)
+                 index, None if shard is None else shard.fence.epoch)
         if self.router.is_dedicated(index) and spec.dedicated_idle_exit is not None:
             self._exit_task = asyncio.create_task(self._exit_when_idle(spec.dedicated_idle_exit))
 
@@ -411,7 +411,8 @@ class ShardHost:
         return {
             "name": self.name, "index": self.index, "pid": os.getpid(),
             "node_id": ctx.get_node_id(), "owner": self.host.owner,
-            "epoch": shard.fence.epoch if shard else None, "hosted": len(shard) if shard else 0,
+            "epoch": None if shard is None else shard.fence.epoch,  # (an empty shard is falsy)
+            "hosted": 0 if shard is None else len(shard),
             "entity_types": sorted(self.definitions),
             "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
             "gc_threshold": gc.get_threshold(), "moved_to": self.moved_to,
