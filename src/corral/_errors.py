@@ -177,15 +177,17 @@ class SignalTimeoutError(CorralError, TimeoutError):
 
 
 class DefinitionMismatchError(CorralError):
-    """A shard host runs another definition of an entity type than this client.
+    """A shard host runs a definition of an entity type this client cannot work with.
 
     Raised by the Ray backend before anything is accepted, when the detached shard
-    actors were started with entity code that is not a compatible successor of this
-    client's (the rules of `corral builds`): newer client code, or older code missing a
-    handler, a required field or an upgrade path; the message names the differences.
-    `client_fingerprint` and `host_fingerprint` tell the two apart. The fix after a
-    deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next call starts actors
-    with the new code, which recover every entity from the store.
+    actors run entity code that is neither a compatible successor of this client's nor
+    a compatible predecessor of it (the rules of `corral builds`: a field's type
+    changed, a required field added, an upgrade path missing), or another version of
+    corral's calls; the message names the differences. `client_fingerprint` and
+    `host_fingerprint` tell the two apart. The fix: `corral.runtime.stop_ray_hosts
+    (namespace)`; the next call starts actors with the client's code, which recover
+    every entity from the store. (A compatible new release rolls instead:
+    `corral.runtime.roll_ray_hosts`.)
     """
 
     def __init__(self, message: str = "", *, client_fingerprint: str = "",

@@ -375,9 +375,9 @@ class ShardHost:
     async def check_definitions(self, fingerprints: dict[str, str],
                                 manifests: dict[str, str] | None = None) -> None:
         """Refuse a client whose entity definitions differ from the ones this actor runs,
-        unless this code is a compatible successor of the client's (`manifests`: its
-        builds, see `_builds.refused_client`), or that speaks another version of this
-        module's calls (`host_fingerprint`).
+        unless one build is a compatible successor of the other (`manifests`: the
+        client's builds, see `_builds.refused_client`), or that speaks another version
+        of this module's calls (`host_fingerprint`).
 
         Raises:
             DefinitionMismatchError: for the first type whose fingerprints differ.
@@ -393,9 +393,9 @@ class ShardHost:
             if why is not None:
                 name = self.name
                 raise DefinitionMismatchError(
-                    f"{name} runs another definition of {etype} (fingerprint "
-                    f"{mine}) than this client ({theirs}): it was started with "
-                    f"other entity code or another corral version"
+                    f"{name} runs a definition of {etype} (fingerprint {mine}) this "
+                    f"client ({theirs}) cannot work with: it was started with "
+                    f"incompatible entity code or another corral version"
                     f"{''.join(f'; {d}' for d in why)}. After deploying new "
                     f"code, stop the old actors with "
                     f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
