@@ -46,7 +46,7 @@ from corral.actors import (
 from corral.persistence import Acceptance, EntryKind, Store, is_postgres_url, open_store
 
 from ._backend import LocalBackend
-from ._builds import refused_client, refused_successor
+from ._builds import BuildRegistration, refused_client, refused_successor
 from ._host import LocalHost
 from ._ops import AcceptBatch, Query, Request, WaitUpdate
 from ._ray_directory import host_of
@@ -227,10 +227,21 @@ class ShardHost:
                          lease_ttl=self.spec.lease_ttl, poll_interval=self.spec.poll_interval,
                          indices=(self.index,) if hosting or heir else (),
                          takeover=hosting)
-        await host.start()
-        if heir and not hosting and not await host.request_shards([self.index]):
-            async with host.leasing:  # no holder answered: take it over (fencing)
-                await host.acquire(force=True)
+        # Registered like a local host (`corral builds` lists it; an entry only a live
+        # build knows waits for it), and refused here if incompatible, before hosting.
+        self.registration = BuildRegistration(
+            self.store, self.definitions, process=host.owner, role="host",
+            ttl=2 * self.spec.lease_ttl)
+        await self.registration.open()
+        try:
+            await host.start()
+            if heir and not hosting and not await host.request_shards([self.index]):
+                async with host.leasing:  # no holder answered: take it over (fencing)
+                    await host.acquire(force=True)
+        except BaseException:
+            await host.close()
+            await self.registration.close()
+            raise
         return host
 
     @contextlib.asynccontextmanager
@@ -252,11 +263,11 @@ class ShardHost:
         with its outcome, or None after `WAIT_SLICE` seconds (ask again). Reads without
         a shard (`shard=None`) are answered for all shards: they share one store.
         """
+        if self.moved_to is not None:  # even while stopping: the caller re-routes at once
+            raise ShardMovedError(
+                f"shard {self.index} moved from {self.name} to {self.moved_to}",
+                shard=self.index, actor=self.moved_to)
         async with self._serving():
-            if self.moved_to is not None:
-                raise ShardMovedError(
-                    f"shard {self.index} moved from {self.name} to {self.moved_to}",
-                    shard=self.index, actor=self.moved_to)
             if isinstance(op, AcceptBatch):
                 return await self._accept_batch(op)
             if op.shard is not None:  # one entity's (or a key's dead letters)
@@ -353,6 +364,7 @@ class ShardHost:
                 continue
             log.info("%s: no running entity for %.1f s; exiting", actor_name(self.spec,
                      self.index), grace)
+            await self.registration.close()
             await self.host.close()
             await self.store.close()
             # Calls waiting in _serving die with the actor; their clients retry on a new one.
@@ -463,6 +475,7 @@ class ShardHost:
         self._open.clear()
         if self._exit_task is not None:
             self._exit_task.cancel()
+        await self.registration.close()  # out of the registry first, as a local host
         with contextlib.suppress(Exception):
             await self.host.close()
         await self.store.close()
