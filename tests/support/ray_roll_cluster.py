@@ -13,15 +13,13 @@ where each actor ran, as JSON.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from ray_pg_cluster import on_cluster
 from ray_roll_stream import Deployment, actors, roll_under_stream
 from ray_workers import RUNTIME_ENV
 
@@ -43,29 +41,7 @@ async def roll(store: str) -> dict[str, Any]:
 
 
 def run(store: str, temp: str) -> dict[str, Any]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
-    started = time.monotonic()
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 2, "resources": {"head": 1}, "node_ip_address": "127.0.0.1",
-        "include_dashboard": False, "temp_dir": temp})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, namespace=NAMESPACE, runtime_env=RUNTIME_ENV,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
-        up = time.monotonic() - started
-        try:
-            report = asyncio.run(roll(store))
-        finally:
-            ray.shutdown()
-    finally:
-        cluster.shutdown()  # type: ignore[no-untyped-call]
-    report["cluster_start_s"] = up
-    return report
+    return on_cluster(temp, NAMESPACE, lambda _: roll(store))
 
 
 def main(argv: list[str]) -> None:
