@@ -213,9 +213,9 @@ def _move(spec: RayHostSpec, index: int, old: str, new: str, entities: list[type
     handed_at = None
     retiring = _actor(old, spec.namespace)
     if retiring is not None:
-        with contextlib.suppress(ray.exceptions.RayActorError):
-            handed_at = ray.get(retiring.retire.remote(new), timeout=timeout)
-        _stop(retiring, timeout)
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            handed_at = ray.get(retiring.retire.remote(new), timeout=timeout)  # a hung one:
+        _stop(retiring, timeout)  # killed all the same
     pause = max(0.0, info["taken_at"] - handed_at) if handed_at else 0.0
     return RollStep(index, old, new, info["epoch"], pause, time.monotonic() - began)
 
