@@ -30,6 +30,7 @@ DRIVER = str(Path(TESTS_DIR) / "ray_roll_cluster.py")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # a cluster of three nodes, then 4 actor processes started in turn
 def test_a_roll_on_a_multi_node_cluster_on_postgres_loses_nothing(
         tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     temp = tempfile.mkdtemp(prefix="corral-rc-")  # short: Ray's socket paths are limited
