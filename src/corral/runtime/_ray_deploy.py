@@ -159,8 +159,7 @@ def _spec(namespace: str) -> RayHostSpec:
         handle = _actor(name, namespace)
         if handle is not None:
             with contextlib.suppress(ray.exceptions.RayActorError):
-                spec: RayHostSpec = ray.get(handle.info.remote(), timeout=60)["spec"]
-                return spec
+                return RayHostSpec(**ray.get(handle.info.remote(), timeout=60)["spec"])
     raise InvalidArgumentError(
         f"no shard actor of the Ray deployment {namespace!r} runs: nothing to roll (the "
         f"next call to it starts actors with the caller's code)")

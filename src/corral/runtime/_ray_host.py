@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import json
@@ -428,7 +429,7 @@ class ShardHost:
             "entity_types": sorted(self.definitions),
             "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
             "gc_threshold": gc.get_threshold(), "moved_to": self.moved_to,
-            "taken_at": self.taken_at, "spec": self.spec,
+            "taken_at": self.taken_at, "spec": dataclasses.asdict(self.spec),  # plain data
             "fingerprints": {n: d.fingerprint for n, d in sorted(self.definitions.items())},
         }
 
