@@ -36,7 +36,7 @@ def test_a_roll_on_a_multi_node_cluster_on_postgres_loses_nothing(
     temp = tempfile.mkdtemp(prefix="corral-rc-")  # short: Ray's socket paths are limited
     out, log = tmp_path / "result.json", tmp_path / "cluster.log"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
-           "RAY_TMPDIR": temp}
+           "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     try:
         with log.open("wb") as sink:
             proc = subprocess.run(

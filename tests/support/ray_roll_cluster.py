@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from ray_pg_cluster import on_cluster
-from ray_roll_stream import Deployment, actors, roll_under_stream
 from ray_workers import RUNTIME_ENV
 
 SHARDS = 4
@@ -28,6 +27,8 @@ NAMESPACE = "roll-cluster"
 
 
 async def roll(store: str) -> dict[str, Any]:
+    from ray_roll_stream import Deployment, actors, roll_under_stream
+
     keys = [f"rc-{i}" for i in range(4 * SHARDS)]
     dep = Deployment(store, NAMESPACE, SHARDS, keys, lease_ttl=10.0, ray_options={
         "runtime_env": RUNTIME_ENV, "resources": {"corral": 0.01},
