@@ -18,6 +18,7 @@ __all__ = [
     "EntityNotRunningError",
     "EntityTerminatedError",
     "FailRun",
+    "HandlerNotHostedError",
     "IdempotencyConflictError",
     "IncompatibleBuildError",
     "InvalidArgumentError",
@@ -26,6 +27,7 @@ __all__ = [
     "LeaseLostError",
     "PayloadTooLargeError",
     "PickledSnapshotError",
+    "ShardMovedError",
     "SignalTimeoutError",
     "SnapshotCaptureError",
     "SnapshotRestoreError",
@@ -175,15 +177,17 @@ class SignalTimeoutError(CorralError, TimeoutError):
 
 
 class DefinitionMismatchError(CorralError):
-    """A shard host runs another definition of an entity type than this client.
+    """A shard host runs a definition of an entity type this client cannot work with.
 
     Raised by the Ray backend before anything is accepted, when the detached shard
-    actors were started with entity code that is not a compatible successor of this
-    client's (the rules of `corral builds`): newer client code, or older code missing a
-    handler, a required field or an upgrade path; the message names the differences.
-    `client_fingerprint` and `host_fingerprint` tell the two apart. The fix after a
-    deploy: `corral.runtime.stop_ray_hosts(namespace)`; the next call starts actors
-    with the new code, which recover every entity from the store.
+    actors run entity code that is neither a compatible successor of this client's nor
+    a compatible predecessor of it (the rules of `corral builds`: a field's type
+    changed, a required field added, an upgrade path missing), or another version of
+    corral's calls; the message names the differences. `client_fingerprint` and
+    `host_fingerprint` tell the two apart. The fix: `corral.runtime.stop_ray_hosts
+    (namespace)`; the next call starts actors with the client's code, which recover
+    every entity from the store. (A compatible new release rolls instead:
+    `corral.runtime.roll_ray_hosts`.)
     """
 
     def __init__(self, message: str = "", *, client_fingerprint: str = "",
@@ -191,6 +195,36 @@ class DefinitionMismatchError(CorralError):
         super().__init__(message, **fields)
         self.client_fingerprint = client_fingerprint
         self.host_fingerprint = host_fingerprint
+
+
+class ShardMovedError(CorralError):
+    """The Ray actor a call reached no longer hosts the shard: a rolling deploy
+    (`corral.runtime.roll_ray_hosts`) moved it to the actor named `actor`.
+
+    Retryable, and retried by the Ray client itself (it re-routes the call to `actor`,
+    a bounded number of times), so callers see it only if shards keep moving under one
+    call. Nothing was accepted by the call that got it.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, shard: int = -1, actor: str = "",
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.shard = shard
+        self.actor = actor
+
+
+class HandlerNotHostedError(CorralError):
+    """The Ray actor hosting the entity's shard runs an older build of its type that
+    has no handler of this name: a newer client sent it before a rolling deploy
+    (`corral.runtime.roll_ray_hosts`) moved the shard to the new build.
+
+    Retryable, and retried by the Ray client itself for up to its `retry_timeout`;
+    nothing was stored. Roll the hosts to the build that has the handler.
+    """
+
+    retryable = True
 
 
 class IncompatibleBuildError(CorralError):

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,11 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
     }
 
 
-def run(store: str, temp: str, total: int) -> dict[str, Any]:
+def on_cluster(temp: str, namespace: str,
+               work: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
+    """`work(cluster)` on a fresh `Cluster` (a head with the resource `head`, two
+    workers with `corral`, fast health checks) with this driver connected; its report,
+    with `cluster_start_s`. Also the driver of `ray_roll_cluster.py`."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -139,17 +144,21 @@ def run(store: str, temp: str, total: int) -> dict[str, Any]:
         for _ in range(2):
             cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, namespace=NAMESPACE, runtime_env=RUNTIME_ENV,
+        ray.init(address=cluster.address, namespace=namespace, runtime_env=RUNTIME_ENV,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
         up = time.monotonic() - started
         try:
-            report = asyncio.run(stream(cluster, store, total))
+            report = asyncio.run(work(cluster))
         finally:
             ray.shutdown()
     finally:
         cluster.shutdown()  # type: ignore[no-untyped-call]
     report["cluster_start_s"] = up
     return report
+
+
+def run(store: str, temp: str, total: int) -> dict[str, Any]:
+    return on_cluster(temp, NAMESPACE, lambda cluster: stream(cluster, store, total))
 
 
 def main(argv: list[str]) -> None:

@@ -15,6 +15,7 @@ from corral._app import load_app
 from . import (
     _builds,
     _dead_letters,
+    _deploy,
     _entities,
     _history,
     _metrics,
@@ -82,6 +83,7 @@ app.command("result")(_verbs.result_of)
 app.command("check-snapshots")(_snapshots.check)
 app.command("builds")(_builds.list_builds)
 app.command("metrics")(_metrics.serve_metrics)
+app.add_typer(_deploy.commands, name="deploy")
 
 
 @app.command("demo")

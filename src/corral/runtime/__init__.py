@@ -1,7 +1,8 @@
 """Hosting: shards, activations, routing, leases and the client API.
 
-Its `__all__` is what users need (the client, its records, `stop_ray_hosts`); the
-shard, activation and host classes are internals of their private modules.
+Its `__all__` is what users need (the client, its records, `roll_ray_hosts` and
+`stop_ray_hosts`); the shard, activation and host classes are internals of their
+private modules.
 
 `Shard` is the one host implementation; the local backend runs shards in-process and
 the Ray backend wraps the same class in named actors. The runtime reaches storage only
@@ -45,7 +46,7 @@ from ._boundary import Authorize, AuthRequest, Limits
 from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
 from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
-from ._ray_host import stop_ray_hosts
+from ._ray_deploy import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
 from ._ref import EntityRef
 from ._results import (
     Ack,
@@ -74,11 +75,14 @@ __all__ = [
     "Limits",
     "MessageInfo",
     "Page",
+    "RollReport",
+    "RollStep",
     "RunSummary",
     "Runtime",
     "SignalWaitInfo",
     "TimerInfo",
     "WaitSummary",
     "open_runtime",
+    "roll_ray_hosts",
     "stop_ray_hosts",
 ]

@@ -45,7 +45,7 @@ from corral.actors._manifest import Manifest, manifest, manifest_json
 from corral.persistence import BuildProcess, BuildRecord, Store, newest_build
 
 __all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
-           "refused_client"]
+           "refused_client", "refused_successor"]
 
 log = logging.getLogger("corral.builds")
 
@@ -253,13 +253,32 @@ def refused_client(definition: EntityDefinition, client_manifest: str | None
                    ) -> list[str] | None:
     """Why a host running `definition` must refuse a client whose build of the type has
     manifest `client_manifest` (the Ray backend's check, see `ShardHost`): None when it
-    serves it, that is when this build is a compatible successor of the client's (an
-    older release: everything it sends, this code has), else each difference (empty
-    when the client sent no manifest)."""
+    serves it, else each difference (empty when the client sent no manifest).
+
+    It serves a client of an older build this one is a compatible successor of
+    (everything it sends, this code has), and, during a rolling deploy, a client of a
+    newer build that is a compatible successor of this one: what only the newer build
+    has is answered `HandlerNotHostedError` (retryable) until the roll moves the shard.
+    """
     if client_manifest is None:
         return []
     theirs: Manifest = json.loads(client_manifest)
     mine = manifest(definition)
     sent = {name: "the client sends it" for name in removed(theirs, mine)}
     bad = incompatible(compare(theirs, mine, in_use=sent))
-    return [str(d) for d in bad] or None
+    if not bad or not incompatible(compare(mine, theirs)):
+        return None
+    return [str(d) for d in bad]
+
+
+async def refused_successor(store: Store, definition: EntityDefinition,
+                            successor: str) -> list[str]:
+    """Each reason the build with manifest `successor` cannot replace `definition`
+    in a rolling deploy (`roll_ray_hosts`): `compare(this, successor)` with the facts
+    of `assess` (messages of removed handlers still stored, live senders)."""
+    newer: Manifest = json.loads(successor)
+    if newer["fingerprint"] == definition.fingerprint:
+        return []
+    found = await assess(store, definition.name, manifest(definition), newer,
+                         await store.builds(definition.name))
+    return [str(d) for d in incompatible(found)]

@@ -76,6 +76,7 @@ class LocalHost:
         # as "its holder died" and let this host take the shard straight back.
         self._lost: dict[int, float] = {}
         self._failures: dict[str, int] = {}  # a loop's failed rounds in a row
+        self.handed_at: dict[int, float] = {}  # shard -> when its last hand-off began (epoch s)
         # A live host of a newer build supersedes this one: take only shards handed here.
         self._yielding = False
         self.progress = ProgressLog()
@@ -125,7 +126,9 @@ class LocalHost:
 
     async def _hand_off(self, heirs: Mapping[int, str]) -> set[int]:
         left = set(heirs) & set(self.shards)
+        stopping = time.time()
         handed = await hand_off(self, heirs)
+        self.handed_at.update((index, stopping) for index in handed)
         now = time.monotonic()
         for index in left:  # the heir may lock the shard only at its next renewal
             self._lost[index] = now

@@ -38,7 +38,9 @@ from ray import exceptions as rex
 
 from corral._errors import (
     CorralError,
+    HandlerNotHostedError,
     InvalidArgumentError,
+    ShardMovedError,
     UnknownEntityTypeError,
 )
 from corral.actors import EntityDefinition
@@ -46,8 +48,15 @@ from corral.actors._manifest import manifest_json
 from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postgres_url
 
 from ._ops import AcceptBatch, Request, WaitUpdate
-from ._ray_host import PlacementRouter, RayHostSpec, ShardHost, actor_name, host_fingerprint
-from ._ray_host import stop_ray_hosts as stop_hosts
+from ._ray_deploy import stop_ray_hosts as stop_hosts
+from ._ray_directory import host_of
+from ._ray_host import (
+    PlacementRouter,
+    RayHostSpec,
+    actor_name,
+    host_fingerprint,
+    shard_actor_class,
+)
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -58,19 +67,10 @@ _MAX_BATCH = 512
 _MAX_HANDLES = 4096
 """Actor handles kept per client (dedicated entities each have their own)."""
 _RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError)
+_MAX_MOVES = 8
+"""Re-routes of one call after `ShardMovedError` (a roll moves a shard once)."""
 _MIN_POLL = 0.05
 """Shard actors tail the journal at most this often (see `connect_ray`)."""
-
-_actor_class: Any = None
-
-
-def shard_actor_class() -> Any:
-    """`ShardHost` as a Ray actor class (made once per process)."""
-    global _actor_class
-    if _actor_class is None:
-        _actor_class = ray.remote(ShardHost)
-    return _actor_class
-
 
 class RayBackend:
     """The client of a Ray deployment: routes each call to the owning shard actor.
@@ -101,10 +101,14 @@ class RayBackend:
         self._creating: dict[int, asyncio.Future[Any]] = {}
         self._queued: dict[int, list[tuple[Acceptance, asyncio.Future[AcceptResult]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
+        self.retries: collections.Counter[str] = collections.Counter()
+        """Calls sent again, by why: `moved` (a roll moved the shard: re-routed),
+        `not_hosted` (an older build hosts it: `HandlerNotHostedError`), `unavailable`
+        (the actor restarting or gone). For operators and benchmarks."""
 
     # -- actors ------------------------------------------------------------------------
 
-    def _options(self, index: int, etype: str) -> dict[str, Any]:
+    def _options(self, index: int, etype: str, name: str) -> dict[str, Any]:
         # Calls waiting for an update's outcome park in the actor (up to WAIT_SLICE):
         # room for many, so they never hold up accepts behind them.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
@@ -113,16 +117,22 @@ class RayBackend:
         else:
             options.update(self._actor_options)
         options.update(
-            name=actor_name(self.spec, index), namespace=self.spec.namespace,
+            name=name, namespace=self.spec.namespace,
             get_if_exists=True, lifetime="detached", max_restarts=-1, max_task_retries=-1,
         )
         return options
 
     def _create(self, index: int, etype: str) -> Any:
-        entities = ([self._definitions[etype].cls] if self.router.is_dedicated(index)
-                    else self._entities)
-        return shard_actor_class().options(**self._options(index, etype)).remote(
-            self.spec, entities, index)
+        """Get or create the actor hosting shard `index`, by the name the directory
+        gives (`_ray_directory`: a rolled shard's actor has a build-qualified name)."""
+        name = actor_name(self.spec, index)
+        if self.router.is_dedicated(index):
+            entities = [self._definitions[etype].cls]
+        else:
+            entities = self._entities
+            name = host_of(self.spec.namespace, index, name)
+        return shard_actor_class().options(**self._options(index, etype, name)).remote(
+            self.spec, entities, index, name)
 
     async def _handle(self, index: int, etype: str) -> Any:
         handle = self._handles.get(index)
@@ -173,7 +183,7 @@ class RayBackend:
         """
         deadline = time.monotonic() + self._retry_timeout
         delay = 0.02
-        init_failures = 0
+        init_failures = moves = 0
         registered = False
         while True:
             if sent is not None:
@@ -189,12 +199,24 @@ class RayBackend:
                     registered = True  # the actor was created by a client that did not
                     await handle.register.remote(self._entities)  # list this type: teach it
                     continue
+                if isinstance(cause, ShardMovedError) and moves < _MAX_MOVES:
+                    moves += 1  # a roll moved the shard: the next handle is its new actor's
+                    self.retries["moved"] += 1
+                    self._forget(index, handle)
+                    continue
+                if isinstance(cause, HandlerNotHostedError) and \
+                        time.monotonic() + delay <= deadline:
+                    self._forget(index, handle)  # an older build hosts it: wait for the roll
+                    self.retries["not_hosted"] += 1
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
                 if isinstance(cause, Exception):
                     raise cause from None
                 raise
             except _RETRYABLE as err:
-                if self._handles.get(index) is handle:
-                    del self._handles[index]
+                self._forget(index, handle)
+                self.retries["unavailable"] += 1
                 if getattr(err, "_actor_init_failed", False):
                     init_failures += 1
                     if init_failures >= 3:
@@ -211,6 +233,11 @@ class RayBackend:
                          actor_name(self.spec, index), type(err).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    def _forget(self, index: int, handle: Any) -> None:
+        """Drop `handle` of shard `index` (the next call resolves the actor again)."""
+        if self._handles.get(index) is handle:
+            del self._handles[index]
 
     # -- Backend -----------------------------------------------------------------------
 
@@ -270,23 +297,40 @@ class RayBackend:
     async def _send(self, batch: AcceptBatch,
                     waiting: list[tuple[Acceptance, asyncio.Future[AcceptResult]]],
                     sent: tuple[Any, Any] | None) -> None:
-        try:
-            results = await self.call(batch.shard, batch.accs[0].entity_type, batch,
-                                      sent=sent)
-        except BaseException as err:  # every waiter gets it
-            for _, fut in waiting:
-                if not fut.done():
-                    fut.set_exception(err)
-            if not isinstance(err, Exception):
-                raise
-            return
-        for (_, fut), result in zip(waiting, results, strict=True):
-            if fut.done():  # its caller was cancelled; the accept still happened
-                continue
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(AcceptResult.from_wire(result))
+        """Send `batch` and give each waiter its result. An acceptance refused with
+        `HandlerNotHostedError` (an older build hosts the shard during a roll) is sent
+        again, with backoff, for up to `retry_timeout` seconds."""
+        deadline = time.monotonic() + self._retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                results = await self.call(batch.shard, batch.accs[0].entity_type, batch,
+                                          sent=sent)
+            except BaseException as err:  # every waiter gets it
+                for _, fut in waiting:
+                    if not fut.done():
+                        fut.set_exception(err)
+                if not isinstance(err, Exception):
+                    raise
+                return
+            again = []
+            for (acc, fut), result in zip(waiting, results, strict=True):
+                if fut.done():  # its caller was cancelled; the accept still happened
+                    continue
+                if isinstance(result, HandlerNotHostedError) and \
+                        time.monotonic() + delay <= deadline:
+                    again.append((acc, fut))
+                elif isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(AcceptResult.from_wire(result))
+            if not again:
+                return
+            self.retries["not_hosted"] += len(again)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            waiting, sent = again, None
+            batch = AcceptBatch(batch.shard, [acc for acc, _ in again], batch.shards)
 
     async def close(self) -> None:
         """Forget the actor handles (the actors live on); shut Ray down if we started it."""

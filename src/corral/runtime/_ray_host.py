@@ -20,30 +20,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import hashlib
+import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import corral.metrics as metrics
-from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
+from corral._errors import (
+    CorralError,
+    DefinitionMismatchError,
+    HandlerNotHostedError,
+    IncompatibleBuildError,
+    ShardMovedError,
+    UnknownEntityTypeError,
+)
 from corral.actors import (
     Entity,
     EntityDefinition,
 )
-from corral.persistence import Acceptance, Store, is_postgres_url, open_store
+from corral.persistence import Acceptance, EntryKind, Store, is_postgres_url, open_store
 
 from ._backend import LocalBackend
-from ._builds import refused_client
+from ._builds import BuildRegistration, refused_client, refused_successor
 from ._host import LocalHost
-from ._ops import AcceptBatch, Request, WaitUpdate
+from ._ops import AcceptBatch, Query, Request, WaitUpdate
+from ._ray_directory import host_of
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
-           "stop_ray_hosts"]
+           "shard_actor_class"]
 
 log = logging.getLogger("corral.ray")
 
@@ -60,6 +71,9 @@ CPU each. Reference counting still frees everything acyclic at once."""
 WAIT_SLICE = 10.0
 """Seconds a `WaitUpdate` waits inside the actor before it answers None (the client then
 asks again): a call never parks in an actor for long."""
+
+_HANDLED = frozenset({EntryKind.SIGNAL, EntryKind.UPDATE})
+"""Entries applied by a handler of their name (the others carry no handler name)."""
 
 _DEDICATED_SPACE = 1 << 62
 """Pseudo-shard indices of dedicated entities: shards + [0, 2**62), inside SQLite's int64."""
@@ -159,10 +173,16 @@ class ShardHost:
     """
 
     async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
-        self, spec: RayHostSpec, entities: Sequence[type[Entity]], index: int
+        self, spec: RayHostSpec, entities: Sequence[type[Entity]], index: int,
+        name: str | None = None, heir: bool = False
     ) -> None:
+        """`name`: this actor's name (default: the shard's own, `actor_name`). `heir`:
+        made by a rolling deploy to take the shard from its holder through the graceful
+        hand-off (see `_start_host`)."""
         self.spec = spec
         self.index = index
+        self.name = name or actor_name(spec, index)
+        self.moved_to: str | None = None  # set once the shard was handed to that actor
         self.definitions: dict[str, EntityDefinition] = {}
         register(self.definitions, entities)
         self.router = PlacementRouter(spec.shards, self.definitions)
@@ -174,21 +194,56 @@ class ShardHost:
         gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
         self.store: Store = await open_store(spec.store, shards=spec.shards)
         try:
-            self.host = LocalHost(
-                self.store, self.router, self.definitions, lease_ttl=spec.lease_ttl,
-                poll_interval=spec.poll_interval, indices=(index,), takeover=True,
-            )
-            await self.host.start()
+            self.host = await self._start_host(heir)
+            self.taken_at = time.time()
         except BaseException:
             await self.store.close()
             raise
         self.backend = LocalBackend(self.store, self.definitions, self.host,
                                     self.router.shard_of)
         shard = self.host.shard(index)
-        log.info("%s: pid %d holds shard %d at epoch %s", actor_name(spec, index), os.getpid(),
-                 index, shard.fence.epoch if shard else None)
+        log.info("%s: pid %d holds shard %d at epoch %s", self.name, os.getpid(),
+                 index, None if shard is None else shard.fence.epoch)
         if self.router.is_dedicated(index) and spec.dedicated_idle_exit is not None:
             self._exit_task = asyncio.create_task(self._exit_when_idle(spec.dedicated_idle_exit))
+
+    async def _start_host(self, heir: bool) -> LocalHost:
+        """The host of this actor's shard, started as the directory (`_ray_directory`)
+        says: the actor it names takes the lease at once (`takeover`: a restarted actor
+        fences out its predecessor); an heir of a roll asks the holder for it (the
+        graceful hand-off, `request_shards`) and takes it over at a new epoch only if
+        no holder hands it within two lease terms (the holder died); any other actor
+        of the shard's is stale (re-created by a client that resolved an old name):
+        it holds nothing and answers `ShardMovedError`."""
+        current = self.name
+        if not self.router.is_dedicated(self.index):
+            current = await asyncio.to_thread(host_of, self.spec.namespace, self.index,
+                                              actor_name(self.spec, self.index))
+        hosting = current == self.name
+        if not hosting and not heir:
+            self.moved_to = current
+            log.info("%s: shard %d is hosted by %s; holding nothing", self.name,
+                     self.index, current)
+        host = LocalHost(self.store, self.router, self.definitions,
+                         lease_ttl=self.spec.lease_ttl, poll_interval=self.spec.poll_interval,
+                         indices=(self.index,) if hosting or heir else (),
+                         takeover=hosting)
+        # Registered like a local host (`corral builds` lists it; an entry only a live
+        # build knows waits for it), and refused here if incompatible, before hosting.
+        self.registration = BuildRegistration(
+            self.store, self.definitions, process=host.owner, role="host",
+            ttl=2 * self.spec.lease_ttl)
+        await self.registration.open()
+        try:
+            await host.start()
+            if heir and not hosting and not await host.request_shards([self.index]):
+                async with host.leasing:  # no holder answered: take it over (fencing)
+                    await host.acquire(force=True)
+        except BaseException:
+            await host.close()
+            await self.registration.close()
+            raise
+        return host
 
     @contextlib.asynccontextmanager
     async def _serving(self) -> AsyncIterator[None]:
@@ -209,11 +264,17 @@ class ShardHost:
         with its outcome, or None after `WAIT_SLICE` seconds (ask again). Reads without
         a shard (`shard=None`) are answered for all shards: they share one store.
         """
+        if self.moved_to is not None:  # even while stopping: the caller re-routes at once
+            raise ShardMovedError(
+                f"shard {self.index} moved from {self.name} to {self.moved_to}",
+                shard=self.index, actor=self.moved_to)
         async with self._serving():
             if isinstance(op, AcceptBatch):
                 return await self._accept_batch(op)
             if op.shard is not None:  # one entity's (or a key's dead letters)
                 self._check(op.entity_type, op.key)  # type: ignore[arg-type]
+            if type(op) is Query:
+                self._check_handler(op.entity_type, op.name)
             if type(op) is WaitUpdate:
                 try:
                     return await asyncio.wait_for(self.backend.run(op), WAIT_SLICE)
@@ -231,7 +292,7 @@ class ShardHost:
         for etype in {acc.entity_type for acc in batch.accs} - set(self.definitions):
             raise UnknownEntityTypeError(
                 f"entity type {etype!r} is not registered in "
-                f"{actor_name(self.spec, self.index)}")
+                f"{self.name}")
         results: list[tuple[Any, ...] | BaseException | None] = []
         checked: list[Acceptance] = []
         # Routed with our shard count: each acceptance's shard is its key's (no hash again).
@@ -244,6 +305,8 @@ class ShardHost:
                     raise CorralError(
                         f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
                         f"but this actor hosts shard {self.index}")
+                if acc.kind in _HANDLED:
+                    self._check_handler(acc.entity_type, acc.name)
             except CorralError as err:
                 results.append(err)
             else:
@@ -253,10 +316,20 @@ class ShardHost:
         return [(a if isinstance(a := next(accepted), Exception) else a.to_wire())
                 if r is None else r for r in results]
 
+    def _check_handler(self, etype: str, name: str) -> None:
+        """A name the client's build has and this one lacks: a newer client during a
+        roll (`check_definitions` let it in as a compatible successor); it retries."""
+        if self.definitions[etype].handler(name) is None:
+            raise HandlerNotHostedError(
+                f"{self.name} runs a build of {etype} without a handler {name!r} "
+                f"(fingerprint {self.definitions[etype].fingerprint}): roll the hosts to "
+                f"the build that has it (corral.runtime.roll_ray_hosts)",
+                entity_type=etype)
+
     def _check(self, etype: str, key: str) -> None:
         if etype not in self.definitions:
             raise UnknownEntityTypeError(
-                f"entity type {etype!r} is not registered in {actor_name(self.spec, self.index)}"
+                f"entity type {etype!r} is not registered in {self.name}"
             )
         if self.router.shard_of(etype, key) != self.index:
             raise CorralError(f"{etype} {key!r} does not belong to shard {self.index}")
@@ -292,6 +365,7 @@ class ShardHost:
                 continue
             log.info("%s: no running entity for %.1f s; exiting", actor_name(self.spec,
                      self.index), grace)
+            await self.registration.close()
             await self.host.close()
             await self.store.close()
             # Calls waiting in _serving die with the actor; their clients retry on a new one.
@@ -314,9 +388,9 @@ class ShardHost:
     async def check_definitions(self, fingerprints: dict[str, str],
                                 manifests: dict[str, str] | None = None) -> None:
         """Refuse a client whose entity definitions differ from the ones this actor runs,
-        unless this code is a compatible successor of the client's (`manifests`: its
-        builds, see `_builds.refused_client`), or that speaks another version of this
-        module's calls (`host_fingerprint`).
+        unless one build is a compatible successor of the other (`manifests`: the
+        client's builds, see `_builds.refused_client`), or that speaks another version
+        of this module's calls (`host_fingerprint`).
 
         Raises:
             DefinitionMismatchError: for the first type whose fingerprints differ.
@@ -330,11 +404,11 @@ class ShardHost:
             why = refused_client(definition, (manifests or {}).get(etype)) \
                 if same_protocol else []
             if why is not None:
-                name = actor_name(self.spec, self.index)
+                name = self.name
                 raise DefinitionMismatchError(
-                    f"{name} runs another definition of {etype} (fingerprint "
-                    f"{mine}) than this client ({theirs}): it was started with "
-                    f"other entity code or another corral version"
+                    f"{name} runs a definition of {etype} (fingerprint {mine}) this "
+                    f"client ({theirs}) cannot work with: it was started with "
+                    f"incompatible entity code or another corral version"
                     f"{''.join(f'; {d}' for d in why)}. After deploying new "
                     f"code, stop the old actors with "
                     f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
@@ -348,13 +422,53 @@ class ShardHost:
         shard = self.host.shard(self.index)
         ctx = ray.get_runtime_context()
         return {
-            "name": actor_name(self.spec, self.index), "index": self.index, "pid": os.getpid(),
+            "name": self.name, "index": self.index, "pid": os.getpid(),
             "node_id": ctx.get_node_id(), "owner": self.host.owner,
-            "epoch": shard.fence.epoch if shard else None, "hosted": len(shard) if shard else 0,
+            "epoch": None if shard is None else shard.fence.epoch,  # (an empty shard is falsy)
+            "hosted": 0 if shard is None else len(shard),
             "entity_types": sorted(self.definitions),
             "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
-            "gc_threshold": gc.get_threshold(),
+            "gc_threshold": gc.get_threshold(), "moved_to": self.moved_to,
+            "taken_at": self.taken_at, "spec": dataclasses.asdict(self.spec),  # plain data
+            "fingerprints": {n: d.fingerprint for n, d in sorted(self.definitions.items())},
         }
+
+    # -- a rolling deploy (`_ray_deploy.roll_ray_hosts`) ----------------------------------
+
+    async def check_successor(self, manifests: dict[str, str]) -> None:
+        """Refuse a roll to builds (`manifests`, by type) that cannot succeed this
+        actor's (`_builds.refused_successor`), before any actor is replaced.
+
+        Raises:
+            IncompatibleBuildError: naming every difference and its fix.
+        """
+        why = [(etype, d) for etype, text in sorted(manifests.items())
+               if etype in self.definitions
+               for d in await refused_successor(self.store, self.definitions[etype], text)]
+        if why:
+            etype = why[0][0]
+            raise IncompatibleBuildError(
+                f"the new build cannot replace the one {self.name} runs: "
+                + "; ".join(f"{t} {d}" for t, d in why)
+                + f". Deploy a compatible build, or stop the deployment with "
+                f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}) and start it anew",
+                entity_type=etype, differences=tuple(d for _, d in why),
+                fingerprint=json.loads(manifests[etype])["fingerprint"],
+                newest_fingerprint=self.definitions[etype].fingerprint)
+
+    async def retire(self, successor: str, *, drain: float = 2.0) -> float | None:
+        """The shard was handed to `successor`: answer every later call with
+        `ShardMovedError` naming it (the client re-routes) and let the calls in flight
+        finish (up to `drain` seconds); when the hand-off began (epoch s), or None (and
+        nothing changed) if this actor still holds the shard."""
+        if self.host.shard(self.index) is not None:
+            return None
+        self.moved_to = successor
+        loop = asyncio.get_running_loop()
+        until = loop.time() + drain
+        while self._inflight and loop.time() < until:
+            await asyncio.sleep(0.01)
+        return self.host.handed_at.get(self.index, 0.0)
 
     async def shutdown(self) -> None:
         """Stop hosting, release the lease and close the store (`stop_ray_hosts` then kills
@@ -362,37 +476,20 @@ class ShardHost:
         self._open.clear()
         if self._exit_task is not None:
             self._exit_task.cancel()
+        await self.registration.close()  # out of the registry first, as a local host
         with contextlib.suppress(Exception):
             await self.host.close()
         await self.store.close()
 
 
-def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
-    """Stop every actor of the Ray deployment `namespace`; returns how many were found.
+_actor_class: Any = None
 
-    Shard and dedicated actors are detached: they outlive every driver, by design. This
-    stops each one cleanly (it releases its lease and closes its store), then kills it
-    for good; the next call to the deployment creates fresh actors, which recover every
-    running entity from the store. Blocking: call it from a thread in async code.
-    """
-    import ray  # here, not at the top: `import corral` must not import Ray
-    from ray import exceptions as rex
 
-    prefix = f"corral/{namespace}/"
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == namespace and a["name"].startswith(prefix)]
-    refs: list[Any] = []
-    for name in names:
-        try:
-            refs.append(ray.get_actor(name, namespace=namespace).shutdown.remote())
-        except ValueError:  # gone meanwhile
-            continue
-    for ref in refs:  # a dead or hung one is killed below all the same
-        with contextlib.suppress(rex.RayActorError, rex.GetTimeoutError, rex.RayTaskError):
-            ray.get(ref, timeout=timeout)
-    for name in names:
-        try:
-            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-        except ValueError:
-            continue
-    return len(names)
+def shard_actor_class() -> Any:
+    """`ShardHost` as a Ray actor class (made once per process)."""
+    global _actor_class
+    if _actor_class is None:
+        import ray
+
+        _actor_class = ray.remote(ShardHost)
+    return _actor_class

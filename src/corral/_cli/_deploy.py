@@ -1,0 +1,78 @@
+"""`corral deploy roll`: replace a Ray deployment's shard actors with actors running the
+--app code, one shard at a time, through the graceful hand-off (`roll_ray_hosts`).
+
+Progress is one line per shard moved (its pause), then a summary; `--json`
+prints the report instead. An incompatible build is refused before anything moves
+(exit 1, the differences named).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+
+from corral._app import load_app
+from corral.runtime import RollReport, RollStep, roll_ray_hosts
+
+from ._connection import AppOption, JsonFlag
+from ._errors import execute, parse_json
+from ._output import print_json, printable
+
+__all__ = ["commands"]
+
+commands = typer.Typer(
+    help="Deploy a new release of the entity code to a Ray deployment.",
+    no_args_is_help=True)
+
+
+def _line(step: RollStep) -> str:
+    return (f"shard {step.shard}: {step.old_actor} -> {step.new_actor} at epoch "
+            f"{step.epoch}, paused {step.pause * 1000:.0f} ms ({step.seconds:.1f} s)")
+
+
+@commands.command("roll")
+def roll(
+    ctx: typer.Context,
+    app: AppOption,
+    namespace: Annotated[str, typer.Option(
+        "--namespace", envvar="CORRAL_NAMESPACE", show_envvar=True,
+        help="The Ray deployment's namespace (open_runtime's namespace=).")] = "corral",
+    address: Annotated[str | None, typer.Option(
+        "--address", envvar="RAY_ADDRESS", show_envvar=True, metavar="ADDRESS",
+        help="The Ray cluster to connect to (default: auto).", show_default=False)] = None,
+    runtime_env: Annotated[str | None, typer.Option(
+        "--runtime-env", metavar="JSON",
+        help='Ray runtime_env of the new actors, as JSON (e.g. \'{"working_dir": "."}\' '
+             "to ship the new code).", show_default=False)] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Replace each shard actor with one running the --app code: the new actor asks for
+    the shard, the old one stops taking work for it, lets its commits land and hands it
+    over; callers meanwhile see at most a short pause. Each current actor first checks
+    that the new build may succeed its own (exit 1 with the differences if not: then
+    use corral.runtime.stop_ray_hosts). Running it again resumes a roll that stopped."""
+    text = not as_json
+
+    def progress(step: RollStep) -> None:
+        if text:
+            print(printable(_line(step)), flush=True)
+
+    async def work() -> RollReport:  # bad --app or --runtime-env: exit 2, under `execute`
+        options: dict[str, Any] = {}
+        env = parse_json(runtime_env, "--runtime-env")
+        if env is not None:
+            options["runtime_env"] = env
+        entities = load_app(app).entities
+        return await asyncio.to_thread(roll_ray_hosts, namespace, entities, address=address,
+                                       actor_options=options, on_step=progress)
+
+    report = execute(ctx, work())
+    if not text:
+        print_json(report)
+        return
+    pauses = sorted(s.pause for s in report.steps)
+    worst = f", longest pause {pauses[-1] * 1000:.0f} ms" if pauses else ""
+    print(f"rolled {len(report.steps)} shards in {report.seconds:.1f} s{worst}; "
+          f"{len(report.skipped)} already on this build")
