@@ -15,6 +15,7 @@ from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
+from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -54,6 +55,7 @@ __all__ = [
     "ReadStore",
     "RunRecord",
     "SqliteStore",
+    "StepRecord",
     "Store",
     "Suspension",
     "UpdateOutcome",

@@ -13,6 +13,7 @@ from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
 
 from ._codec import closing_texts
+from ._ops_steps import forget_run_steps, forget_steps
 from ._ops_waits import SET_TIMER, close_waits, end_run
 from ._records import JournalEntry
 from ._txn import Fence, Fenced, LockPlan, Txn
@@ -85,7 +86,8 @@ class CloseRunOp(Fenced):
 @dataclass(frozen=True, slots=True)
 class SnapshotOp(Fenced):
     """Store a snapshot covering `applied_seq`, keep the newest `keep`, truncate the
-    journal and the dedupe window, optionally mark passivation.
+    journal and the dedupe window, optionally mark passivation, and delete the records
+    of the steps a checkpoint covers (`forget_steps`, see `_ops_steps`).
 
     One transaction: the snapshot and the watermark it covers land together, and journal
     entries are deleted only once the oldest kept snapshot covers them.
@@ -101,6 +103,7 @@ class SnapshotOp(Fenced):
     passivate: bool = False
     forget_seq: int = 0
     forget_before: float = 0.0
+    forget_steps: tuple[str, ...] = ()
 
     def plan(self, plan: LockPlan) -> None:
         plan.leases.add(self.fence.shard)
@@ -120,6 +123,8 @@ class SnapshotOp(Fenced):
                                applied_seq=self.applied_seq, forget_seq=self.forget_seq,
                                forget_before=self.forget_before, passivate=self.passivate)
         txn.forget_window(self.entity_type, self.key)
+        if self.forget_steps:
+            await forget_steps(txn, self.entity_type, self.key, self.run_id, self.forget_steps)
         return floor
 
 
@@ -167,6 +172,7 @@ class ContinueAsNewOp(Fenced):
                           "WHERE etype = ? AND key = ?"):
             await txn.execute(statement, *ident)
         await close_waits(txn, *ident, self.run_id, carry_to=new)
+        await forget_run_steps(txn, *ident, self.run_id)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         await txn.execute(
             "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "

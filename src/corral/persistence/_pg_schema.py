@@ -51,6 +51,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
     # Graceful shard hand-off (`_ops_handoff`).
     6: create("lease_handoffs", "postgres"),
+    7: (),  # reserved for progress (issue 26)
+    # Durable steps (`_ops_steps`).
+    8: create("steps", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

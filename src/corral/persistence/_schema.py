@@ -44,6 +44,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
     # Graceful shard hand-off (`_ops_handoff`).
     8: create("lease_handoffs", "sqlite"),
+    9: (),  # reserved for progress (issue 26)
+    # Durable steps (`_ops_steps`).
+    10: create("steps", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

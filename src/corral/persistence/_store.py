@@ -13,6 +13,7 @@ from typing import Protocol
 from corral._common import RunStatus
 
 from ._builds import BuildRegistry
+from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -153,14 +154,26 @@ class HostStore(Protocol):
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
                              passivate: bool = False, forget_seq: int = 0,
-                             forget_before: float = 0.0) -> int:
+                             forget_before: float = 0.0,
+                             forget_steps: Sequence[str] = ()) -> int:
         """Store a snapshot, keep the newest `keep`, delete the journal they cover.
 
         With `passivate`, also mark the entity as evicted from memory. Message ids of
         applied entries with seq <= `forget_seq` or accepted before `forget_before`
-        leave the dedupe window. One transaction. Returns the journal floor: entries up
-        to it were deleted.
+        leave the dedupe window; the run's step records named in `forget_steps` (a
+        checkpoint covers them) are deleted. One transaction. Returns the journal
+        floor: entries up to it were deleted.
         """
+        ...
+
+    async def record_step(self, fence: Fence, etype: str, key: str, run_id: int,
+                          record: StepRecord) -> None:
+        """Record the outcome of a completed step of run `run_id` (fenced); the first
+        record of a name wins."""
+        ...
+
+    async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
+        """The recorded steps of run `run_id`, by name."""
         ...
 
     async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,

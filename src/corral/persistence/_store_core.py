@@ -35,6 +35,7 @@ from ._ops_runs import (
     SnapshotOp,
     TimerOp,
 )
+from ._ops_steps import RecordStepOp, StepRecord, run_steps
 from ._ops_waits import DeliverOp, ExpireWaitOp, OpenWaitOp
 from ._records import (
     Acceptance,
@@ -136,9 +137,10 @@ class StoreCore:
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
                              passivate: bool = False, forget_seq: int = 0,
-                             forget_before: float = 0.0) -> int:
+                             forget_before: float = 0.0,
+                             forget_steps: Sequence[str] = ()) -> int:
         op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate,
-                        forget_seq, forget_before)
+                        forget_seq, forget_before, tuple(forget_steps))
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -147,6 +149,13 @@ class StoreCore:
         op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
                              tuple(carried))
         return await self.write(op)  # type: ignore[no-any-return]
+
+    async def record_step(self, fence: Fence, etype: str, key: str, run_id: int,
+                          record: StepRecord) -> None:
+        await self.write(RecordStepOp(fence, etype, key, run_id, record))
+
+    async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
+        return await self.query(run_steps, etype, key, run_id)
 
     # -- graceful shard hand-off (`_ops_handoff`) -----------------------------------
 

@@ -147,6 +147,13 @@ TABLES = (
     Table("lease_handoffs", """
         shard INT PRIMARY KEY, requester TEXT NOT NULL, until REAL NOT NULL,
         released BOOL NOT NULL""", rowid=True),
+    # Durable steps (`_ops_steps`): the outcome of each completed step of a run, by
+    # name, until a checkpoint covers it or the run ends.
+    Table("steps", """
+        etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, name TEXT NOT NULL,
+        ok BOOL NOT NULL, result TEXT, error TEXT, attempts INT NOT NULL,
+        recorded_at REAL NOT NULL,
+        PRIMARY KEY (etype, key, run_id, name)"""),
 )
 _BY_NAME = {table.name: table for table in TABLES}
 

@@ -445,10 +445,15 @@ class Activation(RunContext):
                 and not self.closed and not self._switching)
 
     async def checkpoint(self) -> None:
-        """`Entity.checkpoint()`: a snapshot now, retried while the store fails."""
-        await self._retrying("checkpoint", self.snapshot)
+        """`Entity.checkpoint()`: a snapshot now, retried while the store fails, which
+        covers the steps recorded so far (their records go in its transaction)."""
+        covered = self._steps.completed() if self._steps is not None else ()
+        await self._retrying("checkpoint", lambda: self.snapshot(forget_steps=covered))
+        if self._steps is not None:
+            self._steps.covered(covered)
 
-    async def snapshot(self, *, passivate: bool = False) -> None:
+    async def snapshot(self, *, passivate: bool = False,
+                       forget_steps: tuple[str, ...] = ()) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
 
         Writes even when no message was applied since the last snapshot: `run()` calls
@@ -464,6 +469,7 @@ class Activation(RunContext):
             passivate=passivate,
             forget_seq=seq - window.max_count if window.max_count is not None else 0,
             forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,
+            forget_steps=forget_steps,
         )
         self._snapshot_seq = max(self._snapshot_seq, seq)
         metrics.snapshotted(self.entity_type)

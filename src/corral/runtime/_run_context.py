@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from corral._common import RetryPolicy
 from corral.actors import EntityDefinition
 from corral.persistence import JournalEntry
 
 from ._residence import Residence, retrying
 from ._signal_waits import RunWaits
+from ._steps import RunSteps
 from ._suspension import end_suspension
 
 __all__ = ["RunContext"]
@@ -26,10 +28,11 @@ T = TypeVar("T")
 
 
 class RunContext:
-    """The waits, timers and progress counters of the run an activation hosts."""
+    """The waits, timers steps and progress counters of the run an activation hosts."""
 
     __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_home", "_resuming", "_run_id",
-                 "_run_task", "_timers", "_waiting", "_waits", "applied_seq", "definition")
+                 "_run_task", "_steps", "_timers", "_waiting", "_waits", "applied_seq",
+                 "definition")
 
     def __init__(self, home: Residence) -> None:
         self._home = home  # the shard, as this entity sees it: its only way to the host
@@ -43,6 +46,7 @@ class RunContext:
         self._waiting = 0  # coroutines parked in wait_until (run() waiting = idle)
         self._changed: asyncio.Event | None = None
         self._waits: RunWaits | None = None  # this run's signal waits, once it has any
+        self._steps: RunSteps | None = None  # this run's durable steps, once it has any
         # Retrying a suspended run: the suspension ends when run() gets past the point.
         self._resuming = home.suspended() is not None
         self._run_task: asyncio.Task[None] | None = None
@@ -113,6 +117,14 @@ class RunContext:
         if self._waits is None:
             self._waits = RunWaits(self._home, self)
         return await self._waits.wait(name, timeout)
+
+    async def step(self, fn: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+                   retry: RetryPolicy | None, timeout: float | None,
+                   ray_options: dict[str, Any] | None) -> Any:
+        if self._steps is None:
+            self._steps = RunSteps(self._home, self)
+        return await self._steps.step(fn, args, name=name, retry=retry, timeout=timeout,
+                                      ray_options=ray_options)
 
     def now(self) -> float:
         return self._home.clock.time()
