@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 
 import corral
-from step_entities import Agent, AgentInput, Flaky, Reuser, call_model
+from procs import wait_until
+from step_entities import (
+    Agent,
+    AgentInput,
+    Dispatcher,
+    Escalation,
+    Flaky,
+    Reason,
+    Reuser,
+    call_model,
+)
 from stores import sql
 
 
@@ -121,3 +131,70 @@ async def test_bad_step_arguments_are_refused_with_nothing_called_or_recorded(
 def test_step_key_outside_a_step_is_refused() -> None:
     with pytest.raises(corral.InvalidArgumentError):
         corral.step_key()
+
+
+async def _seen(rt: corral.Runtime, key: str, n: int) -> bool:
+    ref = rt.ref(Escalation, key)
+    try:
+        return len(await ref.query(Escalation.seen)) >= n
+    except corral.CorralError:
+        return False
+
+
+async def test_sends_reach_their_target_once_in_order_across_a_restart(
+        db_path: str, tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    entities = [Dispatcher, Escalation]
+    async with corral.open_runtime(db_path, entities=entities) as rt:
+        ref = rt.ref(Dispatcher, "d-1")
+        await ref.start(start=AgentInput(log=str(log), steps=12))
+        await wait_until(lambda: _seen(rt, "esc-d-1", 12), "12 sends arrive")
+    async with corral.open_runtime(db_path, entities=entities) as rt:
+        await rt.ref(Dispatcher, "d-1").signal(Dispatcher.proceed)
+        assert await rt.ref(Dispatcher, "d-1").result(timeout=30) == 12
+        assert await rt.ref(Escalation, "esc-d-1").query(Escalation.seen) == list(range(12))
+        senders = {r[0] for r in sql(db_path, "SELECT sender FROM journal WHERE "
+                                              "etype = 'Escalation'")}
+    assert senders <= {"Dispatcher/d-1"}
+    assert _calls(log) == [f"model:{n}" for n in range(12)]
+    # Delivered rows go, but each run's newest, which keeps its numbering.
+    assert sql(db_path, "SELECT seq, delivered FROM outbox") in ([(12, True)], [(12, 1)])
+
+
+class Stray(corral.Entity):
+    def __init__(self, init: AgentInput) -> None:
+        self.refused: list[str] = []
+
+    @corral.signal
+    def poke(self) -> None:
+        try:
+            self.send(Escalation, "e", Escalation.open, Reason(n=0, text=""))
+        except corral.InvalidArgumentError:
+            self.refused.append("handler")
+
+    @corral.query
+    def seen(self) -> list[str]:
+        return self.refused
+
+    async def run(self) -> list[str]:
+        for args in ((Reason, "e", Escalation.open, Reason(n=0, text="")),
+                     (Escalation, "bad key!", Escalation.open, Reason(n=0, text="")),
+                     (Escalation, "e", Stray.poke, None),
+                     (Escalation, "e", Escalation.open, {"n": "x"})):
+            try:
+                self.send(*args)
+            except corral.CorralError as err:
+                self.refused.append(type(err).__name__)
+        await self.wait_for(lambda: bool(self.refused[4:]))
+        return self.refused
+
+
+async def test_a_bad_send_is_refused_where_it_is_made_and_nothing_is_written(
+        db_path: str, tmp_path: Path) -> None:
+    async with corral.open_runtime(db_path, entities=[Stray, Escalation]) as rt:
+        ref = rt.ref(Stray, "s-1")
+        await ref.signal_with_start(Stray.poke, start=AgentInput(log=""))
+        assert sorted(await ref.result(timeout=30)) == [
+            "InvalidArgumentError", "InvalidKeyError", "InvalidPayloadError",
+            "UnknownHandlerError", "handler"]
+    assert sql(db_path, "SELECT count(*) FROM outbox") == [(0,)]

@@ -136,3 +136,61 @@ class Reuser(corral.Entity):
         except corral.DuplicateStepError:
             self.seen.append("duplicate")
         return [first.text, again.text, *self.seen]
+
+
+class Reason(BaseModel):
+    n: int
+    text: str
+
+
+class EscalationInput(BaseModel):
+    team: str = "l2"
+
+
+class Escalation(corral.Entity):
+    """The target of sends: keeps what it was sent, in order."""
+
+    def __init__(self, init: EscalationInput) -> None:
+        self.team = init.team
+        self.received: list[int] = []
+
+    @corral.signal
+    def open(self, reason: Reason) -> None:
+        self.received.append(reason.n)
+
+    @corral.query
+    def seen(self) -> list[int]:
+        return self.received
+
+
+class Dispatcher(corral.Entity):
+    """A model step per item, each followed by a send to one `Escalation`; a checkpoint
+    every `every` items (steps and sends between them replay after a crash)."""
+
+    every = 5
+
+    def __init__(self, init: AgentInput) -> None:
+        self.log = init.log
+        self.total = init.steps
+        self.done = 0
+        self.go = False
+
+    @corral.signal
+    def proceed(self) -> None:
+        self.go = True
+
+    @corral.query
+    def progress(self) -> int:
+        return self.done
+
+    async def run(self) -> int:
+        while self.done < self.total:
+            n = self.done
+            answer = await self.step(call_model, self.log, n, name=f"model:{n}")
+            self.send(Escalation, "esc-" + self.key, Escalation.open,
+                      Reason(n=n, text=answer.text), start=EscalationInput())
+            self.done += 1
+            if self.done % self.every == 0:
+                await self.checkpoint()
+        await self.wait_for(lambda: self.go)
+        return self.done

@@ -53,6 +53,11 @@ class EntityContext(Protocol):
         its recorded outcome."""
         ...
 
+    def send(self, entity_type: type, key: str, handler: object, payload: object,
+             start: object, with_start: bool) -> None:
+        """Keep a message to another entity, checked, for the next write of progress."""
+        ...
+
     @property
     def continue_as_new_suggested(self) -> bool: ...
 

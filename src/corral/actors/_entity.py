@@ -28,7 +28,9 @@ __all__ = ["Entity"]
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
+E = TypeVar("E", bound="Entity")
 Ts = TypeVarTuple("Ts")
+_NO_START: Any = object()  # `send` without `start`: a plain signal
 
 
 class Entity:
@@ -280,6 +282,40 @@ class Entity:
         """
         return await self._corral_context.step(fn, args, name=name, retry=retry,
                                                timeout=timeout, ray_options=ray_options)
+
+    def send(self, entity_type: type[E], key: str, handler: Any, payload: Any = None, *,
+             start: Any = _NO_START) -> None:
+        """Message another entity exactly once, with this entity's progress.
+
+        A signal to `entity_type` `key` (with `start`: a signal-with-start, which starts
+        it if it is not running). Call it from `run()`. The message is checked here, as
+        a client's `signal` would check it, and kept until this run's next progress is
+        written: its next step's record, its next snapshot (`checkpoint()` or any
+        other, one is taken when `run()` waits with sends kept), or its end (return,
+        continue-as-new), in that same transaction. After
+        that commit this host delivers it with the message id
+        `send:<type>/<key>/<run>/<n>` (`n`: the run's n-th send), so a delivery repeated
+        after a crash is a duplicate at the target; sends reach each target in the
+        order they were made. After a restart, a step that returns its recorded result
+        drops the sends made (again) before it: `run()` must send the same messages
+        before the same step, as it must make the same steps. To ask another entity
+        for an answer, call its update inside a step.
+
+        Raises:
+            InvalidArgumentError: not an entity class, or not called from `run()`.
+            InvalidKeyError, UnknownHandlerError, InvalidPayloadError: as `signal` does.
+
+        Example:
+            async def run(self) -> None:
+                ...
+                if answer.needs_human:
+                    self.send(Escalation, self.key, Escalation.open,
+                              Reason(text=answer.text), start=EscalationInput(team="l2"))
+                    await self.checkpoint()
+        """
+        self._corral_context.send(entity_type, key, handler, payload,
+                                  None if start is _NO_START else start,
+                                  start is not _NO_START)
 
     def __getstate__(self) -> dict[str, Any]:
         """The instance's attributes minus the host's context and the mailbox.

@@ -15,6 +15,7 @@ from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
+from ._ops_outbox import OutboxRow, Send, send_message_id
 from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
@@ -52,8 +53,10 @@ __all__ = [
     "Fence",
     "HostStore",
     "JournalEntry",
+    "OutboxRow",
     "ReadStore",
     "RunRecord",
+    "Send",
     "SqliteStore",
     "StepRecord",
     "Store",
@@ -70,5 +73,6 @@ __all__ = [
     "open_store",
     "payload_hash",
     "plain_canonical_json",
+    "send_message_id",
     "stored_shards",
 ]

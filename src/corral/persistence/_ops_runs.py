@@ -13,6 +13,7 @@ from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
 
 from ._codec import closing_texts
+from ._ops_outbox import Send, write_sends
 from ._ops_steps import forget_run_steps, forget_steps
 from ._ops_waits import SET_TIMER, close_waits, end_run
 from ._records import JournalEntry
@@ -65,6 +66,7 @@ class CloseRunOp(Fenced):
     error: str | None
     force: bool = False
     pending: tuple[JournalEntry, ...] = ()
+    sends: tuple[Send, ...] = ()
     locks_entity: ClassVar[bool] = True
 
     async def apply(self, txn: Txn) -> bool:
@@ -76,6 +78,8 @@ class CloseRunOp(Fenced):
             return False
         row.status = self.status
         txn.put_entity(self.entity_type, self.key, row)
+        await write_sends(txn, self.fence.shard, self.entity_type, self.key, self.run_id,
+                          self.sends)
         await end_run(txn, self.entity_type, self.key, self.run_id, self.status.value,
                       *closing_texts(self.result, self.error), time.time())
         await settle_run(txn, self.entity_type, self.key, self.run_id, self.applied_seq,
@@ -104,6 +108,7 @@ class SnapshotOp(Fenced):
     forget_seq: int = 0
     forget_before: float = 0.0
     forget_steps: tuple[str, ...] = ()
+    sends: tuple[Send, ...] = ()
 
     def plan(self, plan: LockPlan) -> None:
         plan.leases.add(self.fence.shard)
@@ -125,6 +130,8 @@ class SnapshotOp(Fenced):
         txn.forget_window(self.entity_type, self.key)
         if self.forget_steps:
             await forget_steps(txn, self.entity_type, self.key, self.run_id, self.forget_steps)
+        await write_sends(txn, self.fence.shard, self.entity_type, self.key, self.run_id,
+                          self.sends)
         return floor
 
 
@@ -144,6 +151,7 @@ class ContinueAsNewOp(Fenced):
     applied_seq: int
     next_input: str
     carried: tuple[JournalEntry, ...]
+    sends: tuple[Send, ...] = ()
     locks_entity: ClassVar[bool] = True
 
     async def apply(self, txn: Txn) -> int:
@@ -156,6 +164,7 @@ class ContinueAsNewOp(Fenced):
                 entity_type=self.entity_type, key=self.key, run_id=self.run_id,
             )
         new, now = self.run_id + 1, time.time()
+        await write_sends(txn, self.fence.shard, *ident, self.run_id, self.sends)
         await txn.execute("UPDATE runs SET status = 'continued', closed_at = ? "
                           "WHERE etype = ? AND key = ? AND run_id = ?", now, *ident, self.run_id)
         await txn.executemany(txn.CARRY_JOURNAL, [

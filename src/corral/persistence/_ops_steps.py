@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._ops_outbox import Send, write_sends
 from ._txn import Fence, Fenced, Txn
 
 __all__ = ["RecordStepOp", "StepRecord", "forget_run_steps", "forget_steps", "run_steps"]
@@ -35,13 +36,15 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class RecordStepOp(Fenced):
-    """Record a step's outcome; the first record of a name in a run wins."""
+    """Record a step's outcome, with the sends made before it (`_ops_outbox`); the
+    first record of a name in a run wins."""
 
     fence: Fence
     entity_type: str
     key: str
     run_id: int
     record: StepRecord
+    sends: tuple[Send, ...] = ()
 
     async def apply(self, txn: Txn) -> None:
         await txn.check(self.fence)
@@ -52,6 +55,8 @@ class RecordStepOp(Fenced):
             "ON CONFLICT (etype, key, run_id, name) DO NOTHING",
             self.entity_type, self.key, self.run_id, r.name, r.ok, r.result, r.error,
             r.attempts, r.recorded_at)
+        await write_sends(txn, self.fence.shard, self.entity_type, self.key, self.run_id,
+                          self.sends)
 
 
 async def forget_steps(txn: Txn, etype: str, key: str, run_id: int,

@@ -52,8 +52,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # Graceful shard hand-off (`_ops_handoff`).
     6: create("lease_handoffs", "postgres"),
     7: (),  # reserved for progress (issue 26)
-    # Durable steps (`_ops_steps`).
-    8: create("steps", "postgres"),
+    # Durable steps (`_ops_steps`) and the outbox of entity-to-entity sends (`_ops_outbox`).
+    8: (*create("steps", "postgres"), *create("outbox", "postgres")),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

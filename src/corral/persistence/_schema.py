@@ -45,8 +45,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # Graceful shard hand-off (`_ops_handoff`).
     8: create("lease_handoffs", "sqlite"),
     9: (),  # reserved for progress (issue 26)
-    # Durable steps (`_ops_steps`).
-    10: create("steps", "sqlite"),
+    # Durable steps (`_ops_steps`) and the outbox of entity-to-entity sends (`_ops_outbox`).
+    10: (*create("steps", "sqlite"), *create("outbox", "sqlite")),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

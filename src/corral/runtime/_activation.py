@@ -452,6 +452,9 @@ class Activation(RunContext):
         if self._steps is not None:
             self._steps.covered(covered)
 
+    async def _write_progress(self) -> None:
+        await self._retrying("send", self.snapshot)
+
     async def snapshot(self, *, passivate: bool = False,
                        forget_steps: tuple[str, ...] = ()) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
@@ -463,14 +466,16 @@ class Activation(RunContext):
         assert self.entity is not None
         seq = self.applied_seq
         window = self.definition.dedupe_window
+        sends = self.outgoing()  # the state captured may say they were sent: write them
         self._floor = await self._home.store.write_snapshot(
             self._home.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
             state=capture(self.definition, self.entity), keep=self.definition.snapshots.keep,
             passivate=passivate,
             forget_seq=seq - window.max_count if window.max_count is not None else 0,
             forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,
-            forget_steps=forget_steps,
+            forget_steps=forget_steps, sends=sends,
         )
+        self.written(sends)
         self._snapshot_seq = max(self._snapshot_seq, seq)
         metrics.snapshotted(self.entity_type)
 
@@ -601,10 +606,11 @@ class Activation(RunContext):
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
+        sends = self.outgoing()
         while not await self._home.store.close_run(
                 self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=self.applied_seq, status=status, result=result, error=error,
-                pending=self.untaken()):
+                pending=self.untaken(), sends=sends):
             # Messages were accepted meanwhile: let the worker apply them, then retry.
             late = await self._home.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
@@ -615,6 +621,7 @@ class Activation(RunContext):
                 await self.wait_applied(late[-1].seq)
             if self.closed:  # terminated while we waited
                 return
+        self.written(sends)
         self._closed(status.value, EntityTerminatedError,
                      f": run {self._run_id} closed as {status.value}")
         if self._worker is None:
@@ -650,17 +657,18 @@ class Activation(RunContext):
                 worker.cancel()
             await asyncio.wait([worker])  # otherwise it stops before its next entry
         assert self.entity is not None
-        carried = self.untaken()
+        carried, sends = self.untaken(), self.outgoing()
         try:
             await self._home.store.continue_as_new(
                 self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=watermark, next_input=text, carried=carried,
-            )
+                sends=sends)
         except (EntityNotRunningError, LeaseLostError) as err:
             log.warning("%s %r: continue-as-new not done: %s", self.entity_type, self.key, err)
             self._finish()
             return
         self.closed = True
+        self.written(sends)
         metrics.continued(self.entity_type)
         lifecycle("continue-as-new", self.entity_type, self.key, self._run_id,
                   next_run=self._run_id + 1, carried=len(carried))

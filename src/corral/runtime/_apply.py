@@ -198,6 +198,10 @@ class ReplicaContext:
                    ray_options: dict[str, Any] | None) -> Any:
         raise RuntimeError("a read-only replica cannot run a step")
 
+    def send(self, entity_type: type, key: str, handler: object, payload: object,
+             start: object, with_start: bool) -> None:
+        raise RuntimeError("a read-only replica cannot send")
+
     @property
     def continue_as_new_suggested(self) -> bool:
         return False

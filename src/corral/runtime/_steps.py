@@ -9,9 +9,10 @@ Reusing a name within one activation before a `checkpoint()` covered it raises
 `DuplicateStepError` (it would silently replay the other step's result).
 
 A step's outcome (result or final failure) is recorded, fenced, before `run()` goes
-on; the activation reads the run's records once, at its first step. A checkpoint
-deletes the records it covers in the snapshot's transaction; the end of the run
-deletes the rest (`persistence._ops_steps`).
+on, with the sends made before it (`_outbox`); a replayed step drops the sends made
+before it again, which were written then. The activation reads the run's records once,
+at its first step. A checkpoint deletes the records it covers in the snapshot's
+transaction; the end of the run deletes the rest (`persistence._ops_steps`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 from corral._common import RetryPolicy
 from corral._errors import DuplicateStepError, InvalidArgumentError, StepFailedError
 from corral.actors import current_step_key
-from corral.persistence import StepRecord
+from corral.persistence import Send, StepRecord
 
 from ._residence import Residence, retrying
 from ._results import decode_value, encode_value
@@ -38,8 +39,13 @@ _MAX_NAME = 200
 
 
 class SteppingRun(Protocol):
+    """The run whose steps these are, and the sends its steps write along."""
+
     @property
     def run_id(self) -> int: ...
+    def outgoing(self) -> tuple[Send, ...]: ...
+    def written(self, sends: tuple[Send, ...]) -> None: ...
+    def forget_outgoing(self) -> None: ...
 
 
 class RunSteps:
@@ -72,10 +78,13 @@ class RunSteps:
             key = f"{home.entity_type}/{home.key}/{run_id}/{name}"
             record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
                                             timeout, ray_options, home.clock.time)
-            done = record
+            done, sends = record, self._run.outgoing()
             await retrying(home, run_id, "step", lambda: home.store.record_step(
-                home.fence, home.entity_type, home.key, run_id, done))
+                home.fence, home.entity_type, home.key, run_id, done, sends=sends))
             self._recorded[name] = record
+            self._run.written(sends)
+        else:  # the sends made before it were written then (with it, or a snapshot)
+            self._run.forget_outgoing()
         if record.ok:
             return decode_value(record.result, _returns(fn))
         raise StepFailedError(
