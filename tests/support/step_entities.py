@@ -4,6 +4,7 @@ to a side file (one line per call: a crash or a replay cannot hide a repeated ca
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pydantic import BaseModel
 
@@ -13,6 +14,7 @@ import corral
 class AgentInput(BaseModel):
     log: str
     steps: int = 3
+    pause: float = 0.0  # seconds each model call takes (a kill then lands mid-call)
 
 
 class Answer(BaseModel):
@@ -38,6 +40,13 @@ def call_model(log: str, n: int) -> Answer:
     """A sync step function: logs its call, answers with its step key."""
     _log(log, f"model:{n}")
     return Answer(n=n, text=f"answer {n}", key=corral.step_key())
+
+
+def call_model_paused(log: str, n: int, pause: float) -> Answer:
+    """`call_model` taking `pause` seconds after it logged its call."""
+    answer = call_model(log, n)
+    time.sleep(pause)
+    return answer
 
 
 async def slow_then_fast(log: str, n: int) -> int:
@@ -172,6 +181,7 @@ class Dispatcher(corral.Entity):
     def __init__(self, init: AgentInput) -> None:
         self.log = init.log
         self.total = init.steps
+        self.pause = init.pause
         self.done = 0
         self.go = False
 
@@ -186,7 +196,8 @@ class Dispatcher(corral.Entity):
     async def run(self) -> int:
         while self.done < self.total:
             n = self.done
-            answer = await self.step(call_model, self.log, n, name=f"model:{n}")
+            answer = await self.step(call_model_paused, self.log, n, self.pause,
+                                     name=f"model:{n}")
             self.send(Escalation, "esc-" + self.key, Escalation.open,
                       Reason(n=n, text=answer.text), start=EscalationInput())
             self.done += 1
