@@ -40,7 +40,7 @@ async def test_steps_and_sends_survive_sigkills_at_random_points(
     for kill in range(KILLS):
         worker = spawn(f"host-{kill}", "host", db_path, str(log), str(STEPS))
         target = len(_calls(log)) + rng.randint(5, 30)
-        await wait_until(lambda: len(_calls(log)) >= target, f"{target} model calls",
+        await wait_until(lambda t=target: len(_calls(log)) >= t, f"{target} model calls",
                          alive=[worker], timeout=60)
         worker.sigkill()
     async with corral.open_runtime(db_path, entities=[Dispatcher, Escalation]) as rt:
