@@ -4,6 +4,7 @@ to a side file (one line per call: a crash or a replay cannot hide a repeated ca
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from pydantic import BaseModel
@@ -205,3 +206,35 @@ class Dispatcher(corral.Entity):
                 await self.checkpoint()
         await self.wait_for(lambda: self.go)
         return self.done
+
+
+def gated_model(log: str, gate: str) -> Answer:
+    """A model call as a Ray task: logs its call, waits for the test to open `gate`,
+    answers with its process id and step key."""
+    _log(log, "ray-model")
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    return Answer(n=os.getpid(), text="from a Ray task", key=corral.step_key())
+
+
+class RayAgent(corral.Entity):
+    """One step run as a Ray task."""
+
+    def __init__(self, init: AgentInput) -> None:
+        self.log = init.log
+        self.answer: Answer | None = None
+        self.go = False
+
+    @corral.signal
+    def proceed(self) -> None:
+        self.go = True
+
+    @corral.query
+    def answered(self) -> Answer | None:
+        return self.answer
+
+    async def run(self) -> Answer:
+        self.answer = await self.step(gated_model, self.log, self.log + ".gate", name="model",
+                                      ray_options={"num_cpus": 0.01})
+        await self.wait_for(lambda: self.go)
+        return self.answer
