@@ -4,25 +4,17 @@ tenant's `Escalation` once; and on Ray its model steps ran as Ray tasks."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ai_agent.py"
+from example_modules import load_example
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ai_agent_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_example("ai_agent.py", "ai_agent_example")
 
 
 async def test_the_agent_answers_each_reply_once_and_escalates_the_refund_once(
