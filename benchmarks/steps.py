@@ -25,7 +25,6 @@ benchmarks/results/steps.json (`--quick`: steps-quick.json).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import statistics
@@ -40,7 +39,7 @@ from pydantic import BaseModel
 import corral
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _pg  # noqa: E402
+import _pg
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "steps.json"
