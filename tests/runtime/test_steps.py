@@ -149,6 +149,8 @@ async def test_sends_reach_their_target_once_in_order_across_a_restart(
         ref = rt.ref(Dispatcher, "d-1")
         await ref.start(start=AgentInput(log=str(log), steps=12))
         await wait_until(lambda: _seen(rt, "esc-d-1", 12), "12 sends arrive")
+        # Bounded: the checkpoints at 5 and 10 deleted the records they covered.
+        assert sorted(sql(db_path, "SELECT name FROM steps")) == [("model:10",), ("model:11",)]
     async with corral.open_runtime(db_path, entities=entities) as rt:
         await rt.ref(Dispatcher, "d-1").signal(Dispatcher.proceed)
         assert await rt.ref(Dispatcher, "d-1").result(timeout=30) == 12
@@ -198,3 +200,38 @@ async def test_a_bad_send_is_refused_where_it_is_made_and_nothing_is_written(
             "InvalidArgumentError", "InvalidKeyError", "InvalidPayloadError",
             "UnknownHandlerError", "handler"]
     assert sql(db_path, "SELECT count(*) FROM outbox") == [(0,)]
+
+
+class Renewed(corral.Entity):
+    """Steps once per run, continuing as new after the first run's step."""
+
+    def __init__(self, init: AgentInput) -> None:
+        self.log = init.log
+        self.total = init.steps
+        self.go = False
+
+    @corral.signal
+    def proceed(self) -> None:
+        self.go = True
+
+    async def run(self) -> str:
+        answer = await self.step(call_model, self.log, self.total, name="model")
+        if self.total == 0:
+            self.continue_as_new(AgentInput(log=self.log, steps=1))
+        await self.wait_for(lambda: self.go)
+        return answer.key
+
+
+async def test_continue_as_new_deletes_the_runs_step_records_and_the_next_run_steps_anew(
+        db_path: str, tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    async with corral.open_runtime(db_path, entities=[Renewed]) as rt:
+        ref = rt.ref(Renewed, "n-1")
+        await ref.start(start=AgentInput(log=str(log), steps=0))
+        await wait_until(lambda: len(_calls(log)) == 2, "run 2 makes its step")
+        await wait_until(lambda: sql(db_path, "SELECT run_id FROM steps") == [(2,)],
+                         "run 1's record is gone, run 2's is there")
+        await ref.signal(Renewed.proceed)
+        assert await ref.result(timeout=30) == "Renewed/n-1/2/model"
+    assert _calls(log) == ["model:0", "model:1"]
+    assert sql(db_path, "SELECT count(*) FROM steps") == [(0,)]
