@@ -79,8 +79,13 @@ class RunSteps:
             record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
                                             timeout, ray_options, home.clock.time)
             done, sends = record, self._run.outgoing()
-            await retrying(home, run_id, "step", lambda: home.store.record_step(
-                home.fence, home.entity_type, home.key, run_id, done, sends=sends))
+            try:
+                await retrying(home, run_id, "step", lambda: home.store.record_step(
+                    home.fence, home.entity_type, home.key, run_id, done, sends=sends))
+            except BaseException:
+                if sends:  # cancelled (terminated), yet it may have committed: deliver
+                    home.post(run_id)
+                raise
             self._recorded[name] = record
             self._run.written(sends)
         else:  # the sends made before it were written then (with it, or a snapshot)
