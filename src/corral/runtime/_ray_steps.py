@@ -6,7 +6,9 @@ step's own coroutine, never the host's event loop. If the host dies while the ta
 runs, the task's result has nowhere to go: the next holder of the shard runs `run()`
 again, which reaches the step, finds no record and runs it again (at least once per
 attempt, as any step whose host died: `corral.step_key()` lets the outside system
-dedupe). A task that outlives its timeout is cancelled.
+dedupe). A task whose node dies while the host lives is retried by Ray itself
+(`max_retries`, 3 by default, may be set in `ray_options`), within the same attempt. A
+task that outlives its timeout is cancelled.
 """
 
 from __future__ import annotations
