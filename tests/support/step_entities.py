@@ -238,3 +238,26 @@ class RayAgent(corral.Entity):
                                       ray_options={"num_cpus": 0.01})
         await self.wait_for(lambda: self.go)
         return self.answer
+
+
+def model_on_node(log: str, gate: str) -> str:
+    """A model call pinned by a custom resource: logs the node it runs on, waits for the
+    test to open `gate`, answers with that node's id."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    _log(log, node)
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    return node
+
+
+class NodeAgent(corral.Entity):
+    """One step as a Ray task on a node with the `model` resource."""
+
+    def __init__(self, init: AgentInput) -> None:
+        self.log = init.log
+
+    async def run(self) -> str:
+        return await self.step(model_on_node, self.log, self.log + ".gate", name="model",
+                               ray_options={"num_cpus": 0, "resources": {"model": 1}})
