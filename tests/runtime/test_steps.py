@@ -235,3 +235,29 @@ async def test_continue_as_new_deletes_the_runs_step_records_and_the_next_run_st
         assert await ref.result(timeout=30) == "Renewed/n-1/2/model"
     assert _calls(log) == ["model:0", "model:1"]
     assert sql(db_path, "SELECT count(*) FROM steps") == [(0,)]
+
+
+class Adder:
+    """A callable that cannot be hashed (it defines `__eq__` only)."""
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __call__(self, n: int) -> int:
+        return n + 1
+
+
+class Callables(corral.Entity):
+    def __init__(self, init: AgentInput) -> None:
+        self.log = init.log
+
+    async def run(self) -> int:
+        return await self.step(Adder(), 1, name="add")
+
+
+async def test_a_step_may_call_any_callable_even_one_that_cannot_be_hashed(
+        db_path: str, tmp_path: Path) -> None:
+    async with corral.open_runtime(db_path, entities=[Callables]) as rt:
+        ref = rt.ref(Callables, "c-1")
+        await ref.start(start=AgentInput(log=""))
+        assert await ref.result(timeout=30) == 2

@@ -153,9 +153,16 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
         current_step_key.reset(token)
 
 
-@functools.lru_cache(maxsize=512)
 def _returns(fn: Callable[..., Any]) -> Any:
     """`fn`'s return annotation (what a recorded result is rebuilt as), or None."""
+    try:
+        return _cached_returns(fn)
+    except TypeError:  # a callable that cannot be hashed: not cached
+        return _cached_returns.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_returns(fn: Callable[..., Any]) -> Any:
     try:
         return typing.get_type_hints(fn).get("return")
     except Exception:  # no annotations to resolve (a partial, a builtin, a bad ref)
