@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import corral
-from ray_workers import RUNTIME_ENV
+from ray_workers import RUNTIME_ENV, loopback_cluster
 from step_entities import AgentInput, NodeAgent
 from stores import sql
 
@@ -47,19 +46,9 @@ async def _scenario(cluster: Any, store: str, log: Path) -> dict[str, Any]:
 
 def main(store: str, temp: str, out: str) -> None:
     import ray
-    from ray.cluster_utils import Cluster
 
-    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
-        "temp_dir": temp,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                           "health_check_initial_delay_ms": 0},
-    })
+    cluster = loopback_cluster(temp, {"model": 1})
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"model": 1}, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace="step-node-loss",
                  runtime_env=RUNTIME_ENV, _node_ip_address="127.0.0.1", log_to_driver=False)
         try:
