@@ -4,6 +4,7 @@ records; bad input refused. On both stores."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from step_entities import (
     AgentInput,
     Dispatcher,
     Escalation,
+    EscalationInput,
     Flaky,
     Reason,
     Reuser,
@@ -261,3 +263,32 @@ async def test_a_step_may_call_any_callable_even_one_that_cannot_be_hashed(
         ref = rt.ref(Callables, "c-1")
         await ref.start(start=AgentInput(log=""))
         assert await ref.result(timeout=30) == 2
+
+
+async def double(n: int) -> int:
+    return 2 * n
+
+
+class Gatherer(corral.Entity):
+    """One send, then two steps at once: only one of their records may write it."""
+
+    def __init__(self, init: AgentInput) -> None:
+        self.log = init.log
+
+    async def run(self) -> int:
+        self.send(Escalation, "esc-g", Escalation.open, Reason(n=7, text="once"),
+                  start=EscalationInput())
+        a, b = await asyncio.gather(self.step(double, 1, name="a"),
+                                    self.step(double, 2, name="b"))
+        return a + b
+
+
+async def test_two_steps_recorded_at_once_write_a_send_made_before_them_once(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=[Gatherer, Escalation]) as rt:
+        ref = rt.ref(Gatherer, "g-1")
+        await ref.start(start=AgentInput(log=""))
+        assert await ref.result(timeout=30) == 6
+        await wait_until(lambda: _seen(rt, "esc-g", 1), "the send arrives")
+        assert sql(db_path, "SELECT count(*) FROM outbox") == [(1,)]
+        assert await rt.ref(Escalation, "esc-g").query(Escalation.seen) == [7]

@@ -144,15 +144,28 @@ class RunContext:
                 "may change state that run() then sends from)")
         self._outgoing.append(outgoing(entity_type, key, handler, payload, start, with_start))
 
-    def outgoing(self) -> tuple[Send, ...]:
-        """The sends the next write of this run's progress takes along."""
-        return tuple(self._outgoing)
+    def take_outgoing(self) -> tuple[Send, ...]:
+        """The sends a write of this run's progress takes along (no other write takes
+        them: two steps recorded at once must not both write one send)."""
+        sends = tuple(self._outgoing)
+        self._outgoing.clear()
+        return sends
 
     def written(self, sends: tuple[Send, ...]) -> None:
-        """`sends` (the oldest outgoing) are committed to the outbox: deliver them."""
+        """The write that took `sends` committed: deliver them."""
         if sends:
-            del self._outgoing[:len(sends)]
             self._home.post(self._run_id)
+
+    def unwritten(self, sends: tuple[Send, ...], err: BaseException) -> None:
+        """The write that took `sends` failed. A refusal wrote nothing: the next write
+        takes them again. A cancelled one may have committed: deliver what it wrote
+        (the activation is ending; `run()` makes the rest again when it restarts)."""
+        if not sends:
+            return
+        if isinstance(err, asyncio.CancelledError):
+            self._home.post(self._run_id)
+        else:
+            self._outgoing[:0] = sends
 
     def forget_outgoing(self) -> None:
         """A step replayed: what was sent before it was written with its progress then."""

@@ -43,8 +43,9 @@ class SteppingRun(Protocol):
 
     @property
     def run_id(self) -> int: ...
-    def outgoing(self) -> tuple[Send, ...]: ...
+    def take_outgoing(self) -> tuple[Send, ...]: ...
     def written(self, sends: tuple[Send, ...]) -> None: ...
+    def unwritten(self, sends: tuple[Send, ...], err: BaseException) -> None: ...
     def forget_outgoing(self) -> None: ...
 
 
@@ -78,13 +79,12 @@ class RunSteps:
             key = f"{home.entity_type}/{home.key}/{run_id}/{name}"
             record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
                                             timeout, ray_options, home.clock.time)
-            done, sends = record, self._run.outgoing()
+            done, sends = record, self._run.take_outgoing()
             try:
                 await retrying(home, run_id, "step", lambda: home.store.record_step(
                     home.fence, home.entity_type, home.key, run_id, done, sends=sends))
-            except BaseException:
-                if sends:  # cancelled (terminated), yet it may have committed: deliver
-                    home.post(run_id)
+            except BaseException as err:
+                self._run.unwritten(sends, err)
                 raise
             self._recorded[name] = record
             self._run.written(sends)
