@@ -12,6 +12,7 @@ __all__ = [
     "CorralError",
     "DeadLetterNotFoundError",
     "DefinitionMismatchError",
+    "DuplicateStepError",
     "EntityClosedError",
     "EntityDefinitionError",
     "EntityFailedError",
@@ -32,6 +33,7 @@ __all__ = [
     "SnapshotCaptureError",
     "SnapshotRestoreError",
     "SnapshotVersionError",
+    "StepFailedError",
     "StoreError",
     "StoreUnavailableError",
     "UnauthorizedError",
@@ -174,6 +176,30 @@ class WaitTimeoutError(CorralError, TimeoutError):
 class SignalTimeoutError(CorralError, TimeoutError):
     """`wait_for_signal(..., timeout=...)` ran out of time: the boundary is closed for
     good in this run (waiting on it again raises again; a late `deliver` is `stale`)."""
+
+
+class StepFailedError(CorralError):
+    """`await self.step(...)` ran out of attempts: its function raised (or timed out)
+    on every attempt its `retry` policy allows. Raised in `run()`.
+
+    The failure is recorded like a result: after a restart the same step raises this
+    again without calling its function. `step` is the step's name, `attempts` how many
+    calls were made, `error` the last one's error text; `__cause__` is the last error
+    itself when it was raised in this activation.
+    """
+
+    def __init__(self, message: str = "", *, step: str = "", attempts: int = 0, error: str = "",
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.step = step
+        self.attempts = attempts
+        self.error = error
+
+
+class DuplicateStepError(CorralError):
+    """A step name was used twice by one activation before a `checkpoint()` covered the
+    first: the second call would silently return the first one's recorded result.
+    Raised in `run()`; give each step of a run its own name (`name=f"model:{n}"`)."""
 
 
 class DefinitionMismatchError(CorralError):

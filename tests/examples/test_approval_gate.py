@@ -7,8 +7,6 @@ no real time.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,20 +15,14 @@ import pytest
 
 import corral
 import corral.testing
+from example_modules import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "approval_gate.py"
 HOURS = 3600.0
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("approval_gate_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_example("approval_gate.py", "approval_gate_example")
 
 
 def _open(example: ModuleType, **options: Any

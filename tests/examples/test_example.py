@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -14,19 +13,13 @@ import pytest
 import corral
 from corral import RunStatus
 from corral._demo import AGENT, TICKET_ID, WEBHOOKS, Assign, Reply, TicketAgent, on_customer_reply
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ticket_agent.py"
+from example_modules import load_example
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
     """The example, loaded from its file (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("ticket_agent_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("ticket_agent.py", "ticket_agent_example")
 
 
 async def test_the_ticket_agent_answers_every_webhook_reply_once_in_timestamp_order(

@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 import corral
+from example_modules import load_example
 from procs import sql
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shopping_cart.py"
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("shopping_cart_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_example("shopping_cart.py", "shopping_cart_example")
 
 
 async def test_the_cart_counts_each_item_once_continues_as_new_and_reopens_after_checkout(

@@ -365,14 +365,13 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
     }
 
 
-def node_loss(store: str, temp: str, before_loss: int, after_recovery: int, senders: int
-              ) -> dict[str, Any]:
-    """Head + 2 worker nodes; remove the node hosting shard 0 mid-stream; report."""
-    import ray
+def loopback_cluster(temp: str, resources: dict[str, float]) -> Any:
+    """A `ray.cluster_utils.Cluster` on loopback: a head and two worker nodes, each with
+    one CPU and `resources`, with fast health checks (a node removed without grace is
+    seen dead in ~1.5 s). The caller shuts it down."""
     from ray.cluster_utils import Cluster
 
     os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
-    started = time.monotonic()
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={
         "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
         "temp_dir": temp,
@@ -381,8 +380,22 @@ def node_loss(store: str, temp: str, before_loss: int, after_recovery: int, send
     })
     try:
         for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
+            cluster.add_node(num_cpus=1, resources=resources, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
+    except BaseException:
+        cluster.shutdown()  # type: ignore[no-untyped-call]
+        raise
+    return cluster
+
+
+def node_loss(store: str, temp: str, before_loss: int, after_recovery: int, senders: int
+              ) -> dict[str, Any]:
+    """Head + 2 worker nodes; remove the node hosting shard 0 mid-stream; report."""
+    import ray
+
+    started = time.monotonic()
+    cluster = loopback_cluster(temp, {"corral": 1})
+    try:
         ray.init(address=cluster.address, namespace="node-loss", runtime_env=RUNTIME_ENV,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
         up = time.monotonic() - started

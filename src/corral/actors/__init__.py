@@ -20,6 +20,7 @@ from ._definition import (
 )
 from ._entity import Entity
 from ._state import StateSchema, StateUpgrade, upgrade
+from ._steps import current_step_key, step_key
 from ._waits import SignalWait, WaitDefinition, wait
 
 __all__ = [
@@ -35,8 +36,10 @@ __all__ = [
     "StateSchema",
     "StateUpgrade",
     "WaitDefinition",
+    "current_step_key",
     "query",
     "signal",
+    "step_key",
     "update",
     "upgrade",
     "wait",

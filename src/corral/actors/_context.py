@@ -10,6 +10,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from corral._common import RetryPolicy
+
 __all__ = ["EntityContext", "Mailbox"]
 
 
@@ -42,6 +44,18 @@ class EntityContext(Protocol):
     async def wait_signal(self, name: str, timeout: float | None) -> str:
         """Wait for the durable signal wait `name` of this run to be delivered; the
         payload's JSON. Raises `SignalTimeoutError` once it timed out (or its run ended)."""
+        ...
+
+    async def step(self, fn: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+                   retry: RetryPolicy | None, timeout: float | None,
+                   ray_options: dict[str, Any] | None) -> Any:
+        """Run `fn(*args)` as the durable step `name` of this run, or return (raise)
+        its recorded outcome."""
+        ...
+
+    def send(self, entity_type: type, key: str, handler: object, payload: object,
+             start: object, with_start: bool) -> None:
+        """Keep a message to another entity, checked, for the next write of progress."""
         ...
 
     @property

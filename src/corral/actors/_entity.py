@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any, ClassVar, NoReturn, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, NoReturn, TypeVar, overload
 
 from pydantic import BaseModel
+from typing_extensions import TypeVarTuple, Unpack
 
 from corral._common import (
     DEFAULT_RUN_RETRY,
@@ -26,6 +27,10 @@ from ._waits import SignalWait, WaitHandle, check_wait_timeout
 __all__ = ["Entity"]
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+E = TypeVar("E", bound="Entity")
+Ts = TypeVarTuple("Ts")
+_NO_START: Any = object()  # `send` without `start`: a plain signal
 
 
 class Entity:
@@ -214,9 +219,103 @@ class Entity:
         """Snapshot the state now (e.g. before an effect `run()` must not repeat).
 
         After a crash, `run()` restarts from the top with the state of the latest
-        snapshot plus the messages applied after it.
+        snapshot plus the messages applied after it. A checkpoint covers the steps
+        completed before it: their records are deleted (keep what you need of their
+        results in state first), and their names may be used again.
         """
         await self._corral_context.checkpoint()
+
+    @overload
+    async def step(self, fn: Callable[[Unpack[Ts]], Awaitable[R]], *args: Unpack[Ts],
+                   name: str, retry: RetryPolicy | None = None, timeout: float | None = None,
+                   ray_options: dict[str, Any] | None = None) -> R: ...
+    @overload
+    async def step(self, fn: Callable[[Unpack[Ts]], R], *args: Unpack[Ts], name: str,
+                   retry: RetryPolicy | None = None, timeout: float | None = None,
+                   ray_options: dict[str, Any] | None = None) -> R: ...
+    async def step(self, fn: Callable[[Unpack[Ts]], Any], *args: Unpack[Ts], name: str,
+                   retry: RetryPolicy | None = None, timeout: float | None = None,
+                   ray_options: dict[str, Any] | None = None) -> Any:
+        """Run an effect once: `fn(*args)` (sync or async), its result recorded in the
+        store before `run()` goes on.
+
+        A step is identified by its `name` within the run: give each effect its own
+        (`name=f"reply:{reply.id}"`). When `run()` starts again (crash, passivation,
+        takeover, suspension), a step that completed returns its recorded result (a
+        step that failed for good raises its `StepFailedError` again) without calling
+        `fn`. A step that was running when its host died runs again: at least once per
+        attempt, so hand `corral.step_key()` to the outside system as an idempotency key.
+
+        The result is stored as JSON and returned as `fn`'s return annotation
+        rebuilds it (pydantic), on the first call as on a replay. A sync `fn` runs in a
+        worker thread, so it blocks no other entity.
+
+        Args:
+            fn: the effect; called with `args` (positional only: bind keywords with
+                `functools.partial`).
+            name: the step's name, unique within the run until a `checkpoint()` covers
+                it (reusing it before raises `DuplicateStepError`).
+            retry: attempts and backoff (default `RetryPolicy()`: 3 attempts). Every
+                exception `fn` raises is retried (`FailRun` too; it fails the run only
+                if it escapes `run()`).
+            timeout: seconds per attempt; an attempt over it counts as failed (a sync
+                `fn`'s thread cannot be stopped: it finishes, its result unused).
+            ray_options: run `fn` as a Ray task with these options (`num_gpus`,
+                `resources`, ...), awaited without blocking the host: needs Ray
+                initialised (the Ray backend, or `ray.init()`).
+
+        Raises:
+            StepFailedError: every attempt failed; the failure is recorded.
+            DuplicateStepError: `name` was used already in this activation.
+            InvalidArgumentError: a bad `name`, `timeout`, `retry` or `ray_options`, or
+                a result that is not JSON data.
+
+        Example:
+            async def run(self) -> None:
+                while self.inbox:
+                    reply = self.inbox[0]
+                    answer = await self.step(call_model, reply.text,
+                                             name=f"model:{reply.id}", timeout=30)
+                    self.answers.append(answer)
+                    self.inbox.pop(0)
+                    await self.checkpoint()
+        """
+        return await self._corral_context.step(fn, args, name=name, retry=retry,
+                                               timeout=timeout, ray_options=ray_options)
+
+    def send(self, entity_type: type[E], key: str, handler: Any, payload: Any = None, *,
+             start: Any = _NO_START) -> None:
+        """Message another entity exactly once, with this entity's progress.
+
+        A signal to `entity_type` `key` (with `start`: a signal-with-start, which starts
+        it if it is not running). Call it from `run()`. The message is checked here, as
+        a client's `signal` would check it, and kept until this run's next progress is
+        written: its next step's record, its next snapshot (`checkpoint()` or any
+        other, one is taken when `run()` waits with sends kept), or its end (return,
+        continue-as-new), in that same transaction. After
+        that commit this host delivers it with the message id
+        `send:<type>/<key>/<run>/<n>` (`n`: the run's n-th send), so a delivery repeated
+        after a crash is a duplicate at the target; sends reach each target in the
+        order they were made. After a restart, a step that returns its recorded result
+        drops the sends made (again) before it: `run()` must send the same messages
+        before the same step, as it must make the same steps. To ask another entity
+        for an answer, call its update inside a step.
+
+        Raises:
+            InvalidArgumentError: not an entity class, or not called from `run()`.
+            InvalidKeyError, UnknownHandlerError, InvalidPayloadError: as `signal` does.
+
+        Example:
+            async def run(self) -> None:
+                ...
+                if answer.needs_human:
+                    self.send(Escalation, self.key, Escalation.open,
+                              Reason(text=answer.text), start=EscalationInput(team="l2"))
+                    await self.checkpoint()
+        """
+        self._corral_context.send(entity_type, key, handler, payload,
+                                  None if start is _NO_START else start,
+                                  start is not _NO_START)
 
     def __getstate__(self) -> dict[str, Any]:
         """The instance's attributes minus the host's context and the mailbox.

@@ -17,6 +17,8 @@ from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
+from ._ops_outbox import OutboxRow, Send, send_message_id
+from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -58,10 +60,13 @@ __all__ = [
     "HostStore",
     "JournalEntry",
     "MessageRecord",
+    "OutboxRow",
     "Progress",
     "ReadStore",
     "RunRecord",
+    "Send",
     "SqliteStore",
+    "StepRecord",
     "Store",
     "Suspension",
     "TimerRecord",
@@ -78,5 +83,6 @@ __all__ = [
     "open_store",
     "payload_hash",
     "plain_canonical_json",
+    "send_message_id",
     "stored_shards",
 ]

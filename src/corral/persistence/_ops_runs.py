@@ -13,6 +13,8 @@ from corral._common import RunStatus
 from corral._errors import EntityNotRunningError
 
 from ._codec import closing_texts
+from ._ops_outbox import Send, write_sends
+from ._ops_steps import forget_run_steps, forget_steps
 from ._ops_waits import SET_TIMER, close_waits, end_run
 from ._records import JournalEntry
 from ._txn import Fence, Fenced, LockPlan, Txn
@@ -64,6 +66,7 @@ class CloseRunOp(Fenced):
     error: str | None
     force: bool = False
     pending: tuple[JournalEntry, ...] = ()
+    sends: tuple[Send, ...] = ()
     locks_entity: ClassVar[bool] = True
 
     async def apply(self, txn: Txn) -> bool:
@@ -75,6 +78,8 @@ class CloseRunOp(Fenced):
             return False
         row.status = self.status
         txn.put_entity(self.entity_type, self.key, row)
+        await write_sends(txn, self.fence.shard, self.entity_type, self.key, self.run_id,
+                          self.sends)
         await end_run(txn, self.entity_type, self.key, self.run_id, self.status.value,
                       *closing_texts(self.result, self.error), time.time())
         await settle_run(txn, self.entity_type, self.key, self.run_id, self.applied_seq,
@@ -85,7 +90,8 @@ class CloseRunOp(Fenced):
 @dataclass(frozen=True, slots=True)
 class SnapshotOp(Fenced):
     """Store a snapshot covering `applied_seq`, keep the newest `keep`, truncate the
-    journal and the dedupe window, optionally mark passivation.
+    journal and the dedupe window, optionally mark passivation, and delete the records
+    of the steps a checkpoint covers (`forget_steps`, see `_ops_steps`).
 
     One transaction: the snapshot and the watermark it covers land together, and journal
     entries are deleted only once the oldest kept snapshot covers them.
@@ -101,6 +107,8 @@ class SnapshotOp(Fenced):
     passivate: bool = False
     forget_seq: int = 0
     forget_before: float = 0.0
+    forget_steps: tuple[str, ...] = ()
+    sends: tuple[Send, ...] = ()
 
     def plan(self, plan: LockPlan) -> None:
         plan.leases.add(self.fence.shard)
@@ -120,6 +128,10 @@ class SnapshotOp(Fenced):
                                applied_seq=self.applied_seq, forget_seq=self.forget_seq,
                                forget_before=self.forget_before, passivate=self.passivate)
         txn.forget_window(self.entity_type, self.key)
+        if self.forget_steps:
+            await forget_steps(txn, self.entity_type, self.key, self.run_id, self.forget_steps)
+        await write_sends(txn, self.fence.shard, self.entity_type, self.key, self.run_id,
+                          self.sends)
         return floor
 
 
@@ -139,6 +151,7 @@ class ContinueAsNewOp(Fenced):
     applied_seq: int
     next_input: str
     carried: tuple[JournalEntry, ...]
+    sends: tuple[Send, ...] = ()
     locks_entity: ClassVar[bool] = True
 
     async def apply(self, txn: Txn) -> int:
@@ -151,6 +164,7 @@ class ContinueAsNewOp(Fenced):
                 entity_type=self.entity_type, key=self.key, run_id=self.run_id,
             )
         new, now = self.run_id + 1, time.time()
+        await write_sends(txn, self.fence.shard, *ident, self.run_id, self.sends)
         await txn.execute("UPDATE runs SET status = 'continued', closed_at = ? "
                           "WHERE etype = ? AND key = ? AND run_id = ?", now, *ident, self.run_id)
         await txn.executemany(txn.CARRY_JOURNAL, [
@@ -167,6 +181,7 @@ class ContinueAsNewOp(Fenced):
                           "WHERE etype = ? AND key = ?"):
             await txn.execute(statement, *ident)
         await close_waits(txn, *ident, self.run_id, carry_to=new)
+        await forget_run_steps(txn, *ident, self.run_id)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         await txn.execute(
             "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from ._ops_steps import forget_run_steps
 from ._records import DeliveryRequest, DeliveryResult, EntryKind, JournalEntry, WaitRecord
 from ._txn import Fence, Fenced, LockPlan, Txn
 from ._waits import (
@@ -87,8 +88,10 @@ async def close_waits(txn: Txn, etype: str, key: str, run_id: int, *,
 
 async def end_run(txn: Txn, etype: str, key: str, run_id: int, status: str,
                   result: str | None, error: str | None, at: float) -> None:
-    """The run closed (`status`): its timers go, its waits close, its row records how."""
+    """The run closed (`status`): its timers and step records go, its waits close, its
+    row records how."""
     await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?", etype, key)
+    await forget_run_steps(txn, etype, key, run_id)
     await close_waits(txn, etype, key, run_id)
     await txn.execute("UPDATE runs SET status = ?, result = ?, error = ?, closed_at = ? "
                       "WHERE etype = ? AND key = ? AND run_id = ?",

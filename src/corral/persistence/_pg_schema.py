@@ -53,6 +53,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: create("lease_handoffs", "postgres"),
     # Hosts' progress: applied watermarks and mailbox depths (`_progress`).
     7: create("progress", "postgres"),
+    # Durable steps (`_ops_steps`) and the outbox of entity-to-entity sends (`_ops_outbox`).
+    8: (*create("steps", "postgres"), *create("outbox", "postgres")),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

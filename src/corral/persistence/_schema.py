@@ -46,6 +46,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: create("lease_handoffs", "sqlite"),
     # Hosts' progress: applied watermarks and mailbox depths (`_progress`).
     9: create("progress", "sqlite"),
+    # Durable steps (`_ops_steps`) and the outbox of entity-to-entity sends (`_ops_outbox`).
+    10: (*create("steps", "sqlite"), *create("outbox", "sqlite")),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -14,6 +14,8 @@ from corral._common import RunStatus
 
 from ._builds import BuildRegistry
 from ._census import Census
+from ._ops_outbox import OutboxRow, Send
+from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -100,11 +102,13 @@ class HostStore(Protocol):
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
                         error: str | None, force: bool = False,
-                        pending: Sequence[JournalEntry] = ()) -> bool:
+                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = ()
+                        ) -> bool:
         """Close the run unless messages after `applied_seq` exist (then return False);
         with `force`, close it regardless (a run failed because it cannot activate).
         Its messages after `applied_seq` (with `force`) and the `pending` mailbox entries
-        `run()` never took become dead letters of the run, in the same transaction."""
+        `run()` never took become dead letters of the run, and its last `sends` go to
+        its outbox, in the same transaction."""
         ...
 
     async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -156,20 +160,50 @@ class HostStore(Protocol):
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
                              passivate: bool = False, forget_seq: int = 0,
-                             forget_before: float = 0.0) -> int:
+                             forget_before: float = 0.0,
+                             forget_steps: Sequence[str] = (),
+                             sends: Sequence[Send] = ()) -> int:
         """Store a snapshot, keep the newest `keep`, delete the journal they cover.
 
         With `passivate`, also mark the entity as evicted from memory. Message ids of
         applied entries with seq <= `forget_seq` or accepted before `forget_before`
-        leave the dedupe window. One transaction. Returns the journal floor: entries up
-        to it were deleted.
+        leave the dedupe window; the run's step records named in `forget_steps` (a
+        checkpoint covers them) are deleted; `sends` go to the outbox. One transaction.
+        Returns the journal floor: entries up to it were deleted.
         """
+        ...
+
+    async def record_step(self, fence: Fence, etype: str, key: str, run_id: int,
+                          record: StepRecord, *, sends: Sequence[Send] = ()) -> None:
+        """Record the outcome of a completed step of run `run_id`, and the `sends` made
+        before it to the outbox (fenced, one transaction); the first record of a name
+        wins."""
+        ...
+
+    async def mark_sent(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                        upto: int, errors: Sequence[tuple[int, str]] = ()) -> None:
+        """The run's sends up to seq `upto` reached their targets (`errors`: those
+        refused, by seq, kept with the reason); fenced."""
+        ...
+
+    async def pending_sends(self, etype: str, key: str, run_id: int) -> list[OutboxRow]:
+        """The run's sends not delivered yet, in order."""
+        ...
+
+    async def pending_senders(self, shard: int) -> list[tuple[str, str, int]]:
+        """The runs of `shard` with sends not delivered yet."""
+        ...
+
+    async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
+        """The recorded steps of run `run_id`, by name."""
         ...
 
     async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
                               applied_seq: int, next_input: str,
-                              carried: Sequence[JournalEntry]) -> int:
-        """Close run `run_id` as continued and open the next in one transaction.
+                              carried: Sequence[JournalEntry],
+                              sends: Sequence[Send] = ()) -> int:
+        """Close run `run_id` as continued (its last `sends` to its outbox) and open the
+        next in one transaction.
 
         Returns the new run id; raises `EntityNotRunningError` if the run closed first.
         """

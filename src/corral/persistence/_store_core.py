@@ -29,6 +29,7 @@ from ._ops_handoff import (
     offered_to,
     requests_for,
 )
+from ._ops_outbox import OutboxRow, Send, SentOp, pending_senders, pending_sends
 from ._ops_runs import (
     ActivatedOp,
     CloseRunOp,
@@ -37,6 +38,7 @@ from ._ops_runs import (
     SnapshotOp,
     TimerOp,
 )
+from ._ops_steps import RecordStepOp, StepRecord, run_steps
 from ._ops_waits import DeliverOp, ExpireWaitOp, OpenWaitOp
 from ._progress import RecordProgressOp
 from ._records import (
@@ -127,9 +129,10 @@ class StoreCore:
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
                         error: str | None, force: bool = False,
-                        pending: Sequence[JournalEntry] = ()) -> bool:
+                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = ()
+                        ) -> bool:
         op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
-                        tuple(pending))
+                        tuple(pending), tuple(sends))
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -141,17 +144,37 @@ class StoreCore:
     async def write_snapshot(self, fence: Fence, etype: str, key: str, run_id: int, *,
                              applied_seq: int, state: bytes, keep: int,
                              passivate: bool = False, forget_seq: int = 0,
-                             forget_before: float = 0.0) -> int:
+                             forget_before: float = 0.0,
+                             forget_steps: Sequence[str] = (),
+                             sends: Sequence[Send] = ()) -> int:
         op = SnapshotOp(fence, etype, key, run_id, applied_seq, state, keep, passivate,
-                        forget_seq, forget_before)
+                        forget_seq, forget_before, tuple(forget_steps), tuple(sends))
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def continue_as_new(self, fence: Fence, etype: str, key: str, run_id: int, *,
                               applied_seq: int, next_input: str,
-                              carried: Sequence[JournalEntry]) -> int:
+                              carried: Sequence[JournalEntry],
+                              sends: Sequence[Send] = ()) -> int:
         op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
-                             tuple(carried))
+                             tuple(carried), tuple(sends))
         return await self.write(op)  # type: ignore[no-any-return]
+
+    async def record_step(self, fence: Fence, etype: str, key: str, run_id: int,
+                          record: StepRecord, *, sends: Sequence[Send] = ()) -> None:
+        await self.write(RecordStepOp(fence, etype, key, run_id, record, tuple(sends)))
+
+    async def mark_sent(self, fence: Fence, etype: str, key: str, run_id: int, *,
+                        upto: int, errors: Sequence[tuple[int, str]] = ()) -> None:
+        await self.write(SentOp(fence, etype, key, run_id, upto, tuple(errors)))
+
+    async def pending_sends(self, etype: str, key: str, run_id: int) -> list[OutboxRow]:
+        return await self.query(pending_sends, etype, key, run_id)
+
+    async def pending_senders(self, shard: int) -> list[tuple[str, str, int]]:
+        return await self.query(pending_senders, shard)
+
+    async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
+        return await self.query(run_steps, etype, key, run_id)
 
     # -- graceful shard hand-off (`_ops_handoff`) -----------------------------------
 

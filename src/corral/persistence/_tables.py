@@ -154,6 +154,21 @@ TABLES = (
         etype TEXT NOT NULL, key TEXT NOT NULL, applied_seq BIGINT NOT NULL,
         mailbox INT NOT NULL, recorded_at REAL NOT NULL,
         PRIMARY KEY (etype, key)"""),
+    # Durable steps (`_ops_steps`): the outcome of each completed step of a run, by
+    # name, until a checkpoint covers it or the run ends.
+    Table("steps", """
+        etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, name TEXT NOT NULL,
+        ok BOOL NOT NULL, result TEXT, error TEXT, attempts INT NOT NULL,
+        recorded_at REAL NOT NULL,
+        PRIMARY KEY (etype, key, run_id, name)"""),
+    # Entity-to-entity messages (`_ops_outbox`), written with the sender's progress and
+    # delivered by its host; a host taking a shard delivers what its senders left.
+    Table("outbox", """
+        etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, seq BIGINT NOT NULL,
+        shard INT NOT NULL, target_type TEXT NOT NULL, target_key TEXT NOT NULL,
+        name TEXT NOT NULL, payload TEXT NOT NULL, start TEXT, id_reuse TEXT NOT NULL,
+        delivered BOOL NOT NULL, error TEXT, created_at REAL NOT NULL,
+        PRIMARY KEY (etype, key, run_id, seq)""", ("outbox_pending (shard, delivered)",)),
 )
 _BY_NAME = {table.name: table for table in TABLES}
 

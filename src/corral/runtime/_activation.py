@@ -32,7 +32,7 @@ from corral._errors import (
     StoreError,
 )
 from corral.actors import ContinueAsNew, Entity
-from corral.persistence import EntryKind, JournalEntry, RunRecord, Suspension
+from corral.persistence import EntryKind, JournalEntry, RunRecord, Send, Suspension
 
 from ._apply import encode_start, instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
@@ -445,10 +445,18 @@ class Activation(RunContext):
                 and not self.closed and not self._switching)
 
     async def checkpoint(self) -> None:
-        """`Entity.checkpoint()`: a snapshot now, retried while the store fails."""
-        await self._retrying("checkpoint", self.snapshot)
+        """`Entity.checkpoint()`: a snapshot now, retried while the store fails, which
+        covers the steps recorded so far (their records go in its transaction)."""
+        covered = self._steps.completed() if self._steps is not None else ()
+        await self._retrying("checkpoint", lambda: self.snapshot(forget_steps=covered))
+        if self._steps is not None:
+            self._steps.covered(covered)
 
-    async def snapshot(self, *, passivate: bool = False) -> None:
+    async def _write_progress(self) -> None:
+        await self._retrying("send", self.snapshot)
+
+    async def snapshot(self, *, passivate: bool = False,
+                       forget_steps: tuple[str, ...] = ()) -> None:
         """Snapshot the state at the applied watermark (fenced; truncates the journal).
 
         Writes even when no message was applied since the last snapshot: `run()` calls
@@ -458,13 +466,21 @@ class Activation(RunContext):
         assert self.entity is not None
         seq = self.applied_seq
         window = self.definition.dedupe_window
-        self._floor = await self._home.store.write_snapshot(
-            self._home.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
-            state=capture(self.definition, self.entity), keep=self.definition.snapshots.keep,
-            passivate=passivate,
-            forget_seq=seq - window.max_count if window.max_count is not None else 0,
-            forget_before=self.now() - window.max_age if window.max_age is not None else 0.0,
-        )
+        sends = self.take_outgoing()  # the state captured may say they were sent
+        try:
+            self._floor = await self._home.store.write_snapshot(
+                self._home.fence, self.entity_type, self.key, self._run_id, applied_seq=seq,
+                state=capture(self.definition, self.entity),
+                keep=self.definition.snapshots.keep, passivate=passivate,
+                forget_seq=seq - window.max_count if window.max_count is not None else 0,
+                forget_before=(self.now() - window.max_age if window.max_age is not None
+                               else 0.0),
+                forget_steps=forget_steps, sends=sends,
+            )
+        except BaseException as err:
+            self.unwritten(sends, err)
+            raise
+        self.written(sends)
         self._snapshot_seq = max(self._snapshot_seq, seq)
         metrics.snapshotted(self.entity_type)
 
@@ -595,10 +611,27 @@ class Activation(RunContext):
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
+        sends = self.take_outgoing()
+        try:
+            if not await self._close_when_applied(status, result, error, sends):
+                return  # terminated while we waited
+        except BaseException as err:
+            self.unwritten(sends, err)
+            raise
+        self.written(sends)
+        self._closed(status.value, EntityTerminatedError,
+                     f": run {self._run_id} closed as {status.value}")
+        if self._worker is None:
+            self._finish()
+
+    async def _close_when_applied(self, status: RunStatus, result: str | None,
+                                  error: str | None, sends: tuple[Send, ...]) -> bool:
+        """Retry the close (with the run's last `sends`) until no message accepted
+        before it is left unapplied; False if the run was terminated meanwhile."""
         while not await self._home.store.close_run(
                 self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=self.applied_seq, status=status, result=result, error=error,
-                pending=self.untaken()):
+                pending=self.untaken(), sends=sends):
             # Messages were accepted meanwhile: let the worker apply them, then retry.
             late = await self._home.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
@@ -608,11 +641,8 @@ class Activation(RunContext):
             if late:
                 await self.wait_applied(late[-1].seq)
             if self.closed:  # terminated while we waited
-                return
-        self._closed(status.value, EntityTerminatedError,
-                     f": run {self._run_id} closed as {status.value}")
-        if self._worker is None:
-            self._finish()
+                return False
+        return True
 
     def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
         """The run is closed: say so, and fail the updates still waiting on it with
@@ -644,17 +674,21 @@ class Activation(RunContext):
                 worker.cancel()
             await asyncio.wait([worker])  # otherwise it stops before its next entry
         assert self.entity is not None
-        carried = self.untaken()
+        carried, sends = self.untaken(), self.take_outgoing()
         try:
             await self._home.store.continue_as_new(
                 self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=watermark, next_input=text, carried=carried,
-            )
-        except (EntityNotRunningError, LeaseLostError) as err:
+                sends=sends)
+        except BaseException as err:
+            self.unwritten(sends, err)
+            if not isinstance(err, (EntityNotRunningError, LeaseLostError)):
+                raise
             log.warning("%s %r: continue-as-new not done: %s", self.entity_type, self.key, err)
             self._finish()
             return
         self.closed = True
+        self.written(sends)
         metrics.continued(self.entity_type)
         lifecycle("continue-as-new", self.entity_type, self.key, self._run_id,
                   next_run=self._run_id + 1, carried=len(carried))

@@ -9,9 +9,11 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel
 
+from corral._common import RetryPolicy
 from corral._errors import InvalidPayloadError
 from corral.actors import (
     ContinueAsNew,
@@ -190,6 +192,15 @@ class ReplicaContext:
 
     async def wait_signal(self, name: str, timeout: float | None) -> str:
         raise RuntimeError("a read-only replica cannot wait for a signal")
+
+    async def step(self, fn: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+                   retry: RetryPolicy | None, timeout: float | None,
+                   ray_options: dict[str, Any] | None) -> Any:
+        raise RuntimeError("a read-only replica cannot run a step")
+
+    def send(self, entity_type: type, key: str, handler: object, payload: object,
+             start: object, with_start: bool) -> None:
+        raise RuntimeError("a read-only replica cannot send")
 
     @property
     def continue_as_new_suggested(self) -> bool:

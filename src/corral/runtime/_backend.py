@@ -176,10 +176,8 @@ class LocalBackend:
             lifecycle("run started", acc.entity_type, acc.key, result.entry.run_id,
                       by=acc.kind.value)
         shard = self.host.shard(acc.shard) if self.host else None  # routed by the ref
-        if shard is not None and result.started:
-            shard.enqueue_started(result.entry, acc.start)
-        elif shard is not None and not result.duplicate:
-            shard.enqueue(result.entry)  # the fast path; other hosts tail the journal
+        if shard is not None:
+            shard.take_accepted(result, acc.start)  # the fast path; other hosts tail
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         began = time.perf_counter()

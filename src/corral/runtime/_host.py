@@ -28,6 +28,7 @@ from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._handoff import hand_off, hand_off_all, request_shards
 from ._newest import Plan, moves_per_round, plan
+from ._outbox import Postman
 from ._progress import ProgressLog
 from ._router import Router
 from ._shard import Shard
@@ -68,6 +69,7 @@ class LocalHost:
         self.leasing = asyncio.Lock()  # one change of this host's set of shards at a time
         self.clock: Clock = clock or SystemClock()
         self.shards: dict[int, Shard] = {}
+        self.postman = Postman(store, router, self.shard, self.clock)  # entities' sends
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
         # Shards this host was fenced out of or handed over, and when (monotonic). Left
@@ -151,6 +153,7 @@ class LocalHost:
         if self.progress_interval is not None:
             with contextlib.suppress(StoreError):  # where the shards' next holders start
                 await self.record_progress()
+        await self.postman.close()
         if self._receives and self.shards:
             async with self.leasing:
                 await hand_off_all(self)
@@ -183,6 +186,7 @@ class LocalHost:
         """Start hosting shard `index`, just taken at `epoch`: recover its entities."""
         shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
                       self.clock)
+        shard.postman = self.postman
         self.shards[index] = shard
         try:
             recovered = await shard.start()

@@ -89,6 +89,10 @@ class Residence(Protocol):
         """`act` finished: the shard drops it, unless a successor replaced it already."""
         ...
 
+    def post(self, run_id: int) -> None:
+        """Deliver the sends run `run_id` wrote to its outbox (after their commit)."""
+        ...
+
     # -- suspended runs --------------------------------------------------------------------
 
     def suspended(self) -> HeldRun | None:

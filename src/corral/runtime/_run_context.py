@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from corral._common import RetryPolicy
+from corral._errors import InvalidArgumentError
 from corral.actors import EntityDefinition
-from corral.persistence import JournalEntry
+from corral.persistence import JournalEntry, Send
 
+from ._outbox import outgoing
 from ._residence import Residence, retrying
 from ._signal_waits import RunWaits
+from ._steps import RunSteps
 from ._suspension import end_suspension
 
 __all__ = ["RunContext"]
@@ -26,10 +30,11 @@ T = TypeVar("T")
 
 
 class RunContext:
-    """The waits, timers and progress counters of the run an activation hosts."""
+    """The waits, timers, steps, sends and progress counters of the run an activation hosts."""
 
-    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_home", "_resuming", "_run_id",
-                 "_run_task", "_timers", "_waiting", "_waits", "applied_seq", "definition")
+    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_home", "_outgoing", "_resuming",
+                 "_run_id", "_run_task", "_steps", "_timers", "_waiting", "_waits",
+                 "applied_seq", "definition")
 
     def __init__(self, home: Residence) -> None:
         self._home = home  # the shard, as this entity sees it: its only way to the host
@@ -43,6 +48,9 @@ class RunContext:
         self._waiting = 0  # coroutines parked in wait_until (run() waiting = idle)
         self._changed: asyncio.Event | None = None
         self._waits: RunWaits | None = None  # this run's signal waits, once it has any
+        self._steps: RunSteps | None = None  # this run's durable steps, once it has any
+        # Sends made since the last write of this run's progress (see `_outbox`).
+        self._outgoing: list[Send] = []
         # Retrying a suspended run: the suspension ends when run() gets past the point.
         self._resuming = home.suspended() is not None
         self._run_task: asyncio.Task[None] | None = None
@@ -83,12 +91,18 @@ class RunContext:
             fence, etype, key, run_id, timer_id, None))
         return result
 
+    async def _write_progress(self) -> None:
+        """Write the run's progress now (the host's snapshot): its sends with it."""
+        raise NotImplementedError
+
     def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> Awaitable[T]:
         return retrying(self._home, self._run_id, what, call)
 
     async def wait_until(self, predicate: Callable[[], object], timeout: float | None) -> bool:
         """Until `predicate()` holds (re-checked after every applied entry) or `timeout`
         seconds pass on the host's clock; while parked, the entity counts as idle."""
+        if self._outgoing and not predicate() and asyncio.current_task() is self._run_task:
+            await self._write_progress()  # run() waits: its sends go now, not at its end
         clock = self._home.clock
         deadline = None if timeout is None else clock.monotonic() + timeout
         self._waiting += 1
@@ -113,6 +127,49 @@ class RunContext:
         if self._waits is None:
             self._waits = RunWaits(self._home, self)
         return await self._waits.wait(name, timeout)
+
+    async def step(self, fn: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+                   retry: RetryPolicy | None, timeout: float | None,
+                   ray_options: dict[str, Any] | None) -> Any:
+        if self._steps is None:
+            self._steps = RunSteps(self._home, self)
+        return await self._steps.step(fn, args, name=name, retry=retry, timeout=timeout,
+                                      ray_options=ray_options)
+
+    def send(self, entity_type: type, key: str, handler: object, payload: object,
+             start: object, with_start: bool) -> None:
+        if self._run_task is None or asyncio.current_task() is not self._run_task:
+            raise InvalidArgumentError(
+                f"{self.entity_type} {self.key!r}: send() is called from run() (a handler "
+                "may change state that run() then sends from)")
+        self._outgoing.append(outgoing(entity_type, key, handler, payload, start, with_start))
+
+    def take_outgoing(self) -> tuple[Send, ...]:
+        """The sends a write of this run's progress takes along (no other write takes
+        them: two steps recorded at once must not both write one send)."""
+        sends = tuple(self._outgoing)
+        self._outgoing.clear()
+        return sends
+
+    def written(self, sends: tuple[Send, ...]) -> None:
+        """The write that took `sends` committed: deliver them."""
+        if sends:
+            self._home.post(self._run_id)
+
+    def unwritten(self, sends: tuple[Send, ...], err: BaseException) -> None:
+        """The write that took `sends` failed. A refusal wrote nothing: the next write
+        takes them again. A cancelled one may have committed: deliver what it wrote
+        (the activation is ending; `run()` makes the rest again when it restarts)."""
+        if not sends:
+            return
+        if isinstance(err, asyncio.CancelledError):
+            self._home.post(self._run_id)
+        else:
+            self._outgoing[:0] = sends
+
+    def forget_outgoing(self) -> None:
+        """A step replayed: what was sent before it was written with its progress then."""
+        self._outgoing.clear()
 
     def now(self) -> float:
         return self._home.clock.time()

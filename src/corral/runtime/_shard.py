@@ -15,11 +15,20 @@ from collections.abc import Mapping
 import corral.metrics as metrics
 from corral._errors import CorralError
 from corral.actors import EntityDefinition
-from corral.persistence import EntryKind, Fence, JournalEntry, Store, Suspension, UpdateOutcome
+from corral.persistence import (
+    AcceptResult,
+    EntryKind,
+    Fence,
+    JournalEntry,
+    Store,
+    Suspension,
+    UpdateOutcome,
+)
 
 from ._activation import Activation
 from ._clock import Clock
 from ._events import lifecycle
+from ._outbox import Postman
 from ._residence import HeldRun
 
 __all__ = ["Shard", "ShardStopped"]
@@ -50,6 +59,7 @@ class Shard:
         self._later: set[asyncio.TimerHandle] = set()
         self._held: dict[_Ident, HeldRun] = {}  # suspended runs (see `_suspension`)
         self._stopped = False
+        self.postman: Postman | None = None  # its host's, which delivers entities' sends
 
     @property
     def index(self) -> int:
@@ -70,6 +80,8 @@ class Shard:
             else:
                 log.error("shard %d: entity type %r is not registered in this process; its "
                           "entity %r stays unhosted", self.index, etype, key)
+        if self.postman is not None:  # sends the previous holder wrote, not delivered
+            await self.postman.recover(self.fence)
         return len(running)
 
     async def stop(self) -> None:
@@ -111,6 +123,14 @@ class Shard:
         if act is None or act.is_finished or (act.is_ready and entry.run_id > act.run_id):
             act = self._get_or_create(*ident, force_new=True)
         act.enqueue(entry)
+
+    def take_accepted(self, result: AcceptResult, start_input: str | None) -> None:
+        """Host what this process just accepted for this shard: the run it started
+        (`start_input`: its start), or the new entry (a duplicate: nothing)."""
+        if result.started:
+            self.enqueue_started(result.entry, start_input)
+        elif not result.duplicate:
+            self.enqueue(result.entry)
 
     def enqueue_started(self, entry: JournalEntry, start_input: str | None) -> None:
         """Host a run this process just started, from its first entry (no store read)."""
@@ -341,6 +361,10 @@ class ShardResidence:
 
     def hold(self, record: Suspension, delay: float) -> None:
         self._shard.hold(record, delay)
+
+    def post(self, run_id: int) -> None:
+        if self._shard.postman is not None:
+            self._shard.postman.post(self._shard.fence, self.entity_type, self.key, run_id)
 
     def release(self, run_id: int) -> None:
         self._shard.release(self.entity_type, self.key, run_id)

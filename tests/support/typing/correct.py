@@ -36,4 +36,19 @@ async def uses(rt: corral.Runtime) -> None:
 class Waiter(Ticket):
     async def run(self) -> int:
         assert_type(await self.wait_for_signal(Ticket.approval, timeout=60), Reply)
+        assert_type(await self.step(draft, "hi", 2, name="draft"), Reply)
+        assert_type(await self.step(count_words, "a b", name="count", timeout=5.0), int)
+        assert_type(await self.step(now, name="now", retry=corral.RetryPolicy()), float)
         return 0
+
+
+async def draft(text: str, times: int) -> Reply:
+    return Reply(text=text * times)
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+def now() -> float:
+    return 0.0

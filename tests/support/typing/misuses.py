@@ -31,3 +31,17 @@ async def misuses(rt: corral.Runtime) -> None:
     await job.deliver(Ticket.approval, Reply(text="x"), key="k")  # error: Ticket's wait
     await ref.deliver(Ticket.approval, Reply(text="x"))  # error: the key is required
     _ = (assigned, count, flag, result)
+
+
+class Stepper(Ticket):
+    async def run(self) -> int:
+        words: str = await self.step(count_words, "a b", name="n")  # error: an int
+        await self.step(count_words, 3, name="n")  # error: text is a str
+        await self.step(count_words, "a", "b", name="n")  # error: one argument
+        await self.step(count_words, "a")  # error: the name is required
+        _ = words
+        return 0
+
+
+def count_words(text: str) -> int:
+    return len(text.split())

@@ -1,0 +1,64 @@
+"""Steps on Ray (`self.step(fn, ..., ray_options={...})`): one attempt is one Ray task.
+
+The task runs `fn` with `corral.step_key()` set, wherever Ray places it (a GPU node,
+a node with a custom resource); the host awaits its `ObjectRef`, which parks only the
+step's own coroutine, never the host's event loop. If the host dies while the task
+runs, the task's result has nowhere to go: the next holder of the shard runs `run()`
+again, which reaches the step, finds no record and runs it again (at least once per
+attempt, as any step whose host died: `corral.step_key()` lets the outside system
+dedupe). A task whose node dies while the host lives is retried by Ray itself
+(`max_retries`, 3 by default, may be set in `ray_options`), within the same attempt. A
+task that outlives its timeout is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from corral._errors import InvalidArgumentError
+from corral.actors import current_step_key
+
+__all__ = ["call_as_task"]
+
+_remote: Any = None  # `ray.remote(_in_task)`, made once per process
+
+
+def _in_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str) -> Any:
+    """The body of the Ray task: `fn(*args)` with the step's key set."""
+    token = current_step_key.set(key)
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return asyncio.run(fn(*args))
+        return fn(*args)
+    finally:
+        current_step_key.reset(token)
+
+
+async def call_as_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
+                       timeout: float | None, ray_options: dict[str, Any]) -> Any:
+    """One attempt of a step as a Ray task with `ray_options`; its return value."""
+    global _remote
+    import ray
+
+    if not ray.is_initialized():
+        raise InvalidArgumentError("a step with ray_options needs Ray: run the entity on "
+                                   "the Ray backend, or call ray.init() first")
+    if _remote is None:
+        _remote = ray.remote(_in_task)
+    try:
+        ref = _remote.options(**ray_options).remote(fn, args, key)
+    except (TypeError, ValueError) as err:
+        raise InvalidArgumentError(f"step ray_options {ray_options!r:.200} refused by Ray: "
+                                   f"{err}") from err
+    try:
+        return await asyncio.wait_for(_await(ref), timeout)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        ray.cancel(ref, force=True)
+        raise
+
+
+async def _await(ref: Any) -> Any:
+    return await ref

@@ -1,0 +1,189 @@
+"""`RunSteps`: the durable steps of one activation's run (`Entity.step`).
+
+Identity: a step is its name within its run. Not a position (the n-th step since
+`run()` started): `run()` restarts from the top over the state of the latest snapshot,
+which any snapshot (every N messages, passivation, a dead letter) may have taken while
+`run()` was between two steps, so the same code path need not reach the same position
+again; a name the code derives from what it works on (`f"model:{reply.id}"`) does.
+Reusing a name within one activation before a `checkpoint()` covered it raises
+`DuplicateStepError` (it would silently replay the other step's result).
+
+A step's outcome (result or final failure) is recorded, fenced, before `run()` goes
+on, with the sends made before it (`_outbox`); a replayed step drops the sends made
+before it again, which were written then. The activation reads the run's records once,
+at its first step. A checkpoint deletes the records it covers in the snapshot's
+transaction; the end of the run deletes the rest (`persistence._ops_steps`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from corral._common import RetryPolicy
+from corral._errors import DuplicateStepError, InvalidArgumentError, StepFailedError
+from corral.actors import current_step_key
+from corral.persistence import Send, StepRecord
+
+from ._residence import Residence, retrying
+from ._results import decode_value, encode_value
+
+__all__ = ["RunSteps"]
+
+_DEFAULT_RETRY = RetryPolicy()
+_MAX_NAME = 200
+
+
+class SteppingRun(Protocol):
+    """The run whose steps these are, and the sends its steps write along."""
+
+    @property
+    def run_id(self) -> int: ...
+    def take_outgoing(self) -> tuple[Send, ...]: ...
+    def written(self, sends: tuple[Send, ...]) -> None: ...
+    def unwritten(self, sends: tuple[Send, ...], err: BaseException) -> None: ...
+    def forget_outgoing(self) -> None: ...
+
+
+class RunSteps:
+    """The recorded steps of the activation's run, and the names it used."""
+
+    __slots__ = ("_home", "_recorded", "_run", "_used")
+
+    def __init__(self, home: Residence, run: SteppingRun) -> None:
+        self._home = home
+        self._run = run
+        self._recorded: dict[str, StepRecord] | None = None  # read at the first step
+        self._used: set[str] = set()
+
+    async def step(self, fn: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+                   retry: RetryPolicy | None, timeout: float | None,
+                   ray_options: dict[str, Any] | None) -> Any:
+        home, run_id = self._home, self._run.run_id
+        _check(fn, name, retry, timeout, ray_options)
+        if name in self._used:
+            raise DuplicateStepError(
+                f"step {name!r} was used already by this run (since its last checkpoint): "
+                "give each step its own name", entity_type=home.entity_type, key=home.key,
+                run_id=run_id)
+        self._used.add(name)
+        if self._recorded is None:
+            self._recorded = await retrying(home, run_id, "step", lambda: home.store.steps(
+                home.entity_type, home.key, run_id))
+        record, cause = self._recorded.get(name), None
+        if record is None:
+            key = f"{home.entity_type}/{home.key}/{run_id}/{name}"
+            record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
+                                            timeout, ray_options, home.clock.time)
+            done, sends = record, self._run.take_outgoing()
+            try:
+                await retrying(home, run_id, "step", lambda: home.store.record_step(
+                    home.fence, home.entity_type, home.key, run_id, done, sends=sends))
+            except BaseException as err:
+                self._run.unwritten(sends, err)
+                raise
+            self._recorded[name] = record
+            self._run.written(sends)
+        else:  # the sends made before it were written then (with it, or a snapshot)
+            self._run.forget_outgoing()
+        if record.ok:
+            return decode_value(record.result, _returns(fn))
+        raise StepFailedError(
+            f"step {name!r} failed after {record.attempts} attempts: {record.error}",
+            step=name, attempts=record.attempts, error=record.error or "",
+            entity_type=home.entity_type, key=home.key, run_id=run_id) from cause
+
+    def completed(self) -> tuple[str, ...]:
+        """The names of the steps recorded so far (a checkpoint now covers them)."""
+        return tuple(self._recorded or ())
+
+    def covered(self, names: tuple[str, ...]) -> None:
+        """A checkpoint deleted the records of `names`: they may be used again."""
+        for name in names:
+            self._used.discard(name)
+            if self._recorded is not None:
+                self._recorded.pop(name, None)
+
+
+async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], name: str, key: str,
+                    retry: RetryPolicy, timeout: float | None,
+                    ray_options: dict[str, Any] | None,
+                    now: Callable[[], float]) -> tuple[StepRecord, Exception | None]:
+    """Call `fn` until an attempt succeeds or `retry` runs out: the outcome to record,
+    and the last error."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            value = await _call(fn, args, key, timeout, ray_options)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            if retry.max_attempts is not None and attempt >= retry.max_attempts:
+                text = f"{type(err).__name__}: {err}"
+                return StepRecord(name, False, None, text, attempt, now()), err
+            await asyncio.sleep(retry.backoff(attempt))
+            continue
+        try:
+            text = encode_value(value)
+        except Exception as err:
+            raise InvalidArgumentError(
+                f"step {name!r} returned {type(value).__name__}, which is not JSON data "
+                "(return models, dicts, lists, str, numbers, bool or None)") from err
+        return StepRecord(name, True, text, None, attempt, now()), None
+
+
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
+                timeout: float | None, ray_options: dict[str, Any] | None) -> Any:
+    """One attempt: `fn(*args)` with `corral.step_key()` set, here or as a Ray task."""
+    if ray_options is not None:
+        from ._ray_steps import call_as_task  # only a step on Ray imports Ray
+        return await call_as_task(fn, args, key, timeout, ray_options)
+    token = current_step_key.set(key)
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await asyncio.wait_for(fn(*args), timeout)
+        # to_thread copies this context, so the thread sees the key too.
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
+    finally:
+        current_step_key.reset(token)
+
+
+def _returns(fn: Callable[..., Any]) -> Any:
+    """`fn`'s return annotation (what a recorded result is rebuilt as), or None."""
+    try:
+        return _cached_returns(fn)
+    except TypeError:  # a callable that cannot be hashed: not cached
+        return _cached_returns.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_returns(fn: Callable[..., Any]) -> Any:
+    try:
+        return typing.get_type_hints(fn).get("return")
+    except Exception:  # no annotations to resolve (a partial, a builtin, a bad ref)
+        return None
+
+
+def _check(fn: object, name: object, retry: object, timeout: object,
+           ray_options: object) -> None:
+    if not callable(fn):
+        raise InvalidArgumentError(f"step fn must be callable, got {type(fn).__name__}")
+    if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME \
+            or not name.isprintable():
+        raise InvalidArgumentError(
+            f"step name must be a printable str of 1 to {_MAX_NAME} characters, got {name!r:.80}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise InvalidArgumentError(f"step retry must be a corral.RetryPolicy, got {retry!r:.80}")
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < float("inf")):
+        raise InvalidArgumentError(
+            f"step timeout must be None or a positive number of seconds, got {timeout!r:.80}")
+    if ray_options is not None and not isinstance(ray_options, dict):
+        raise InvalidArgumentError(
+            f"step ray_options must be a dict of Ray task options, got {ray_options!r:.80}")

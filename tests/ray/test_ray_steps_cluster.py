@@ -1,0 +1,42 @@
+"""A step running as a Ray task on a `ray.cluster_utils.Cluster` node with a custom
+resource, the node removed without grace mid-task: Ray runs the task again on the other
+node of that resource, the host records that result, and `run()` goes on with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ray_workers import TESTS_DIR
+
+SCRIPT = str(Path(TESTS_DIR) / "step_cluster.py")
+
+
+@pytest.mark.slow
+def test_a_step_whose_node_dies_mid_task_runs_again_on_another_node(tmp_path: Path) -> None:
+    temp = tempfile.mkdtemp(prefix="corral-sc-")  # short: Ray's socket paths are limited
+    out, log = tmp_path / "report.json", tmp_path / "cluster.log"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
+           "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    try:
+        with log.open("wb") as sink:
+            proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "corral.db"), temp,
+                                   str(out)], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  timeout=240, check=False)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert proc.returncode == 0, log.read_text()[-5000:]
+    report = json.loads(out.read_text())
+    first, *again = report["calls"]
+    assert first == report["removed"]
+    assert len(again) == 1, report["calls"]  # run again once, on the other node
+    assert again[0] != first
+    assert report["result"] == again[0]  # run() got the surviving node's answer
+    assert report["records"] == 0  # the run ended: its record went with it

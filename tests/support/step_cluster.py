@@ -1,0 +1,64 @@
+"""For tests/ray/test_ray_steps_cluster.py: `python step_cluster.py STORE TEMP OUT`.
+
+A `ray.cluster_utils.Cluster` of its own (a head and two nodes with the custom resource
+`model`), in this process so it never clashes with the session's Ray. A `NodeAgent`
+hosted here runs its step as a Ray task on a `model` node; that node is removed without
+grace while the task runs; then the task's gate opens. Writes a JSON report: the nodes
+the step's function ran on, the node removed, the run's result, the step records left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import corral
+from ray_workers import RUNTIME_ENV, loopback_cluster
+from step_entities import AgentInput, NodeAgent
+from stores import sql
+
+
+def _calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+async def _scenario(cluster: Any, store: str, log: Path) -> dict[str, Any]:
+    async with corral.open_runtime(store, entities=[NodeAgent]) as rt:
+        ref = rt.ref(NodeAgent, "agent-1")
+        await ref.start(start=AgentInput(log=str(log)))
+        while not _calls(log):
+            await asyncio.sleep(0.02)
+        removed = _calls(log)[0]
+        victim = next(n for n in cluster.worker_nodes if n.node_id == removed)
+        await asyncio.to_thread(cluster.remove_node, victim, False)
+        deadline = time.monotonic() + 60
+        while len(_calls(log)) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        Path(str(log) + ".gate").write_text("")  # noqa: ASYNC240 (a tiny test write)
+        result = await ref.result(timeout=120)
+    return {"calls": _calls(log), "removed": removed, "result": result,
+            "records": sql(store, "SELECT count(*) FROM steps")[0][0]}
+
+
+def main(store: str, temp: str, out: str) -> None:
+    import ray
+
+    cluster = loopback_cluster(temp, {"model": 1})
+    try:
+        ray.init(address=cluster.address, namespace="step-node-loss",
+                 runtime_env=RUNTIME_ENV, _node_ip_address="127.0.0.1", log_to_driver=False)
+        try:
+            report = asyncio.run(_scenario(cluster, store, Path(temp) / "calls.log"))
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()  # type: ignore[no-untyped-call]
+    Path(out).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
