@@ -16,6 +16,7 @@ __all__ = [
     "EntityDefinitionError",
     "EntityFailedError",
     "EntityNotRunningError",
+    "EntityOverloadedError",
     "EntityTerminatedError",
     "FailRun",
     "IdempotencyConflictError",
@@ -127,6 +128,37 @@ class EntityNotRunningError(CorralError):
 
     Use `signal_with_start` / `update_with_start` to start it; a message never vanishes.
     """
+
+
+class EntityOverloadedError(CorralError):
+    """A signal would have taken the entity's backlog (messages accepted but not yet
+    applied) past its type's `max_backlog`. Nothing was stored.
+
+    Retryable: send the same message again (with the same message id) after about
+    `retry_after` seconds. A sender that cannot wait declares `overflow = "dead_letter"`
+    on the entity type instead, and such sends are kept as dead letters.
+
+    Attributes:
+        backlog: the backlog the store counted (accepted seq minus the applied
+            watermark it knew, which may lag: see `Entity.max_backlog`).
+        max_backlog: the type's bound.
+        retry_after: a suggested delay in seconds before sending again.
+
+    Example:
+        try:
+            await ref.signal_with_start(Ticket.reply, reply, start=start, message_id=mid)
+        except corral.EntityOverloadedError as err:
+            return Response(status_code=429, headers={"Retry-After": str(err.retry_after)})
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, backlog: int = 0, max_backlog: int = 0,
+                 retry_after: float = 1.0, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.backlog = backlog
+        self.max_backlog = max_backlog
+        self.retry_after = retry_after
 
 
 class EntityClosedError(CorralError):

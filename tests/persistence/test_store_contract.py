@@ -721,3 +721,70 @@ async def test_names_in_use_counts_journal_entries_and_dead_letters_of_each_name
     assert used == {"reply": "2 journal entries remain",
                     "close": "1 journal entry, 1 dead letter remain"}
     assert await store.names_in_use("T", []) == {}
+
+
+# -- backpressure: max_backlog checked inside the accepting transaction ---------------
+
+
+async def test_a_signal_over_max_backlog_is_refused_with_nothing_stored_until_applied_catches_up(
+    store: Store, db_path: str,
+) -> None:
+    for n in range(1, 4):  # seqs 1..3, none applied
+        await store.accept(acc("k", f"m{n}", max_backlog=3))
+    with pytest.raises(corral.EntityOverloadedError) as refused:
+        await store.accept(acc("k", "m4", max_backlog=3))
+    err = refused.value
+    assert (err.backlog, err.max_backlog, err.entity_type, err.key, err.message_id) == (
+        3, 3, "E", "k", "m4")
+    assert err.retryable and 0 < err.retry_after <= 5.0
+    journal = sql(db_path, "SELECT message_id FROM journal WHERE key = 'k' ORDER BY seq")
+    assert [r[0] for r in journal] == ["m1", "m2", "m3"]
+    assert sql(db_path, "SELECT count(*) FROM dedupe WHERE message_id = 'm4'")[0][0] == 0
+    assert (await store.accept(acc("k", "m1", max_backlog=3))).duplicate  # still answered
+    # The accepting process's own watermark (its hosted activation's) frees the place...
+    assert not (await store.accept(acc("k", "m4", max_backlog=3, applied=1))).duplicate
+    with pytest.raises(corral.EntityOverloadedError):
+        await store.accept(acc("k", "m5", max_backlog=3, applied=1))
+    # ...and so does a snapshot, for a process that does not host the entity.
+    fence = await fence_for(store, 1)
+    await store.write_snapshot(fence, "E", "k", 1, applied_seq=3, state=b"3", keep=2)
+    assert (await store.accept(acc("k", "m5", max_backlog=3))).entry.seq == 5
+
+
+async def test_a_batch_counts_its_own_acceptances_against_max_backlog(store: Store) -> None:
+    results = await store.accept_many([acc("k", f"m{n}", max_backlog=2) for n in range(4)])
+    assert [type(r).__name__ for r in results] == [
+        "AcceptResult", "AcceptResult", "EntityOverloadedError", "EntityOverloadedError"]
+
+
+async def test_two_stores_racing_for_the_last_places_never_pass_max_backlog(
+    store: Store, other: Store, db_path: str,
+) -> None:
+    async def send(s: Store, who: str) -> list[AcceptResult | Exception]:
+        return await s.accept_many([acc("k", f"{who}{n}", max_backlog=5) for n in range(4)])
+
+    await store.accept(acc("k", "first", max_backlog=5))
+    results = [r for batch in await asyncio.gather(send(store, "a"), send(other, "b"))
+               for r in batch]
+    accepted = [r for r in results if isinstance(r, AcceptResult)]
+    assert len(accepted) == 4  # 1 + 4 = the bound; every other one was refused
+    assert all(isinstance(r, corral.EntityOverloadedError) for r in results
+               if not isinstance(r, AcceptResult))
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key = 'k'")[0][0] == 5
+
+
+async def test_an_overflowing_signal_of_a_dead_letter_type_is_kept_as_a_dead_letter(
+    store: Store,
+) -> None:
+    await store.accept(acc("k", "m1", max_backlog=1, overflow="dead_letter"))
+    over = await store.accept(acc("k", "m2", max_backlog=1, overflow="dead_letter",
+                                  payload='{"v":2}'))
+    assert over.dead_letter_id is not None and not over.duplicate
+    assert (over.entry.seq, over.entry.run_id) == (0, 1)
+    [letter] = await store.dead_letters("E", "k")
+    assert (letter.id, letter.message_id, letter.payload, letter.seq) == (
+        over.dead_letter_id, "m2", '{"v":2}', 0)
+    assert "max_backlog 1" in letter.error
+    assert [e.message_id for e in await store.journal("E", "k", run_id=1, after_seq=0)] == ["m1"]
+    replayed = await store.replay_dead_letter("E", "k", 1, letter.id, accepted_at=99.0)
+    assert replayed.entry.seq == 2  # an operator's replay is not bounded

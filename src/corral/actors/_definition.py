@@ -230,6 +230,10 @@ class EntityDefinition:
     dedupe_window: DedupeWindow = field(default_factory=DedupeWindow)
     waits: Mapping[str, WaitDefinition] = field(default_factory=dict)
     """Declared durable signal waits (`corral.wait`), by name."""
+    max_backlog: int | None = None
+    """Signals accepted but not yet applied before a send is refused (None: unbounded)."""
+    overflow: str = "refuse"
+    """A signal over `max_backlog`: `"refuse"` it or keep it as a `"dead_letter"`."""
     early_signals: str = "buffer"
     """A delivery before `run()` waits: `"buffer"` it (it wins when `run()` gets there)
     or `"reject"` it (answered `not_waiting`, nothing kept)."""
@@ -342,7 +346,7 @@ def _describe(annotation: Any) -> str:
 RESERVED_NAMES = frozenset({
     "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
     "run_id", "sleep", "sleep_until", "wait_for", "wait_for_signal", "now", "early_signals",
-    "state_version",
+    "state_version", "max_backlog", "overflow",
 })
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
@@ -406,6 +410,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
     if early not in EARLY_SIGNALS:
         issues.add(f"{cls.__name__}.early_signals must be 'buffer' or 'reject', got {early!r}")
         early = "buffer"
+    max_backlog, overflow = _backlog(cls, issues)
     init = cls.__init__  # type: ignore[misc]
     start_type = None if init is object.__init__ else _single_model(
         cls, init, "__init__", localns, issues, what="__init__ (the start input)"
@@ -426,10 +431,29 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
-        waits=waits, early_signals=early, run_retry=run_retry, fail_on=fail_on,
+        waits=waits, early_signals=early, max_backlog=max_backlog, overflow=overflow,
+        run_retry=run_retry, fail_on=fail_on,
         renamed=renamed, renamed_waits=renamed_waits,
         state=state,
     )
+
+
+OVERFLOWS = ("refuse", "dead_letter")
+
+
+def _backlog(cls: type, issues: _Issues) -> tuple[int | None, str]:
+    """The class's `max_backlog` and `overflow`, checked."""
+    bound = getattr(cls, "max_backlog", None)
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)
+                              or bound < 1):
+        issues.add(f"{cls.__name__}.max_backlog must be a positive int or None, got {bound!r}")
+        bound = None
+    overflow = getattr(cls, "overflow", "refuse")
+    if overflow not in OVERFLOWS:
+        issues.add(f"{cls.__name__}.overflow must be 'refuse' or 'dead_letter', "
+                   f"got {overflow!r}")
+        overflow = "refuse"
+    return bound, overflow
 
 
 def _renames(cls: type, issues: _Issues, declared: Mapping[str, tuple[str, ...]],

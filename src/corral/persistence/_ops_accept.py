@@ -13,6 +13,7 @@ from corral._errors import (
     IdempotencyConflictError,
 )
 
+from ._backpressure import overflow
 from ._ops_waits import end_run
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 from ._txn import EntityRow, LockPlan, Seen, Txn
@@ -45,6 +46,10 @@ class AcceptOp:
         if row is None or row.status is not RunStatus.RUNNING:
             row = self._start(txn, row)
             started = True
+        elif a.max_backlog is not None:
+            overflowed = await overflow(txn, a, row)
+            if overflowed is not None:
+                return overflowed
         entry = JournalEntry(
             a.entity_type, a.key, row.next_seq, row.run_id, a.kind, a.name, a.message_id,
             a.payload, a.sender, a.accepted_at,

@@ -136,6 +136,7 @@ class Txn:
     leases: dict[int, Lease] = field(default_factory=dict)
     runs_rows: list[tuple[Any, ...]] = field(default_factory=list)
     appended: list[tuple[int, JournalEntry, bytes]] = field(default_factory=list)
+    floors: dict[Ident, int] = field(default_factory=dict)  # latest snapshot's applied seq
 
     # -- the engine's primitives ------------------------------------------------------
 

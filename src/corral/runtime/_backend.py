@@ -126,8 +126,17 @@ class LocalBackend:
     def _shard(self, etype: str, key: str) -> Shard | None:
         return self.host.shard(self._shard_of(etype, key)) if self.host else None
 
+    def _with_applied(self, acc: Acceptance) -> Acceptance:
+        """`acc` carrying the applied seq of this process's activation of its entity, if
+        it hosts one (a bounded type's backlog is counted from it, `Entity.max_backlog`)."""
+        shard = self.host.shard(acc.shard) if self.host else None
+        act = shard.get(acc.entity_type, acc.key) if shard else None
+        return acc if act is None else acc._replace(applied=act.applied_seq)
+
     async def accept(self, acc: Acceptance) -> AcceptResult:
         began = time.perf_counter()
+        if acc.max_backlog is not None:
+            acc = self._with_applied(acc)
         result = await self.store.accept(acc)
         self._accepted(acc, result, time.perf_counter() - began)
         return result
@@ -139,11 +148,17 @@ class LocalBackend:
         """`accept` for each, in one group commit (no task per acceptance): each one's
         result, or the error refusing it."""
         began = time.perf_counter()
+        accs = [self._with_applied(acc) if acc.max_backlog is not None else acc
+                for acc in accs]
         results = await self.store.accept_many(accs)
         seconds = time.perf_counter() - began
         counted: dict[tuple[str, str, bool], int] = {}  # one count per kind, not per message
         for acc, result in zip(accs, results, strict=True):
-            if not isinstance(result, Exception):
+            if isinstance(result, Exception):
+                continue
+            if result.dead_letter_id is not None:
+                metrics.dead_lettered(acc.entity_type)
+            else:
                 self._hand_over(acc, result)
                 # `.value` is a Python-level property: ~0.3 us a read
                 group = (acc.entity_type, acc.kind._value_, result.duplicate)
@@ -159,6 +174,9 @@ class LocalBackend:
         """Count a committed acceptance and hand its entry to this process's shard."""
         if result.duplicate:
             metrics.duplicate(acc.entity_type, acc.kind._value_)
+        elif result.dead_letter_id is not None:
+            metrics.dead_lettered(acc.entity_type)
+            return
         else:
             metrics.accepted(acc.entity_type, acc.kind._value_, seconds)
         self._hand_over(acc, result)

@@ -197,7 +197,7 @@ class EntityRef(Generic[E_co, S]):
             res = await self._backend.run(Acceptance(
                 d.name, self.key, self.shard, EntryKind.SIGNAL, h.name, mid, text,
                 payload_hash(h.name, text), who, start_text, d.id_reuse, self._clock.time(),
-                fresh))
+                fresh, d.max_backlog, d.overflow))
         except CorralError as err:
             _annotate(err, self, message_id, send=True)
             raise
@@ -553,5 +553,7 @@ def _annotate(err: CorralError, ref: EntityRef[Any, Any], message_id: object,
 
 
 def _ack(res: AcceptResult) -> Ack:
+    if res.dead_letter_id is not None:
+        return Ack("dead_lettered", res.entry.run_id, 0, False, res.dead_letter_id)
     return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
                res.started)
