@@ -736,7 +736,8 @@ async def test_a_signal_over_max_backlog_is_refused_with_nothing_stored_until_ap
     err = refused.value
     assert (err.backlog, err.max_backlog, err.entity_type, err.key, err.message_id) == (
         3, 3, "E", "k", "m4")
-    assert err.retryable and 0 < err.retry_after <= 5.0
+    assert err.retryable
+    assert 0 < err.retry_after <= 5.0
     journal = sql(db_path, "SELECT message_id FROM journal WHERE key = 'k' ORDER BY seq")
     assert [r[0] for r in journal] == ["m1", "m2", "m3"]
     assert sql(db_path, "SELECT count(*) FROM dedupe WHERE message_id = 'm4'")[0][0] == 0
@@ -779,7 +780,8 @@ async def test_an_overflowing_signal_of_a_dead_letter_type_is_kept_as_a_dead_let
     await store.accept(acc("k", "m1", max_backlog=1, overflow="dead_letter"))
     over = await store.accept(acc("k", "m2", max_backlog=1, overflow="dead_letter",
                                   payload='{"v":2}'))
-    assert over.dead_letter_id is not None and not over.duplicate
+    assert over.dead_letter_id is not None
+    assert not over.duplicate
     assert (over.entry.seq, over.entry.run_id) == (0, 1)
     [letter] = await store.dead_letters("E", "k")
     assert (letter.id, letter.message_id, letter.payload, letter.seq) == (

@@ -9,7 +9,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
@@ -61,7 +61,7 @@ class Ack:
     run_id: int
     seq: int
     started: bool
-    dead_letter_id: int | None = None
+    dead_letter_id: int | None = field(default=None, repr=False)  # reprs stay as they were
 
 
 @dataclass(frozen=True, slots=True)
