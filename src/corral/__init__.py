@@ -23,6 +23,7 @@ from corral._common import (
     WaitStatus,
 )
 from corral._errors import (
+    BatchRefusedError,
     CorralError,
     DeadLetterNotFoundError,
     DefinitionMismatchError,
@@ -86,6 +87,7 @@ __all__ = [
     "AuthRequest",
     "BuildInfo",
     "ContinueAsNewPolicy",
+    "BatchRefusedError",
     "CorralError",
     "DeadLetter",
     "DeadLetterNotFoundError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "BatchRefusedError",
     "CorralError",
     "DeadLetterNotFoundError",
     "DefinitionMismatchError",
@@ -159,6 +160,40 @@ class EntityOverloadedError(CorralError):
         self.backlog = backlog
         self.max_backlog = max_backlog
         self.retry_after = retry_after
+
+
+class BatchRefusedError(CorralError):
+    """A batch of signals (`Runtime.signal_many`) was refused as a whole because of one
+    item: nothing of the batch was stored (on Ray: nothing of that item's shard; see
+    `signal_many`).
+
+    Attributes:
+        index: the refused item's position in the batch (0-based).
+        error: that item's own error (also the `__cause__`): an `InvalidPayloadError`,
+            `IdempotencyConflictError`, `EntityNotRunningError`, `EntityOverloadedError`...
+            `entity_type`, `key` and `message_id` are the item's.
+
+    Example:
+        try:
+            acks = await rt.signal_many(items)
+        except corral.BatchRefusedError as err:
+            log.warning("event %d refused: %s", err.index, err.error)
+            acks = await rt.signal_many(items[:err.index] + items[err.index + 1:])
+    """
+
+    def __init__(self, message: str = "", *, index: int = 0,
+                 error: CorralError | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.index = index
+        self.error = error
+
+    @classmethod
+    def of(cls, index: int, error: CorralError) -> BatchRefusedError:
+        """The batch's refusal for its item `index` refused with `error`."""
+        return cls(f"item {index} of the batch was refused, so the batch was: "
+                   f"{type(error).__name__}: {error}", index=index, error=error,
+                   entity_type=error.entity_type, key=error.key, run_id=error.run_id,
+                   message_id=error.message_id)
 
 
 class EntityClosedError(CorralError):

@@ -790,3 +790,57 @@ async def test_an_overflowing_signal_of_a_dead_letter_type_is_kept_as_a_dead_let
     assert [e.message_id for e in await store.journal("E", "k", run_id=1, after_seq=0)] == ["m1"]
     replayed = await store.replay_dead_letter("E", "k", 1, letter.id, accepted_at=99.0)
     assert replayed.entry.seq == 2  # an operator's replay is not bounded
+
+
+# -- batches: accept_all, every acceptance or none -------------------------------------
+
+
+async def test_accept_all_accepts_a_batch_across_entities_in_one_commit_in_batch_order(
+    store: Store,
+) -> None:
+    before = store.commits
+    results = await store.accept_all([acc("a", "m1"), acc("b", "m1", shard=2),
+                                      acc("a", "m2"), acc("a", "m1")])
+    assert store.commits == before + 1
+    assert [(r.entry.key, r.entry.seq, r.started, r.duplicate) for r in results] == [
+        ("a", 1, True, False), ("b", 1, True, False), ("a", 2, False, False),
+        ("a", 1, False, True)]  # a duplicate inside the batch is answered, not refused
+
+
+async def test_a_refused_item_refuses_the_whole_batch_naming_its_index_and_stores_nothing(
+    store: Store, db_path: str,
+) -> None:
+    await store.accept(acc("a", "old"))
+    await store.accept(acc("full", "f1", max_backlog=1))
+    cases = [
+        (acc("a", "old", payload='{"v":9}'), corral.IdempotencyConflictError),
+        (acc("never", "n1", start=None), corral.EntityNotRunningError),
+        (acc("full", "f2", max_backlog=1), corral.EntityOverloadedError),
+    ]
+    for bad, error in cases:
+        batch = [acc("b", f"x-{error.__name__}"), acc("c", "y", shard=3),
+                 acc("full", "dl", max_backlog=1, overflow="dead_letter"), bad]
+        with pytest.raises(corral.BatchRefusedError) as refused:
+            await store.accept_all(batch)
+        assert refused.value.index == 3
+        assert isinstance(refused.value.error, error)
+        assert refused.value.__cause__ is refused.value.error
+        assert (refused.value.key, refused.value.message_id) == (bad.key, bad.message_id)
+    assert sorted(r[0] for r in sql(db_path, "SELECT key FROM entities")) == ["a", "full"]
+    assert sql(db_path, "SELECT count(*) FROM journal")[0][0] == 2
+    assert sql(db_path, "SELECT count(*) FROM dead_letters")[0][0] == 0  # rolled back too
+    # The store goes on: the same batch without the bad item commits whole.
+    results = await store.accept_all([acc("b", "x"), acc("a", "new")])
+    assert [(r.entry.key, r.entry.seq) for r in results] == [("b", 1), ("a", 2)]
+
+
+async def test_a_refused_batch_leaves_the_other_ops_of_its_group_commit_alone(
+    store: Store, db_path: str,
+) -> None:
+    refused_batch = store.accept_all([acc("b", "m1"), acc("never", "n", start=None)])
+    alone = [store.accept(acc(f"k{n}", "m")) for n in range(5)]
+    results = await asyncio.gather(refused_batch, *alone, return_exceptions=True)
+    assert isinstance(results[0], corral.BatchRefusedError)
+    assert all(isinstance(r, AcceptResult) for r in results[1:])
+    keys = sorted(r[0] for r in sql(db_path, "SELECT key FROM journal"))
+    assert keys == [f"k{n}" for n in range(5)]

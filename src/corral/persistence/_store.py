@@ -50,6 +50,12 @@ class AcceptStore(Protocol):
         error refusing it (another's refusal never affects it)."""
         ...
 
+    async def accept_all(self, accs: Sequence[Acceptance]) -> list[AcceptResult]:
+        """Every acceptance, in order, in one transaction, or none: each one's result
+        (duplicates answered as alone). Raises `BatchRefusedError` naming the first
+        refused one (its own error as `error`); nothing of the batch was written."""
+        ...
+
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         """Decide a delivery to a durable signal wait and record it, in one transaction
         (see `_waits`); a delivery that closes an open wait also appends the `DELIVER`

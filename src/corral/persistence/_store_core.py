@@ -17,7 +17,7 @@ from . import _builds as registry
 from . import _reads as reads
 from ._batch import CommitQueue
 from ._builds import BuildRecord
-from ._ops_accept import AcceptOp
+from ._ops_accept import AcceptAllOp, AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
 from ._ops_handoff import (
@@ -100,6 +100,9 @@ class StoreCore:
 
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
         return await self.write_many([AcceptOp(acc) for acc in accs])
+
+    async def accept_all(self, accs: Sequence[Acceptance]) -> list[AcceptResult]:
+        return await self.write(AcceptAllOp(accs))  # type: ignore[no-any-return]
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         return await self.write(DeliverOp(req, self.delivery_clock))  # type: ignore[no-any-return]

@@ -224,6 +224,15 @@ class Txn:
             window[message_id] = None if r is None else (r[0], r[1], bytes(r[2]), r[3], r[4])
         return window[message_id]
 
+    def forget_all(self) -> None:
+        """Drop every buffered row and cached read: after a rollback to a savepoint
+        taken on a flushed transaction (`AcceptAllOp`), the database holds the truth."""
+        self.appended.clear()
+        self.runs_rows.clear()
+        self.entities.clear()
+        self.dedupe.clear()
+        self.floors.clear()
+
     def forget_window(self, etype: str, key: str) -> None:
         """The entity's dedupe rows changed in the database: read them again when asked."""
         self.dedupe.pop((etype, key), None)
