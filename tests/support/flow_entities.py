@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 import corral
 
-__all__ = ["BOUND", "Bounded", "Item", "Overflowing", "Seen"]
+__all__ = ["BOUND", "Bounded", "Item", "Ledger", "Open", "Overflowing", "Seen", "Tape"]
 
 BOUND = 20
 
@@ -45,3 +45,38 @@ class Overflowing(Bounded):
     """`Bounded`, keeping what overflows as dead letters instead of refusing it."""
 
     overflow = "dead_letter"
+
+
+class Open(BaseModel):
+    owner: str
+
+
+class Ledger(corral.Entity):
+    """Records every signal it applies, in order; started with an owner."""
+
+    def __init__(self, init: Open) -> None:
+        self.owner = init.owner
+        self.items: list[str] = []
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        self.items.append(item.id)
+
+    @corral.query
+    def seen(self) -> Seen:
+        return Seen(items=self.items)
+
+
+class Tape(corral.Entity):
+    """Another type (no start input), for batches of mixed types."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        self.items.append(item.id)
+
+    @corral.query
+    def seen(self) -> Seen:
+        return Seen(items=self.items)

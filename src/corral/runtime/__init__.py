@@ -56,6 +56,7 @@ from ._results import (
     RunSummary,
     SignalWaitInfo,
 )
+from ._signal_many import SignalItem
 
 __all__ = [
     "Ack",
@@ -72,6 +73,7 @@ __all__ = [
     "Page",
     "RunSummary",
     "Runtime",
+    "SignalItem",
     "SignalWaitInfo",
     "open_runtime",
     "stop_ray_hosts",

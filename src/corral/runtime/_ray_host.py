@@ -29,7 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import corral.metrics as metrics
-from corral._errors import CorralError, DefinitionMismatchError, UnknownEntityTypeError
+from corral._errors import (
+    BatchRefusedError,
+    CorralError,
+    DefinitionMismatchError,
+    UnknownEntityTypeError,
+)
 from corral.actors import (
     Entity,
     EntityDefinition,
@@ -232,6 +237,8 @@ class ShardHost:
             raise UnknownEntityTypeError(
                 f"entity type {etype!r} is not registered in "
                 f"{actor_name(self.spec, self.index)}")
+        if batch.atomic:
+            return await self._accept_all(batch)
         results: list[tuple[Any, ...] | BaseException | None] = []
         checked: list[Acceptance] = []
         # Routed with our shard count: each acceptance's shard is its key's (no hash again).
@@ -252,6 +259,16 @@ class ShardHost:
         accepted = iter(await self.backend.accept_many(checked) if checked else ())
         return [(a if isinstance(a := next(accepted), Exception) else a.to_wire())
                 if r is None else r for r in results]
+
+    async def _accept_all(self, batch: AcceptBatch) -> list[tuple[Any, ...] | BaseException]:
+        """An atomic batch (one shard's part of a `SignalBatch`): every acceptance or
+        none; a misrouted one refuses it all (`BatchRefusedError`)."""
+        for index, acc in enumerate(batch.accs):
+            try:
+                self._check(acc.entity_type, acc.key)
+            except CorralError as err:
+                raise BatchRefusedError.of(index, err) from err
+        return [r.to_wire() for r in await self.backend.accept_all(batch.accs)]
 
     def _check(self, etype: str, key: str) -> None:
         if etype not in self.definitions:
