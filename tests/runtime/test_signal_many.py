@@ -111,7 +111,7 @@ async def test_a_batch_across_100_entities_races_single_sends_of_the_same_ids_fr
         for n in (0, 57, 99):
             ref = rt.ref(Ledger, f"key-{n}")
 
-            async def applied(ref: corral.EntityRef = ref) -> bool:
+            async def applied(ref: corral.EntityRef = ref, n: int = n) -> bool:
                 return (await ref.query(Ledger.seen)).items == [f"id-{n}"]
 
             await wait_until(applied, f"key-{n} applied once")
