@@ -1,6 +1,7 @@
 """Flow control on the Ray backend: the bound is checked in the shard actor's accepting
 transaction (with the actor's own applied seq), and the typed error, with its fields,
-reaches the caller across the Ray call."""
+reaches the caller across the Ray call; `signal_many` is split by shard, atomic per
+shard."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 import corral
 from corral.runtime._ray import stop_hosts
-from flow_entities import BOUND, Bounded, Item, Seen
+from flow_entities import BOUND, Bounded, Item, Ledger, Open, Seen, Tape
 from procs import sql, wait_until
 
 SENDS = 200
@@ -55,3 +56,41 @@ async def test_a_hot_entity_on_ray_refuses_over_its_bound_and_applies_each_accep
     assert set(seen.items) == accepted
     stored = {r[0] for r in sql(db_path, "SELECT message_id FROM dedupe WHERE key = 'hot'")}
     assert stored == accepted  # a refused send stored nothing
+
+
+async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
+    db_path: str, namespace: str,
+) -> None:
+    async with corral.open_runtime(db_path, entities=[Ledger, Tape], backend="ray",
+                                   namespace=namespace, shards=4, lease_ttl=5.0) as rt:
+        refs = [rt.ref(Ledger, f"k{n}") for n in range(12)]
+        start = Open(owner="o")
+        items = [corral.SignalItem(ref, Ledger.add, Item(id=f"{ref.key}-{i}"),
+                                   message_id=f"{ref.key}-{i}", start=start)
+                 for i in range(3) for ref in refs]
+        acks = await rt.signal_many(items)
+        assert [(a.status, a.seq) for a in acks] == [
+            ("accepted", i + 1) for i in range(3) for _ in refs]
+        assert len({ref.shard for ref in refs}) > 1  # it was split
+
+        # One item its shard's store refuses: that shard's part is refused whole, named
+        # by its index in the whole batch; other shards' parts commit.
+        never = rt.ref(Ledger, "never-started")
+        fresh = [corral.SignalItem(ref, Ledger.add, Item(id=f"{ref.key}-x"),
+                                   message_id=f"{ref.key}-x") for ref in refs]
+        bad = corral.SignalItem(never, Ledger.add, Item(id="n"), message_id="n")
+        with pytest.raises(corral.BatchRefusedError) as refused:
+            await rt.signal_many([*fresh, bad])
+        assert refused.value.index == len(fresh)
+        assert isinstance(refused.value.error, corral.EntityNotRunningError)
+        same_shard = {i for i, ref in enumerate(refs) if ref.shard == never.shard}
+        assert same_shard  # its shard's part held good items too: they were refused
+        again = await rt.signal_many(fresh)  # resent without the bad item
+        assert {i for i, a in enumerate(again) if a.status == "accepted"} == same_shard
+
+        async def drained() -> bool:
+            seen: Seen = await refs[0].query(Ledger.seen)
+            return len(seen.items) == 4
+
+        await wait_until(drained, "k0's signals applied")
+        assert (await refs[0].query(Ledger.seen)).items == ["k0-0", "k0-1", "k0-2", "k0-x"]
