@@ -14,8 +14,9 @@ import pytest
 
 import corral
 from corral.runtime._ray import stop_hosts
-from flow_entities import BOUND, Bounded, Item, Ledger, Open, Seen, Tape
+from flow_entities import BOUND, Bounded
 from procs import sql, wait_until
+from ray_workers import Counter, Item, Seen, Start, Tally
 
 SENDS = 200
 
@@ -61,11 +62,11 @@ async def test_a_hot_entity_on_ray_refuses_over_its_bound_and_applies_each_accep
 async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
     db_path: str, namespace: str,
 ) -> None:
-    async with corral.open_runtime(db_path, entities=[Ledger, Tape], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Counter, Tally], backend="ray",
                                    namespace=namespace, shards=4, lease_ttl=5.0) as rt:
-        refs = [rt.ref(Ledger, f"k{n}") for n in range(12)]
-        start = Open(owner="o")
-        items = [corral.SignalItem(ref, Ledger.add, Item(id=f"{ref.key}-{i}"),
+        refs = [rt.ref(Counter, f"k{n}") for n in range(12)]
+        start = Start(tenant="o")
+        items = [corral.SignalItem(ref, Counter.add, Item(id=f"{ref.key}-{i}"),
                                    message_id=f"{ref.key}-{i}", start=start)
                  for i in range(3) for ref in refs]
         acks = await rt.signal_many(items)
@@ -75,10 +76,10 @@ async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
 
         # One item its shard's store refuses: that shard's part is refused whole, named
         # by its index in the whole batch; other shards' parts commit.
-        never = rt.ref(Ledger, "never-started")
-        fresh = [corral.SignalItem(ref, Ledger.add, Item(id=f"{ref.key}-x"),
+        never = rt.ref(Counter, "never-started")
+        fresh = [corral.SignalItem(ref, Counter.add, Item(id=f"{ref.key}-x"),
                                    message_id=f"{ref.key}-x") for ref in refs]
-        bad = corral.SignalItem(never, Ledger.add, Item(id="n"), message_id="n")
+        bad = corral.SignalItem(never, Counter.add, Item(id="n"), message_id="n")
         with pytest.raises(corral.BatchRefusedError) as refused:
             await rt.signal_many([*fresh, bad])
         assert refused.value.index == len(fresh)
@@ -89,8 +90,8 @@ async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
         assert {i for i, a in enumerate(again) if a.status == "accepted"} == same_shard
 
         async def drained() -> bool:
-            seen: Seen = await refs[0].query(Ledger.seen)
+            seen: Seen = await refs[0].query(Counter.seen)
             return len(seen.items) == 4
 
         await wait_until(drained, "k0's signals applied")
-        assert (await refs[0].query(Ledger.seen)).items == ["k0-0", "k0-1", "k0-2", "k0-x"]
+        assert (await refs[0].query(Counter.seen)).items == ["k0-0", "k0-1", "k0-2", "k0-x"]

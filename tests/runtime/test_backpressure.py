@@ -15,8 +15,9 @@ import collections
 import pytest
 
 import corral
-from flow_entities import BOUND, Bounded, Item, Overflowing, Seen
+from flow_entities import BOUND, Bounded, Overflowing
 from procs import wait_until
+from ray_workers import Item, Seen
 from stores import sql
 
 SENDERS, EACH = 20, 30

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 import corral
-from flow_entities import Item, Ledger, Open, Seen, Tape
 from procs import spawner, wait_for_exit, wait_until
+from ray_workers import Counter, Item, Seen, Start, Tally
 from stores import sql
 
-ENTITIES: list[type[corral.Entity]] = [Ledger, Tape]
+ENTITIES: list[type[corral.Entity]] = [Counter, Tally]
 
 
 def item(ref: corral.EntityRef, mid: str, **kwargs: object) -> corral.SignalItem:
-    handler = Ledger.add if ref.definition.name == "Ledger" else Tape.add
+    handler = Counter.add if ref.definition.name == "Counter" else Tally.add
     return corral.SignalItem(ref, handler, Item(id=mid), message_id=mid, **kwargs)
 
 
@@ -26,8 +26,8 @@ async def test_a_batch_of_mixed_types_and_keys_is_answered_per_item_and_applied_
     db_path: str,
 ) -> None:
     async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
-        a, b, t = rt.ref(Ledger, "a"), rt.ref(Ledger, "b"), rt.ref(Tape, "t")
-        start = Open(owner="o")
+        a, b, t = rt.ref(Counter, "a"), rt.ref(Counter, "b"), rt.ref(Tally, "t")
+        start = Start(tenant="o")
         acks = await rt.signal_many([
             item(a, "a1", start=start), item(t, "t1", start=None), item(b, "b1", start=start),
             item(a, "a2"), item(a, "a3"), item(t, "t2"), item(a, "a1", start=start)])
@@ -39,12 +39,12 @@ async def test_a_batch_of_mixed_types_and_keys_is_answered_per_item_and_applied_
         assert [(x.status, x.seq) for x in again] == [("duplicate", 2), ("accepted", 2)]
 
         async def applied() -> bool:
-            seen: Seen = await a.query(Ledger.seen)
+            seen: Seen = await a.query(Counter.seen)
             return len(seen.items) == 3
 
         await wait_until(applied, "a's three signals applied")
-        assert (await a.query(Ledger.seen)).items == ["a1", "a2", "a3"]
-        assert (await t.query(Tape.seen)).items == ["t1", "t2"]
+        assert (await a.query(Counter.seen)).items == ["a1", "a2", "a3"]
+        assert (await t.query(Tally.seen)).items == ["t1", "t2"]
         assert await rt.signal_many([]) == []
 
 
@@ -52,19 +52,19 @@ async def test_a_bad_item_refuses_the_whole_batch_naming_its_index_and_nothing_i
     db_path: str,
 ) -> None:
     async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
-        a, never = rt.ref(Ledger, "a"), rt.ref(Ledger, "never")
-        await a.signal_with_start(Ledger.add, Item(id="a0"), start=Open(owner="o"),
+        a, never = rt.ref(Counter, "a"), rt.ref(Counter, "never")
+        await a.signal_with_start(Counter.add, Item(id="a0"), start=Start(tenant="o"),
                                   message_id="a0")
-        good = [item(a, "g1"), item(rt.ref(Tape, "t"), "g2", start=None)]
+        good = [item(a, "g1"), item(rt.ref(Tally, "t"), "g2", start=None)]
         bad_items: list[tuple[object, type[corral.CorralError]]] = [
-            (corral.SignalItem(a, Ledger.add, {"id": 5}, message_id="x"),
+            (corral.SignalItem(a, Counter.add, {"id": 5}, message_id="x"),
              corral.InvalidPayloadError),
-            (corral.SignalItem(a, Tape.add, Item(id="x"), message_id="x"),
+            (corral.SignalItem(a, Tally.add, Item(id="x"), message_id="x"),
              corral.UnknownHandlerError),
-            (corral.SignalItem(a, Ledger.add, Item(id="x"), message_id="bad\x00id"),
+            (corral.SignalItem(a, Counter.add, Item(id="x"), message_id="bad\x00id"),
              corral.InvalidKeyError),
             ("not an item", corral.InvalidArgumentError),
-            (corral.SignalItem(a, Ledger.add, Item(id="changed"), message_id="a0"),
+            (corral.SignalItem(a, Counter.add, Item(id="changed"), message_id="a0"),
              corral.IdempotencyConflictError),
             (item(never, "n1"), corral.EntityNotRunningError),
         ]
@@ -109,9 +109,9 @@ async def test_a_batch_across_100_entities_races_single_sends_of_the_same_ids_fr
     assert sql(db_path, "SELECT count(*) FROM runs") == [(100,)]  # one run each
     async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
         for n in (0, 57, 99):
-            ref = rt.ref(Ledger, f"key-{n}")
+            ref = rt.ref(Counter, f"key-{n}")
 
             async def applied(ref: corral.EntityRef = ref, n: int = n) -> bool:
-                return (await ref.query(Ledger.seen)).items == [f"id-{n}"]
+                return (await ref.query(Counter.seen)).items == [f"id-{n}"]
 
             await wait_until(applied, f"key-{n} applied once")

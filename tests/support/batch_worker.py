@@ -2,7 +2,7 @@
 `python batch_worker.py ROLE --db STORE --fire FILE --out FILE --keys N`.
 
 A pure client (`host=False`) that waits for the fire file, then sends one signal to
-each of `--keys` `Ledger` entities (`key-<n>`, message id `id-<n>`, the same payload
+each of `--keys` `Counter` entities (`key-<n>`, message id `id-<n>`, the same payload
 and start input in every process), and writes each answer's status as JSON. Roles:
 
 - `batch`: all of them in one `signal_many` call.
@@ -16,23 +16,23 @@ import asyncio
 from pathlib import Path
 
 import corral
-from flow_entities import Item, Ledger, Open
+from ray_workers import Counter, Item, Start
 from workers import install as install_stacks
 from workers import wait_for_file, write_json
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with corral.open_runtime(args.db, entities=[Ledger], host=False) as rt:
+    async with corral.open_runtime(args.db, entities=[Counter], host=False) as rt:
         await wait_for_file(Path(args.fire))
-        refs = [rt.ref(Ledger, f"key-{n}") for n in range(args.keys)]
-        start = Open(owner="o")
+        refs = [rt.ref(Counter, f"key-{n}") for n in range(args.keys)]
+        start = Start(tenant="o")
         if args.role == "batch":
             acks = await rt.signal_many([
-                corral.SignalItem(ref, Ledger.add, Item(id=f"id-{n}"), message_id=f"id-{n}",
+                corral.SignalItem(ref, Counter.add, Item(id=f"id-{n}"), message_id=f"id-{n}",
                                   start=start) for n, ref in enumerate(refs)])
         else:
             acks = await asyncio.gather(*(
-                ref.signal_with_start(Ledger.add, Item(id=f"id-{n}"), start=start,
+                ref.signal_with_start(Counter.add, Item(id=f"id-{n}"), start=start,
                                       message_id=f"id-{n}") for n, ref in enumerate(refs)))
         write_json(Path(args.out), [a.status for a in acks])
 

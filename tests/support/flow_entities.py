@@ -1,25 +1,18 @@
-"""Entities of the flow-control tests (backpressure, batches), importable by Ray's shard
-actors by name (`tests/support` is on their PYTHONPATH, as in `ray_workers`)."""
+"""Entities of the backpressure tests, importable by Ray's shard actors by name
+(`tests/support` is on their PYTHONPATH, as for `ray_workers`, whose models they use;
+the batch tests use `ray_workers.Counter` and `Tally`)."""
 
 from __future__ import annotations
 
 import asyncio
-
-from pydantic import BaseModel
+import os
 
 import corral
+from ray_workers import Item, Seen
 
-__all__ = ["BOUND", "Bounded", "Item", "Ledger", "Open", "Overflowing", "Seen", "Tape"]
+__all__ = ["BOUND", "Bounded", "Overflowing"]
 
 BOUND = 20
-
-
-class Item(BaseModel):
-    id: str
-
-
-class Seen(BaseModel):
-    items: list[str]
 
 
 class Bounded(corral.Entity):
@@ -38,7 +31,7 @@ class Bounded(corral.Entity):
 
     @corral.query
     def seen(self) -> Seen:
-        return Seen(items=self.items)
+        return Seen(items=self.items, pid=os.getpid(), starts=0)
 
 
 class Overflowing(Bounded):
@@ -46,37 +39,3 @@ class Overflowing(Bounded):
 
     overflow = "dead_letter"
 
-
-class Open(BaseModel):
-    owner: str
-
-
-class Ledger(corral.Entity):
-    """Records every signal it applies, in order; started with an owner."""
-
-    def __init__(self, init: Open) -> None:
-        self.owner = init.owner
-        self.items: list[str] = []
-
-    @corral.signal
-    def add(self, item: Item) -> None:
-        self.items.append(item.id)
-
-    @corral.query
-    def seen(self) -> Seen:
-        return Seen(items=self.items)
-
-
-class Tape(corral.Entity):
-    """Another type (no start input), for batches of mixed types."""
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    @corral.signal
-    def add(self, item: Item) -> None:
-        self.items.append(item.id)
-
-    @corral.query
-    def seen(self) -> Seen:
-        return Seen(items=self.items)
