@@ -109,9 +109,11 @@ class RayHostSpec:
     """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
-HOST_PROTOCOL = 3
+HOST_PROTOCOL = 4
 """The version of what a client and a shard actor send each other (2: acceptances and
-their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`).
+their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`; 4:
+acceptances carry `max_backlog`, `overflow`, `applied`, results `dead_letter_id`, and an
+`AcceptBatch` may be `atomic`).
 Detached actors outlive their clients, so an upgraded client can meet an actor of an
 older corral: the version is part of the fingerprint both check before the first call,
 and a mismatch is refused clearly."""
