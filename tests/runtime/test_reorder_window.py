@@ -5,13 +5,14 @@ never dropped; held payloads survive a SIGKILL and release in the same order."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import corral
 import corral.testing
-from procs import spawner, wait_until
+from procs import TESTS, Worker, spawner, wait_until
 from window_entities import HOLD, Inbox, Reply
 from workers import wait_for_file
 
@@ -62,13 +63,13 @@ def test_a_window_is_checked_when_the_signal_is_declared() -> None:
 
 
 @pytest.fixture
-def spawn(tmp_path: Path):  # type: ignore[no-untyped-def]
-    with spawner(tmp_path, Path(__file__).parents[1] / "support" / "window_worker.py") as start:
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    with spawner(tmp_path, TESTS / "window_worker.py") as start:
         yield start
 
 
 async def test_held_replies_survive_a_sigkill_and_release_in_the_same_order(
-    db_path: str, tmp_path: Path, spawn,  # type: ignore[no-untyped-def]
+    db_path: str, tmp_path: Path, spawn: Callable[..., Worker],
 ) -> None:
     ready = tmp_path / "ready"
     host = spawn("host", "host", "--db", db_path, "--ready", str(ready))

@@ -5,12 +5,13 @@ nothing, one `Ack` per item, each entity's items in batch order (the store's sid
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import corral
-from procs import spawner, wait_for_exit, wait_until
+from procs import TESTS, Worker, spawner, wait_for_exit, wait_until
 from ray_workers import Counter, Item, Seen, Start, Tally
 from stores import sql
 
@@ -83,13 +84,13 @@ async def test_a_bad_item_refuses_the_whole_batch_naming_its_index_and_nothing_i
 
 
 @pytest.fixture
-def spawn(tmp_path: Path):  # type: ignore[no-untyped-def]
-    with spawner(tmp_path, Path(__file__).parents[1] / "support" / "batch_worker.py") as start:
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    with spawner(tmp_path, TESTS / "batch_worker.py") as start:
         yield start
 
 
 async def test_a_batch_across_100_entities_races_single_sends_of_the_same_ids_from_3_processes(
-    db_path: str, tmp_path: Path, spawn,  # type: ignore[no-untyped-def]
+    db_path: str, tmp_path: Path, spawn: Callable[..., Worker],
 ) -> None:
     fire = tmp_path / "fire"
     workers = [
