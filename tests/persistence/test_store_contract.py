@@ -15,6 +15,7 @@ faults, each engine's schema migrations) is tested in that engine's own files:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,6 +29,7 @@ from corral.persistence import (
     DeliveryRequest,
     EntryKind,
     Fence,
+    Purged,
     Store,
     Suspension,
     UpdateOutcome,
@@ -844,3 +846,112 @@ async def test_a_refused_batch_leaves_the_other_ops_of_its_group_commit_alone(
     assert all(isinstance(r, AcceptResult) for r in results[1:])
     keys = sorted(r[0] for r in sql(db_path, "SELECT key FROM journal"))
     assert keys == [f"k{n}" for n in range(5)]
+
+
+# -- retention ------------------------------------------------------------------------
+
+_ENTITY_TABLES = ("entities", "runs", "journal", "dedupe", "snapshots", "timers",
+                  "dead_letters", "signal_waits", "suspensions")
+
+
+def _rows_of(location: str, key: str, run_id: int | None = None) -> dict[str, int]:
+    """The rows each table holds of entity ("E", key) (of one run), where it holds any."""
+    where = "" if run_id is None else f" AND run_id = {run_id}"
+    counts = {t: sql(location, f"SELECT count(*) FROM {t} WHERE etype = 'E' AND key = ?"
+                     f"{where}", key)[0][0] for t in _ENTITY_TABLES if t != "entities"
+              or run_id is None}
+    return {t: n for t, n in counts.items() if n}
+
+
+async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -> None:
+    """Entity `key` on shard 1 with journal, dedupe, snapshot, dead letter, wait and
+    suspension rows, then terminated (closed at its acceptance time: the test clock's
+    small numbers, long before any wall-clock cutoff)."""
+    first = (await store.accept(acc(key, "m1"))).entry
+    await store.accept(acc(key, "m2", start=None))
+    await store.write_snapshot(fence, "E", key, 1, applied_seq=1, state=b"s", keep=1)
+    await store.record_dead_letter(fence, first, error="e", traceback="", attempts=1,
+                                   failed_at=1.0)
+    await store.open_wait(fence, "E", key, 1, "approval", deadline=None, now=1.0)
+    await store.suspend_run(fence, Suspension("E", key, 1, "boom", 1, 1.0, 2.0))
+    await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
+
+
+async def test_retention_purges_a_closed_entity_with_all_its_rows_and_nothing_else(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    await _closed_with_every_kind_of_row(store, fence, "old")
+    await store.accept(acc("live", "m1"))  # running: never purged
+    await store.accept(acc("recent", "m1"))
+    assert await store.close_run(fence, "E", "recent", 1, applied_seq=1,
+                                 status=corral.RunStatus.COMPLETED, result=None, error=None)
+    await store.accept(acc("elsewhere", "m1", shard=2))
+    await store.accept(acc("elsewhere", "end", shard=2, kind=EntryKind.TERMINATE, start=None))
+    old = _rows_of(db_path, "old")
+    assert set(old) == set(_ENTITY_TABLES) - {"timers"}
+    before = {key: _rows_of(db_path, key) for key in ("live", "recent", "elsewhere")}
+
+    cutoff = 1e9  # after the test clock's terminations, before any wall-clock close
+    assert await store.purgeable("E", cutoff) == Purged(2, 2)  # "old" and "elsewhere"
+    assert _rows_of(db_path, "old") == old  # a dry run deletes nothing
+    purged = await store.purge_closed("E", cutoff, limit=10, fences=[fence])
+    assert purged == Purged(1, 1, sum(old.values()))  # shard 2 is not this host's
+    assert _rows_of(db_path, "old") == {}
+    assert {key: _rows_of(db_path, key) for key in before} == before
+    assert await store.purge_closed("E", cutoff, limit=10, fences=[fence]) == Purged()
+    elsewhere = sum(before["elsewhere"].values())
+    assert await store.purge_closed("E", cutoff, limit=10) == Purged(1, 1, elsewhere)
+    assert await store.purgeable("E", cutoff) == Purged()
+
+
+async def test_a_signal_to_a_purged_key_starts_run_1_and_its_old_ids_are_new_again(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    await _closed_with_every_kind_of_row(store, fence, "k")
+    reject = corral.IdReusePolicy.REJECT_DUPLICATE
+    with pytest.raises(corral.EntityClosedError):  # retained: the policy decides
+        await store.accept(acc("k", "again", reuse=reject))
+    await store.purge_closed("E", 1e9, limit=10, fences=[fence])
+    with pytest.raises(corral.EntityNotRunningError, match="was never started"):
+        await store.accept(acc("k", "m1", start=None))
+    fresh = await store.accept(acc("k", "m1", reuse=reject))  # m1: the purged run's id
+    assert (fresh.duplicate, fresh.started, fresh.entry.run_id, fresh.entry.seq) == (
+        False, True, 1, 1)
+    assert [r.run_id for r in await store.runs("E", "k")] == [1]
+
+
+async def test_retention_purges_oldest_first_in_bounded_batches_and_runs_left_behind(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    for key in ("a", "b", "c"):
+        await store.accept(acc(key, "m1"))
+        await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
+    await store.accept(acc("chain", "m1"))
+    await store.record_dead_letter(fence, (await store.journal("E", "chain", run_id=1,
+                                                               after_seq=0))[0],
+                                   error="e", traceback="", attempts=1, failed_at=1.0)
+    assert await store.continue_as_new(fence, "E", "chain", 1, applied_seq=1,
+                                       next_input="{}", carried=[]) == 2
+    assert await store.purge_closed("E", 1e9, limit=2, fences=[fence]) == Purged(2, 2, 12)
+    assert [k for k in ("a", "b", "c") if _rows_of(db_path, k)] == ["c"]  # oldest first
+    purged = await store.purge_closed("E", time.time() + 1, limit=10, fences=[fence])
+    assert (purged.runs, purged.entities) == (2, 1)  # "c", and "chain"'s run 1
+    assert _rows_of(db_path, "c") == {}
+    assert [r.run_id for r in await store.runs("E", "chain")] == [2]
+    assert "dead_letters" not in _rows_of(db_path, "chain", 1)
+    assert (await store.accept(acc("chain", "m1"))).duplicate  # ids stay for the window
+
+
+async def test_a_purge_with_a_lost_lease_is_refused_and_deletes_nothing(
+    store: Store, db_path: str,
+) -> None:
+    stale = await fence_for(store, 1)
+    await store.accept(acc("k", "m1"))
+    await store.accept(acc("k", "end", kind=EntryKind.TERMINATE, start=None))
+    await store.acquire_leases("other", [1], 60.0, force=True)
+    with pytest.raises(corral.LeaseLostError):
+        await store.purge_closed("E", 1e9, limit=10, fences=[stale])
+    assert _rows_of(db_path, "k")

@@ -25,6 +25,7 @@ from corral._common import (
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
+    Retention,
     RetryPolicy,
     SnapshotPolicy,
 )
@@ -277,6 +278,8 @@ class EntityDefinition:
     max_backlog: int | None = None
     """Signals accepted but not yet applied before a send is refused (None: unbounded)."""
     overflow: str = "refuse"
+    retention: Retention | None = None
+    """How long a closed run is kept before the hosts purge it (None: forever)."""
     """A signal over `max_backlog`: `"refuse"` it or keep it as a `"dead_letter"`."""
     early_signals: str = "buffer"
     """A delivery before `run()` waits: `"buffer"` it (it wins when `run()` gets there)
@@ -391,7 +394,7 @@ def _describe(annotation: Any) -> str:
 RESERVED_NAMES = frozenset({
     "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
     "run_id", "sleep", "sleep_until", "wait_for", "wait_for_signal", "now", "early_signals",
-    "state_version", "max_backlog", "overflow",
+    "state_version", "max_backlog", "overflow", "retention",
 })
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
@@ -456,6 +459,11 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
         issues.add(f"{cls.__name__}.early_signals must be 'buffer' or 'reject', got {early!r}")
         early = "buffer"
     max_backlog, overflow = _backlog(cls, issues)
+    retention = getattr(cls, "retention", None)
+    if retention is not None and not isinstance(retention, Retention):
+        issues.add(f"{cls.__name__}.retention must be corral.Retention(closed_for=...) or "
+                   f"None, got {retention!r}")
+        retention = None
     init = cls.__init__  # type: ignore[misc]
     start_type = None if init is object.__init__ else _single_model(
         cls, init, "__init__", localns, issues, what="__init__ (the start input)"
@@ -477,6 +485,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
         waits=waits, early_signals=early, max_backlog=max_backlog, overflow=overflow,
+        retention=retention,
         run_retry=run_retry, fail_on=fail_on,
         renamed=renamed, renamed_waits=renamed_waits,
         state=state,

@@ -13,6 +13,7 @@ from corral._common import (
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
+    Retention,
     RetryPolicy,
     SnapshotPolicy,
 )
@@ -100,6 +101,10 @@ class Entity:
     Updates, terminations and deliveries are never refused by it. The bound is the
     sending process's definition of the type.
     """
+
+    retention: ClassVar[Retention | None] = None
+    """Purge closed runs older than `Retention.closed_for` with all their rows (None:
+    keep them forever, the default). See `corral.Retention`."""
 
     overflow: ClassVar[str] = "refuse"
     """What a signal over `max_backlog` does: `"refuse"` (raise `EntityOverloadedError`,

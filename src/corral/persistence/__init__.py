@@ -15,6 +15,7 @@ from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
+from ._ops_retention import Purged
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -51,6 +52,7 @@ __all__ = [
     "Fence",
     "HostStore",
     "JournalEntry",
+    "Purged",
     "ReadStore",
     "RunRecord",
     "SqliteStore",

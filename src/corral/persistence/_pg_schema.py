@@ -51,6 +51,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
     # Graceful shard hand-off (`_ops_handoff`).
     6: create("lease_handoffs", "postgres"),
+    7: (),  # reserved for progress (issue 26)
+    8: (),  # reserved for steps (issue 27)
+    # Retention (`_ops_retention`) finds the runs closed longest ago per type.
+    9: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -44,6 +44,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
     # Graceful shard hand-off (`_ops_handoff`).
     8: create("lease_handoffs", "sqlite"),
+    9: (),  # reserved for progress (issue 26)
+    10: (),  # reserved for steps (issue 27)
+    # Retention (`_ops_retention`) finds the runs closed longest ago per type.
+    11: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

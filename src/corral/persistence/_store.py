@@ -13,6 +13,7 @@ from typing import Protocol
 from corral._common import RunStatus
 
 from ._builds import BuildRegistry
+from ._ops_retention import Purged
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -229,6 +230,18 @@ class HostStore(Protocol):
         ...
 
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]: ...
+
+    async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
+                           fences: Sequence[Fence] = ()) -> Purged:
+        """Retention: purge at most `limit` runs of `etype` closed before
+        `closed_before`, with their rows, in one transaction (see `_ops_retention`).
+        With `fences` (a host's) only those shards' entities, refused with
+        `LeaseLostError` once one is not current; without (an operator's) every shard."""
+        ...
+
+    async def purgeable(self, etype: str, closed_before: float) -> Purged:
+        """What `purge_closed` would purge of `etype`, without a limit (a dry run)."""
+        ...
 
     async def suspend_run(self, fence: Fence, record: Suspension) -> None:
         """Record that the run is suspended (its `run()` raised, or its activation could

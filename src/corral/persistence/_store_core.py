@@ -27,6 +27,7 @@ from ._ops_handoff import (
     offered_to,
     requests_for,
 )
+from ._ops_retention import PurgeClosedOp, Purged, purgeable
 from ._ops_runs import (
     ActivatedOp,
     CloseRunOp,
@@ -150,6 +151,16 @@ class StoreCore:
         op = ContinueAsNewOp(fence, etype, key, run_id, applied_seq, next_input,
                              tuple(carried))
         return await self.write(op)  # type: ignore[no-any-return]
+
+    # -- retention (`_ops_retention`) ------------------------------------------------
+
+    async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
+                           fences: Sequence[Fence] = ()) -> Purged:
+        op = PurgeClosedOp(etype, closed_before, limit, tuple(fences))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def purgeable(self, etype: str, closed_before: float) -> Purged:
+        return await self.query(purgeable, etype, closed_before)
 
     # -- graceful shard hand-off (`_ops_handoff`) -----------------------------------
 

@@ -129,6 +129,7 @@ class Txn:
 
     ROW_LOCK: ClassVar[str] = ""  # appended to a read of the entity row it will write
     SHARE_LOCK: ClassVar[str] = ""  # appended to a read of a lease row it checks
+    SKIP_LOCKED: ClassVar[str] = ""  # appended to a read of a row to lock unless busy
     CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... at)
 
     entities: dict[Ident, EntityRow | None] = field(default_factory=dict)

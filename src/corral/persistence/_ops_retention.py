@@ -1,0 +1,134 @@
+"""Retention (`corral.Retention`): purge runs closed before a cutoff, with their rows.
+Written once for both engines (see `_txn`).
+
+An entity whose latest run closed before the cutoff goes entirely: every row keyed by
+its type and key, so a later signal-with-start finds a key never seen. A run the
+entity left behind (continued as new, or closed before a restart) goes with its own
+rows (snapshots, waits, dead letters); its journal rows were carried or are covered,
+and its dedupe ids stay for the dedupe window to forget (a carried entry's id must
+keep answering duplicate).
+
+A purge takes no shard's tick row, so acceptances never wait for it. An entity row
+some other transaction holds is skipped (PostgreSQL: `SKIP LOCKED`) and taken in a
+later round; an acceptance racing the purge of its key may still be answered
+duplicate from the dedupe row it read before the purge committed (the id was
+accepted, by the purged run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from corral._common import RunStatus
+
+from ._txn import Fence, LockPlan, Txn
+
+__all__ = ["PurgeClosedOp", "Purged", "purgeable"]
+
+# Every table with rows of one entity, keyed by (etype, key).
+_ENTITY_TABLES = ("journal", "dedupe", "snapshots", "timers", "dead_letters",
+                  "signal_waits", "suspensions", "runs", "entities")
+# The tables with rows of one run (besides `runs`), keyed by (etype, key, run_id).
+_RUN_TABLES = ("snapshots", "dead_letters", "signal_waits")
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    """What one purge removed (or, dry, would remove): `runs` (the closed runs
+    counted), `entities` (of them, the entities gone with their latest run) and
+    `rows` (every row deleted, runs and entities included; 0 when dry)."""
+
+    runs: int = 0
+    entities: int = 0
+    rows: int = 0
+
+    def __add__(self, other: Purged) -> Purged:
+        return Purged(self.runs + other.runs, self.entities + other.entities,
+                      self.rows + other.rows)
+
+
+def _candidates(shards: Sequence[int] | None) -> str:
+    """The query of (key, run_id, the entity's run_id, its status) of the oldest runs
+    of a type closed before a cutoff (on the shards named)."""
+    where = "" if shards is None else f" AND e.shard IN ({', '.join('?' * len(shards))})"
+    return ("SELECT r.key, r.run_id, e.run_id, e.status FROM runs r JOIN entities e "
+            "ON e.etype = r.etype AND e.key = r.key "
+            f"WHERE r.etype = ? AND r.closed_at < ?{where} ORDER BY r.closed_at LIMIT ?")
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeClosedOp:
+    """Purge at most `limit` runs of `entity_type` closed before `closed_before`.
+
+    A host passes the `fences` of the shards it holds: only their entities are
+    purged, and the op is refused (`LeaseLostError`, nothing deleted) once one of them
+    is no longer current. An operator (`corral purge`) passes none: every shard.
+    """
+
+    entity_type: str
+    closed_before: float
+    limit: int
+    fences: tuple[Fence, ...] = ()
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        plan.leases.update(fence.shard for fence in self.fences)
+
+    async def apply(self, txn: Txn) -> Purged:
+        for fence in self.fences:
+            await txn.check(fence)
+        shards = [fence.shard for fence in self.fences] if self.fences else None
+        rows = await txn.fetchall(_candidates(shards), self.entity_type, self.closed_before, *(shards or ()),
+                                  self.limit)
+        purged = Purged()
+        gone: set[str] = set()  # entities purged whole: their older runs went with them
+        for key, run_id, latest, status in rows:
+            if key in gone:
+                continue
+            if run_id != latest:
+                purged += await self._purge_run(txn, key, run_id)
+            elif status != RunStatus.RUNNING.value:
+                whole = await self._purge_entity(txn, key, run_id)
+                if whole.entities:
+                    gone.add(key)
+                purged += whole
+        return purged
+
+    async def _purge_run(self, txn: Txn, key: str, run_id: int) -> Purged:
+        """A run the entity left behind: its row and its own rows."""
+        deleted = 0
+        for table in (*_RUN_TABLES, "runs"):
+            deleted += await txn.execute(
+                f"DELETE FROM {table} WHERE etype = ? AND key = ? AND run_id = ?",
+                self.entity_type, key, run_id)
+        return Purged(1, 0, deleted)
+
+    async def _purge_entity(self, txn: Txn, key: str, run_id: int) -> Purged:
+        """The entity whose latest run is `run_id`, closed: every row it has, unless
+        its row is busy or changed since the candidates were read."""
+        row = await txn.fetchone(f"SELECT run_id, status FROM entities WHERE etype = ? "
+                                 f"AND key = ?{txn.SKIP_LOCKED}", self.entity_type, key)
+        if row is None or row[0] != run_id or row[1] == RunStatus.RUNNING.value:
+            return Purged()
+        deleted = 0
+        for table in _ENTITY_TABLES:
+            deleted += await txn.execute(f"DELETE FROM {table} WHERE etype = ? AND key = ?",
+                                         self.entity_type, key)
+        # This batch's later ops read the truth: no entity, no dedupe window.
+        txn.entities[(self.entity_type, key)] = None
+        txn.forget_window(self.entity_type, key)
+        return Purged(1, 1, deleted)
+
+
+async def purgeable(q: Txn, entity_type: str, closed_before: float) -> Purged:
+    """What `PurgeClosedOp` would purge of `entity_type` at `closed_before`, without a
+    limit (`corral purge --dry-run`): runs and entities; rows are not counted."""
+    row = await q.fetchone(
+        "SELECT count(*), coalesce(sum(CASE WHEN r.run_id = e.run_id "
+        "AND e.status <> 'running' THEN 1 ELSE 0 END), 0) FROM runs r JOIN entities e "
+        "ON e.etype = r.etype AND e.key = r.key WHERE r.etype = ? AND r.closed_at < ?",
+        entity_type, closed_before)
+    assert row is not None
+    return Purged(int(row[0]), int(row[1]))
