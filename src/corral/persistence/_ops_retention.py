@@ -80,8 +80,8 @@ class PurgeClosedOp:
         for fence in self.fences:
             await txn.check(fence)
         shards = [fence.shard for fence in self.fences] if self.fences else None
-        rows = await txn.fetchall(_candidates(shards), self.entity_type, self.closed_before, *(shards or ()),
-                                  self.limit)
+        rows = await txn.fetchall(_candidates(shards), self.entity_type,
+                                  self.closed_before, *(shards or ()), self.limit)
         purged = Purged()
         gone: set[str] = set()  # entities purged whole: their older runs went with them
         for key, run_id, latest, status in rows:
