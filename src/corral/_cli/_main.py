@@ -12,7 +12,7 @@ import typer
 import corral
 from corral._app import load_app
 
-from . import _builds, _dead_letters, _entities, _snapshots, _waits
+from . import _builds, _dead_letters, _entities, _purge, _snapshots, _waits
 from ._connection import AppOption, ShardsOption, StoreOption
 from ._errors import (
     EXIT_BAD_INPUT,
@@ -64,6 +64,7 @@ app.command("signal")(_entities.send_signal)
 app.command("deliver")(_waits.deliver)
 app.command("check-snapshots")(_snapshots.check)
 app.command("builds")(_builds.list_builds)
+app.command("purge")(_purge.purge)
 
 
 @app.command("demo")
