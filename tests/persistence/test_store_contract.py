@@ -955,3 +955,14 @@ async def test_a_purge_with_a_lost_lease_is_refused_and_deletes_nothing(
     with pytest.raises(corral.LeaseLostError):
         await store.purge_closed("E", 1e9, limit=10, fences=[stale])
     assert _rows_of(db_path, "k")
+
+
+async def test_a_purge_of_more_entities_than_one_statement_takes_purges_them_all(
+    store: Store, db_path: str,
+) -> None:
+    keys = [f"k{n}" for n in range(450)]  # more than a statement's 400 keys
+    await store.accept_many([acc(k, "m1") for k in keys])
+    await store.accept_many([acc(k, "end", kind=EntryKind.TERMINATE, start=None)
+                             for k in keys])
+    assert await store.purge_closed("E", 1e9, limit=1000) == Purged(450, 450, 450 * 6)
+    assert sql(db_path, "SELECT count(*) FROM runs") == [(0,)]

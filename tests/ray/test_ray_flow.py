@@ -14,7 +14,7 @@ import pytest
 
 import corral
 from corral.runtime._ray import stop_hosts
-from flow_entities import BOUND, Bounded
+from flow_entities import BOUND, Bounded, Brief
 from procs import sql, wait_until
 from ray_workers import Counter, Item, Seen, Start, Tally
 
@@ -95,3 +95,21 @@ async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
 
         await wait_until(drained, "k0's signals applied")
         assert (await refs[0].query(Counter.seen)).items == ["k0-0", "k0-1", "k0-2", "k0-x"]
+
+
+async def test_shard_actors_purge_closed_runs_past_retention_and_a_purged_key_starts_afresh(
+    db_path: str, namespace: str,
+) -> None:
+    async with corral.open_runtime(db_path, entities=[Brief], backend="ray",
+                                   namespace=namespace, shards=2, lease_ttl=5.0) as rt:
+        for n in range(6):
+            await rt.ref(Brief, f"k{n}").signal_with_start(Brief.done, Item(id="m"),
+                                                           start=None, message_id="m")
+
+        def purged() -> bool:
+            return sql(db_path, "SELECT count(*) FROM entities WHERE etype = 'Brief'") == [(0,)]
+
+        await wait_until(purged, "every Brief closed and purged by its shard's actor")
+        ack = await rt.ref(Brief, "k0").signal_with_start(Brief.done, Item(id="m"),
+                                                          start=None, message_id="m")
+    assert (ack.status, ack.run_id, ack.started) == ("accepted", 1, True)

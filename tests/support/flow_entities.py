@@ -10,7 +10,7 @@ import os
 import corral
 from ray_workers import Item, Seen
 
-__all__ = ["BOUND", "Bounded", "Overflowing"]
+__all__ = ["BOUND", "Bounded", "Brief", "Overflowing"]
 
 BOUND = 20
 
@@ -39,3 +39,14 @@ class Overflowing(Bounded):
 
     overflow = "dead_letter"
 
+
+
+class Brief(corral.Entity):
+    """Closed by its first signal; its closed runs kept 0.2 s (retention on Ray)."""
+
+    retention = corral.Retention(closed_for=0.2)
+    done = corral.signal(Item)
+
+    async def run(self) -> None:
+        async for _ in self.mailbox:
+            return

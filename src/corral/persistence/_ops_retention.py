@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from corral._common import RunStatus
 
 from ._txn import Fence, LockPlan, Txn
 
 __all__ = ["PurgeClosedOp", "Purged", "purgeable"]
+
+T = TypeVar("T")
 
 # Every table with rows of one entity, keyed by (etype, key).
 _ENTITY_TABLES = ("journal", "dedupe", "snapshots", "timers", "dead_letters",
@@ -82,44 +84,58 @@ class PurgeClosedOp:
         shards = [fence.shard for fence in self.fences] if self.fences else None
         rows = await txn.fetchall(_candidates(shards), self.entity_type,
                                   self.closed_before, *(shards or ()), self.limit)
-        purged = Purged()
-        gone: set[str] = set()  # entities purged whole: their older runs went with them
-        for key, run_id, latest, status in rows:
-            if key in gone:
-                continue
-            if run_id != latest:
-                purged += await self._purge_run(txn, key, run_id)
-            elif status != RunStatus.RUNNING.value:
-                whole = await self._purge_entity(txn, key, run_id)
-                if whole.entities:
-                    gone.add(key)
-                purged += whole
+        whole = {key: run_id for key, run_id, latest, status in rows
+                 if run_id == latest and status != RunStatus.RUNNING.value}
+        purged, gone = Purged(), set[str]()
+        for keys in _chunks(sorted(whole)):
+            done, deleted = await self._purge_entities(txn, {k: whole[k] for k in keys})
+            gone |= deleted
+            purged += done
+        # Runs left behind, of entities not gone whole (their rows went with them).
+        left = [(key, run_id) for key, run_id, latest, _ in rows
+                if run_id != latest and key not in gone and key not in whole]
+        for pairs in _chunks(left):
+            purged += await self._purge_runs(txn, pairs)
         return purged
 
-    async def _purge_run(self, txn: Txn, key: str, run_id: int) -> Purged:
-        """A run the entity left behind: its row and its own rows."""
-        deleted = 0
-        for table in (*_RUN_TABLES, "runs"):
-            deleted += await txn.execute(
-                f"DELETE FROM {table} WHERE etype = ? AND key = ? AND run_id = ?",
-                self.entity_type, key, run_id)
-        return Purged(1, 0, deleted)
-
-    async def _purge_entity(self, txn: Txn, key: str, run_id: int) -> Purged:
-        """The entity whose latest run is `run_id`, closed: every row it has, unless
-        its row is busy or changed since the candidates were read."""
-        row = await txn.fetchone(f"SELECT run_id, status FROM entities WHERE etype = ? "
-                                 f"AND key = ?{txn.SKIP_LOCKED}", self.entity_type, key)
-        if row is None or row[0] != run_id or row[1] == RunStatus.RUNNING.value:
-            return Purged()
+    async def _purge_entities(self, txn: Txn, runs: dict[str, int]
+                              ) -> tuple[Purged, set[str]]:
+        """The entities whose latest run is `runs[key]`, closed: every row they have,
+        except those whose row is busy or changed since the candidates were read."""
+        marks = ", ".join("?" * len(runs))
+        found = await txn.fetchall(f"SELECT key, run_id, status FROM entities WHERE etype = ? "
+                                   f"AND key IN ({marks}){txn.SKIP_LOCKED}",
+                                   self.entity_type, *runs)
+        keys = sorted(key for key, run_id, status in found
+                      if runs[key] == run_id and status != RunStatus.RUNNING.value)
+        if not keys:
+            return Purged(), set()
+        marks = ", ".join("?" * len(keys))
         deleted = 0
         for table in _ENTITY_TABLES:
-            deleted += await txn.execute(f"DELETE FROM {table} WHERE etype = ? AND key = ?",
-                                         self.entity_type, key)
-        # This batch's later ops read the truth: no entity, no dedupe window.
-        txn.entities[(self.entity_type, key)] = None
-        txn.forget_window(self.entity_type, key)
-        return Purged(1, 1, deleted)
+            deleted += await txn.execute(f"DELETE FROM {table} WHERE etype = ? "
+                                         f"AND key IN ({marks})", self.entity_type, *keys)
+        for key in keys:  # this batch's later ops read the truth: no entity, no window
+            txn.entities[(self.entity_type, key)] = None
+            txn.forget_window(self.entity_type, key)
+        return Purged(len(keys), len(keys), deleted), set(keys)
+
+    async def _purge_runs(self, txn: Txn, pairs: Sequence[tuple[str, int]]) -> Purged:
+        """Runs the entities left behind: their rows and their own rows."""
+        which = " OR ".join(["(key = ? AND run_id = ?)"] * len(pairs))
+        args = [value for pair in pairs for value in pair]
+        deleted = 0
+        for table in (*_RUN_TABLES, "runs"):
+            deleted += await txn.execute(f"DELETE FROM {table} WHERE etype = ? AND ({which})",
+                                         self.entity_type, *args)
+        return Purged(len(pairs), 0, deleted)
+
+
+_CHUNK = 400  # keys per statement: under SQLite's oldest limit of 999 arguments
+
+
+def _chunks(items: Sequence[T]) -> list[Sequence[T]]:
+    return [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
 
 
 async def purgeable(q: Txn, entity_type: str, closed_before: float) -> Purged:
