@@ -10,8 +10,9 @@ Each round starts `--entities` new entities (`signal_many`, batches of 500, each
 a signal-with-start whose `run()` completes on that one message), waits until every
 run closed, then until the hosts' retention (`closed_for=1 s`, 2,000 runs a round)
 purged them all. After each round it reads every table's row count and the store's
-size (SQLite: the file and its WAL; PostgreSQL: `pg_database_size`). The issue asks
-for a million entities; on a shared 2-core machine the default is 5 rounds of 10,000
+size (SQLite: the database file, and the pages of it in use; PostgreSQL:
+`pg_database_size` after a plain `VACUUM`, which autovacuum runs on its own schedule,
+and before it). The issue asks for a million entities; on a shared 2-core machine the default is 5 rounds of 10,000
 (50,000 entities). What it shows scales with the entities *retained* (closed within
 `closed_for`), not with those ever created: a round leaves the same rows and the same
 pages in use whatever came before, so a million (100 rounds) ends where round 1 did;
@@ -23,16 +24,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import platform
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import _pg
-from accept import write_json
+import asyncpg
 from pydantic import BaseModel
 
 import corral
@@ -85,11 +85,19 @@ async def _size(rt: corral.Runtime, store: str) -> int:
     return await rt.store.query(read)  # type: ignore[attr-defined, no-any-return]
 
 
-async def _in_use(rt: corral.Runtime, store: str) -> int | None:
+async def _in_use(rt: corral.Runtime, store: str) -> int:
     """SQLite: the bytes of pages in use (the file less its free list, which the next
-    round's rows reuse); None on PostgreSQL (whose free space is its own)."""
+    round's rows reuse). PostgreSQL: the size before a plain `VACUUM` (run here, as
+    autovacuum would on its own schedule, marking the purged rows' space reusable; the
+    size reported is the one after it)."""
     if store.startswith("postgresql://"):
-        return None
+        before = await _size(rt, store)
+        conn = await asyncpg.connect(store)
+        try:
+            await conn.execute("VACUUM")
+        finally:
+            await conn.close()
+        return before
 
     async def read(q: Any) -> int:
         pages = (await q.fetchone("PRAGMA page_count"))[0]
@@ -126,8 +134,9 @@ async def round_(rt: corral.Runtime, store: str, n: int, entities: int) -> dict[
     counts = await _counts(rt)
     return {"round": n, "entities": entities, "completed_s": round(completed, 2),
             "purged_s_after_completion": round(purged, 2),
-            "rows": sum(counts.values()), "counts": counts, "bytes": await _size(rt, store),
-            "bytes_in_use": await _in_use(rt, store)}
+            "rows": sum(counts.values()), "counts": counts,
+            "bytes_in_use_or_before_vacuum": await _in_use(rt, store),
+            "bytes": await _size(rt, store)}
 
 
 async def bench(store: str, rounds: int, entities: int) -> list[dict[str, Any]]:
@@ -146,18 +155,19 @@ async def bench(store: str, rounds: int, entities: int) -> list[dict[str, Any]]:
 
 
 def table(engine: str, rows: list[dict[str, Any]]) -> str:
+    other = "of which in use" if engine == "SQLite" else "before VACUUM"
     lines = [f"| {engine} round | entities created (total) | rows after | store bytes after |"
-             " of which in use | completed in | purged after |", "|---|---|---|---|---|---|---|"]
+             f" {other} | completed in | purged after |", "|---|---|---|---|---|---|---|"]
     total = 0
     for r in rows:
         total += r["entities"]
-        in_use = "-" if r["bytes_in_use"] is None else f"{r['bytes_in_use']:,}"
+        in_use = f"{r['bytes_in_use_or_before_vacuum']:,}"
         lines.append(f"| {r['round']} | {total:,} | {r['rows']} | {r['bytes']:,} | {in_use} | "
                      f"{r['completed_s']:.1f} s | {r['purged_s_after_completion']:.1f} s |")
     return "\n".join(lines)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def amain(args: argparse.Namespace, server: _pg.Server | None) -> dict[str, Any]:
     result: dict[str, Any] = {"rounds": args.rounds, "entities_per_round": args.entities,
                               "closed_for": 1.0, "machine": platform.platform(),
                               "date": time.strftime("%F")}
@@ -167,25 +177,13 @@ async def main(args: argparse.Namespace) -> None:
         result["sqlite"] = await bench(str(Path(tmp) / "retention.db"), args.rounds,
                                        args.entities)
         tables.append(table("SQLite", result["sqlite"]))
-    if not args.no_postgres:
-        try:
-            with _pg.throwaway_server() as server:
-                print("PostgreSQL", flush=True)
-                async with _database(server) as url:
-                    result["postgresql"] = await bench(url, args.rounds, args.entities)
-                tables.append(table("PostgreSQL", result["postgresql"]))
-        except _pg.ServerUnavailable as err:
-            print(f"PostgreSQL: not run ({err})")
-            result["postgresql"] = f"not run: {err}"
+    if server is not None:
+        print("PostgreSQL", flush=True)
+        async with server.database("retention") as url:
+            result["postgresql"] = await bench(url, args.rounds, args.entities)
+        tables.append(table("PostgreSQL", result["postgresql"]))
     print("\n" + "\n\n".join(tables))
-    write_json(args.out, result)
-    print(f"written to {args.out}")
-
-
-@contextlib.asynccontextmanager
-async def _database(server: Any) -> AsyncIterator[str]:
-    async with server.database("retention") as url:
-        yield url
+    return result
 
 
 if __name__ == "__main__":
@@ -194,4 +192,6 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--entities", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    asyncio.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
+                      out=args.out)
