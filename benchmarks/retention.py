@@ -12,11 +12,12 @@ run closed, then until the hosts' retention (`closed_for=1 s`, 2,000 runs a roun
 purged them all. After each round it reads every table's row count and the store's
 size (SQLite: the database file, and the pages of it in use; PostgreSQL:
 `pg_database_size` after a plain `VACUUM`, which autovacuum runs on its own schedule,
-and before it). The issue asks for a million entities; on a shared 2-core machine the default is 5 rounds of 10,000
-(50,000 entities). What it shows scales with the entities *retained* (closed within
-`closed_for`), not with those ever created: a round leaves the same rows and the same
-pages in use whatever came before, so a million (100 rounds) ends where round 1 did;
-the purge cost is per run (a few deletes by primary key), so its rate carries over.
+and before it). The issue asks for a million entities; on a shared 2-core machine the
+default is 5 rounds of 10,000 (50,000 entities). What it shows scales with the
+entities *retained* (closed within `closed_for`), not with those ever created: a round
+leaves the same rows and the same pages in use whatever came before, so a million
+(100 rounds) ends where round 1 did; the purge cost is per run (a few set-based
+deletes per 400 entities), so its rate carries over.
 Writes benchmarks/results/retention.json.
 """
 
