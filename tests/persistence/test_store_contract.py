@@ -966,3 +966,14 @@ async def test_a_purge_of_more_entities_than_one_statement_takes_purges_them_all
                              for k in keys])
     assert await store.purge_closed("E", 1e9, limit=1000) == Purged(450, 450, 450 * 6)
     assert sql(db_path, "SELECT count(*) FROM runs") == [(0,)]
+
+
+async def test_an_entity_purged_whole_counts_every_run_it_had_as_the_dry_run_does(
+    store: Store, db_path: str,
+) -> None:
+    for mid in ("a", "b"):  # run 1 terminated, then run 2 started and terminated
+        await store.accept(acc("k", mid))
+        await store.accept(acc("k", f"end-{mid}", kind=EntryKind.TERMINATE, start=None))
+    assert await store.purgeable("E", 1e9) == Purged(2, 1)
+    assert await store.purge_closed("E", 1e9, limit=10) == Purged(2, 1, 1 + 2 + 4 + 4)
+    assert _rows_of(db_path, "k") == {}

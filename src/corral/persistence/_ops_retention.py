@@ -38,8 +38,8 @@ _RUN_TABLES = ("snapshots", "dead_letters", "signal_waits")
 
 @dataclass(frozen=True, slots=True)
 class Purged:
-    """What one purge removed (or, dry, would remove): `runs` (the closed runs
-    counted), `entities` (of them, the entities gone with their latest run) and
+    """What one purge removed (or, dry, would remove): `runs` (closed runs, those of an
+    entity gone whole included), `entities` (the entities gone whole) and
     `rows` (every row deleted, runs and entities included; 0 when dry)."""
 
     runs: int = 0
@@ -111,14 +111,13 @@ class PurgeClosedOp:
         if not keys:
             return Purged(), set()
         marks = ", ".join("?" * len(keys))
-        deleted = 0
-        for table in _ENTITY_TABLES:
-            deleted += await txn.execute(f"DELETE FROM {table} WHERE etype = ? "
-                                         f"AND key IN ({marks})", self.entity_type, *keys)
+        deleted = {table: await txn.execute(f"DELETE FROM {table} WHERE etype = ? "
+                                            f"AND key IN ({marks})", self.entity_type, *keys)
+                   for table in _ENTITY_TABLES}
         for key in keys:  # this batch's later ops read the truth: no entity, no window
             txn.entities[(self.entity_type, key)] = None
             txn.forget_window(self.entity_type, key)
-        return Purged(len(keys), len(keys), deleted), set(keys)
+        return Purged(deleted["runs"], len(keys), sum(deleted.values())), set(keys)
 
     async def _purge_runs(self, txn: Txn, pairs: Sequence[tuple[str, int]]) -> Purged:
         """Runs the entities left behind: their rows and their own rows."""
