@@ -26,6 +26,9 @@ What the endpoint does with a `POST /webhooks/tickets`, in this order:
    `{"status": "accepted" | "duplicate", "seq": ..., "run_id": ..., ...}`. A provider
    retries anything that is not 2xx, so a crash before the answer costs a retry, which
    is a duplicate, never a lost or doubled reply.
+5. Answers 429 with `Retry-After` when the ticket is overloaded: `Ticket.max_backlog`
+   replies are accepted but not yet applied (`corral.EntityOverloadedError`, nothing
+   stored). Providers retry a 429 after the delay, with the same event id.
 
 The same Starlette app runs under Ray Serve (`serve_deployment`): each replica opens its
 own corral client on the Ray backend (`backend="ray"`, same store and namespace) in the
@@ -40,6 +43,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import math
 import os
 import socket
 import tempfile
@@ -76,6 +80,8 @@ class Reply(BaseModel):
 
 class Ticket(corral.Entity):
     """A support ticket: buffers every customer reply it is sent, once each."""
+
+    max_backlog = 1_000  # replies accepted but not applied: past it, senders get a 429
 
     replies: list[Reply]  # state: snapshots encode it through pydantic
 
@@ -198,6 +204,10 @@ def create_app(runtime: corral.Runtime | RuntimeOpener, *, secret: bytes,
                                 409, headers=extra)
         except corral.StoreUnavailableError:  # maybe committed: the retry (same id) tells
             return JSONResponse({"error": "store unavailable"}, 503, headers=extra)
+        except corral.EntityOverloadedError as err:  # nothing stored: retry later
+            return JSONResponse({"error": f"ticket-{event.ticket_id} is overloaded"}, 429,
+                                headers={**(extra or {}),
+                                         "Retry-After": str(math.ceil(err.retry_after))})
         return JSONResponse({
             "status": ack.status, "seq": ack.seq, "run_id": ack.run_id,
             "started": ack.started, "ticket": f"ticket-{event.ticket_id}",

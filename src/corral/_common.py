@@ -14,6 +14,7 @@ __all__ = [
     "ContinueAsNewPolicy",
     "DedupeWindow",
     "IdReusePolicy",
+    "Retention",
     "RetryPolicy",
     "RunStatus",
     "SnapshotPolicy",
@@ -221,3 +222,37 @@ class DedupeWindow:
             raise ValueError(f"DedupeWindow.max_count must be >= 1 or None, got {self.max_count}")
         if self.max_age is not None and self.max_age <= 0:
             raise ValueError(f"DedupeWindow.max_age must be > 0 or None, got {self.max_age}")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long an entity's closed run is kept before the hosts purge it.
+
+    An entity whose latest run closed (completed, failed or terminated) more than
+    `closed_for` seconds ago is purged with every row it has: its runs, journal, dedupe
+    ids, snapshots, waits, timers and dead letters; so are the runs an entity left
+    behind by continuing as new or being restarted, once closed that long (their
+    dedupe ids stay until the dedupe window forgets them). The hosts holding the
+    entity's shard purge in the background, at most `batch` runs per type per round,
+    fenced by their leases. A signal-with-start to a purged key then starts run 1, as
+    for a key never seen, whatever the `IdReusePolicy` (which decides only while the
+    closed run is retained); a message id seen only by a purged run is not recognised
+    as a duplicate any more.
+
+    Example:
+        class Cart(corral.Entity):
+            retention = corral.Retention(closed_for=7 * 86400)
+    """
+
+    closed_for: float
+    batch: int = 500
+
+    def __post_init__(self) -> None:
+        if isinstance(self.closed_for, bool) or not isinstance(self.closed_for, int | float) \
+                or not self.closed_for > 0:
+            raise ValueError(f"Retention.closed_for must be seconds > 0, got "
+                             f"{self.closed_for!r}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) \
+                or not 1 <= self.batch <= 100_000:
+            raise ValueError(f"Retention.batch must be an int in [1, 100000], got "
+                             f"{self.batch!r}")

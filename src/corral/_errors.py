@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "BatchRefusedError",
     "CorralError",
     "DeadLetterNotFoundError",
     "DefinitionMismatchError",
@@ -17,6 +18,7 @@ __all__ = [
     "EntityDefinitionError",
     "EntityFailedError",
     "EntityNotRunningError",
+    "EntityOverloadedError",
     "EntityTerminatedError",
     "FailRun",
     "HandlerNotHostedError",
@@ -131,6 +133,71 @@ class EntityNotRunningError(CorralError):
 
     Use `signal_with_start` / `update_with_start` to start it; a message never vanishes.
     """
+
+
+class EntityOverloadedError(CorralError):
+    """A signal would have taken the entity's backlog (messages accepted but not yet
+    applied) past its type's `max_backlog`. Nothing was stored.
+
+    Retryable: send the same message again (with the same message id) after about
+    `retry_after` seconds. A sender that cannot wait declares `overflow = "dead_letter"`
+    on the entity type instead, and such sends are kept as dead letters.
+
+    Attributes:
+        backlog: the backlog the store counted (accepted seq minus the applied
+            watermark it knew, which may lag: see `Entity.max_backlog`).
+        max_backlog: the type's bound.
+        retry_after: a suggested delay in seconds before sending again.
+
+    Example:
+        try:
+            await ref.signal_with_start(Ticket.reply, reply, start=start, message_id=mid)
+        except corral.EntityOverloadedError as err:
+            return Response(status_code=429, headers={"Retry-After": str(err.retry_after)})
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, backlog: int = 0, max_backlog: int = 0,
+                 retry_after: float = 1.0, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.backlog = backlog
+        self.max_backlog = max_backlog
+        self.retry_after = retry_after
+
+
+class BatchRefusedError(CorralError):
+    """A batch of signals (`Runtime.signal_many`) was refused as a whole because of one
+    item: nothing of the batch was stored (on Ray: nothing of that item's shard; see
+    `signal_many`).
+
+    Attributes:
+        index: the refused item's position in the batch (0-based).
+        error: that item's own error (also the `__cause__`): an `InvalidPayloadError`,
+            `IdempotencyConflictError`, `EntityNotRunningError`, `EntityOverloadedError`...
+            `entity_type`, `key` and `message_id` are the item's.
+
+    Example:
+        try:
+            acks = await rt.signal_many(items)
+        except corral.BatchRefusedError as err:
+            log.warning("event %d refused: %s", err.index, err.error)
+            acks = await rt.signal_many(items[:err.index] + items[err.index + 1:])
+    """
+
+    def __init__(self, message: str = "", *, index: int = 0,
+                 error: CorralError | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.index = index
+        self.error = error
+
+    @classmethod
+    def of(cls, index: int, error: CorralError) -> BatchRefusedError:
+        """The batch's refusal for its item `index` refused with `error`."""
+        return cls(f"item {index} of the batch was refused, so the batch was: "
+                   f"{type(error).__name__}: {error}", index=index, error=error,
+                   entity_type=error.entity_type, key=error.key, run_id=error.run_id,
+                   message_id=error.message_id)
 
 
 class EntityClosedError(CorralError):

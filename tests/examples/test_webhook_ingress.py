@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 import corral
+from procs import wait_until
 from stores import sql
 from webhook_traffic import (
     BROKEN,
@@ -185,3 +186,40 @@ def test_the_example_runs_as_a_script_and_says_what_each_delivery_got(tmp_path: 
     assert lines[6:] == ["ticket-9104 applied ['wh-1', 'wh-2']",
                          "ticket-9105 applied ['wh-3']"]
     assert not list(tmp_path.iterdir())  # its store lived in a temporary directory
+
+
+async def test_an_overloaded_ticket_answers_429_with_retry_after_and_stores_nothing(
+    example: ModuleType, db_path: str,
+) -> None:
+    """Web workers are pure clients: with no host applying, a ticket's backlog fills up
+    to `Ticket.max_backlog`, then a delivery gets 429 and a retry once it drained, 200."""
+    bound = example.Ticket.max_backlog
+    start, key = example.TicketInput(tenant="acme"), "ticket-7"
+    async with corral.open_runtime(db_path, entities=[example.Ticket], host=False) as rt, \
+            example.serve_http(example.create_app(rt, secret=SECRET)) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        ref = rt.ref(example.Ticket, key)
+        reply = example.Reply(message_id="r", body="b", at="2026-01-01T00:00:00Z")
+        await asyncio.gather(*(ref.signal_with_start(example.Ticket.customer_reply, reply,
+                                                     start=start, message_id=f"fill-{n}")
+                               for n in range(bound)))
+        body = event_body("evt-over", 7)
+        refused = await client.post(PATH, content=body, headers=example.sign(SECRET, body))
+        assert refused.status_code == 429
+        assert refused.json() == {"error": "ticket-7 is overloaded"}
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert sql(db_path, "SELECT count(*) FROM dedupe WHERE message_id = 'evt-over'") == [(0,)]
+        async with corral.open_runtime(db_path, entities=[example.Ticket]) as host:
+            applied = await host.ref(example.Ticket, key).query(example.Ticket.applied)
+            assert len(applied) == bound
+            codes: list[int] = []
+
+            async def retried() -> bool:  # the pure client sees the host's snapshot
+                answer = await client.post(PATH, content=body,
+                                           headers=example.sign(SECRET, body))
+                codes.append(answer.status_code)
+                return answer.status_code == 200
+
+            await wait_until(retried, "the retry accepted once the backlog drained")
+    assert set(codes) <= {200, 429}
+    assert sql(db_path, "SELECT count(*) FROM dedupe WHERE message_id = 'evt-over'") == [(1,)]

@@ -314,7 +314,8 @@ async def test_signal_signal_with_start_and_deliver_reach_the_entities_once(
                                 "sender": "ana", "delivered_at": delivered.json()["delivered_at"],
                                 "run_id": 1}
     assert again.ok().strip() == "duplicate run 1 seq 3"
-    assert cleared.json() == {"status": "accepted", "run_id": 1, "seq": 2, "started": False}
+    assert cleared.json() == {"status": "accepted", "run_id": 1, "seq": 2, "started": False,
+                              "dead_letter_id": None}
     assert lost.ok().startswith("already_delivered to run 1 (won by 'ana' at ")
 
     Board.broken = False
@@ -362,7 +363,7 @@ async def test_dead_letters_are_replayed_and_discarded_by_id_and_all_at_once(
     assert bulk.returncode == 1
     outcomes = {o["id"]: o for o in json.loads(bulk.stdout)}
     assert outcomes[bang2]["ack"] == {"status": "accepted", "run_id": 1, "seq": 3,
-                                      "started": False}
+                                      "started": False, "dead_letter_id": None}
     assert outcomes[late]["error"]["type"] == "EntityNotRunningError"
     assert bulk.stderr.startswith("error: EntityNotRunningError: ")
     assert rest.ok().strip() == "discarded 1 dead letter"

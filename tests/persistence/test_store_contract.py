@@ -15,6 +15,8 @@ faults, each engine's schema migrations) is tested in that engine's own files:
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,11 +30,15 @@ from corral.persistence import (
     DeliveryRequest,
     EntryKind,
     Fence,
+    Purged,
+    Send,
+    StepRecord,
     Store,
     Suspension,
     UpdateOutcome,
     open_store,
 )
+from corral.persistence._tables import TABLES
 from procs import wait_until
 from stores import sql
 
@@ -878,3 +884,267 @@ async def test_entities_are_listed_by_key_prefix(store: Store) -> None:
     # surrogate (U+D7FF), still bounds the range: no error, and nothing matches here.
     for odd in ("order\U0010ffff", "\U0010ffff", "order\ud7ff"):
         assert await store.entities("E", None, limit=10, key_prefix=odd) == []
+# -- backpressure: max_backlog checked inside the accepting transaction ---------------
+
+
+async def test_a_signal_over_max_backlog_is_refused_with_nothing_stored_until_applied_catches_up(
+    store: Store, db_path: str,
+) -> None:
+    for n in range(1, 4):  # seqs 1..3, none applied
+        await store.accept(acc("k", f"m{n}", max_backlog=3))
+    with pytest.raises(corral.EntityOverloadedError) as refused:
+        await store.accept(acc("k", "m4", max_backlog=3))
+    err = refused.value
+    assert (err.backlog, err.max_backlog, err.entity_type, err.key, err.message_id) == (
+        3, 3, "E", "k", "m4")
+    assert err.retryable
+    assert 0 < err.retry_after <= 5.0
+    journal = sql(db_path, "SELECT message_id FROM journal WHERE key = 'k' ORDER BY seq")
+    assert [r[0] for r in journal] == ["m1", "m2", "m3"]
+    assert sql(db_path, "SELECT count(*) FROM dedupe WHERE message_id = 'm4'")[0][0] == 0
+    assert (await store.accept(acc("k", "m1", max_backlog=3))).duplicate  # still answered
+    # The accepting process's own watermark (its hosted activation's) frees the place...
+    assert not (await store.accept(acc("k", "m4", max_backlog=3, applied=1))).duplicate
+    with pytest.raises(corral.EntityOverloadedError):
+        await store.accept(acc("k", "m5", max_backlog=3, applied=1))
+    # ...and so does a snapshot, for a process that does not host the entity.
+    fence = await fence_for(store, 1)
+    await store.write_snapshot(fence, "E", "k", 1, applied_seq=3, state=b"3", keep=2)
+    assert (await store.accept(acc("k", "m5", max_backlog=3))).entry.seq == 5
+    assert (await store.accept(acc("k", "m6", max_backlog=3))).entry.seq == 6
+    with pytest.raises(corral.EntityOverloadedError):
+        await store.accept(acc("k", "m7", max_backlog=3))  # 4, 5 and 6 not applied
+    # ...and so does the progress its host records (once a second), past the snapshot.
+    await store.record_progress(fence, [("E", "k", 4, 2)], at=1.0)
+    assert (await store.accept(acc("k", "m7", max_backlog=3))).entry.seq == 7
+
+
+async def test_a_batch_counts_its_own_acceptances_against_max_backlog(store: Store) -> None:
+    results = await store.accept_many([acc("k", f"m{n}", max_backlog=2) for n in range(4)])
+    assert [type(r).__name__ for r in results] == [
+        "AcceptResult", "AcceptResult", "EntityOverloadedError", "EntityOverloadedError"]
+
+
+async def test_two_stores_racing_for_the_last_places_never_pass_max_backlog(
+    store: Store, other: Store, db_path: str,
+) -> None:
+    async def send(s: Store, who: str) -> list[AcceptResult | Exception]:
+        return await s.accept_many([acc("k", f"{who}{n}", max_backlog=5) for n in range(4)])
+
+    await store.accept(acc("k", "first", max_backlog=5))
+    results = [r for batch in await asyncio.gather(send(store, "a"), send(other, "b"))
+               for r in batch]
+    accepted = [r for r in results if isinstance(r, AcceptResult)]
+    assert len(accepted) == 4  # 1 + 4 = the bound; every other one was refused
+    assert all(isinstance(r, corral.EntityOverloadedError) for r in results
+               if not isinstance(r, AcceptResult))
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key = 'k'")[0][0] == 5
+
+
+async def test_an_overflowing_signal_of_a_dead_letter_type_is_kept_as_a_dead_letter(
+    store: Store,
+) -> None:
+    await store.accept(acc("k", "m1", max_backlog=1, overflow="dead_letter"))
+    over = await store.accept(acc("k", "m2", max_backlog=1, overflow="dead_letter",
+                                  payload='{"v":2}'))
+    assert over.dead_letter_id is not None
+    assert not over.duplicate
+    assert (over.entry.seq, over.entry.run_id) == (0, 1)
+    [letter] = await store.dead_letters("E", "k")
+    assert (letter.id, letter.message_id, letter.payload, letter.seq) == (
+        over.dead_letter_id, "m2", '{"v":2}', 0)
+    assert "max_backlog 1" in letter.error
+    assert [e.message_id for e in await store.journal("E", "k", run_id=1, after_seq=0)] == ["m1"]
+    replayed = await store.replay_dead_letter("E", "k", 1, letter.id, accepted_at=99.0)
+    assert replayed.entry.seq == 2  # an operator's replay is not bounded
+
+
+# -- batches: accept_all, every acceptance or none -------------------------------------
+
+
+async def test_accept_all_accepts_a_batch_across_entities_in_one_commit_in_batch_order(
+    store: Store,
+) -> None:
+    before = store.commits
+    results = await store.accept_all([acc("a", "m1"), acc("b", "m1", shard=2),
+                                      acc("a", "m2"), acc("a", "m1")])
+    assert store.commits == before + 1
+    assert [(r.entry.key, r.entry.seq, r.started, r.duplicate) for r in results] == [
+        ("a", 1, True, False), ("b", 1, True, False), ("a", 2, False, False),
+        ("a", 1, False, True)]  # a duplicate inside the batch is answered, not refused
+
+
+async def test_a_refused_item_refuses_the_whole_batch_naming_its_index_and_stores_nothing(
+    store: Store, db_path: str,
+) -> None:
+    await store.accept(acc("a", "old"))
+    await store.accept(acc("full", "f1", max_backlog=1))
+    cases = [
+        (acc("a", "old", payload='{"v":9}'), corral.IdempotencyConflictError),
+        (acc("never", "n1", start=None), corral.EntityNotRunningError),
+        (acc("full", "f2", max_backlog=1), corral.EntityOverloadedError),
+    ]
+    for bad, error in cases:
+        batch = [acc("b", f"x-{error.__name__}"), acc("c", "y", shard=3),
+                 acc("full", "dl", max_backlog=1, overflow="dead_letter"), bad]
+        with pytest.raises(corral.BatchRefusedError) as refused:
+            await store.accept_all(batch)
+        assert refused.value.index == 3
+        assert isinstance(refused.value.error, error)
+        assert refused.value.__cause__ is refused.value.error
+        assert (refused.value.key, refused.value.message_id) == (bad.key, bad.message_id)
+    assert sorted(r[0] for r in sql(db_path, "SELECT key FROM entities")) == ["a", "full"]
+    assert sql(db_path, "SELECT count(*) FROM journal")[0][0] == 2
+    assert sql(db_path, "SELECT count(*) FROM dead_letters")[0][0] == 0  # rolled back too
+    # The store goes on: the same batch without the bad item commits whole.
+    results = await store.accept_all([acc("b", "x"), acc("a", "new")])
+    assert [(r.entry.key, r.entry.seq) for r in results] == [("b", 1), ("a", 2)]
+
+
+async def test_a_refused_batch_leaves_the_other_ops_of_its_group_commit_alone(
+    store: Store, db_path: str,
+) -> None:
+    refused_batch = store.accept_all([acc("b", "m1"), acc("never", "n", start=None)])
+    alone = [store.accept(acc(f"k{n}", "m")) for n in range(5)]
+    results = await asyncio.gather(refused_batch, *alone, return_exceptions=True)
+    assert isinstance(results[0], corral.BatchRefusedError)
+    assert all(isinstance(r, AcceptResult) for r in results[1:])
+    keys = sorted(r[0] for r in sql(db_path, "SELECT key FROM journal"))
+    assert keys == [f"k{n}" for n in range(5)]
+
+
+# -- retention ------------------------------------------------------------------------
+
+# Every table with an entity's rows (an `etype` and a `key` column), from the one table
+# definition: a table added later is checked here without a word.
+_ENTITY_TABLES = tuple(t.name for t in TABLES if re.search(r"\betype TEXT\b", t.body)
+                       and re.search(r"\bkey TEXT\b", t.body))
+_RUN_COLUMN = {t.name for t in TABLES if re.search(r"\brun_id\b", t.body)}
+
+
+def _rows_of(location: str, key: str, run_id: int | None = None) -> dict[str, int]:
+    """The rows each table holds of entity ("E", key) (of one run), where it holds any."""
+    where = "" if run_id is None else f" AND run_id = {run_id}"
+    counts = {t: sql(location, f"SELECT count(*) FROM {t} WHERE etype = 'E' AND key = ?"
+                     f"{where}", key)[0][0] for t in _ENTITY_TABLES
+              if run_id is None or t in _RUN_COLUMN}
+    return {t: n for t, n in counts.items() if n}
+
+
+async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -> None:
+    """Entity `key` on shard 1 with journal, dedupe, snapshot, dead letter, wait,
+    suspension, step, outbox and progress rows, then terminated (closed at its acceptance
+    time: the test clock's small numbers, long before any wall-clock cutoff)."""
+    first = (await store.accept(acc(key, "m1"))).entry
+    await store.accept(acc(key, "m2", start=None))
+    await store.write_snapshot(fence, "E", key, 1, applied_seq=1, state=b"s", keep=1)
+    await store.record_dead_letter(fence, first, error="e", traceback="", attempts=1,
+                                   failed_at=1.0)
+    await store.open_wait(fence, "E", key, 1, "approval", deadline=None, now=1.0)
+    await store.suspend_run(fence, Suspension("E", key, 1, "boom", 1, 1.0, 2.0))
+    await store.record_step(fence, "E", key, 1, StepRecord("s", True, "1", None, 1, 1.0),
+                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate")])
+    await store.record_progress(fence, [("E", key, 1, 0)], at=1.0)
+    await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
+
+
+async def test_retention_purges_a_closed_entity_with_all_its_rows_and_nothing_else(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    await _closed_with_every_kind_of_row(store, fence, "old")
+    await store.accept(acc("live", "m1"))  # running: never purged
+    await store.accept(acc("recent", "m1"))
+    assert await store.close_run(fence, "E", "recent", 1, applied_seq=1,
+                                 status=corral.RunStatus.COMPLETED, result=None, error=None)
+    await store.accept(acc("elsewhere", "m1", shard=2))
+    await store.accept(acc("elsewhere", "end", shard=2, kind=EntryKind.TERMINATE, start=None))
+    old = _rows_of(db_path, "old")
+    assert set(old) == set(_ENTITY_TABLES) - {"timers", "steps"}  # a close drops steps
+    before = {key: _rows_of(db_path, key) for key in ("live", "recent", "elsewhere")}
+
+    cutoff = 1e9  # after the test clock's terminations, before any wall-clock close
+    assert await store.purgeable("E", cutoff) == Purged(2, 2)  # "old" and "elsewhere"
+    assert _rows_of(db_path, "old") == old  # a dry run deletes nothing
+    purged = await store.purge_closed("E", cutoff, limit=10, fences=[fence])
+    assert purged == Purged(1, 1, sum(old.values()))  # shard 2 is not this host's
+    assert _rows_of(db_path, "old") == {}
+    assert {key: _rows_of(db_path, key) for key in before} == before
+    assert await store.purge_closed("E", cutoff, limit=10, fences=[fence]) == Purged()
+    elsewhere = sum(before["elsewhere"].values())
+    assert await store.purge_closed("E", cutoff, limit=10) == Purged(1, 1, elsewhere)
+    assert await store.purgeable("E", cutoff) == Purged()
+
+
+async def test_a_signal_to_a_purged_key_starts_run_1_and_its_old_ids_are_new_again(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    await _closed_with_every_kind_of_row(store, fence, "k")
+    reject = corral.IdReusePolicy.REJECT_DUPLICATE
+    with pytest.raises(corral.EntityClosedError):  # retained: the policy decides
+        await store.accept(acc("k", "again", reuse=reject))
+    await store.purge_closed("E", 1e9, limit=10, fences=[fence])
+    with pytest.raises(corral.EntityNotRunningError, match="was never started"):
+        await store.accept(acc("k", "m1", start=None))
+    fresh = await store.accept(acc("k", "m1", reuse=reject))  # m1: the purged run's id
+    assert (fresh.duplicate, fresh.started, fresh.entry.run_id, fresh.entry.seq) == (
+        False, True, 1, 1)
+    assert [r.run_id for r in await store.runs("E", "k")] == [1]
+
+
+async def test_retention_purges_oldest_first_in_bounded_batches_and_runs_left_behind(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    for key in ("a", "b", "c"):
+        await store.accept(acc(key, "m1"))
+        await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
+    await store.accept(acc("chain", "m1"))
+    await store.record_dead_letter(fence, (await store.journal("E", "chain", run_id=1,
+                                                               after_seq=0))[0],
+                                   error="e", traceback="", attempts=1, failed_at=1.0)
+    assert await store.continue_as_new(fence, "E", "chain", 1, applied_seq=1,
+                                       next_input="{}", carried=[]) == 2
+    assert await store.purge_closed("E", 1e9, limit=2, fences=[fence]) == Purged(2, 2, 12)
+    assert [k for k in ("a", "b", "c") if _rows_of(db_path, k)] == ["c"]  # oldest first
+    purged = await store.purge_closed("E", time.time() + 1, limit=10, fences=[fence])
+    assert (purged.runs, purged.entities) == (2, 1)  # "c", and "chain"'s run 1
+    assert _rows_of(db_path, "c") == {}
+    assert [r.run_id for r in await store.runs("E", "chain")] == [2]
+    assert "dead_letters" not in _rows_of(db_path, "chain", 1)
+    assert (await store.accept(acc("chain", "m1"))).duplicate  # ids stay for the window
+
+
+async def test_a_purge_with_a_lost_lease_is_refused_and_deletes_nothing(
+    store: Store, db_path: str,
+) -> None:
+    stale = await fence_for(store, 1)
+    await store.accept(acc("k", "m1"))
+    await store.accept(acc("k", "end", kind=EntryKind.TERMINATE, start=None))
+    await store.acquire_leases("other", [1], 60.0, force=True)
+    with pytest.raises(corral.LeaseLostError):
+        await store.purge_closed("E", 1e9, limit=10, fences=[stale])
+    assert _rows_of(db_path, "k")
+
+
+async def test_a_purge_of_more_entities_than_one_statement_takes_purges_them_all(
+    store: Store, db_path: str,
+) -> None:
+    keys = [f"k{n}" for n in range(450)]  # more than a statement's 400 keys
+    await store.accept_many([acc(k, "m1") for k in keys])
+    await store.accept_many([acc(k, "end", kind=EntryKind.TERMINATE, start=None)
+                             for k in keys])
+    assert await store.purge_closed("E", 1e9, limit=1000) == Purged(450, 450, 450 * 6)
+    assert sql(db_path, "SELECT count(*) FROM runs") == [(0,)]
+
+
+async def test_an_entity_purged_whole_counts_every_run_it_had_as_the_dry_run_does(
+    store: Store, db_path: str,
+) -> None:
+    for mid in ("a", "b"):  # run 1 terminated, then run 2 started and terminated
+        await store.accept(acc("k", mid))
+        await store.accept(acc("k", f"end-{mid}", kind=EntryKind.TERMINATE, start=None))
+    assert await store.purgeable("E", 1e9) == Purged(2, 1)
+    assert await store.purge_closed("E", 1e9, limit=10) == Purged(2, 1, 1 + 2 + 4 + 4)
+    assert _rows_of(db_path, "k") == {}

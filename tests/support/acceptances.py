@@ -23,10 +23,12 @@ _CLOCK = itertools.count(1)
 def acc(key: str, mid: str, *, shard: int = 1, payload: str = '{"v":1}', name: str = "note",
         sender: str | None = None, start: str | None = "{}",
         kind: EntryKind = EntryKind.SIGNAL, reuse: corral.IdReusePolicy = ALLOW,
-        etype: str = "E") -> Acceptance:
+        etype: str = "E", max_backlog: int | None = None, overflow: str = "refuse",
+        applied: int = 0) -> Acceptance:
     """An acceptance as the client builds it (accepted_at: a deterministic clock)."""
     return Acceptance(etype, key, shard, kind, name, mid, payload, payload_hash(name, payload),
-                      sender, start, reuse, float(next(_CLOCK)))
+                      sender, start, reuse, float(next(_CLOCK)), False, max_backlog,
+                      overflow, applied)
 
 
 async def fence_for(store: Store, shard: int, owner: str = "host") -> Fence:

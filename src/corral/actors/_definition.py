@@ -25,6 +25,7 @@ from corral._common import (
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
+    Retention,
     RetryPolicy,
     SnapshotPolicy,
 )
@@ -68,6 +69,18 @@ class HandlerDefinition:
     renamed_from: tuple[str, ...] = ()
     """The names this handler had in earlier releases, oldest first (`renamed_from=`):
     journal entries, dead letters and senders of an old name reach it."""
+    window: tuple[str, float] | None = None
+    """A mailbox signal's reorder window (`order_by=`, `hold=`): the payload field its
+    payloads are released to `run()` in the order of, and the seconds each is held."""
+
+    def release_order(self, payload: Any, accepted_at: float) -> tuple[Any, float] | None:
+        """(order key, release time) of a windowed mailbox payload accepted at
+        `accepted_at` (the journal's time, so a recovery holds it until the same time);
+        None without a window."""
+        if self.window is None:
+            return None
+        field, hold = self.window
+        return getattr(payload, field), accepted_at + hold
 
 
 Owner = TypeVar("Owner")
@@ -90,16 +103,19 @@ class MailboxSignal(Generic[M]):
             customer_reply = corral.signal(Reply)   # run() drains self.mailbox
     """
 
-    def __init__(self, model: type[M], *, renamed_from: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: type[M], *, renamed_from: tuple[str, ...] = (),
+                 window: tuple[str, float] | None = None) -> None:
         self.model = model
         self.renamed_from = renamed_from
+        self.window = window
         self.owner: type | None = None
         self._corral_handler: HandlerDefinition | None = None
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.owner = owner
         self._corral_handler = HandlerDefinition(HandlerKind.SIGNAL, name, None, self.model,
-                                                 renamed_from=self.renamed_from)
+                                                 renamed_from=self.renamed_from,
+                                                 window=self.window)
 
     @overload
     def __get__(self, instance: None, owner: type[Owner]) -> MailboxHandler[Owner, M]: ...
@@ -118,12 +134,14 @@ RenamedFrom = str | tuple[str, ...] | None
 
 
 @overload
-def signal(fn_or_model: type[M], /, *, renamed_from: RenamedFrom = None) -> MailboxSignal[M]: ...
+def signal(fn_or_model: type[M], /, *, renamed_from: RenamedFrom = None,
+           order_by: str | None = None, hold: float | None = None) -> MailboxSignal[M]: ...
 @overload
 def signal(fn_or_model: F, /, *, renamed_from: RenamedFrom = None) -> F: ...
 @overload
 def signal(*, renamed_from: RenamedFrom) -> Callable[[F], F]: ...
-def signal(fn_or_model: Any = None, /, *, renamed_from: RenamedFrom = None) -> Any:
+def signal(fn_or_model: Any = None, /, *, renamed_from: RenamedFrom = None,
+           order_by: str | None = None, hold: float | None = None) -> Any:
     """Declare a signal: fire-and-forget, durable, applied once in acceptance order.
 
     Use as a decorator on a method taking one pydantic model (or nothing), or call it
@@ -142,13 +160,40 @@ def signal(fn_or_model: Any = None, /, *, renamed_from: RenamedFrom = None) -> A
         def reply_from_customer(self, reply: Reply) -> None: ...
 
         inbox = corral.signal(Msg, renamed_from="messages")   # a mailbox signal
+
+    A mailbox signal may declare a reorder window: `order_by` names a payload field
+    (a provider's timestamp) and `hold` the seconds each payload is held after it was
+    accepted. `run()` then takes payloads in the order of that field: a payload is
+    released once its hold ran out, together with every held one ordered before it. A
+    payload ordered before one already released is delivered anyway, flagged
+    `self.mailbox.late` (never dropped). Held payloads are journal entries like any
+    other: they survive a crash and are held until the same time again.
+
+        replies = corral.signal(Reply, order_by="at", hold=2.0)
     """
     old = _old_names(renamed_from, "signal")
+    window = _window(fn_or_model, order_by, hold)
     if fn_or_model is None:
         return lambda fn: _mark(fn, HandlerKind.SIGNAL, old)
     if isinstance(fn_or_model, type) and issubclass(fn_or_model, BaseModel):
-        return MailboxSignal(fn_or_model, renamed_from=old)
+        return MailboxSignal(fn_or_model, renamed_from=old, window=window)
     return _mark(fn_or_model, HandlerKind.SIGNAL, old)
+
+
+def _window(model: Any, order_by: str | None, hold: float | None) -> tuple[str, float] | None:
+    """`signal(..., order_by=, hold=)` checked: a mailbox signal's field and a hold > 0."""
+    if order_by is None and hold is None:
+        return None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise EntityDefinitionError("order_by= and hold= declare a mailbox signal's reorder "
+                                    "window: pass the payload model, corral.signal(Model, ...)")
+    if order_by not in model.model_fields:
+        raise EntityDefinitionError(f"order_by must name a field of {model.__name__}, got "
+                                    f"{order_by!r}")
+    if isinstance(hold, bool) or not isinstance(hold, int | float) or not 0 < hold < 86_400:
+        raise EntityDefinitionError(f"hold must be a number of seconds in (0, 86400), got "
+                                    f"{hold!r}")
+    return order_by, float(hold)
 
 
 @overload
@@ -230,6 +275,12 @@ class EntityDefinition:
     dedupe_window: DedupeWindow = field(default_factory=DedupeWindow)
     waits: Mapping[str, WaitDefinition] = field(default_factory=dict)
     """Declared durable signal waits (`corral.wait`), by name."""
+    max_backlog: int | None = None
+    """Signals accepted but not yet applied before a send is refused (None: unbounded)."""
+    overflow: str = "refuse"
+    retention: Retention | None = None
+    """How long a closed run is kept before the hosts purge it (None: forever)."""
+    """A signal over `max_backlog`: `"refuse"` it or keep it as a `"dead_letter"`."""
     early_signals: str = "buffer"
     """A delivery before `run()` waits: `"buffer"` it (it wins when `run()` gets there)
     or `"reject"` it (answered `not_waiting`, nothing kept)."""
@@ -314,6 +365,7 @@ def _fingerprint(cls: type, names: tuple[tuple[str, str], ...]) -> str:
         *(f"handler={name}:{h.kind.value}:{_describe(h.input_type)}:"
           f"{_describe(h.output_type)}:{'async' if h.is_async else 'sync'}:"
           f"{'mailbox' if h.fn is None else 'body'}"
+          + (f":window={h.window[0]}" if h.window else "")
           for name, h in handlers),
         *(f"wait={name}:{_describe(w.model)}:{w.max_timeout!r}" for name, w in waits),
         *(f"{attr}={getattr(d, attr)!r}" for attr in (
@@ -342,7 +394,7 @@ def _describe(annotation: Any) -> str:
 RESERVED_NAMES = frozenset({
     "checkpoint", "continue_as_new", "continue_as_new_suggested", "key", "mailbox", "run",
     "run_id", "sleep", "sleep_until", "wait_for", "wait_for_signal", "now", "early_signals",
-    "state_version",
+    "state_version", "max_backlog", "overflow", "retention",
 })
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
@@ -406,6 +458,12 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
     if early not in EARLY_SIGNALS:
         issues.add(f"{cls.__name__}.early_signals must be 'buffer' or 'reject', got {early!r}")
         early = "buffer"
+    max_backlog, overflow = _backlog(cls, issues)
+    retention = getattr(cls, "retention", None)
+    if retention is not None and not isinstance(retention, Retention):
+        issues.add(f"{cls.__name__}.retention must be corral.Retention(closed_for=...) or "
+                   f"None, got {retention!r}")
+        retention = None
     init = cls.__init__  # type: ignore[misc]
     start_type = None if init is object.__init__ else _single_model(
         cls, init, "__init__", localns, issues, what="__init__ (the start input)"
@@ -426,10 +484,30 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),
         retry=retry, placement=placement, ray_options=ray_options, dedupe_window=dedupe,
-        waits=waits, early_signals=early, run_retry=run_retry, fail_on=fail_on,
+        waits=waits, early_signals=early, max_backlog=max_backlog, overflow=overflow,
+        retention=retention,
+        run_retry=run_retry, fail_on=fail_on,
         renamed=renamed, renamed_waits=renamed_waits,
         state=state,
     )
+
+
+OVERFLOWS = ("refuse", "dead_letter")
+
+
+def _backlog(cls: type, issues: _Issues) -> tuple[int | None, str]:
+    """The class's `max_backlog` and `overflow`, checked."""
+    bound = getattr(cls, "max_backlog", None)
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)
+                              or bound < 1):
+        issues.add(f"{cls.__name__}.max_backlog must be a positive int or None, got {bound!r}")
+        bound = None
+    overflow = getattr(cls, "overflow", "refuse")
+    if overflow not in OVERFLOWS:
+        issues.add(f"{cls.__name__}.overflow must be 'refuse' or 'dead_letter', "
+                   f"got {overflow!r}")
+        overflow = "refuse"
+    return bound, overflow
 
 
 def _renames(cls: type, issues: _Issues, declared: Mapping[str, tuple[str, ...]],

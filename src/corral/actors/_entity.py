@@ -14,6 +14,7 @@ from corral._common import (
     ContinueAsNewPolicy,
     DedupeWindow,
     IdReusePolicy,
+    Retention,
     RetryPolicy,
     SnapshotPolicy,
 )
@@ -91,6 +92,29 @@ class Entity:
 
     Its run stays running; the next message, update, query or due timer brings it back.
     """
+
+    max_backlog: ClassVar[int | None] = None
+    """Backpressure: at most this many signals accepted but not yet applied (None: no
+    bound, the default). A signal over it is refused before anything is stored with
+    `corral.EntityOverloadedError` (retryable, with a suggested `retry_after`), or kept
+    as a dead letter with `overflow = "dead_letter"`.
+
+    Checked inside the accepting transaction, against the entity's accepted seq minus
+    the applied watermark the accepting process knows: exact where it hosts the entity
+    (always on Ray), else the latest snapshot's (at most `snapshots.every` applied
+    messages behind), so a pure client may be refused early, never admitted past it.
+    Updates, terminations and deliveries are never refused by it. The bound is the
+    sending process's definition of the type.
+    """
+
+    retention: ClassVar[Retention | None] = None
+    """Purge closed runs older than `Retention.closed_for` with all their rows (None:
+    keep them forever, the default). See `corral.Retention`."""
+
+    overflow: ClassVar[str] = "refuse"
+    """What a signal over `max_backlog` does: `"refuse"` (raise `EntityOverloadedError`,
+    nothing stored) or `"dead_letter"` (kept as a dead letter with the reason, answered
+    `Ack(status="dead_lettered")`, for senders that cannot retry; an operator may replay it)."""
 
     early_signals: ClassVar[str] = "buffer"
     """A `deliver` made before `run()` reaches its wait: `"buffer"` keeps it (answered

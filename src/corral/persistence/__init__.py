@@ -18,6 +18,7 @@ from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canon
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
 from ._ops_outbox import OutboxRow, Send, send_message_id
+from ._ops_retention import Purged
 from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
@@ -62,6 +63,7 @@ __all__ = [
     "MessageRecord",
     "OutboxRow",
     "Progress",
+    "Purged",
     "ReadStore",
     "RunRecord",
     "Send",

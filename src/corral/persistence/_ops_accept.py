@@ -3,21 +3,25 @@ deduplicate, append to the journal. Written once for both engines (see `_txn`)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from corral._common import RunStatus
 from corral._errors import (
+    BatchRefusedError,
+    CorralError,
     EntityClosedError,
     EntityNotRunningError,
     IdempotencyConflictError,
 )
 
+from ._backpressure import overflow
 from ._ops_waits import end_run
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
 from ._txn import EntityRow, LockPlan, Seen, Txn
 
-__all__ = ["AcceptOp"]
+__all__ = ["AcceptAllOp", "AcceptOp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,10 @@ class AcceptOp:
         if row is None or row.status is not RunStatus.RUNNING:
             row = self._start(txn, row)
             started = True
+        elif a.max_backlog is not None:
+            overflowed = await overflow(txn, a, row)
+            if overflowed is not None:
+                return overflowed
         entry = JournalEntry(
             a.entity_type, a.key, row.next_seq, row.run_id, a.kind, a.name, a.message_id,
             a.payload, a.sender, a.accepted_at,
@@ -103,3 +111,35 @@ class AcceptOp:
             sender, accepted_at,
         )
         return AcceptResult(duplicate=True, started=False, entry=entry)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptAllOp:
+    """Accept every acceptance, in order, or none (`Runtime.signal_many`): a refused one
+    (conflict, closed run, overloaded) refuses the batch with `BatchRefusedError`,
+    naming its index, and nothing of the batch is written. A duplicate is not a refusal:
+    it is answered duplicate, as alone (of an earlier item of the batch too).
+
+    Not `buffered`: it starts on a flushed transaction, inside a savepoint, so a refusal
+    rolls back what its items executed and drops what they buffered (`Txn.forget_all`)."""
+
+    accs: Sequence[Acceptance]
+    buffered: ClassVar[bool] = False
+
+    def plan(self, plan: LockPlan) -> None:
+        for acc in self.accs:
+            AcceptOp(acc).plan(plan)
+
+    async def apply(self, txn: Txn) -> list[AcceptResult]:
+        await txn.execute("SAVEPOINT accept_all")
+        results: list[AcceptResult] = []
+        for index, acc in enumerate(self.accs):
+            try:
+                results.append(await AcceptOp(acc).apply(txn))
+            except CorralError as err:
+                await txn.execute("ROLLBACK TO SAVEPOINT accept_all")
+                await txn.execute("RELEASE SAVEPOINT accept_all")
+                txn.forget_all()
+                raise BatchRefusedError.of(index, err) from err
+        await txn.execute("RELEASE SAVEPOINT accept_all")
+        return results

@@ -55,6 +55,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: create("progress", "postgres"),
     # Durable steps (`_ops_steps`) and the outbox of entity-to-entity sends (`_ops_outbox`).
     8: (*create("steps", "postgres"), *create("outbox", "postgres")),
+    # Retention (`_ops_retention`) finds the runs closed longest ago per type.
+    9: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

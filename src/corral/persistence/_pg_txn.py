@@ -186,6 +186,7 @@ class PgTxn(Txn):
 
     ROW_LOCK: ClassVar[str] = " FOR UPDATE"
     SHARE_LOCK: ClassVar[str] = " FOR SHARE"
+    SKIP_LOCKED: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     # Re-inserted carried entries get tick 0: they are not new acceptances, and the
     # host that carries them holds them already.
     CARRY_JOURNAL: ClassVar[str] = (

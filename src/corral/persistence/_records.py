@@ -61,6 +61,11 @@ class Acceptance(NamedTuple):
     this call just now (the caller gave none), so no earlier acceptance holds it and the
     store skips the dedupe lookup (the dedupe table's primary key still refuses a repeat).
     A call that may be retried with the same id (through Ray) must not say so.
+
+    `max_backlog` and `overflow` are the type's backpressure (`Entity.max_backlog`);
+    `applied` is the entity's applied seq as the accepting process knows it (its hosted
+    activation's; 0 when it does not host it): the store counts the backlog from the
+    higher of it and the latest snapshot's.
     """
 
     entity_type: str
@@ -76,6 +81,9 @@ class Acceptance(NamedTuple):
     id_reuse: IdReusePolicy
     accepted_at: float
     fresh_id: bool = False
+    max_backlog: int | None = None
+    overflow: str = "refuse"
+    applied: int = 0
 
     def to_wire(self) -> tuple[Any, ...]:
         """Plain values only, enums by value: how a Ray call carries it (cloudpickle
@@ -86,7 +94,7 @@ class Acceptance(NamedTuple):
     @classmethod
     def from_wire(cls, t: Sequence[Any]) -> Acceptance:
         return cls(t[0], t[1], t[2], _KINDS[t[3]], t[4], t[5], t[6], t[7], t[8], t[9],
-                   _ID_REUSE[t[10]], t[11], t[12])
+                   _ID_REUSE[t[10]], t[11], t[12], t[13], t[14], t[15])
 
 
 class JournalEntry(NamedTuple):
@@ -105,21 +113,26 @@ class JournalEntry(NamedTuple):
 
 
 class AcceptResult(NamedTuple):
-    """What the store decided. `entry` is the journal entry (the original one for duplicates)."""
+    """What the store decided. `entry` is the journal entry (the original one for
+    duplicates). `dead_letter_id`: the signal was over its entity's `max_backlog` with
+    `overflow="dead_letter"` and was kept as this dead letter instead (`entry.seq` is 0:
+    it is in no journal)."""
 
     duplicate: bool
     started: bool
     entry: JournalEntry
+    dead_letter_id: int | None = None
 
     def to_wire(self) -> tuple[Any, ...]:
         """As `Acceptance.to_wire`: plain values, the entry's kind by value."""
         e = self.entry
-        return (self.duplicate, self.started, *e[:4], e.kind._value_, *e[5:])
+        return (self.duplicate, self.started, *e[:4], e.kind._value_, *e[5:],
+                self.dead_letter_id)
 
     @classmethod
     def from_wire(cls, t: Sequence[Any]) -> AcceptResult:
         return cls(t[0], t[1], JournalEntry(t[2], t[3], t[4], t[5], _KINDS[t[6]], t[7], t[8],
-                                            t[9], t[10], t[11]))
+                                            t[9], t[10], t[11]), t[12])
 
 
 _KINDS = {k.value: k for k in EntryKind}

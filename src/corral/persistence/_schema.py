@@ -48,6 +48,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     9: create("progress", "sqlite"),
     # Durable steps (`_ops_steps`) and the outbox of entity-to-entity sends (`_ops_outbox`).
     10: (*create("steps", "sqlite"), *create("outbox", "sqlite")),
+    # Retention (`_ops_retention`) finds the runs closed longest ago per type.
+    11: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

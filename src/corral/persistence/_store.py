@@ -15,6 +15,7 @@ from corral._common import RunStatus
 from ._builds import BuildRegistry
 from ._census import Census
 from ._ops_outbox import OutboxRow, Send
+from ._ops_retention import Purged
 from ._ops_steps import StepRecord
 from ._records import (
     Acceptance,
@@ -53,6 +54,12 @@ class AcceptStore(Protocol):
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
         """`accept` for each acceptance, in one group commit: each one's result, or the
         error refusing it (another's refusal never affects it)."""
+        ...
+
+    async def accept_all(self, accs: Sequence[Acceptance]) -> list[AcceptResult]:
+        """Every acceptance, in order, in one transaction, or none: each one's result
+        (duplicates answered as alone). Raises `BatchRefusedError` naming the first
+        refused one (its own error as `error`); nothing of the batch was written."""
         ...
 
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
@@ -269,6 +276,16 @@ class HostStore(Protocol):
         """Record (etype, key, applied seq, mailbox depth) of entities of the fence's
         shard, as of `at` (fenced); a watermark below the recorded one is left out, so
         progress never moves back (see `_progress`)."""
+    async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
+                           fences: Sequence[Fence] = ()) -> Purged:
+        """Retention: purge at most `limit` runs of `etype` closed before
+        `closed_before`, with their rows, in one transaction (see `_ops_retention`).
+        With `fences` (a host's) only those shards' entities, refused with
+        `LeaseLostError` once one is not current; without (an operator's) every shard."""
+        ...
+
+    async def purgeable(self, etype: str, closed_before: float) -> Purged:
+        """What `purge_closed` would purge of `etype`, without a limit (a dry run)."""
         ...
 
     async def suspend_run(self, fence: Fence, record: Suspension) -> None:

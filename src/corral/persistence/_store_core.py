@@ -19,7 +19,7 @@ from . import _reads as reads
 from ._batch import CommitQueue
 from ._builds import BuildRecord
 from ._census import Census, census
-from ._ops_accept import AcceptOp
+from ._ops_accept import AcceptAllOp, AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
 from ._ops_handoff import (
@@ -30,6 +30,7 @@ from ._ops_handoff import (
     requests_for,
 )
 from ._ops_outbox import OutboxRow, Send, SentOp, pending_senders, pending_sends
+from ._ops_retention import PurgeClosedOp, Purged, purgeable
 from ._ops_runs import (
     ActivatedOp,
     CloseRunOp,
@@ -108,6 +109,9 @@ class StoreCore:
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
         return await self.write_many([AcceptOp(acc) for acc in accs])
 
+    async def accept_all(self, accs: Sequence[Acceptance]) -> list[AcceptResult]:
+        return await self.write(AcceptAllOp(accs))  # type: ignore[no-any-return]
+
     async def deliver(self, req: DeliveryRequest) -> DeliveryResult:
         return await self.write(DeliverOp(req, self.delivery_clock))  # type: ignore[no-any-return]
 
@@ -175,6 +179,15 @@ class StoreCore:
 
     async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
         return await self.query(run_steps, etype, key, run_id)
+    # -- retention (`_ops_retention`) ------------------------------------------------
+
+    async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
+                           fences: Sequence[Fence] = ()) -> Purged:
+        op = PurgeClosedOp(etype, closed_before, limit, tuple(fences))
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def purgeable(self, etype: str, closed_before: float) -> Purged:
+        return await self.query(purgeable, etype, closed_before)
 
     # -- graceful shard hand-off (`_ops_handoff`) -----------------------------------
 

@@ -61,7 +61,8 @@ TABLES = (
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, status TEXT NOT NULL,
         start_input TEXT, result TEXT, error TEXT, started_at REAL NOT NULL,
         closed_at REAL, continued_from BIGINT, first_seq BIGINT NOT NULL,
-        PRIMARY KEY (etype, key, run_id)"""),
+        PRIMARY KEY (etype, key, run_id)""",
+        ("runs_closed (etype, closed_at)",)),  # retention finds the oldest closed runs
     # Accepted messages; seq numbers an entity's messages across runs. SQLite's hosts
     # tail by `pos` (never reused); PostgreSQL's by `tick`, per shard in commit order
     # (0: re-inserted by continue-as-new, not a new acceptance, never tailed).

@@ -129,6 +129,7 @@ class Txn:
 
     ROW_LOCK: ClassVar[str] = ""  # appended to a read of the entity row it will write
     SHARE_LOCK: ClassVar[str] = ""  # appended to a read of a lease row it checks
+    SKIP_LOCKED: ClassVar[str] = ""  # appended to a read of a row to lock unless busy
     CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... at)
     GREATEST: ClassVar[str] = "greatest"  # the largest of its (non-null) arguments
 
@@ -137,6 +138,7 @@ class Txn:
     leases: dict[int, Lease] = field(default_factory=dict)
     runs_rows: list[tuple[Any, ...]] = field(default_factory=list)
     appended: list[tuple[int, JournalEntry, bytes]] = field(default_factory=list)
+    floors: dict[Ident, int] = field(default_factory=dict)  # latest snapshot's applied seq
 
     # -- the engine's primitives ------------------------------------------------------
 
@@ -223,6 +225,15 @@ class Txn:
                 "WHERE etype = ? AND key = ? AND message_id = ?", etype, key, message_id)
             window[message_id] = None if r is None else (r[0], r[1], bytes(r[2]), r[3], r[4])
         return window[message_id]
+
+    def forget_all(self) -> None:
+        """Drop every buffered row and cached read: after a rollback to a savepoint
+        taken on a flushed transaction (`AcceptAllOp`), the database holds the truth."""
+        self.appended.clear()
+        self.runs_rows.clear()
+        self.entities.clear()
+        self.dedupe.clear()
+        self.floors.clear()
 
     def forget_window(self, etype: str, key: str) -> None:
         """The entity's dedupe rows changed in the database: read them again when asked."""

@@ -58,6 +58,7 @@ from ._results import (
     RunSummary,
     SignalWaitInfo,
 )
+from ._signal_many import SignalItem
 
 __all__ = [
     "Ack",
@@ -79,6 +80,7 @@ __all__ = [
     "RollStep",
     "RunSummary",
     "Runtime",
+    "SignalItem",
     "SignalWaitInfo",
     "TimerInfo",
     "WaitSummary",

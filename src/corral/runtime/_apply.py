@@ -133,7 +133,9 @@ async def apply_entry(definition: EntityDefinition, entity: Entity, entry: Journ
     arg = decode_arg(handler, entry)
     try:
         if handler.fn is None:
-            entity.mailbox.put(arg[0] if arg else None, entry)
+            payload = arg[0] if arg else None
+            entity.mailbox.put(payload, entry,
+                               order=handler.release_order(payload, entry.accepted_at))
             result = None
         else:
             result = handler.fn(entity, *arg)

@@ -56,6 +56,7 @@ from ._ops import (
     Op,
     Query,
     ReplayDeadLetter,
+    SignalBatch,
     SignalWaits,
     State,
     TakeCensus,
@@ -110,6 +111,7 @@ class LocalBackend:
         # message's life (accept, deliver, wait, read, operate).
         self._by_kind: dict[type, Callable[[Any], Awaitable[Any]]] = {
             Acceptance: self.accept, AcceptBatch: self.accept_batch,
+            SignalBatch: self.signal_batch,
             DeliveryRequest: self.deliver, WaitUpdate: self.wait_update, Query: self.query,
             Describe: self.describe, History: self.history, State: self.state,
             LatestRun: self.latest_run, Entities: self.entities,
@@ -133,24 +135,58 @@ class LocalBackend:
     def _shard(self, etype: str, key: str) -> Shard | None:
         return self.host.shard(self._shard_of(etype, key)) if self.host else None
 
+    def _with_applied(self, acc: Acceptance) -> Acceptance:
+        """`acc` carrying the applied seq of this process's activation of its entity, if
+        it hosts one (a bounded type's backlog is counted from it, `Entity.max_backlog`)."""
+        shard = self.host.shard(acc.shard) if self.host else None
+        act = shard.get(acc.entity_type, acc.key) if shard else None
+        return acc if act is None else acc._replace(applied=act.applied_seq)
+
+    def _with_applied_all(self, accs: Sequence[Acceptance]) -> list[Acceptance]:
+        return [self._with_applied(acc) if acc.max_backlog is not None else acc
+                for acc in accs]
+
     async def accept(self, acc: Acceptance) -> AcceptResult:
         began = time.perf_counter()
+        if acc.max_backlog is not None:
+            acc = self._with_applied(acc)
         result = await self.store.accept(acc)
         self._accepted(acc, result, time.perf_counter() - began)
         return result
 
-    def accept_batch(self, op: AcceptBatch) -> Awaitable[list[AcceptResult | Exception]]:
-        return self.accept_many(op.accs)
+    def accept_batch(self, op: AcceptBatch) -> Awaitable[Sequence[AcceptResult | Exception]]:
+        return self.accept_all(op.accs) if op.atomic else self.accept_many(op.accs)
+
+    def signal_batch(self, op: SignalBatch) -> Awaitable[list[AcceptResult]]:
+        return self.accept_all(op.accs)
+
+    async def accept_all(self, accs: Sequence[Acceptance]) -> list[AcceptResult]:
+        """Every acceptance or none, in one transaction (`Store.accept_all`); each one's
+        result. Raises `BatchRefusedError` (nothing stored)."""
+        began = time.perf_counter()
+        results = await self.store.accept_all(self._with_applied_all(accs))
+        self._hand_over_all(accs, results, time.perf_counter() - began)
+        return results
 
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
         """`accept` for each, in one group commit (no task per acceptance): each one's
         result, or the error refusing it."""
         began = time.perf_counter()
+        accs = self._with_applied_all(accs)
         results = await self.store.accept_many(accs)
-        seconds = time.perf_counter() - began
+        self._hand_over_all(accs, results, time.perf_counter() - began)
+        return results
+
+    def _hand_over_all(self, accs: Sequence[Acceptance],
+                       results: Sequence[AcceptResult | Exception], seconds: float) -> None:
+        """`_accepted` for a batch's committed acceptances, counted once per kind."""
         counted: dict[tuple[str, str, bool], int] = {}  # one count per kind, not per message
         for acc, result in zip(accs, results, strict=True):
-            if not isinstance(result, Exception):
+            if isinstance(result, Exception):
+                continue
+            if result.dead_letter_id is not None:
+                metrics.dead_lettered(acc.entity_type)
+            else:
                 self._hand_over(acc, result)
                 # `.value` is a Python-level property: ~0.3 us a read
                 group = (acc.entity_type, acc.kind._value_, result.duplicate)
@@ -160,12 +196,14 @@ class LocalBackend:
                 metrics.duplicate(etype, kind, count)
             else:
                 metrics.accepted(etype, kind, seconds, count)
-        return results
 
     def _accepted(self, acc: Acceptance, result: AcceptResult, seconds: float) -> None:
         """Count a committed acceptance and hand its entry to this process's shard."""
         if result.duplicate:
             metrics.duplicate(acc.entity_type, acc.kind._value_)
+        elif result.dead_letter_id is not None:
+            metrics.dead_lettered(acc.entity_type)
+            return
         else:
             metrics.accepted(acc.entity_type, acc.kind._value_, seconds)
         self._hand_over(acc, result)

@@ -129,7 +129,9 @@ async def _check_one(store: Store, definition: EntityDefinition, record: EntityR
             arg = () if handler.input_type is None else (
                 decode_model(handler.input_type, entry.payload),)
             if handler.fn is None:
-                entity.mailbox.put(arg[0] if arg else None, entry)
+                payload = arg[0] if arg else None
+                entity.mailbox.put(payload, entry,
+                                   order=handler.release_order(payload, entry.accepted_at))
                 continue
             try:
                 result = handler.fn(entity, *arg)

@@ -26,8 +26,9 @@ from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._ops import DeadLetters, Entities, SignalWaits, TakeCensus
 from ._ref import EntityRef
-from ._results import EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
+from ._results import Ack, EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
+from ._signal_many import SignalItem, signal_many
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -97,6 +98,36 @@ class Runtime:
                 self._refs.clear()
             self._refs[ident] = (entity_type, ref)
         return ref
+
+    async def signal_many(self, items: Sequence[SignalItem]) -> list[Ack]:
+        """Accept a batch of signals (mixed types and keys) in one call: one `Ack` per
+        item, in batch order. For a stream consumer handing over a poll's worth of events.
+
+        All or nothing: the local backend commits the batch in one transaction (one
+        group commit). An item whose message id was accepted before (or earlier in the
+        batch) is answered `duplicate`, as alone: resending a whole batch after a lost
+        answer is safe. A bad item (invalid payload, unknown handler, refused sender)
+        or one the store refuses (`IdempotencyConflictError`, `EntityNotRunningError`,
+        `EntityClosedError`, `EntityOverloadedError`) refuses the batch with
+        `BatchRefusedError`, naming the item's index; nothing of it was stored. Each
+        entity's items are journaled in batch order.
+
+        On Ray the batch is split by shard, each part committed by its shard's actor,
+        all at once: atomic per shard, not across shards. When one part is refused,
+        the others may have committed; resend the batch (same ids) without the refused
+        item and the committed ones are answered `duplicate`.
+
+        Args:
+            items: at most 10,000 `corral.SignalItem`s.
+
+        Example:
+            acks = await rt.signal_many([
+                corral.SignalItem(rt.ref(Ticket, f"ticket-{e.ticket}"), Ticket.reply,
+                                  Reply(body=e.body), message_id=e.id,
+                                  start=TicketInput(tenant=e.tenant))
+                for e in poll])
+        """
+        return await signal_many(self.backend, items)
 
     async def dead_letters(self, entity_type: type[Entity] | str | None = None,
                            key: str | None = None, *, limit: int = 100,

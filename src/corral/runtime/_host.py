@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
 import corral.metrics as metrics
-from corral._errors import StoreError
+from corral._errors import LeaseLostError, StoreError
 from corral.actors import EntityDefinition
-from corral.persistence import Fence, Store
+from corral.persistence import Fence, Purged, Store
 
 from . import _progress
 from ._clock import Clock, SystemClock
@@ -38,6 +38,10 @@ __all__ = ["LocalHost"]
 REQUEST_POLL = 0.25
 """Seconds between a host's reads of the hand-off requests for its shards (between
 lease renewals; a read of a few rows, so four a second cost nothing measurable)."""
+
+PURGE_EVERY = 1.0
+"""Seconds between a host's retention rounds (`purge_closed`): one bounded purge per
+type with a `Retention`, over the shards it holds."""
 
 log = logging.getLogger("corral.host")
 
@@ -262,11 +266,12 @@ class LocalHost:
                 await self._backoff("newest build", err)
 
     async def _housekeep(self) -> None:
-        """Fire due durable timers of entities not in memory; passivate idle ones."""
+        """Fire due durable timers of entities not in memory; passivate idle ones; purge
+        closed runs past their type's retention."""
         idle_timeouts = [d.idle_timeout for d in self._definitions.values() if d.idle_timeout]
         # Sweeping visits every resident entity: do it a few times per shortest timeout.
         sweep_every = min(max(min(idle_timeouts) / 4, 0.05), 5.0) if idle_timeouts else None
-        next_sweep = time.monotonic()
+        next_sweep = next_purge = time.monotonic()
         while True:
             await asyncio.sleep(min(self._timer_interval, sweep_every or self._timer_interval))
             try:
@@ -274,6 +279,9 @@ class LocalHost:
                 if sweep_every is not None and time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + sweep_every
                     await self.passivate_idle()
+                if time.monotonic() >= next_purge:
+                    next_purge = time.monotonic() + PURGE_EVERY
+                    await self.purge_closed()
                 self._failures.pop("housekeeping", None)
             except Exception as err:
                 await self._backoff("housekeeping", err)
@@ -307,6 +315,27 @@ class LocalHost:
                 metrics.timer_fired(etype)
                 fired += 1
         return fired
+
+    async def purge_closed(self) -> Purged:
+        """One retention round: for each type with a `Retention`, purge at most its
+        `batch` runs closed longer than `closed_for` ago, of the shards held here
+        (fenced by their leases: a lost one refuses the round, nothing purged). Judged
+        by the wall clock, which stamps a run's `closed_at`."""
+        fences = [shard.fence for shard in list(self.shards.values())]
+        purged = Purged()
+        for etype, definition in self._definitions.items():
+            retention = definition.retention
+            if retention is None or not fences:
+                continue
+            try:
+                purged += await self.store.purge_closed(
+                    etype, time.time() - retention.closed_for, limit=retention.batch,
+                    fences=fences)
+            except LeaseLostError:
+                return purged  # the lease renewal finds out which shard went
+        if purged.runs:
+            log.debug("host %s: purged %s", self.owner, purged)
+        return purged
 
     def residents(self) -> Iterator[tuple[str, int, int]]:
         """(entity type, resident entities, mailbox depth) of every type held here."""

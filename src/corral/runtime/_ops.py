@@ -47,6 +47,7 @@ __all__ = [
     "Query",
     "ReplayDeadLetter",
     "Request",
+    "SignalBatch",
     "SignalWaits",
     "State",
     "TakeCensus",
@@ -74,15 +75,27 @@ class AcceptBatch(Op[list[AcceptResult | Exception]]):
     shard: int
     accs: Sequence[Acceptance]
     shards: int | None = None
+    atomic: bool = False
+    """Every acceptance or none (`Store.accept_all`): one shard's part of a
+    `SignalBatch`, answered with a result for each or `BatchRefusedError`."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_batch_from_wire,
-                (self.shard, [acc.to_wire() for acc in self.accs], self.shards))
+                (self.shard, [acc.to_wire() for acc in self.accs], self.shards, self.atomic))
 
 
-def _batch_from_wire(shard: int, wires: Sequence[Sequence[Any]], shards: int | None = None
-                     ) -> AcceptBatch:
-    return AcceptBatch(shard, [Acceptance.from_wire(w) for w in wires], shards)
+def _batch_from_wire(shard: int, wires: Sequence[Sequence[Any]], shards: int | None = None,
+                     atomic: bool = False) -> AcceptBatch:
+    return AcceptBatch(shard, [Acceptance.from_wire(w) for w in wires], shards, atomic)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalBatch(Op[list[AcceptResult]]):
+    """`Runtime.signal_many`: accept every signal or none, answered in order. The local
+    backend commits it in one transaction; the Ray backend splits it by shard, each part
+    an atomic `AcceptBatch` to its shard's actor."""
+
+    accs: Sequence[Acceptance]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,4 +229,4 @@ class TakeCensus(Op[Census]):
 Request = (Acceptance | DeliveryRequest | AcceptBatch | WaitUpdate | Query | Describe
            | History | State | LatestRun | ReplayDeadLetter | DiscardDeadLetter
            | DeadLetters | SignalWaits | Entities | TakeCensus)
-"""Every record a backend runs."""
+"""Every record a shard host runs (a `SignalBatch` reaches it as atomic `AcceptBatch`es)."""

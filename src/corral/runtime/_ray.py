@@ -37,6 +37,7 @@ import ray
 from ray import exceptions as rex
 
 from corral._errors import (
+    BatchRefusedError,
     CorralError,
     HandlerNotHostedError,
     InvalidArgumentError,
@@ -47,7 +48,7 @@ from corral.actors import EntityDefinition
 from corral.actors._manifest import manifest_json
 from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postgres_url
 
-from ._ops import AcceptBatch, Request, WaitUpdate
+from ._ops import AcceptBatch, Request, SignalBatch, WaitUpdate
 from ._ray_deploy import stop_ray_hosts as stop_hosts
 from ._ray_directory import host_of
 from ._ray_host import (
@@ -249,7 +250,39 @@ class RayBackend:
             return self._accept(op)
         if type(op) is WaitUpdate:
             return self._wait_update(op)
+        if type(op) is SignalBatch:
+            return self._accept_all(op)
         return self._call(op)
+
+    async def _accept_all(self, op: SignalBatch) -> list[AcceptResult]:
+        """A `SignalBatch` split by shard: each shard's part one atomic `AcceptBatch` to
+        its actor, all at once. Atomic per shard only: when a part is refused, the parts
+        of other shards may have committed; the refusal names its item's index in the
+        whole batch (the lowest, if several parts were refused)."""
+        parts: dict[int, list[int]] = {}
+        for index, acc in enumerate(op.accs):
+            parts.setdefault(acc.shard, []).append(index)
+        answers = await asyncio.gather(*(
+            self.call(shard, op.accs[indexes[0]].entity_type, AcceptBatch(
+                shard, [op.accs[i] for i in indexes], self.router.shards, atomic=True))
+            for shard, indexes in parts.items()), return_exceptions=True)
+        results: list[AcceptResult | None] = [None] * len(op.accs)
+        refusals: list[BatchRefusedError] = []
+        for indexes, answer in zip(parts.values(), answers, strict=True):
+            if isinstance(answer, BatchRefusedError):
+                answer.index = indexes[answer.index]
+                refusals.append(answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                for i, wire in zip(indexes, answer, strict=True):
+                    results[i] = AcceptResult.from_wire(wire)
+        if refusals:
+            first = min(refusals, key=lambda err: err.index)
+            first.args = (f"item {first.index} of the batch was refused, so the items of "
+                          f"its shard were: {first.error!r}",)
+            raise first
+        return [r for r in results if r is not None]
 
     async def _call(self, op: Any) -> Any:
         """`op` (a record naming one entity type or none) to its shard's actor."""

@@ -33,6 +33,7 @@ from typing import Any
 
 import corral.metrics as metrics
 from corral._errors import (
+    BatchRefusedError,
     CorralError,
     DefinitionMismatchError,
     HandlerNotHostedError,
@@ -118,9 +119,11 @@ class RayHostSpec:
     """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
-HOST_PROTOCOL = 3
+HOST_PROTOCOL = 4
 """The version of what a client and a shard actor send each other (2: acceptances and
-their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`).
+their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`; 4:
+acceptances carry `max_backlog`, `overflow`, `applied`, results `dead_letter_id`, and an
+`AcceptBatch` may be `atomic`).
 Detached actors outlive their clients, so an upgraded client can meet an actor of an
 older corral: the version is part of the fingerprint both check before the first call,
 and a mismatch is refused clearly."""
@@ -293,6 +296,8 @@ class ShardHost:
             raise UnknownEntityTypeError(
                 f"entity type {etype!r} is not registered in "
                 f"{self.name}")
+        if batch.atomic:
+            return await self._accept_all(batch)
         results: list[tuple[Any, ...] | BaseException | None] = []
         checked: list[Acceptance] = []
         # Routed with our shard count: each acceptance's shard is its key's (no hash again).
@@ -325,6 +330,19 @@ class ShardHost:
                 f"(fingerprint {self.definitions[etype].fingerprint}): roll the hosts to "
                 f"the build that has it (corral.runtime.roll_ray_hosts)",
                 entity_type=etype)
+
+    async def _accept_all(self, batch: AcceptBatch) -> list[tuple[Any, ...] | BaseException]:
+        """An atomic batch (one shard's part of a `SignalBatch`): every acceptance or
+        none; a misrouted one refuses it all (`BatchRefusedError`), a handler this build
+        lacks too (`HandlerNotHostedError`, which the client retries while a roll runs)."""
+        for index, acc in enumerate(batch.accs):
+            try:
+                self._check(acc.entity_type, acc.key)
+            except CorralError as err:
+                raise BatchRefusedError.of(index, err) from err
+            if acc.kind in _HANDLED:  # an older build mid-roll: the client retries it all
+                self._check_handler(acc.entity_type, acc.name)
+        return [r.to_wire() for r in await self.backend.accept_all(batch.accs)]
 
     def _check(self, etype: str, key: str) -> None:
         if etype not in self.definitions:

@@ -144,7 +144,7 @@ class EntityRef(Generic[E_co, S]):
             start_text = b.start_input(self.definition, start)
             mid = b.check_message_id(start_id, "start id")
             who = await b.sender(sender, self.definition, self.key, "start", "start")
-            return _ack(await self._accept(EntryKind.START, "", start_text, mid, who, start_text))
+            return ack(await self._accept(EntryKind.START, "", start_text, mid, who, start_text))
 
     # -- signals -------------------------------------------------------------------------
 
@@ -185,27 +185,36 @@ class EntityRef(Generic[E_co, S]):
 
     async def _signal(self, handler: Any, payload: Any, start: Any, with_start: bool,
                       message_id: str | None, sender: str | None) -> Ack:
-        """`signal` and `signal_with_start`: the hot path, so in one frame (`_send` with
-        its context manager and `_accept` cost ~2 us more a call; updates use them)."""
-        b, d = self._boundary, self.definition
+        """`signal` and `signal_with_start`: the hot path (`_send` with its context
+        manager and `_accept` cost ~2 us more a call; updates use them)."""
         try:
-            h = b.handler(d, handler, _SIGNAL)
-            text = b.payload(h, payload)
-            start_text = b.start_input(d, start) if with_start else None
-            if message_id is None:  # made here, so no earlier acceptance can hold it
-                mid, fresh = new_message_id(), self._backend.calls_once
-            else:
-                mid, fresh = b.check_identifier(message_id, "message id"), False
-            who = await b.sender(sender, d, self.key, "signal", h.name) \
-                if sender is not None or b.authorizes else None
-            res = await self._backend.run(Acceptance(
-                d.name, self.key, self.shard, EntryKind.SIGNAL, h.name, mid, text,
-                payload_hash(h.name, text), who, start_text, d.id_reuse, self._clock.time(),
-                fresh))
+            res = await self._backend.run(await self.signal_acceptance(
+                handler, payload, start, with_start, message_id, sender))
         except CorralError as err:
             _annotate(err, self, message_id, send=True)
             raise
-        return _ack(res)
+        return ack(res)
+
+    async def signal_acceptance(self, handler: Any, payload: Any, start: Any,
+                                with_start: bool, message_id: str | None,
+                                sender: str | None) -> Acceptance:
+        """A signal checked at the boundary (handler, payload, start input, id, sender
+        through the `authorize` hook), as the `Acceptance` the backend takes; nothing
+        is sent. `signal`, `signal_with_start` and `Runtime.signal_many` build theirs here."""
+        b, d = self._boundary, self.definition
+        h = b.handler(d, handler, _SIGNAL)
+        text = b.payload(h, payload)
+        start_text = b.start_input(d, start) if with_start else None
+        if message_id is None:  # made here, so no earlier acceptance can hold it
+            mid, fresh = new_message_id(), self._backend.calls_once
+        else:
+            mid, fresh = b.check_identifier(message_id, "message id"), False
+        who = await b.sender(sender, d, self.key, "signal", h.name) \
+            if sender is not None or b.authorizes else None
+        return Acceptance(
+            d.name, self.key, self.shard, EntryKind.SIGNAL, h.name, mid, text,
+            payload_hash(h.name, text), who, start_text, d.id_reuse, self._clock.time(),
+            fresh, d.max_backlog, d.overflow)
 
     # -- updates -------------------------------------------------------------------------
 
@@ -292,7 +301,7 @@ class EntityRef(Generic[E_co, S]):
             mid = b.check_message_id(update_id, "update id")
             who = await b.sender(sender, self.definition, self.key, "update", h.name)
             res = await self._accept(EntryKind.UPDATE, h.name, text, mid, who, start_text)
-            return _ack(res), h, mid
+            return ack(res), h, mid
 
     def _about(self, message_id: object = None, *, send: bool = True) -> _About:
         """Fill in what a `CorralError` raised inside leaves out: this entity and id; a
@@ -479,7 +488,7 @@ class EntityRef(Generic[E_co, S]):
             who = await b.sender(sender, self.definition, self.key, "terminate", "terminate")
             res = await self._accept(EntryKind.TERMINATE, "terminate", text, mid, who,
                                          None)
-            return _ack(res)
+            return ack(res)
 
     async def resume(self, *, message_id: str | None = None, sender: str | None = None) -> Ack:
         """Retry a suspended run now, rather than at its next attempt.
@@ -505,7 +514,7 @@ class EntityRef(Generic[E_co, S]):
             who = await b.sender(sender, self.definition, self.key, "resume", "resume")
             res = await self._accept(EntryKind.RESUME, "resume", canonical_json(None), mid,
                                      who, None)
-            return _ack(res)
+            return ack(res)
 
     # -- dead letters (operators) ------------------------------------------------------
 
@@ -547,7 +556,7 @@ class EntityRef(Generic[E_co, S]):
         await self._boundary.sender(sender, self.definition, self.key, "replay", "replay")
         res = await self._backend.run(ReplayDeadLetter(self.definition.name, self.key,
                                                        self.shard, ident))
-        return _ack(res)
+        return ack(res)
 
     async def discard_dead_letter(self, dead_letter_id: int, *,
                                   sender: str | None = None) -> bool:
@@ -579,6 +588,11 @@ class _About:
             _annotate(err, self._ref, self._message_id, self._send)
 
 
+def annotate_refusal(err: CorralError, ref: EntityRef[Any, Any], message_id: object) -> None:
+    """`err` refusing a send to `ref`: filled in and counted as rejected."""
+    _annotate(err, ref, message_id, send=True)
+
+
 def _annotate(err: CorralError, ref: EntityRef[Any, Any], message_id: object,
               send: bool) -> None:
     """Fill in what `err` leaves out: the entity and the id; count a refused send."""
@@ -600,6 +614,9 @@ def _seq_cursor(after: object) -> int:
     return int(after)
 
 
-def _ack(res: AcceptResult) -> Ack:
+def ack(res: AcceptResult) -> Ack:
+    """The caller's answer to an acceptance."""
+    if res.dead_letter_id is not None:
+        return Ack("dead_lettered", res.entry.run_id, 0, False, res.dead_letter_id)
     return Ack("duplicate" if res.duplicate else "accepted", res.entry.run_id, res.entry.seq,
                res.started)

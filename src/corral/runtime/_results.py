@@ -9,7 +9,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
@@ -47,16 +47,21 @@ class Ack:
 
     Attributes:
         status: `"accepted"` for a new message, `"duplicate"` when its message id was
-            accepted before (then `run_id` and `seq` are the original acceptance's).
+            accepted before (then `run_id` and `seq` are the original acceptance's),
+            `"dead_lettered"` when the signal was over its entity's `max_backlog` and
+            the type declares `overflow = "dead_letter"`: it was kept as dead letter
+            `dead_letter_id` of run `run_id`, not journaled (`seq` is 0).
         run_id: the run the message was delivered to.
         seq: the message's position in the entity's journal.
         started: whether this call started the run.
+        dead_letter_id: the dead letter's id when `status` is `"dead_lettered"`.
     """
 
-    status: Literal["accepted", "duplicate"]
+    status: Literal["accepted", "duplicate", "dead_lettered"]
     run_id: int
     seq: int
     started: bool
+    dead_letter_id: int | None = field(default=None, repr=False)  # reprs stay as they were
 
 
 @dataclass(frozen=True, slots=True)

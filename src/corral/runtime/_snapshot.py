@@ -293,7 +293,7 @@ def _set_state(definition: EntityDefinition, entity: Entity, state: dict[str, An
 
 def _restore_mailbox(definition: EntityDefinition, entity: Entity,
                      stored: list[dict[str, Any]], what: str, where: dict[str, Any]) -> None:
-    items: list[tuple[Any, JournalEntry]] = []
+    items: list[tuple[Any, JournalEntry, tuple[Any, float] | None]] = []
     for raw in stored:
         try:
             entry = JournalEntry(**{**raw, "kind": EntryKind(raw["kind"])})
@@ -313,8 +313,9 @@ def _restore_mailbox(definition: EntityDefinition, entity: Entity,
                 f"{what}: mailbox seq {entry.seq} ({entry.name!r}) no longer validates "
                 f"against {handler.input_type.__name__ if handler.input_type else None}: "
                 f"{err.errors()[0]['msg']}", **where) from err
-        items.append((payload, entry))
+        items.append((payload, entry, handler.release_order(payload, entry.accepted_at)))
     mailbox = Mailbox()
-    mailbox.__setstate__({"items": items})
+    for payload, entry, order in items:  # before attaching: nothing to notify yet
+        mailbox.put(payload, entry, order=order)
     mailbox.attach(entity._corral_context)
     entity.mailbox = mailbox
