@@ -140,7 +140,7 @@ def test_start_query_terminate_result_and_resume_take_good_input(
                "--start-id", "s-1").strip() == "accepted run 1 seq 1 (started)"
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"title": "two"}'))
     assert _json(capsys, "start", "Desk", "d-2", "--payload", "-", "--start-id", "s-1") == {
-        "status": "duplicate", "run_id": 1, "seq": 1, "started": False}
+        "status": "duplicate", "run_id": 1, "seq": 1, "started": False, "dead_letter_id": None}
 
     assert json.loads(_ok(capsys, "query", "Desk", "d-1", "read")) == ["a", "b", "c"]
     assert _json(capsys, "query", "Desk", "d-1", "read", "--sender", "ops") == ["a", "b", "c"]
