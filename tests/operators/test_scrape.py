@@ -27,7 +27,7 @@ import corral
 from acceptances import acc, fence_for, opened
 from corral._scrape import CENSUS_SERIES, census_text
 from corral.metrics import REGISTRY
-from corral.persistence import Suspension
+from corral.persistence import JournalEntry, Suspension
 from dashboard_app import BROKEN, Ledger, Note, Stuck
 from procs import wait_until
 
@@ -54,8 +54,10 @@ async def test_corral_metrics_serves_the_census_of_a_store_with_known_contents(
         db_path: str) -> None:
     async with opened(db_path, 16) as store:
         fence = await fence_for(store, 1)
-        entries = {key: [(await store.accept(acc(key, f"m{i}"))).entry for i in range(n)]
-                   for key, n in (("a", 3), ("b", 1), ("c", 1))}
+        entries: dict[str, list[JournalEntry]] = {}
+        for key, n in (("a", 3), ("b", 1), ("c", 1)):  # a loop: Python 3.10 refuses an
+            entries[key] = [(await store.accept(acc(key, f"m{i}"))).entry  # await nested
+                            for i in range(n)]  # in two comprehensions
         await store.accept(acc("x", "m0", shard=2, etype="T"))
         await store.record_progress(fence, [("E", "a", 1, 0), ("E", "b", 1, 0)], at=1.0)
         await store.close_run(fence, "E", "c", 1, applied_seq=1, error=None,

@@ -1,7 +1,7 @@
 """Which Ray actor hosts each shard of a deployment: the directory clients route by.
 
 A deployment starts with one actor per shard under the shard's own name
-(`corral/<namespace>/shard-<k>`). A rolling deploy (`_ray_roll`) replaces each with an
+(`corral/<namespace>/shard-<k>`). A rolling deploy (`_ray_deploy`) replaces each with an
 actor under a build-qualified name (`.../shard-<k>@<build>`) and records the new name
 here, in Ray's GCS key-value store (namespace `corral/<namespace>`, key `shard-<k>`):
 the same place, with the same lifetime, as the named actors themselves, readable from
