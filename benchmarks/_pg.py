@@ -12,12 +12,16 @@ one stops and removes it (its owner process is gone).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import os
+import platform
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"
 import pg_server as launcher
 from pg_server import ServerUnavailable
 
-__all__ = ["SHOWN_SETTINGS", "Server", "ServerUnavailable", "run", "throwaway_server"]
+__all__ = ["SHOWN_SETTINGS", "Server", "ServerUnavailable", "arguments", "machine", "on_stores",
+           "run", "run_and_write", "throwaway_server"]
 
 _PREFIX = "corral-bench-pg-"
 T = TypeVar("T")
@@ -131,12 +136,50 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(guarded())
 
 
+def arguments(doc: str | None, quick: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes (`--quick`, described by `quick`; `--no-postgres`;
+    `--out`), with `doc`'s first line as its description; add a script's own to it."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--no-postgres", action="store_true",
+                        help="SQLite only (no PostgreSQL server is started)")
+    parser.add_argument("--out", help="where to write the JSON results (default: "
+                        "results/<benchmark>.json, or <benchmark>-quick.json with --quick)")
+    return parser
+
+
+async def on_stores(name: str, server: Server | None,
+                    measure: Callable[[str], Awaitable[T]]) -> dict[str, T]:
+    """`measure(store)` on a fresh SQLite file, then (with a server) on a fresh database
+    named `name`; the results by store ("sqlite", "postgres")."""
+    results: dict[str, T] = {}
+    with tempfile.TemporaryDirectory(prefix=f"corral-{name}-db-") as tmp:
+        print("sqlite:", flush=True)
+        results["sqlite"] = await measure(str(Path(tmp) / f"{name}.db"))
+    if server is not None:
+        print("postgres:", flush=True)
+        async with server.database(name) as url:
+            results["postgres"] = await measure(url)
+    return results
+
+
+def machine(**more: Any) -> dict[str, Any]:
+    """What a result was measured on: CPUs, Python, the load average now, and `more`."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), **more,
+            "load_avg": os.getloadavg()}
+
+
 def run_and_write(main: Callable[[Server | None], Coroutine[Any, Any, Any]], *,
-                  postgres: bool, out: Path) -> None:
-    """`run(main(server))` with a throwaway server (or None without `postgres`), then
-    its result written to `out` as JSON; no server binaries stops with the hint."""
+                  args: argparse.Namespace, name: str) -> None:
+    """`run(main(server))` with a throwaway server (or None with `--no-postgres`), then
+    its result written as JSON to `--out` (default `results/<name>.json`, with `--quick`
+    `results/<name>-quick.json`: a smoke run never overwrites a full one); no server
+    binaries stops with the hint."""
+    results = Path(__file__).resolve().parent / "results"
+    out = Path(args.out) if args.out else \
+        results / (f"{name}-quick.json" if getattr(args, "quick", False) else f"{name}.json")
     try:
-        server_cm = throwaway_server() if postgres else contextlib.nullcontext(None)
+        server_cm = throwaway_server() if not args.no_postgres else contextlib.nullcontext(None)
         with server_cm as server:
             data = run(main(server))
     except ServerUnavailable as err:

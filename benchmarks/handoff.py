@@ -38,7 +38,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import random
 import signal
 import statistics
@@ -54,8 +53,6 @@ from pydantic import BaseModel
 import corral
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "handoff.json"
-QUICK_RESULTS = HERE / "results" / "handoff-quick.json"
 SHARDS = 16
 TTL = 3.0
 ENTITIES = 160  # ten per shard on average, each resident on its host
@@ -302,37 +299,24 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
     rounds = 1 if args.quick else 5
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="corral-handoff-db-") as tmp:
-        print("sqlite:")
-        results["sqlite"] = await measure(str(Path(tmp) / "handoff.db"), rounds)
-    if server is not None:
-        print("postgres:")
-        async with server.database("handoff") as url:
-            results["postgres"] = await measure(url, rounds)
+    results = await _pg.on_stores("handoff", server, lambda store: measure(store, rounds))
     print()
     print(table(results))
     return {"benchmark": "handoff", "rounds": rounds, "shards": SHARDS, "lease_ttl_s": TTL,
             "entities": ENTITIES, "rate_per_s": RATE,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "load_avg": os.getloadavg()},
+            "machine": _pg.machine(),
             "results": results}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round instead of 5")
-    parser.add_argument("--no-postgres", action="store_true",
-                        help="SQLite only (no PostgreSQL server is started)")
-    parser.add_argument("--out", help="where to write the JSON results")
+    parser = _pg.arguments(__doc__, quick="1 round instead of 5")
     parser.add_argument("--host", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.host:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(host_child(*args.host))
         return
-    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
-                      out=Path(args.out or (QUICK_RESULTS if args.quick else RESULTS)))
+    _pg.run_and_write(lambda server: amain(args, server), args=args, name="handoff")
 
 
 if __name__ == "__main__":

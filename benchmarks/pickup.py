@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -45,8 +44,6 @@ from pydantic import BaseModel
 import corral
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "pickup.json"
-QUICK_RESULTS = HERE / "results" / "pickup-quick.json"
 RATE = 200.0  # messages per second, per side
 KEY = "ticket-1"
 POLL_INTERVAL = 0.005  # open_runtime's default, passed explicitly so the table can say it
@@ -196,8 +193,7 @@ async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "benchmark": "pickup", "rate_per_s": RATE, "seconds_per_side": duration,
         "poll_interval_s": POLL_INTERVAL,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg": os.getloadavg()},
+        "machine": _pg.machine(),
         # The SQLite side keeps the keys it always had; the PostgreSQL side is beside it.
         "local": sqlite["local"], "remote": sqlite["remote"],
         "local_from": "send began", "remote_from": "ack returned",
@@ -209,12 +205,7 @@ async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 s per side instead of 5 s")
-    parser.add_argument("--no-postgres", action="store_true",
-                        help="SQLite only (no PostgreSQL server is started)")
-    parser.add_argument("--out", help="where to write the JSON results (default: "
-                        "results/pickup.json, or results/pickup-quick.json with --quick)")
+    parser = _pg.arguments(__doc__, quick="1 s per side instead of 5 s")
     parser.add_argument("--sender", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sender:
@@ -222,8 +213,7 @@ def main() -> None:
         acked = asyncio.run(sender_child(store, prefix, float(duration)))
         Path(out).write_text(json.dumps(acked))
         return
-    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
-                      out=Path(args.out or (QUICK_RESULTS if args.quick else RESULTS)))
+    _pg.run_and_write(lambda server: amain(args, server), args=args, name="pickup")
 
 
 if __name__ == "__main__":

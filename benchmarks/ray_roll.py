@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import collections
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -49,8 +48,6 @@ import corral
 from corral.runtime import roll_ray_hosts, stop_ray_hosts
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "ray_roll.json"
-QUICK_RESULTS = HERE / "results" / "ray_roll-quick.json"
 SHARDS = 16
 KEYS_PER_SHARD = 4
 SENDERS = 8
@@ -203,13 +200,7 @@ async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
              namespace="corral-bench", runtime_env=RUNTIME_ENV)
     results: dict[str, dict[str, Any]] = {}
     try:
-        with tempfile.TemporaryDirectory(prefix="corral-roll-db-") as tmp:
-            print("sqlite:", flush=True)
-            results["sqlite"] = await measure(str(Path(tmp) / "roll.db"), rounds)
-        if server is not None:
-            print("postgres:", flush=True)
-            async with server.database("ray_roll") as url:
-                results["postgres"] = await measure(url, rounds)
+        results = await _pg.on_stores("ray_roll", server, lambda s: measure(s, rounds))
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
@@ -217,21 +208,14 @@ async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
     print(table(results))
     return {"benchmark": "ray_roll", "rounds": rounds, "shards": SHARDS,
             "entities": SHARDS * KEYS_PER_SHARD, "senders": SENDERS, "lease_ttl_s": 10.0,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "ray": ray.__version__, "load_avg": os.getloadavg()},
+            "machine": _pg.machine(ray=ray.__version__),
             "results": results}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round instead of 3")
-    parser.add_argument("--no-postgres", action="store_true",
-                        help="SQLite only (no PostgreSQL server is started)")
-    parser.add_argument("--out", help="where to write the JSON results")
-    args = parser.parse_args()
+    args = _pg.arguments(__doc__, quick="1 round instead of 3").parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
-                      out=Path(args.out or (QUICK_RESULTS if args.quick else RESULTS)))
+    _pg.run_and_write(lambda server: amain(args, server), args=args, name="ray_roll")
 
 
 if __name__ == "__main__":

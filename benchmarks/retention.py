@@ -194,5 +194,4 @@ if __name__ == "__main__":
     parser.add_argument("--entities", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
-                      out=args.out)
+    _pg.run_and_write(lambda server: amain(args, server), args=args, name="retention")
