@@ -15,7 +15,7 @@ The steps, each an op or a read here (written once for both engines, judged by
    lock free, leaves it alone until the reservation ends. If the heir dies before
    taking it, the shard is anyone's when the reservation ends: within one lease term.
 
-The hosts alive to receive shards (`LiveHostsOp`, the heirs of a host that closes) are
+The hosts alive to receive shards (`live_hosts`, the heirs of a host that closes) are
 the processes registered as hosts in the registry of builds (`build_processes`, kept
 live by each process's registration, see `runtime/_builds`): one notion of a live
 process, not a second table beside it.
@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from ._txn import Fence, LockPlan, Txn
 
-__all__ = ["HandOffLeaseOp", "LiveHostsOp", "RequestLeasesOp", "held_by", "offered_to",
+__all__ = ["HandOffLeaseOp", "RequestLeasesOp", "held_by", "live_hosts", "offered_to",
            "requests_for", "reserved_heirs"]
 
 _SET_HANDOFF = (
@@ -98,25 +98,14 @@ async def requests_for(q: Txn, owner: str) -> dict[int, str]:
     return {r[0]: r[1] for r in rows}
 
 
-@dataclass(frozen=True, slots=True)
-class LiveHostsOp:
+async def live_hosts(q: Txn, owner: str) -> list[str]:
     """The hosts other than `owner` alive to receive shards (registered as hosts and
-    not expired), sorted; a host closing hands its shards to them."""
-
-    owner: str
-    buffered: ClassVar[bool] = False
-
-    def plan(self, plan: LockPlan) -> None:
-        pass
-
-    async def apply(self, txn: Txn) -> list[str]:
-        now = await txn.clock()
-        await txn.execute("DELETE FROM build_processes WHERE process = ?",
-                          self.owner)  # this host is going: never an heir again
-        rows = await txn.fetchall(
-            "SELECT DISTINCT process FROM build_processes WHERE role = 'host' AND "
-            "expires_at >= ? ORDER BY process", now)
-        return [r[0] for r in rows]
+    not expired), sorted; a host closing hands its shards to them (a read: a closing
+    host has left the registry already, `BuildRegistration.close`)."""
+    rows = await q.fetchall(
+        "SELECT DISTINCT process FROM build_processes WHERE role = 'host' AND "
+        "process <> ? AND expires_at >= ? ORDER BY process", owner, await q.clock())
+    return [r[0] for r in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,7 +147,7 @@ class HostStore(Protocol):
 
     async def live_hosts(self, owner: str) -> list[str]:
         """The other hosts alive to receive shards (registered as hosts, see
-        `register_builds`); `owner` is no longer one of them."""
+        `register_builds`), `owner` left out."""
         ...
 
     async def lease_offers(self, heir: str) -> set[int]:

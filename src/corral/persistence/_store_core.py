@@ -23,9 +23,9 @@ from ._ops_accept import AcceptAllOp, AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
 from ._ops_handoff import (
-    LiveHostsOp,
     RequestLeasesOp,
     held_by,
+    live_hosts,
     offered_to,
     requests_for,
 )
@@ -199,7 +199,7 @@ class StoreCore:
         return await self.query(requests_for, owner)
 
     async def live_hosts(self, owner: str) -> list[str]:
-        return await self.write(LiveHostsOp(owner))  # type: ignore[no-any-return]
+        return await self.query(live_hosts, owner)
 
     async def lease_offers(self, heir: str) -> set[int]:
         return await self.query(offered_to, heir)
