@@ -78,8 +78,9 @@ def test_history_lists_runs_messages_dead_letters_waits_and_timers_a_page_at_a_t
     messages = found["messages"]["items"]
     assert [(m["seq"], m["message_id"], m["sender"]) for m in messages] == [
         (1, "n-1", "ana"), (2, "n-2", None), (3, "n-3", None), (4, "n-4", "bob")]
-    first, dead, _, last = messages
+    first, dead, after_snapshot, last = messages
     assert first["status"] == "applied"
+    assert after_snapshot["status"] == "applied"  # by the progress its host recorded
     assert (first["name"], first["payload"]) == (None, None)  # covered by the snapshot
     assert first["accepted_at"] > 0
     assert dead["status"] == "dead_lettered"

@@ -395,8 +395,13 @@ class LocalBackend:
     async def history(self, op: History) -> EntityHistory:
         run = await self._started(op.entity_type, op.key)
         live = self._live(op.entity_type, op.key, run.run_id)
-        return await read_history(self.store, run, live.applied_seq if live else None,
-                                  limit=op.limit, after=op.after)
+        if live is not None:
+            applied: int | None = live.applied_seq
+        else:  # another process hosts it: its recorded progress (about a second behind)
+            progress = (await self.store.entity_details(op.entity_type, op.key,
+                                                        run.run_id)).progress
+            applied = None if progress is None else progress.applied_seq
+        return await read_history(self.store, run, applied, limit=op.limit, after=op.after)
 
     async def state(self, op: State) -> EntityState:
         etype, key = op.entity_type, op.key

@@ -8,8 +8,9 @@ accepted after it, with their payloads. Both read the store (`Store.messages`,
 the store no longer keeps (a message's payload once a snapshot covers it) is None.
 
 A message counts as applied when its run has closed, or when its seq is at or below the
-applied watermark known: the latest snapshot's, or the live activation's when the
-answering process hosts the entity.
+applied watermark known: the latest snapshot's, and the live activation's when the
+answering process hosts the entity, else the progress its host records in the store
+(`Progress`, at most about a second behind).
 """
 
 from __future__ import annotations
@@ -153,12 +154,13 @@ def _cursor(items: list[MessageInfo], limit: int, more: bool) -> str | None:
     return str(items[limit - 1].seq) if more else None
 
 
-async def read_history(store: Store, run: RunRecord, live_applied: int | None, *,
+async def read_history(store: Store, run: RunRecord, applied_seq: int | None, *,
                        limit: int, after: int) -> EntityHistory:
-    """The history of `run`'s entity (its latest run), a page of `limit` messages."""
+    """The history of `run`'s entity (its latest run), a page of `limit` messages;
+    `applied_seq`: its host's applied watermark, if known (live or recorded)."""
     etype, key = run.entity_type, run.key
     snap = await store.latest_snapshot(etype, key, run.run_id)
-    known = [seq for seq in (live_applied, None if snap is None else snap[0])
+    known = [seq for seq in (applied_seq, None if snap is None else snap[0])
              if seq is not None]
     applied = max(known) if known else None
     rows = await store.messages(etype, key, after_seq=after, limit=limit + 1)
