@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +25,10 @@ from corral._scrape import CENSUS_SERIES, census_text
 from corral.metrics import REGISTRY
 from corral.persistence import JournalEntry, Suspension
 from dashboard_app import BROKEN, Ledger, Note, Stuck
+from metrics_cli import CORRAL, scrape_corral_metrics
 from procs import wait_until
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-CORRAL = Path(sys.executable).with_name("corral")
 SERIES = re.compile(r"\b[a-z_]*corral_[a-z0-9_]+\b")
 
 
@@ -43,11 +39,6 @@ def samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         for s in family.samples:
             found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return found
-
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=20) as reply:
-        return str(reply.read().decode())
 
 
 async def test_corral_metrics_serves_the_census_of_a_store_with_known_contents(
@@ -66,20 +57,7 @@ async def test_corral_metrics_serves_the_census_of_a_store_with_known_contents(
                                        traceback="tb", attempts=1, failed_at=1.0)
         await store.suspend_run(fence, Suspension("E", "b", 1, "KeyError", 2, 1.0, 9.0))
         await store.register_builds("h1", "host", [("E", "f1", "{}")], ttl=600.0)
-    proc = await asyncio.create_subprocess_exec(
-        str(CORRAL), "metrics", "--store", db_path, "--port", "0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        url = line.removeprefix("corral metrics: ").strip()
-        assert url.startswith("http://127.0.0.1:"), line
-        text = await asyncio.to_thread(scrape, url)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
+    text = await scrape_corral_metrics("--store", db_path)
     got = samples(text)
     assert set(CENSUS_SERIES) <= set(got)
     e, t = (("entity_type", "E"),), (("entity_type", "T"),)

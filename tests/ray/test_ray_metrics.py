@@ -9,11 +9,7 @@ subprocess (a Ray driver of its own) scraped over HTTP.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import signal
-import sys
-import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,11 +18,11 @@ import corral
 import corral.metrics
 from corral.dashboard import create_app
 from corral.runtime._ray_metrics import HOST_LABEL
+from metrics_cli import scrape, scrape_corral_metrics
 from ray_workers import Item, Metered, Seen
 from webhook_traffic import load_example
 
 SENDS, KEYS = 30, 3
-CORRAL = Path(sys.executable).with_name("corral")
 
 
 def series(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -54,31 +50,13 @@ async def workload(rt: corral.Runtime) -> None:
         assert len(seen.items) == SENDS // KEYS
 
 
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=30) as reply:
-        return str(reply.read().decode())
-
-
 async def test_corral_metrics_serves_what_ray_host_actors_counted_under_the_corral_names(
         db_path: str, namespace: str, ray_address: str) -> None:
     async with corral.open_runtime(db_path, entities=[Metered], backend="ray",
                                    namespace=namespace, shards=2) as rt:
         await workload(rt)
-        proc = await asyncio.create_subprocess_exec(
-            str(CORRAL), "metrics", "--store", db_path, "--port", "0",
-            "--namespace", namespace, "--address", ray_address,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-        try:
-            assert proc.stdout is not None
-            line = (await asyncio.wait_for(proc.stdout.readline(), 90)).decode()
-            url = line.removeprefix("corral metrics: ").strip()
-            assert url.startswith("http://127.0.0.1:"), line
-            text = await asyncio.to_thread(scrape, url)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
+        text = await scrape_corral_metrics("--store", db_path, "--namespace", namespace,
+                                           "--address", ray_address)
     got = series(text)
     assert not [n for n, _, _ in got if n.startswith("ray_")]
     totals = metered(got)
