@@ -18,7 +18,7 @@ import corral
 import corral.metrics
 from corral.dashboard import create_app
 from corral.runtime._ray_metrics import HOST_LABEL
-from metrics_cli import scrape, scrape_corral_metrics
+from metrics_cli import scrape, scrape_corral_metrics, unknown_series
 from ray_workers import Item, Metered, Seen
 from webhook_traffic import load_example
 
@@ -72,6 +72,7 @@ async def test_corral_metrics_serves_what_ray_host_actors_counted_under_the_corr
     assert set(up) == hosts
     assert set(up.values()) == {1.0}
     assert ("corral_store_up", {}, 1.0) in got  # the census, in the same scrape
+    assert unknown_series(text) == []  # the shipped alerts and Grafana panels work on Ray
 
 
 async def test_the_series_of_a_ray_deployment_have_the_local_backends_names_and_labels(
