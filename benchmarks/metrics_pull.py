@@ -13,8 +13,8 @@ scrapes:
   parsed, labelled `host` and merged), then rendered as the text a scrape returns;
 - `ping`: the ceiling, the same Ray calls at once to a method that does nothing
   (`check_definitions({})`);
-- `local`: the peer, one process's own `corral.metrics.exposition()` (what a process on
-  the local backend serves).
+- `local`: the peer, the same workload hosted by this process on the local backend,
+  whose scrape renders its own `corral.metrics.exposition()`.
 
 Prints a table (p50 and p99 in ms, bytes per scrape, pull / ping) and writes
 benchmarks/results/metrics_pull.json.
@@ -59,8 +59,13 @@ class Gauge(corral.Entity):
         self.n += 1
 
 
-class Meter(Gauge):
-    pass
+class Meter(corral.Entity):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @corral.signal
+    def add(self, item: Item) -> None:
+        self.n += 1
 
 
 def _quantiles(seconds: list[float]) -> tuple[float, float]:
@@ -77,21 +82,40 @@ async def _timed(call: Callable[[], Awaitable[Any]]) -> list[float]:
     return took
 
 
-async def measure(store: str, shards: int) -> dict[str, Any]:
+async def _workload(rt: corral.Runtime, shards: int) -> dict[int, list[str]]:
+    """KEYS_PER_SHARD keys of each shard, each sent one signal per entity type."""
+    keys: dict[int, list[str]] = {k: [] for k in range(shards)}
+    n = 0
+    while any(len(v) < KEYS_PER_SHARD for v in keys.values()):
+        key = f"k-{n}"
+        n += 1
+        shard = rt.router.shard_of("Gauge", key)
+        if len(keys[shard]) < KEYS_PER_SHARD:
+            keys[shard].append(key)
+    types: tuple[Any, ...] = (Gauge, Meter)
+    for etype in types:
+        await asyncio.gather(*(rt.ref(etype, key).signal_with_start(
+            etype.add, Item(id="1"), start=None) for ks in keys.values() for key in ks))
+    return keys
+
+
+async def measure(tmp: Path, shards: int) -> dict[str, Any]:
+    # The peer: the same workload hosted by this process (the local backend), whose
+    # scrape renders its own registry.
+    async with corral.open_runtime(str(tmp / f"local{shards}.db"), entities=[Gauge, Meter],
+                                   shards=shards) as rt:
+        await _workload(rt, shards)
+
+        async def local() -> bytes:
+            return corral.metrics.exposition()
+
+        await _timed(local)
+        local_p50, local_p99 = _quantiles(await _timed(local))
+        local_bytes = len(await local())
     namespace = f"bench-pull-{uuid.uuid4().hex[:6]}"
-    async with corral.open_runtime(store, entities=[Gauge, Meter], backend="ray",
-                                   namespace=namespace, shards=shards) as rt:
-        keys: dict[int, list[str]] = {k: [] for k in range(shards)}
-        n = 0
-        while any(len(v) < KEYS_PER_SHARD for v in keys.values()):
-            key = f"k-{n}"
-            n += 1
-            shard = rt.router.shard_of("Gauge", key)
-            if len(keys[shard]) < KEYS_PER_SHARD:
-                keys[shard].append(key)
-        for etype in (Gauge, Meter):
-            await asyncio.gather(*(rt.ref(etype, key).signal_with_start(
-                etype.add, Item(id="1"), start=None) for ks in keys.values() for key in ks))
+    async with corral.open_runtime(str(tmp / f"ray{shards}.db"), entities=[Gauge, Meter],
+                                   backend="ray", namespace=namespace, shards=shards) as rt:
+        keys = await _workload(rt, shards)
         backend: Any = rt.backend
         handles = [await backend.actor("Gauge", ks[0]) for ks in keys.values()]
 
@@ -101,16 +125,15 @@ async def measure(store: str, shards: int) -> dict[str, Any]:
         async def ping() -> None:
             await asyncio.gather(*(h.check_definitions.remote({}) for h in handles))
 
-        async def local() -> bytes:
-            return corral.metrics.exposition()
-
         text = await pull()
-        result = {"shards": shards, "host_actors": len(handles), "bytes": len(text)}
-        for name, call in (("pull", pull), ("ping", ping), ("local", local)):
+        result: dict[str, Any] = {
+            "shards": shards, "host_actors": len(handles), "bytes": len(text),
+            "local": {"p50_ms": round(local_p50, 2), "p99_ms": round(local_p99, 2)},
+            "local_bytes": local_bytes}
+        for name, call in (("pull", pull), ("ping", ping)):
             await _timed(call)  # warm
             p50, p99 = _quantiles(await _timed(call))
             result[name] = {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2)}
-        result["local_bytes"] = len(corral.metrics.exposition())
     corral.runtime.stop_ray_hosts(namespace)
     return result
 
@@ -127,13 +150,13 @@ def main() -> None:
              log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = [asyncio.run(measure(str(Path(tmp) / f"s{s}.db"), s)) for s in args.shards]
+            rows = [asyncio.run(measure(Path(tmp), s)) for s in args.shards]
     finally:
         ray.shutdown()
-    print(f"{'shards':>6} {'actors':>6} {'bytes':>7} | {'pull p50':>8} {'p99':>7} | "
-          f"{'ping p50':>8} {'p99':>7} | {'local p50':>9} {'p99':>7} | pull/ping")
+    print(f"{'shards':>6} {'actors':>6} {'bytes':>7} {'local':>6} | {'pull p50':>8} "
+          f"{'p99':>7} | {'ping p50':>8} {'p99':>7} | {'local p50':>9} {'p99':>7} | pull/ping")
     for r in rows:
-        print(f"{r['shards']:>6} {r['host_actors']:>6} {r['bytes']:>7} | "
+        print(f"{r['shards']:>6} {r['host_actors']:>6} {r['bytes']:>7} {r['local_bytes']:>6} | "
               f"{r['pull']['p50_ms']:>8} {r['pull']['p99_ms']:>7} | "
               f"{r['ping']['p50_ms']:>8} {r['ping']['p99_ms']:>7} | "
               f"{r['local']['p50_ms']:>9} {r['local']['p99_ms']:>7} | "
