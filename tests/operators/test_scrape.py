@@ -10,6 +10,7 @@ series after a workload.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import yaml
@@ -113,3 +114,19 @@ def test_the_scrape_configuration_scrapes_corral_names_only() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert set(jobs) == {"corral-deployment", "corral-processes"}
     assert not [name for name, job in jobs.items() if "metric_relabel_configs" in job]
+
+
+async def test_corral_metrics_for_a_ray_deployment_without_a_ray_cluster_says_so_in_a_line(
+        tmp_path: Path) -> None:
+    store = str(tmp_path / "s.db")
+    async with corral.open_runtime(store, entities=[Ledger]):
+        pass  # a store the application created
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=str(tmp_path), RAY_AUTH_MODE="disabled")  # no cluster there
+    proc = await asyncio.create_subprocess_exec(
+        str(CORRAL), "metrics", "--store", store, "--namespace", "helpdesk", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 1, (out, err)
+    assert "Traceback" not in err.decode()
+    assert "ConnectionError" in err.decode().splitlines()[-1]
