@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import corral
 import corral.metrics
 from corral.dashboard import create_app
-from corral.runtime._ray_metrics import HOST_LABEL
+from corral.runtime._ray_metrics import HOST_LABEL, pull_hosts
 from metrics_cli import scrape, scrape_corral_metrics, unknown_series
 from ray_workers import Item, Metered, Seen
 from webhook_traffic import load_example
@@ -107,3 +107,17 @@ async def test_the_series_of_a_ray_deployment_have_the_local_backends_names_and_
     # nothing of it is resident any more).
     resident = {"corral_resident_entities", "corral_mailbox_depth"}
     assert metered(here) == {k: v for k, v in metered(local).items() if k not in resident}
+
+
+async def test_a_host_actor_that_does_not_answer_in_time_is_reported_down_not_dropped(
+        db_path: str, namespace: str) -> None:
+    async with corral.open_runtime(db_path, entities=[Metered], backend="ray",
+                                   namespace=namespace, shards=2) as rt:
+        await workload(rt)
+        answered = await pull_hosts(namespace)
+        late = await pull_hosts(namespace, timeout=0.0)  # no Ray call answers that fast
+    hosts = {s.labels[HOST_LABEL] for f in answered if f.name == "corral_host_up"
+             for s in f.samples}
+    assert hosts
+    assert [(f.name, {s.labels[HOST_LABEL]: s.value for s in f.samples}) for f in late] == \
+        [("corral_host_up", dict.fromkeys(hosts, 0.0))]  # and none of their series

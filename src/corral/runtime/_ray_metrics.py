@@ -73,8 +73,13 @@ def labelled(text: str, host: str) -> list[Metric]:
 
 async def pull_hosts(namespace: str, *, timeout: float = PULL_TIMEOUT) -> list[Metric]:
     """Every host actor's series of the deployment `namespace`, labelled `host`, merged
-    by name (`corral.metrics.merge`), and `corral_host_up`."""
-    hosts = await asyncio.to_thread(_handles, namespace)
+    by name (`corral.metrics.merge`), and `corral_host_up`; none if the actors cannot
+    be listed (Ray's GCS unreachable: the rest of the scrape still answers)."""
+    try:
+        hosts = await asyncio.to_thread(_handles, namespace)
+    except Exception as err:
+        log.warning("could not list the host actors of %s: %r", namespace, err)
+        return []
     up = GaugeMetricFamily("corral_host_up", "1 if the host actor answered the metrics "
                            "pull of this scrape, 0 if not.", labels=[HOST_LABEL])
     pulled: list[list[Metric]] = []
