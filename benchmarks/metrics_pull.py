@@ -5,7 +5,7 @@ Run from the repository root (starts a local Ray instance of its own, loopback o
     RAY_AUTH_MODE=disabled .venv/bin/python benchmarks/metrics_pull.py [--shards 4 16]
 
 For each shard count it opens a Ray runtime, sends a few signals to every shard (so each
-shard actor exists and holds series of two entity types), then times, over `ROUNDS`
+shard actor exists and holds series), then times, over `ROUNDS`
 scrapes:
 
 - `pull`: `Runtime.host_metrics()`, what `corral metrics --namespace` and the dashboard's
@@ -59,15 +59,6 @@ class Gauge(corral.Entity):
         self.n += 1
 
 
-class Meter(corral.Entity):
-    def __init__(self) -> None:
-        self.n = 0
-
-    @corral.signal
-    def add(self, item: Item) -> None:
-        self.n += 1
-
-
 def _quantiles(seconds: list[float]) -> tuple[float, float]:
     ordered = sorted(seconds)
     return statistics.median(ordered) * 1000, ordered[int(0.99 * (len(ordered) - 1))] * 1000
@@ -83,7 +74,7 @@ async def _timed(call: Callable[[], Awaitable[Any]]) -> list[float]:
 
 
 async def _workload(rt: corral.Runtime, shards: int) -> dict[int, list[str]]:
-    """KEYS_PER_SHARD keys of each shard, each sent one signal per entity type."""
+    """KEYS_PER_SHARD keys of each shard, each sent one signal."""
     keys: dict[int, list[str]] = {k: [] for k in range(shards)}
     n = 0
     while any(len(v) < KEYS_PER_SHARD for v in keys.values()):
@@ -92,17 +83,15 @@ async def _workload(rt: corral.Runtime, shards: int) -> dict[int, list[str]]:
         shard = rt.router.shard_of("Gauge", key)
         if len(keys[shard]) < KEYS_PER_SHARD:
             keys[shard].append(key)
-    types: tuple[Any, ...] = (Gauge, Meter)
-    for etype in types:
-        await asyncio.gather(*(rt.ref(etype, key).signal_with_start(
-            etype.add, Item(id="1"), start=None) for ks in keys.values() for key in ks))
+    await asyncio.gather(*(rt.ref(Gauge, key).signal_with_start(
+        Gauge.add, Item(id="1"), start=None) for ks in keys.values() for key in ks))
     return keys
 
 
 async def measure(tmp: Path, shards: int) -> dict[str, Any]:
     # The peer: the same workload hosted by this process (the local backend), whose
     # scrape renders its own registry.
-    async with corral.open_runtime(str(tmp / f"local{shards}.db"), entities=[Gauge, Meter],
+    async with corral.open_runtime(str(tmp / f"local{shards}.db"), entities=[Gauge],
                                    shards=shards) as rt:
         await _workload(rt, shards)
 
@@ -113,7 +102,7 @@ async def measure(tmp: Path, shards: int) -> dict[str, Any]:
         local_p50, local_p99 = _quantiles(await _timed(local))
         local_bytes = len(await local())
     namespace = f"bench-pull-{uuid.uuid4().hex[:6]}"
-    async with corral.open_runtime(str(tmp / f"ray{shards}.db"), entities=[Gauge, Meter],
+    async with corral.open_runtime(str(tmp / f"ray{shards}.db"), entities=[Gauge],
                                    backend="ray", namespace=namespace, shards=shards) as rt:
         keys = await _workload(rt, shards)
         backend: Any = rt.backend
