@@ -2,11 +2,12 @@
 
 The series below are derived from the store alone (`Runtime.census`, aggregated in
 SQL), so any process serves the same numbers for every backend: the dashboard's
-`/metrics` (with that process's own `corral.metrics.REGISTRY` after them) and
-`corral metrics --store URL --port N`. They are gauges named `corral_store_*`, apart
-from the per-process series of `corral.metrics` (counters of what one process did), so
-the two never collide in one scrape. Scrape one census server per deployment, not one
-per process: every process would report the same store.
+`/metrics` (with that process's own `corral.metrics.REGISTRY` after them, and on Ray
+every host actor's, `Runtime.host_metrics`) and `corral metrics --store URL --port N`
+(with `--namespace NS`, a Ray deployment's host actors' series too). They are gauges
+named `corral_store_*`, apart from the per-process series of `corral.metrics` (counters
+of what one process did), so the two never collide in one scrape. Scrape one census
+server per deployment, not one per process: every process would report the same store.
 
 Series (each type-labelled one is reported for every entity type the store holds, 0
 when there is nothing to count, so a series does not vanish when it goes to zero):
@@ -31,14 +32,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from corral.metrics import exposition
 from corral.persistence import Census
 
-__all__ = ["CENSUS_SERIES", "census_families", "census_text", "serve_census"]
+__all__ = ["CENSUS_SERIES", "HostSeries", "census_families", "census_text", "serve_census"]
 
 CENSUS_SERIES = (
     "corral_store_up", "corral_store_census_seconds", "corral_store_entities",
@@ -106,14 +109,6 @@ def census_families(census: Census | None, seconds: float = 0.0
     return families
 
 
-class _Fixed(Collector):
-    def __init__(self, families: list[GaugeMetricFamily]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from self.families
-
-
 async def census_text(read: Callable[[], Awaitable[Census]]) -> bytes:
     """The Prometheus text exposition of a census `read()` now (`corral_store_up` 0 if
     the read fails: the scrape itself still answers)."""
@@ -122,37 +117,44 @@ async def census_text(read: Callable[[], Awaitable[Census]]) -> bytes:
         census: Census | None = await read()
     except Exception:
         census = None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(census_families(census, time.perf_counter() - began)))
-    return generate_latest(registry)
+    return exposition(census_families(census, time.perf_counter() - began))
+
+
+HostSeries = Callable[[], Awaitable[list[Metric]]]
+"""Pulls the series of hosts outside this process (a Ray deployment's host actors)."""
 
 
 class _Live(Collector):
-    """Reads a census on the event loop `loop` at each scrape (from the HTTP thread)."""
+    """Reads a census (and the hosts' series) on the event loop `loop` at each scrape
+    (from the HTTP thread)."""
 
-    def __init__(self, read: Callable[[], Awaitable[Census]],
+    def __init__(self, read: Callable[[], Awaitable[Census]], hosts: HostSeries | None,
                  loop: asyncio.AbstractEventLoop, timeout: float) -> None:
-        self._read, self._loop, self._timeout = read, loop, timeout
+        self._read, self._hosts, self._loop, self._timeout = read, hosts, loop, timeout
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         began = time.perf_counter()
         try:
-            census: Census | None = asyncio.run_coroutine_threadsafe(
-                self._call(), self._loop).result(self._timeout)
+            census: Census | None = self._on_loop(self._read())
         except Exception:
             census = None
         yield from census_families(census, time.perf_counter() - began)
+        if self._hosts is not None:
+            yield from self._on_loop(self._hosts())
 
-    async def _call(self) -> Census:
-        return await self._read()
+    def _on_loop(self, call: Awaitable[Any]) -> Any:
+        async def run() -> Any:
+            return await call
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(self._timeout)
 
 
 def serve_census(read: Callable[[], Awaitable[Census]], port: int, addr: str = "127.0.0.1",
-                 *, timeout: float = 10.0) -> int:
+                 *, hosts: HostSeries | None = None, timeout: float = 10.0) -> int:
     """Serve the census at `http://addr:port/metrics` from a daemon thread, each scrape
-    reading it through `read()` on the running event loop (keep it running); returns
-    the port (0: a free one)."""
+    reading it through `read()` on the running event loop (keep it running), and the
+    series `hosts()` pulls after it (a Ray deployment's host actors); returns the port
+    (0: a free one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Live(read, asyncio.get_running_loop(), timeout))
+    registry.register(_Live(read, hosts, asyncio.get_running_loop(), timeout))
     server, _ = start_http_server(port, addr, registry=registry)
     return int(server.server_address[1])

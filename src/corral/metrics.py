@@ -1,13 +1,13 @@
-"""Metrics for a monitoring system: Prometheus series, and Ray's metrics on Ray.
+"""Metrics for a monitoring system: Prometheus series, one scheme on every backend.
 
 Every process that accepts or hosts counts into `REGISTRY` (its own
 `prometheus_client.CollectorRegistry`, so an application's registry is never
 cluttered): scrape it with `corral.metrics.serve(port)`, from the dashboard's
-`/metrics`, or mount `prometheus_client.make_asgi_app(REGISTRY)` yourself. A Ray shard
-actor also mirrors every series into `ray.util.metrics` (`export_to_ray()`), which
-Ray's own metrics agent exports from each node: once a second, from a thread of its own,
-each counter's growth and each histogram's new observations (a Ray metric call costs
-~2-3 us: none is made on the path of a message).
+`/metrics`, or mount `prometheus_client.make_asgi_app(REGISTRY)` yourself. On Ray the
+hosts are actors with no port of their own: a deployment's scrape (`corral metrics
+--namespace NS`, the dashboard's `/metrics`) pulls each host actor's `REGISTRY` through
+one Ray call and serves its series under the same names, with a `host` label naming the
+actor (`Runtime.host_metrics`, `corral.runtime._ray_metrics`).
 
 A leaf of the package: it imports nothing of corral, so every layer may count.
 
@@ -30,21 +30,26 @@ Series (each labelled by `entity_type`, where it has one):
     corral_group_commit_ops{store}            write ops per group commit (histogram)
     corral_resident_entities                  entities in memory (gauge, at scrape)
     corral_mailbox_depth                      mailbox payloads waiting (gauge, at scrape)
+On Ray, pulled from the host actors, each also labelled `host`, and
+    corral_host_up{host}                      1: the host actor answered the pull; 0: not
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 __all__ = [
@@ -56,7 +61,8 @@ __all__ = [
     "continued",
     "dead_lettered",
     "duplicate",
-    "export_to_ray",
+    "exposition",
+    "merge",
     "passivated",
     "rejected",
     "serve",
@@ -103,20 +109,6 @@ _counting = threading.Lock()
 _counts: dict[tuple[str, tuple[str, ...]], float] = {}
 # Per histogram series: each bucket's count (the last one +Inf), then each bucket's sum.
 _observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}
-
-# Ray mirrors (`export_to_ray`): every series' name -> ray.util.metrics object, once
-# enabled (empty before); each counter's total and each histogram's series as last
-# mirrored.
-_ray: dict[str, Any] = {}
-_mirrored: dict[tuple[str, tuple[str, ...]], float] = {}
-_mirrored_observed: dict[tuple[str, tuple[str, ...]], list[float]] = {}
-_MIRROR_EVERY = 1.0  # seconds between two mirrorings
-_mirroring = threading.Lock()
-
-
-def _tags(labels: tuple[str, ...], values: tuple[str, ...]) -> dict[str, str]:
-    return dict(zip(labels, values, strict=True))
-
 
 def _count(name: str, values: tuple[str, ...], value: float = 1.0) -> None:
     key = (name, values)
@@ -278,66 +270,34 @@ def serve(port: int, addr: str = "127.0.0.1") -> int:
         return bound
 
 
-def export_to_ray() -> None:
-    """Mirror every counter and histogram into `ray.util.metrics` from now on (a Ray
-    shard actor calls this; the gauges stay in `REGISTRY`)."""
-    if _ray:
-        return
-    from ray.util import metrics as ray_metrics  # only inside Ray processes
-
-    for name, (doc, labels) in _COUNTERS.items():
-        _ray[name] = ray_metrics.Counter(name, description=doc, tag_keys=labels)
-    for name, (doc, labels, bounds) in _HISTOGRAMS.items():
-        _ray[name] = ray_metrics.Histogram(name, description=doc,
-                                           boundaries=[float(b) for b in bounds],
-                                           tag_keys=labels)
-    with _counting:
-        _mirrored.update(_counts)  # from now on
-        _mirrored_observed.update((k, list(v)) for k, v in _observed.items())
-    threading.Thread(target=_mirror, name="corral-metrics-ray", daemon=True).start()
+def exposition(families: Iterable[Metric] | None = None) -> bytes:
+    """The Prometheus text exposition of `families` (default: every series of this
+    process, `REGISTRY`)."""
+    if families is None:
+        return generate_latest(REGISTRY)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families)))
+    return generate_latest(registry)
 
 
-def _mirror() -> None:
-    while True:
-        time.sleep(_MIRROR_EVERY)
-        mirror_to_ray()
+def merge(*sources: Iterable[Metric]) -> list[Metric]:
+    """The metric families of several sources as one list, each name once (a scrape
+    must not repeat a family): the samples of a name, in the order of the sources.
+    Samples are assumed told apart by their labels (a `host` label, say)."""
+    merged: dict[str, Metric] = {}
+    for source in sources:
+        for family in source:
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(family.name, family.documentation,
+                                                    family.type, family.unit)
+            into.samples.extend(family.samples)
+    return list(merged.values())
 
 
-def mirror_to_ray() -> None:
-    """Add each series' growth since the last call to its Ray mirror (the mirror thread
-    calls this every `_MIRROR_EVERY` seconds): a counter's by one `inc`; a histogram's
-    as one `observe` per new observation, each at the mean of its bucket's new ones
-    (Ray's histogram takes single observations), so that every bucket's count and the
-    sum are exact."""
-    with _mirroring:
-        with _counting:
-            counts = list(_counts.items())
-            observed = [(key, list(series)) for key, series in _observed.items()]
-        for key, total in counts:
-            grown = total - _mirrored.get(key, 0.0)
-            if grown > 0:
-                name, values = key
-                _ray[name].inc(grown, tags=_tags(_COUNTERS[name][1], values))
-                _mirrored[key] = total
-        for key, series in observed:
-            name, values = key
-            last = _mirrored_observed.get(key) or [0.0] * len(series)
-            _replay(_ray[name], _tags(_HISTOGRAMS[name][1], values), _HISTOGRAMS[name][2],
-                    last, series)
-            _mirrored_observed[key] = series
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
-
-def _replay(histogram: Any, tags: dict[str, str], bounds: tuple[float, ...],
-            last: list[float], now: list[float]) -> None:
-    buckets = len(bounds) + 1
-    for bucket in range(buckets):
-        new = int(now[bucket] - last[bucket])
-        if new > 0:
-            mean = (now[buckets + bucket] - last[buckets + bucket]) / new
-            # Inside its bucket, whatever the rounding of the sum: (lower bound, bound].
-            if bucket < len(bounds):
-                mean = min(mean, float(bounds[bucket]))
-            if bucket > 0:
-                mean = max(mean, math.nextafter(float(bounds[bucket - 1]), math.inf))
-            for _ in range(new):
-                histogram.observe(mean, tags=tags)
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families

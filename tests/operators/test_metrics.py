@@ -205,24 +205,17 @@ def test_a_batch_of_accepts_counts_each_message_at_its_commits_latency() -> None
     assert sample("corral_accept_seconds_sum", entity_type="Batched") == pytest.approx(0.015)
 
 
-class Observations:
-    """Records what a Ray histogram would be given (its `observe(value, tags=...)`)."""
+def test_the_series_of_several_hosts_merge_into_one_family_per_name() -> None:
+    """A scrape must not repeat a family: two hosts' samples of a name become one family
+    (the Ray deployment's scrape, `corral.runtime._ray_metrics`), told apart by label."""
+    from corral.runtime._ray_metrics import labelled
 
-    def __init__(self) -> None:
-        self.values: list[float] = []
-
-    def observe(self, value: float, tags: dict[str, str]) -> None:
-        self.values.append(value)
-
-
-def test_the_ray_mirror_replays_each_buckets_new_observations_with_an_exact_sum() -> None:
-    bounds = (0.001, 0.01, 0.1)
-    # One series as `_observe` keeps it: counts of (<=0.001, <=0.01, <=0.1, +Inf), sums.
-    before = [1.0, 0.0, 0.0, 0.0, 0.0005, 0.0, 0.0, 0.0]
-    after = [1.0, 0.0, 3.0, 1.0, 0.0005, 0.0, 0.1 + 0.1 + 0.1, 7.0]
-    seen = Observations()
-    corral.metrics._replay(seen, {"entity_type": "E"}, bounds, before, after)
-    assert len(seen.values) == 4  # the new ones only
-    # (0.1 + 0.1 + 0.1) / 3 is 0.10000000000000002: clamped into its bucket, not above it
-    assert [sum(1 for v in seen.values if v <= b) for b in bounds] == [0, 0, 3]
-    assert sum(seen.values) == pytest.approx(0.3 + 7.0)
+    corral.metrics.accepted("Merged", "signal", 0.001)
+    text = corral.metrics.exposition().decode()
+    merged = corral.metrics.merge(labelled(text, "host-a"), labelled(text, "host-b"))
+    again = corral.metrics.exposition(merged).decode()
+    assert again.count("# TYPE corral_messages_accepted_total counter") == 1
+    found = [(s.labels["host"], s.value) for f in text_string_to_metric_families(again)
+             for s in f.samples if s.name == "corral_messages_accepted_total"
+             and s.labels["entity_type"] == "Merged"]
+    assert found == [("host-a", 1.0), ("host-b", 1.0)]

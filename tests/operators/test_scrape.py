@@ -10,14 +10,8 @@ series after a workload.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import re
-import signal
-import sys
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prometheus_client import generate_latest
@@ -29,11 +23,8 @@ from corral._scrape import CENSUS_SERIES, census_text
 from corral.metrics import REGISTRY
 from corral.persistence import JournalEntry, Suspension
 from dashboard_app import BROKEN, Ledger, Note, Stuck
+from metrics_cli import CORRAL, DEPLOY, scrape_corral_metrics, unknown_series
 from procs import wait_until
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-CORRAL = Path(sys.executable).with_name("corral")
-SERIES = re.compile(r"\b(?:ray_)?corral_[a-z0-9_]+\b")
 
 
 def samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -43,11 +34,6 @@ def samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
         for s in family.samples:
             found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return found
-
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=20) as reply:
-        return str(reply.read().decode())
 
 
 async def test_corral_metrics_serves_the_census_of_a_store_with_known_contents(
@@ -66,20 +52,7 @@ async def test_corral_metrics_serves_the_census_of_a_store_with_known_contents(
                                        traceback="tb", attempts=1, failed_at=1.0)
         await store.suspend_run(fence, Suspension("E", "b", 1, "KeyError", 2, 1.0, 9.0))
         await store.register_builds("h1", "host", [("E", "f1", "{}")], ttl=600.0)
-    proc = await asyncio.create_subprocess_exec(
-        str(CORRAL), "metrics", "--store", db_path, "--port", "0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        url = line.removeprefix("corral metrics: ").strip()
-        assert url.startswith("http://127.0.0.1:"), line
-        text = await asyncio.to_thread(scrape, url)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
+    text = await scrape_corral_metrics("--store", db_path)
     got = samples(text)
     assert set(CENSUS_SERIES) <= set(got)
     e, t = (("entity_type", "E"),), (("entity_type", "T"),)
@@ -110,22 +83,6 @@ async def test_corral_metrics_refuses_a_location_without_a_store(tmp_path: Path)
     assert not (tmp_path / "none.db").exists()  # nothing created
 
 
-def expressions() -> list[tuple[str, str]]:
-    """(where, PromQL expression) of every alert rule and Grafana panel target."""
-    found: list[tuple[str, str]] = []
-    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            assert {"alert", "expr", "labels", "annotations"} <= set(rule), rule
-            assert rule["annotations"]["summary"]
-            found.append((f"alert {rule['alert']}", str(rule["expr"])))
-    dashboard: dict[str, Any] = json.loads((DEPLOY / "grafana" / "corral.json").read_text())
-    for panel in dashboard["panels"]:
-        assert panel["targets"], panel["title"]
-        found.extend((f"panel {panel['title']!r}", t["expr"]) for t in panel["targets"])
-    return found
-
-
 async def test_every_alert_rule_and_grafana_expression_names_a_series_corral_exports(
         tmp_path: Path) -> None:
     BROKEN.set()  # Ledger.add raises: dead-lettered at once
@@ -145,24 +102,31 @@ async def test_every_alert_rule_and_grafana_expression_names_a_series_corral_exp
             text = (await census_text(rt.census) + generate_latest(REGISTRY)).decode()
     finally:
         BROKEN.clear()
-    exported = set(samples(text)) | {f.name for f in text_string_to_metric_families(text)}
-    relabel = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    [ray_job] = [j for j in relabel["scrape_configs"] if j["job_name"] == "ray"]
-    [rule] = ray_job["metric_relabel_configs"]
-    as_ray = re.compile(rule["regex"])
+    # Every name but corral_host_up, which only a Ray deployment's scrape serves
+    # (tests/ray/test_ray_metrics.py checks every expression against one).
+    assert {name for _, name in unknown_series(text)} == {"corral_host_up"}
 
-    def named(series: str) -> str:
-        """The name Prometheus stores `series` under, after the Ray relabelling."""
-        match = as_ray.fullmatch(series)
-        return match.expand(rule["replacement"].replace("$1", r"\1")) if match else series
 
-    # Ray's agent exports the per-process series with a `ray_` prefix: relabelled,
-    # they are the names the local backend exports.
-    assert named("ray_corral_messages_accepted_total") == "corral_messages_accepted_total"
-    assert named("corral_store_up") == "corral_store_up"
-    unknown = []
-    for where, expr in expressions():
-        names = SERIES.findall(expr)
-        assert names, f"{where}: {expr} names no corral series"
-        unknown += [(where, n) for n in names if named(n) not in exported]
-    assert not unknown, f"not exported by corral: {unknown}"
+def test_the_scrape_configuration_scrapes_corral_names_only() -> None:
+    """One scheme: no job relabels series (Ray's `ray_` prefix was the last), and each
+    job is one of the two kinds of target the operating guide names."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"corral-deployment", "corral-processes"}
+    assert not [name for name, job in jobs.items() if "metric_relabel_configs" in job]
+
+
+async def test_corral_metrics_for_a_ray_deployment_without_a_ray_cluster_says_so_in_a_line(
+        tmp_path: Path) -> None:
+    store = str(tmp_path / "s.db")
+    async with corral.open_runtime(store, entities=[Ledger]):
+        pass  # a store the application created
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=str(tmp_path), RAY_AUTH_MODE="disabled")  # no cluster there
+    proc = await asyncio.create_subprocess_exec(
+        str(CORRAL), "metrics", "--store", store, "--namespace", "helpdesk", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 1, (out, err)
+    assert "Traceback" not in err.decode()
+    assert "ConnectionError" in err.decode().splitlines()[-1]

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -31,7 +30,6 @@ from typing import Any
 
 import pytest
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 
 import corral
 from corral import LeaseLostError, RunStatus
@@ -67,7 +65,6 @@ from ray_workers import (
     Gate,
     Heavy,
     Item,
-    Metered,
     Patchy,
     Seen,
     Start,
@@ -933,49 +930,6 @@ async def test_an_entity_mid_life_restarts_on_ray_under_code_with_a_new_attribut
 async def _snapshot_at(db_path: str, key: str, seq: int) -> bool:
     return sql(db_path, "SELECT count(*) FROM snapshots WHERE key=? AND applied_seq>=?",
                key, seq) == [(1,)]
-
-
-def ray_metrics() -> dict[str, float]:
-    """Ray's own metrics export of this node (its metrics agent, as a Prometheus scrape
-    sees it): each corral series of `Metered`, summed over the processes that sent it."""
-    node = ray._private.worker.global_worker.node
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_export_port}/metrics",
-                                timeout=10) as reply:
-        text = reply.read().decode()
-    totals: dict[str, float] = collections.defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("ray_corral_") and \
-                    sample.labels.get("entity_type") == "Metered":
-                totals[sample.name] += sample.value
-    return totals
-
-
-async def test_shard_actors_export_their_series_through_rays_metrics_agent(
-        tmp_path: Path, namespace: str) -> None:
-    # Each shard actor mirrors its counters' growth and its histograms' new observations
-    # into ray.util.metrics every second; Ray's agent exports them (~every 10 s). Without the
-    # mirror no ray_corral_* series of Metered exists.
-    sends = 30
-    async with ray_runtime(str(tmp_path / "s.db"), namespace, entities=[Metered]) as rt:
-        for i in range(sends):
-            await rt.ref(Metered, f"m-{i % 3}").signal_with_start(Metered.add, Item(id=str(i)),
-                                                                  start=None)
-        expected = {
-            "ray_corral_messages_accepted_total": sends,
-            "ray_corral_messages_applied_total": sends,
-            "ray_corral_accept_seconds_count": sends,
-            "ray_corral_activations_total": 3,
-        }
-
-        async def exported() -> bool:
-            seen = await asyncio.to_thread(ray_metrics)
-            if all(seen.get(name) == value for name, value in expected.items()):
-                return True
-            await asyncio.sleep(0.5)  # the agent exports every few seconds
-            return False
-
-        await until(exported, f"Ray's metrics agent to export {expected}", timeout=90)
 
 
 async def test_a_shard_actor_collects_young_garbage_less_often_than_cpython_defaults(

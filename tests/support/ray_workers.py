@@ -101,8 +101,8 @@ class Tally(corral.Entity):
 
 
 class Metered(Tally):
-    """`Tally` under a type name only the Ray metrics test sends to, so its series count
-    that test's sends alone."""
+    """`Tally` under a type name only the metrics tests (`tests/ray/test_ray_metrics.py`)
+    send to, so its series count those tests' sends alone."""
 
 class Wake(BaseModel):
     at: float

@@ -1,5 +1,6 @@
 """`corral metrics`: the store's census as Prometheus series, one scrape for the whole
-deployment (see `corral._scrape`)."""
+deployment (see `corral._scrape`); with `--namespace`, a Ray deployment's host actors'
+series too (`corral.runtime._ray_metrics`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from corral._scrape import serve_census
+from corral._scrape import HostSeries, serve_census
 from corral.persistence import open_store, stored_shards
 
 from ._connection import StoreOption
@@ -26,22 +27,38 @@ def serve_metrics(
         "--port", min=0, max=65535, help="The port to listen on (0: a free one).")] = 9464,
     host: Annotated[str, typer.Option(
         "--host", help="The address to listen on (loopback only by default).")] = "127.0.0.1",
+    namespace: Annotated[str | None, typer.Option(
+        "--namespace", envvar="CORRAL_NAMESPACE", show_envvar=True,
+        help="A Ray deployment's namespace (open_runtime's namespace=): also serve the "
+             "series of its host actors, pulled at each scrape and labelled host.",
+        show_default=False)] = None,
+    address: Annotated[str | None, typer.Option(
+        "--address", envvar="RAY_ADDRESS", show_envvar=True, metavar="ADDRESS",
+        help="With --namespace: the Ray cluster to connect to (default: auto).",
+        show_default=False)] = None,
 ) -> None:
     """Serve the deployment's numbers from its store at http://HOST:PORT/metrics.
 
     Entities by type and status, backlog and the age of the oldest unapplied message,
     dead letters, open waits, suspended runs, live hosts and their builds: the
     corral_store_* series, read from the store at each scrape (a few aggregate queries),
-    whatever backend hosts the entities. Needs no --app. Runs until interrupted.
+    whatever backend hosts the entities. On Ray (--namespace), also what each host actor
+    counts (messages accepted and applied, activations, resident entities...): the
+    series a local host serves itself, under the same names, labelled host with the
+    actor's name. Needs no --app. Runs until interrupted.
     """
     with guard(ctx, OSError):  # no store there, a port taken
-        asyncio.run(_serve(store, host, port))
+        asyncio.run(_serve(store, host, port, namespace, address))
 
 
-async def _serve(location: str, host: str, port: int) -> None:
+async def _serve(location: str, host: str, port: int, namespace: str | None,
+                 address: str | None) -> None:
     store = await open_store(location, shards=await stored_shards(location))
     try:
-        bound = serve_census(store.census, port, host)
+        hosts: HostSeries | None = None
+        if namespace is not None:
+            hosts = _ray_hosts(namespace, address)
+        bound = serve_census(store.census, port, host, hosts=hosts)
         shown = f"[{host}]" if ":" in host else host
         print(f"corral metrics: http://{shown}:{bound}/metrics", flush=True)
         stop = asyncio.Event()
@@ -52,3 +69,14 @@ async def _serve(location: str, host: str, port: int) -> None:
         await stop.wait()
     finally:
         await store.close()
+
+
+def _ray_hosts(namespace: str, address: str | None) -> HostSeries:
+    """Join the Ray cluster (a driver of its own); what pulls `namespace`'s host actors."""
+    import ray  # only with --namespace: the other commands never import Ray
+
+    from corral.runtime._ray_metrics import pull_hosts
+
+    # On the main thread, before the handlers below: SIGTERM stays this command's.
+    ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
+    return lambda: pull_hosts(namespace)

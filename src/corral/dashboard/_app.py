@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 from urllib.parse import quote
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
@@ -40,7 +40,7 @@ from corral import (
 )
 from corral._scrape import census_text
 from corral.actors import HandlerKind
-from corral.metrics import REGISTRY
+from corral.metrics import REGISTRY, exposition, merge
 
 from . import _entity as entity
 from . import _views as views
@@ -121,10 +121,12 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _metrics_route(runtime: Runtime) -> Route:
     """`/metrics`: the deployment's census from the store (`corral._scrape`, the same on
-    every backend), then this process's own series (`corral.metrics.REGISTRY`)."""
+    every backend), then this process's own series (`corral.metrics.REGISTRY`) with, on
+    Ray, every host actor's (`Runtime.host_metrics`, labelled `host`)."""
 
     async def metrics(request: Request) -> Response:
-        body = await census_text(runtime.census) + generate_latest(REGISTRY)
+        series = merge(REGISTRY.collect(), await runtime.host_metrics())
+        body = await census_text(runtime.census) + exposition(series)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return Route("/metrics", metrics, methods=["GET"])

@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from prometheus_client.core import Metric
+
 from corral._common import RunStatus
 from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import (
@@ -222,6 +224,23 @@ class Runtime:
             print(sum(b.messages for b in c.backlog), "messages behind")
         """
         return await self.backend.run(TakeCensus())
+
+    async def host_metrics(self) -> list[Metric]:
+        """The `corral.metrics` series of the deployment's hosts that run outside this
+        process, as Prometheus metric families: on Ray, every host actor's, pulled by
+        one call each, each sample labelled `host` with the actor's name, and
+        `corral_host_up{host}`; on the local backend none (a process that hosts counts
+        into its own `corral.metrics.REGISTRY`). The dashboard's `/metrics` serves them.
+
+        Example:
+            text = corral.metrics.exposition(corral.metrics.merge(
+                corral.metrics.REGISTRY.collect(), await rt.host_metrics()))
+        """
+        if isinstance(self.backend, LocalBackend):
+            return []
+        from ._ray_metrics import pull_hosts
+
+        return await pull_hosts(self.backend.spec.namespace)  # type: ignore[attr-defined]
 
     async def builds(self, entity_type: type[Entity] | str | None = None) -> list[BuildInfo]:
         """The builds registered in the store (local backend), per type oldest first:

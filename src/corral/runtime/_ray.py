@@ -58,6 +58,7 @@ from ._ray_host import (
     host_fingerprint,
     shard_actor_class,
 )
+from ._ray_signals import keeping_sigterm
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -397,7 +398,8 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
         path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
+        with keeping_sigterm():  # a server's SIGTERM handler stays (`_ray_signals`)
+            ray.init(address=address, namespace=namespace, log_to_driver=False)
     # Every call reaches the owning actor directly; tailing the journal only picks up what
     # a fenced-out zombie accepted. Polling it every 5 ms costs ~7% of a core per idle
     # shard actor (measured), so the actors poll at most every 50 ms.

@@ -164,7 +164,8 @@ class ShardHost:
     """One shard (or one dedicated entity) of a deployment, inside an async Ray actor.
 
     Clients send every operation as one request record to `handle(op)`; the other
-    methods are administration (`register`, `check_definitions`, `info`, `shutdown`).
+    methods are administration (`register`, `check_definitions`, `metrics`, `info`,
+    `shutdown`).
     Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
     dead-letter replays by their derived id (a discard run twice answers False the
@@ -193,7 +194,6 @@ class ShardHost:
         self._open = asyncio.Event()  # cleared while deciding to exit: calls wait
         self._open.set()
         self._exit_task: asyncio.Task[None] | None = None
-        metrics.export_to_ray()
         gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
         self.store: Store = await open_store(spec.store, shards=spec.shards)
         try:
@@ -432,6 +432,11 @@ class ShardHost:
                     f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
                     f"starts new ones, which recover every entity from the store.",
                     entity_type=etype, client_fingerprint=theirs, host_fingerprint=mine)
+
+    async def metrics(self) -> bytes:
+        """This process's series (`corral.metrics`), for a scrape of the deployment
+        (`_ray_metrics.pull_hosts`)."""
+        return metrics.exposition()
 
     async def info(self) -> dict[str, Any]:
         """Where and as what this incarnation runs (for operators and tests)."""
