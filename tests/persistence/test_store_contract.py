@@ -1013,6 +1013,53 @@ async def test_a_refused_batch_leaves_the_other_ops_of_its_group_commit_alone(
     assert keys == [f"k{n}" for n in range(5)]
 
 
+# -- the outbox: each send written once, whatever repeats its write ---------------------
+
+
+async def _deliver(store: Store, fence: Fence, sender: str) -> list[bool]:
+    """Deliver the run's pending sends as the sender's host does (`_outbox.Postman`):
+    accept each into its target under the row's message id, then mark them sent.
+    Whether each was a duplicate at its target."""
+    rows = await store.pending_sends("E", sender, 1)
+    dup = [(await store.accept(acc(r.send.target_key, r.message_id, name=r.send.name,
+                                   payload=r.send.payload, sender=f"E/{sender}",
+                                   start=r.send.start))).duplicate for r in rows]
+    if rows:
+        await store.mark_sent(fence, "E", sender, 1, upto=rows[-1].seq)
+    return dup
+
+
+async def test_a_write_of_sends_applied_twice_yields_one_row_and_one_delivery(
+    store: Store, db_path: str,
+) -> None:
+    """PostgreSQL can lose the connection during COMMIT: the write's outcome is unknown
+    (`StoreUnavailableError(committed=None)`) and the runtime writes it again
+    (`_residence.retrying`). The write around the sends succeeds again (a step's
+    first record wins, a snapshot replaces the one at its watermark), so the sends
+    must not double: the sender's host numbers each send before the first attempt
+    (`Send.seq`), the number is the outbox row's key and a write skips a number it
+    finds. Should the retry come after the delivery deleted the rows, its rows come
+    back with the same message ids: duplicates at the target, delivered once."""
+    fence = await fence_for(store, 1)
+    await store.accept(acc("k", "m0"))  # the sender
+    await store.accept(acc("t", "m0"))  # the target
+    sends = [Send("E", "t", "note", f'{{"n":{n}}}', "{}", "allow_duplicate", seq=n + 1)
+             for n in range(2)]
+    step = StepRecord("s", True, "1", None, 1, 1.0)
+    for _ in range(2):  # the write, then its retry
+        await store.record_step(fence, "E", "k", 1, step, sends=sends)
+        await store.write_snapshot(fence, "E", "k", 1, applied_seq=1, state=b"s", keep=1,
+                                   sends=sends)
+    assert sql(db_path, "SELECT seq, message_id FROM outbox") == [(1, None), (2, None)]
+    assert await _deliver(store, fence, "k") == [False, False]
+    await store.record_step(fence, "E", "k", 1, step, sends=sends)  # a late retry
+    # Send 1's row came back (send 2's, the run's newest, stayed): a duplicate.
+    assert await _deliver(store, fence, "k") == [True]
+    target = sql(db_path, "SELECT message_id FROM journal WHERE key = 't' ORDER BY seq")
+    assert target == [("m0",), ("send:E/k/1/1",), ("send:E/k/1/2",)]
+    assert await store.last_send("E", "k", 1) == 2
+
+
 # -- retention ------------------------------------------------------------------------
 
 # Every table with an entity's rows (an `etype` and a `key` column), from the one table
@@ -1043,7 +1090,7 @@ async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -
     await store.open_wait(fence, "E", key, 1, "approval", deadline=None, now=1.0)
     await store.suspend_run(fence, Suspension("E", key, 1, "boom", 1, 1.0, 2.0))
     await store.record_step(fence, "E", key, 1, StepRecord("s", True, "1", None, 1, 1.0),
-                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate")])
+                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate", seq=1)])
     await store.record_progress(fence, [("E", key, 1, 0)], at=1.0)
     await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
 

@@ -201,6 +201,10 @@ class HostStore(Protocol):
         """The runs of `shard` with sends not delivered yet."""
         ...
 
+    async def last_send(self, etype: str, key: str, run_id: int) -> int:
+        """The number of the run's last written send (0: none yet)."""
+        ...
+
     async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
         """The recorded steps of run `run_id`, by name."""
         ...

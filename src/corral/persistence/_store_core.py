@@ -29,7 +29,7 @@ from ._ops_handoff import (
     offered_to,
     requests_for,
 )
-from ._ops_outbox import OutboxRow, Send, SentOp, pending_senders, pending_sends
+from ._ops_outbox import OutboxRow, Send, SentOp, last_send, pending_senders, pending_sends
 from ._ops_retention import PurgeClosedOp, Purged, purgeable
 from ._ops_runs import (
     ActivatedOp,
@@ -176,6 +176,9 @@ class StoreCore:
 
     async def pending_senders(self, shard: int) -> list[tuple[str, str, int]]:
         return await self.query(pending_senders, shard)
+
+    async def last_send(self, etype: str, key: str, run_id: int) -> int:
+        return await self.query(last_send, etype, key, run_id)
 
     async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
         return await self.query(run_steps, etype, key, run_id)
