@@ -10,7 +10,7 @@ import bisect
 import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from corral._common import RetryPolicy
 
@@ -149,8 +149,14 @@ class Mailbox:
         them over)."""
         return [token for _, token, _ in self._items or ()] + [h[3] for h in self._held]
 
+    @overload
+    async def get(self) -> Any: ...
+    @overload
+    async def get(self, *, timeout: float | None) -> Any | None: ...
+
     async def get(self, *, timeout: float | None = None) -> Any | None:
-        """Wait for the next payload; None if `timeout` passes first."""
+        """Wait for the next payload; None if `timeout` passes first (without one, it
+        waits for a payload: never None)."""
         deadline = None
         while True:
             self._release()
