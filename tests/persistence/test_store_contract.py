@@ -1186,6 +1186,57 @@ async def test_a_purge_of_more_entities_than_one_statement_takes_purges_them_all
     assert sql(db_path, "SELECT count(*) FROM runs") == [(0,)]
 
 
+async def _big_closed_entity(store: Store, fence: Fence, key: str, messages: int) -> None:
+    """Entity `key` on shard 1 with `messages` journal entries and dedupe ids and a dead
+    letter, terminated."""
+    await store.accept_many([acc(key, f"m{n}") for n in range(messages)])
+    first = (await store.journal("E", key, run_id=1, after_seq=0))[0]
+    await store.record_dead_letter(fence, first, error="e", traceback="", attempts=1,
+                                   failed_at=1.0)
+    await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
+
+
+async def test_a_run_with_more_rows_than_a_purge_deletes_goes_over_several_bounded_purges(
+    store: Store, other: Store, db_path: str,
+) -> None:
+    """`rows` (`Retention.rows`) bounds what one purge, one transaction, deletes, however
+    many rows a run owns (here ~600: a dedupe window and a journal a terminate left):
+    it goes over several purges, another writer's acceptances commit between them, and
+    the entity's run and entity rows go last, with its last other rows."""
+    fence = await fence_for(store, 1)
+    await _big_closed_entity(store, fence, "big", 300)
+    total = sum(_rows_of(db_path, "big").values())
+    assert total > 600
+    rounds: list[Purged] = []
+    while (done := await store.purge_closed("E", 1e9, limit=10, fences=[fence],
+                                            rows=100)).rows:
+        rounds.append(done)
+        assert done.rows <= 100
+        left = _rows_of(db_path, "big")
+        assert not left or {"runs", "entities"} <= set(left)  # still found next round
+        assert not (await other.accept(acc("live", f"m{len(rounds)}"))).duplicate
+    assert len(rounds) >= total // 100
+    assert sum(rounds, Purged()) == Purged(1, 1, total)
+    assert _rows_of(db_path, "big") == {}
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key = 'live'") == [(len(rounds),)]
+
+
+async def test_a_key_reopened_while_half_purged_keeps_its_new_run(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    await _big_closed_entity(store, fence, "big", 150)
+    assert (await store.purge_closed("E", 1e9, limit=10, fences=[fence], rows=100)).rows
+    reopened = await store.accept(acc("big", "again"))  # ALLOW_DUPLICATE: run 2
+    assert (reopened.started, reopened.entry.run_id) == (True, 2)
+    while (await store.purge_closed("E", 1e9, limit=10, fences=[fence], rows=100)).rows:
+        pass
+    assert [r.run_id for r in await store.runs("E", "big")] == [2]  # run 1 left behind, gone
+    assert [e.message_id for e in await store.journal("E", "big", run_id=2,
+                                                      after_seq=0)] == ["again"]
+    assert (await store.accept(acc("big", "again"))).duplicate
+
+
 async def test_an_entity_purged_whole_counts_every_run_it_had_as_the_dry_run_does(
     store: Store, db_path: str,
 ) -> None:

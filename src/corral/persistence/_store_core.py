@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from corral._common import RunStatus
+from corral._common import PURGE_ROWS, RunStatus
 
 from . import _builds as registry
 from . import _history as history
@@ -185,8 +185,8 @@ class StoreCore:
     # -- retention (`_ops_retention`) ------------------------------------------------
 
     async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
-                           fences: Sequence[Fence] = ()) -> Purged:
-        op = PurgeClosedOp(etype, closed_before, limit, tuple(fences))
+                           fences: Sequence[Fence] = (), rows: int = PURGE_ROWS) -> Purged:
+        op = PurgeClosedOp(etype, closed_before, limit, tuple(fences), rows)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def purgeable(self, etype: str, closed_before: float) -> Purged:
