@@ -316,9 +316,10 @@ class Entity:
         The message is checked here, as a client's `signal` would check it, and kept
         until this run's next progress is written: its next step's record, its next
         snapshot (`checkpoint()` or any other, one is taken when `run()` waits with
-        sends kept, and right after a handler that sent), or its end (return,
-        continue-as-new), in that same transaction. After that commit this host
-        delivers it with a message id derived from where it was made:
+        sends kept, and once the host applied the queued messages after a handler
+        that sent), or its end (return, continue-as-new), in that same transaction.
+        After that commit this host delivers it with a message id derived from where
+        it was made:
         `send:<type>/<key>/<run>/<n>` for `run()`'s n-th send,
         `send:<type>/<key>/<run>/<seq>.<i>` for the i-th send of the handler call that
         applied journal entry `seq`; so a delivery repeated after a crash, or a handler

@@ -48,6 +48,7 @@ from ._suspension import end_suspension, next_suspension, record_suspension
 __all__ = ["Activation"]
 
 log = logging.getLogger("corral.activation")
+_SENDS_PER_WRITE = 256  # handlers' sends a worker applying a backlog writes at the latest
 
 
 class _State(enum.Enum):
@@ -297,21 +298,25 @@ class Activation(RunContext):
             if self.closed or self._switching:
                 return  # continue-as-new carries the rest to the next run
             await self._apply(entry, replaying=True)
-        if self._progress_due():
+        if self._snapshot_due() or self._sends_due():
             await self.snapshot()
 
     async def _drain(self) -> None:
         inbox = self._inbox
-        while inbox and not self.closed and not self._switching:
-            entry = inbox.popleft()
-            if entry.run_id > self._run_id:
-                self._home.enqueue_for_successor(self, entry)
-            elif self._applied_already(entry):
-                continue
-            elif entry.seq > self.applied_seq + 1:
-                await self._replay()  # fill the gap from the store, in order
-            else:
-                await self._apply(entry, replaying=False)
+        while True:
+            while inbox and not self.closed and not self._switching:
+                entry = inbox.popleft()
+                if entry.run_id > self._run_id:
+                    self._home.enqueue_for_successor(self, entry)
+                elif self._applied_already(entry):
+                    continue
+                elif entry.seq > self.applied_seq + 1:
+                    await self._replay()  # fill the gap from the store, in order
+                else:
+                    await self._apply(entry, replaying=False)
+            if not self._sends_due():
+                break
+            await self.snapshot()  # what this drain's handlers sent, in one write
         if not inbox and not self._switching:
             self._inbox = None  # most entities sit idle: keep nothing for them
         if self.closed:
@@ -345,13 +350,9 @@ class Activation(RunContext):
             self._worker = asyncio.create_task(self._work(self._retry(entry, failed)))
             return True
         self._applied(entry)
-        if self._progress_due():  # a handler sent: write it (and cover the entry) soon
-            self._worker = asyncio.create_task(self._work(self._sent_by_handler()))
+        if self._sends_due():  # a handler sent: the worker writes it (and covers it) soon
+            self._worker = asyncio.create_task(self._work(self._drain()))
         return True
-
-    async def _sent_by_handler(self) -> None:
-        await self.snapshot()
-        await self._drain()
 
     async def _retry(self, entry: JournalEntry, failed: Exception) -> None:
         await self._apply(entry, replaying=False, failed=failed)
@@ -407,7 +408,8 @@ class Activation(RunContext):
         self._applied(entry)
         if verdict.outcome is not None:
             await self._home.record_update(entry, verdict.outcome, replaying=replaying)
-        if not replaying and self._progress_due():
+        if not replaying and (self._snapshot_due()
+                              or self._sends_due(at_least=_SENDS_PER_WRITE)):
             await self.snapshot()
 
     async def _apply_terminate(self, entry: JournalEntry, replaying: bool,
@@ -456,12 +458,13 @@ class Activation(RunContext):
         return (every is not None and self.applied_seq - self._snapshot_seq >= every
                 and not self.closed and not self._switching)
 
-    def _progress_due(self) -> bool:
-        """A snapshot is due, or a handler sent: its sends are written by the snapshot
-        right after it (covering its entry, so a recovery does not apply it again) or
-        by an earlier write of the run's progress (a step's record)."""
-        return self._snapshot_due() or (self._handler_sends_kept() and not self.closed
-                                        and not self._switching)
+    def _sends_due(self, *, at_least: int = 1) -> bool:
+        """Handlers sent (`at_least` sends wait): a snapshot writes them, covering their
+        entries (so a recovery does not apply them again), once the worker applied what
+        was queued (or every `_SENDS_PER_WRITE` sends), unless an earlier write of the
+        run's progress (a step's record) took them."""
+        return (self._handler_sends_kept() >= at_least and not self.closed
+                and not self._switching)
 
     async def checkpoint(self) -> None:
         """`Entity.checkpoint()`: a snapshot now, retried while the store fails, which

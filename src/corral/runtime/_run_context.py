@@ -174,9 +174,9 @@ class RunContext:
         if applied and call is not None:
             self._outgoing.extend(call.sends)
 
-    def _handler_sends_kept(self) -> bool:
-        """Whether sends made by handlers wait for a write of progress."""
-        return any(s.message_id is not None for s in self._outgoing)
+    def _handler_sends_kept(self) -> int:
+        """How many sends made by handlers wait for a write of progress."""
+        return sum(s.message_id is not None for s in self._outgoing)
 
     async def ready_to_send(self) -> None:
         """Read the number of the run's last send, once, if sends wait: `take_outgoing`
