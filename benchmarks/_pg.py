@@ -12,12 +12,16 @@ one stops and removes it (its owner process is gone).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import os
+import platform
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"
 import pg_server as launcher
 from pg_server import ServerUnavailable
 
-__all__ = ["SHOWN_SETTINGS", "Server", "ServerUnavailable", "run", "throwaway_server"]
+__all__ = ["SHOWN_SETTINGS", "Server", "ServerUnavailable", "each_store", "machine", "main_cli",
+           "run", "throwaway_server"]
 
 _PREFIX = "corral-bench-pg-"
 T = TypeVar("T")
@@ -144,3 +149,39 @@ def run_and_write(main: Callable[[Server | None], Coroutine[Any, Any, Any]], *,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1))
     print(f"wrote {out}")
+
+
+async def each_store(server: Server | None, name: str,
+                     measure: Callable[[str], Awaitable[T]]) -> dict[str, T]:
+    """`measure(location)` on a fresh SQLite file, then (with `server`) on a fresh
+    PostgreSQL database `name`: {"sqlite": ..., "postgres": ...}."""
+    results: dict[str, T] = {}
+    with tempfile.TemporaryDirectory(prefix=f"corral-{name}-db-") as tmp:
+        print("sqlite:")
+        results["sqlite"] = await measure(str(Path(tmp) / f"{name}.db"))
+    if server is not None:
+        print("postgres:")
+        async with server.database(name) as url:
+            results["postgres"] = await measure(url)
+    return results
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (the load shows how busy it was)."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_avg": os.getloadavg()}
+
+
+def main_cli(doc: str, *, quick: str, out: Path, quick_out: Path,
+             amain: Callable[[argparse.Namespace, Server | None],
+                             Coroutine[Any, Any, Any]]) -> None:
+    """A benchmark's command line: `--quick` (what it does: `quick`), `--no-postgres`,
+    `--out`; runs `amain(args, server)` and writes its result (`out`, `quick_out`)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--no-postgres", action="store_true",
+                        help="SQLite only (no PostgreSQL server is started)")
+    parser.add_argument("--out", help="where to write the JSON results")
+    args = parser.parse_args()
+    run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
+                  out=Path(args.out or (quick_out if args.quick else out)))

@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,28 +50,14 @@ class Item(BaseModel):
 
 
 class Target(corral.Entity):
-    """Counts what it was sent."""
+    """Counts what it was sent (and, sent to directly, is the floor: a handler that
+    sends nothing)."""
 
     def __init__(self) -> None:
         self.got = 0
 
     @corral.signal
     def take(self, item: Item) -> None:
-        self.got += 1
-
-    @corral.query
-    def count(self) -> int:
-        return self.got
-
-
-class Quiet(corral.Entity):
-    """A handler that sends nothing (the floor)."""
-
-    def __init__(self) -> None:
-        self.got = 0
-
-    @corral.signal
-    def item(self, item: Item) -> None:
         self.got += 1
 
     @corral.query
@@ -123,19 +106,19 @@ async def _until(read: Any, n: int) -> None:
 
 async def measure(store: str, n: int) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
-    cases = (("handler, no send", Quiet), ("handler sends", Relay),
-             ("run() sends + checkpoint", Forwarder))
-    async with corral.open_runtime(store, entities=[Quiet, Relay, Forwarder, Target]) as rt:
-        for i, (name, etype) in enumerate(cases):
+    cases: tuple[tuple[str, Any, Any], ...] = (
+        ("handler, no send", Target, Target.take), ("handler sends", Relay, Relay.item),
+        ("run() sends + checkpoint", Forwarder, Forwarder.item))
+    async with corral.open_runtime(store, entities=[Relay, Forwarder, Target]) as rt:
+        for i, (name, etype, handler) in enumerate(cases):
             ref = rt.ref(etype, f"s-{i}")
-            if etype is Quiet:
-                def done(quiet: Any = ref) -> Any:
-                    return quiet.query(Quiet.count)
-            else:
-                def done(key: str = f"t-s-{i}") -> Any:
-                    return rt.ref(Target, key).query(Target.count)
+            counted = ref if etype is Target else rt.ref(Target, f"t-s-{i}")
+
+            def done(counted: Any = counted) -> Any:
+                return counted.query(Target.count)
+
             began = time.perf_counter()
-            await _signal_all(ref, etype.item, n)
+            await _signal_all(ref, handler, n)
             await _until(done, n)
             wall = time.perf_counter() - began
             rows[name] = {"messages": n, "seconds": wall, "per_s": n / wall}
@@ -156,31 +139,16 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
 
 async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
     n = 200 if args.quick else 1000
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="corral-handler-sends-") as tmp:
-        print("sqlite:")
-        results["sqlite"] = await measure(str(Path(tmp) / "sends.db"), n)
-    if server is not None:
-        print("postgres:")
-        async with server.database("sends") as url:
-            results["postgres"] = await measure(url, n)
+    results = await _pg.each_store(server, "sends", lambda store: measure(store, n))
     print()
     print(table(results))
     return {"benchmark": "handler_sends", "messages": n, "callers": CALLERS,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "load_avg": os.getloadavg()},
-            "results": results, "table": table(results)}
+            "machine": _pg.machine(), "results": results, "table": table(results)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="200 messages instead of 1,000")
-    parser.add_argument("--no-postgres", action="store_true",
-                        help="SQLite only (no PostgreSQL server is started)")
-    parser.add_argument("--out", help="where to write the JSON results")
-    args = parser.parse_args()
-    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
-                      out=Path(args.out or (QUICK_RESULTS if args.quick else RESULTS)))
+    _pg.main_cli(__doc__ or "", quick="200 messages instead of 1,000", out=RESULTS,
+                 quick_out=QUICK_RESULTS, amain=amain)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,8 @@ benchmarks/results/steps.json (`--quick`: steps-quick.json).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -129,31 +126,16 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
 
 async def amain(args: argparse.Namespace, server: Any) -> dict[str, Any]:
     n = 50 if args.quick else 300
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="corral-steps-db-") as tmp:
-        print("sqlite:")
-        results["sqlite"] = await measure(str(Path(tmp) / "steps.db"), n)
-    if server is not None:
-        print("postgres:")
-        async with server.database("steps") as url:
-            results["postgres"] = await measure(url, n)
+    results = await _pg.each_store(server, "steps", lambda store: measure(store, n))
     print()
     print(table(results))
     return {"benchmark": "steps", "ops_per_kind": n, "fanout": FANOUT,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "load_avg": os.getloadavg()},
-            "results": results, "table": table(results)}
+            "machine": _pg.machine(), "results": results, "table": table(results)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="50 operations instead of 300")
-    parser.add_argument("--no-postgres", action="store_true",
-                        help="SQLite only (no PostgreSQL server is started)")
-    parser.add_argument("--out", help="where to write the JSON results")
-    args = parser.parse_args()
-    _pg.run_and_write(lambda server: amain(args, server), postgres=not args.no_postgres,
-                      out=Path(args.out or (QUICK_RESULTS if args.quick else RESULTS)))
+    _pg.main_cli(__doc__ or "", quick="50 operations instead of 300", out=RESULTS,
+                 quick_out=QUICK_RESULTS, amain=amain)
 
 
 if __name__ == "__main__":
