@@ -11,14 +11,13 @@ standalone program). In short:
 The entity is the ticket. Its key is the ticket id, so a webhook never looks it up:
 
     class TicketAgent(corral.Entity):
-        inbox: list[Reply]                      # state: snapshotted as JSON
+        # A mailbox signal with a reorder window: replies reach run() in the order
+        # of the provider's timestamp, each held 1 s for an earlier-stamped one.
+        customer_reply = corral.signal(Reply, order_by="at", hold=1.0)
+        answered: list[Answer]                  # state: snapshotted as JSON
 
         def __init__(self, init: TicketInput) -> None:
-            self.inbox = []                     # before any handler, even the first
-
-        @corral.signal
-        def customer_reply(self, reply: Reply) -> None:
-            self.inbox.append(reply)            # buffer, never process
+            self.answered = []                  # before any handler, even the first
 
         @corral.update
         def assign(self, req: Assign) -> Assigned: ...
@@ -27,13 +26,13 @@ The entity is the ticket. Its key is the ticket id, so a webhook never looks it 
         def status(self) -> TicketStatus: ...
 
         async def run(self) -> Outcome:
+            await self.wait_for(lambda: self.assignee is not None)
             while not self.resolved:
-                await self.wait_for(lambda: self.assignee is not None and bool(self.inbox))
-                reply = min(self.inbox, key=lambda r: r.at)  # provider time, not arrival
-                self.inbox.remove(reply)
-                ...                                          # answer it
+                reply = await self.mailbox.get()     # provider time, not arrival
+                late = self.mailbox.late             # stamped before one answered
+                ...                                  # answer it
                 self.resolved = reply.closes_ticket
-                await self.checkpoint()                      # a restart won't answer twice
+                await self.checkpoint()              # a restart won't answer twice
             return Outcome(...)
 
 Each webhook is one atomic call that starts the agent if needed and delivers the reply

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_RUN_RETRY",
+    "PURGE_ROWS",
     "ContinueAsNewPolicy",
     "DedupeWindow",
     "IdReusePolicy",
@@ -224,6 +225,10 @@ class DedupeWindow:
             raise ValueError(f"DedupeWindow.max_age must be > 0 or None, got {self.max_age}")
 
 
+PURGE_ROWS = 10_000
+"""Rows one retention transaction deletes at most, by default (`Retention.rows`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
     """How long an entity's closed run is kept before the hosts purge it.
@@ -233,11 +238,12 @@ class Retention:
     ids, snapshots, waits, timers and dead letters; so are the runs an entity left
     behind by continuing as new or being restarted, once closed that long (their
     dedupe ids stay until the dedupe window forgets them). The hosts holding the
-    entity's shard purge in the background, at most `batch` runs per type per round,
-    fenced by their leases. A signal-with-start to a purged key then starts run 1, as
-    for a key never seen, whatever the `IdReusePolicy` (which decides only while the
-    closed run is retained); a message id seen only by a purged run is not recognised
-    as a duplicate any more.
+    entity's shard purge in the background, one transaction per type per round, which
+    takes at most `batch` closed runs and deletes at most `rows` rows (a run with more,
+    such as a full dedupe window, goes over several rounds), fenced by their leases.
+    A signal-with-start to a purged key then starts run 1, as for a key never seen,
+    whatever the `IdReusePolicy` (which decides only while the closed run is retained);
+    a message id seen only by a purged run is not recognised as a duplicate any more.
 
     Example:
         class Cart(corral.Entity):
@@ -246,6 +252,7 @@ class Retention:
 
     closed_for: float
     batch: int = 500
+    rows: int = PURGE_ROWS
 
     def __post_init__(self) -> None:
         if isinstance(self.closed_for, bool) or not isinstance(self.closed_for, int | float) \
@@ -256,3 +263,7 @@ class Retention:
                 or not 1 <= self.batch <= 100_000:
             raise ValueError(f"Retention.batch must be an int in [1, 100000], got "
                              f"{self.batch!r}")
+        if isinstance(self.rows, bool) or not isinstance(self.rows, int) \
+                or not 2 <= self.rows <= 1_000_000:
+            raise ValueError(f"Retention.rows must be an int in [2, 1000000], got "
+                             f"{self.rows!r}")

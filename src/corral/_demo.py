@@ -20,9 +20,14 @@ starts the run, every reply is delivered to it once, and a retried webhook is an
 so the entity needs no `seen` set of its own).
 
 The entity follows the pattern's rules: everything a handler touches is created in
-`__init__` (on a cold start the signal handler runs before `run()` has begun); the
-handler only buffers; `run()` drains the inbox sorted by the provider's timestamp,
-because arrival order across concurrent senders means nothing.
+`__init__` (on a cold start the signal handler runs before `run()` has begun); replies
+are buffered, never processed, on arrival: `customer_reply` is a mailbox signal with a
+reorder window (`corral.signal(Reply, order_by="at", hold=HOLD)`), so `run()` takes
+them in the order of the provider's timestamp, each held `HOLD` seconds after it was
+accepted for an earlier-stamped one still on its way. Arrival order across concurrent
+senders means nothing, and sorting what has arrived would miss a reply that arrives
+later; one that arrives more than `HOLD` seconds late is taken at its turn, flagged
+`late`, never dropped.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from corral.runtime import stop_ray_hosts
 
 __all__ = [
     "AGENT",
+    "HOLD",
     "TICKET_ID",
     "WEBHOOKS",
     "Answer",
@@ -104,6 +110,8 @@ class TicketStatus(BaseModel):
 class Answer(BaseModel):
     reply: Reply
     text: str
+    late: bool = False
+    """Stamped before a reply answered earlier: it arrived after its reorder window."""
 
 
 class Outcome(BaseModel):
@@ -118,54 +126,57 @@ class Outcome(BaseModel):
 
 # -- the entity ------------------------------------------------------------------------
 
+HOLD = 1.0
+"""Seconds each reply is held for an earlier-stamped one still on its way (the reorder
+window; a real helpdesk's retries may need more)."""
+
 
 class TicketAgent(corral.Entity):
     """An agent working one support ticket; its key is the ticket id (`ticket-9104`)."""
 
+    # A customer reply goes to the mailbox, never processed on arrival: run() takes
+    # the replies in the order of the provider's timestamp (`at`), each held HOLD
+    # seconds after it was accepted, so an earlier-stamped one still on its way comes
+    # first. Replies waiting in the mailbox are part of the state its snapshots keep.
+    customer_reply = corral.signal(Reply, order_by="at", hold=HOLD)
+
     # The state its snapshots keep, as JSON through pydantic (plain values such as
     # `tenant` need no annotation; a list of models does).
-    inbox: list[Reply]
     answered: list[Answer]
 
     def __init__(self, init: TicketInput) -> None:
-        # Runs before any handler, on every activation: the first reply, the one that
-        # started the run, finds the inbox here even though run() has not begun.
+        # Runs before any handler, on every activation: the `assign` update finds
+        # its state here even when it comes before run() has begun.
         self.tenant = init.tenant
         self.subject = init.subject
         self.assignee: str | None = None
-        self.inbox = []
         self.answered = []
         self.resolved = False
-
-    @corral.signal
-    def customer_reply(self, reply: Reply) -> None:
-        """Buffer, never process: the handler stays trivial and cannot fail."""
-        self.inbox.append(reply)
 
     @corral.update
     def assign(self, req: Assign) -> Assigned:
         """Give the ticket to an agent; the caller gets an answer back (request-response)."""
         self.assignee = req.agent
-        return Assigned(agent=req.agent, waiting=len(self.inbox))
+        return Assigned(agent=req.agent, waiting=len(self.mailbox))
 
     @corral.query
     def status(self) -> TicketStatus:
         return TicketStatus(
             tenant=self.tenant, subject=self.subject, assignee=self.assignee,
-            waiting=len(self.inbox), answered=len(self.answered), resolved=self.resolved,
+            waiting=len(self.mailbox), answered=len(self.answered), resolved=self.resolved,
         )
 
     async def run(self) -> Outcome:
         # Loop over state, not local variables: after a crash run() starts again from
         # the top with the latest snapshot plus the messages applied after it.
+        # Replies wait in the mailbox until someone is assigned (the `assign` update).
+        await self.wait_for(lambda: self.assignee is not None)
         while not self.resolved:
-            # Replies wait in the inbox until someone is assigned (the `assign` update).
-            await self.wait_for(lambda: self.assignee is not None and bool(self.inbox))
-            # Arrival order means nothing across concurrent senders: take the reply
-            # the customer wrote first, by the provider's timestamp.
-            reply = min(self.inbox, key=lambda r: r.at)
-            self.inbox.remove(reply)
-            self.answered.append(Answer(reply=reply, text=self._draft_answer(reply)))
+            # The reply the customer wrote first, by the provider's timestamp (arrival
+            # order means nothing across concurrent senders), once its window passed.
+            reply: Reply = await self.mailbox.get()
+            self.answered.append(Answer(reply=reply, text=self._draft_answer(reply),
+                                        late=self.mailbox.late))
             self.resolved = reply.closes_ticket
             # Snapshot now: a restart resumes after this reply. (A crash before this
             # line answers it again: effects in run() happen at least once.)
@@ -339,18 +350,21 @@ def format_report(report: DemoReport) -> str:
         "",
         f"2. status() (a query): {status.waiting} replies waiting, {status.answered} answered, "
         f"assignee {status.assignee or 'none yet'}.",
-        "   The handler only buffered them; run() waits for an assignee.",
+        "   The mailbox only holds them; run() waits for an assignee.",
         "",
         "3. The dispatcher assigns the ticket (an update: the caller gets an answer back):",
         f"   assign(agent={AGENT!r}) -> agent={report.assigned.agent!r}, "
         f"{report.assigned.waiting} replies waiting",
         "",
-        "4. The agent answers them in the provider's timestamp order, not arrival order:",
+        "4. The agent answers them in the provider's timestamp order, not arrival order",
+        f"   (a reorder window: each reply held {HOLD:g} s for an earlier-stamped one; a",
+        "   reply later than that would be answered at its turn, marked late):",
     ]
     answered = report.outcome.answered
     for answer in answered:
         reply = answer.reply
-        lines.append(f"   {reply.at:%H:%M:%S}  {reply.message_id:<6} {reply.body}")
+        late = "  (late)" if answer.late else ""
+        lines.append(f"   {reply.at:%H:%M:%S}  {reply.message_id:<6} {reply.body}{late}")
     once = len({a.reply.message_id for a in answered}) == len(answered)
     d = report.description
     lines += [

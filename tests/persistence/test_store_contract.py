@@ -1013,6 +1013,53 @@ async def test_a_refused_batch_leaves_the_other_ops_of_its_group_commit_alone(
     assert keys == [f"k{n}" for n in range(5)]
 
 
+# -- the outbox: each send written once, whatever repeats its write ---------------------
+
+
+async def _deliver(store: Store, fence: Fence, sender: str) -> list[bool]:
+    """Deliver the run's pending sends as the sender's host does (`_outbox.Postman`):
+    accept each into its target under the row's message id, then mark them sent.
+    Whether each was a duplicate at its target."""
+    rows = await store.pending_sends("E", sender, 1)
+    dup = [(await store.accept(acc(r.send.target_key, r.message_id, name=r.send.name,
+                                   payload=r.send.payload, sender=f"E/{sender}",
+                                   start=r.send.start))).duplicate for r in rows]
+    if rows:
+        await store.mark_sent(fence, "E", sender, 1, upto=rows[-1].seq)
+    return dup
+
+
+async def test_a_write_of_sends_applied_twice_yields_one_row_and_one_delivery(
+    store: Store, db_path: str,
+) -> None:
+    """PostgreSQL can lose the connection during COMMIT: the write's outcome is unknown
+    (`StoreUnavailableError(committed=None)`) and the runtime writes it again
+    (`_residence.retrying`). The write around the sends succeeds again (a step's
+    first record wins, a snapshot replaces the one at its watermark), so the sends
+    must not double: the sender's host numbers each send before the first attempt
+    (`Send.seq`), the number is the outbox row's key and a write skips a number it
+    finds. Should the retry come after the delivery deleted the rows, its rows come
+    back with the same message ids: duplicates at the target, delivered once."""
+    fence = await fence_for(store, 1)
+    await store.accept(acc("k", "m0"))  # the sender
+    await store.accept(acc("t", "m0"))  # the target
+    sends = [Send("E", "t", "note", f'{{"n":{n}}}', "{}", "allow_duplicate", seq=n + 1)
+             for n in range(2)]
+    step = StepRecord("s", True, "1", None, 1, 1.0)
+    for _ in range(2):  # the write, then its retry
+        await store.record_step(fence, "E", "k", 1, step, sends=sends)
+        await store.write_snapshot(fence, "E", "k", 1, applied_seq=1, state=b"s", keep=1,
+                                   sends=sends)
+    assert sql(db_path, "SELECT seq, message_id FROM outbox") == [(1, None), (2, None)]
+    assert await _deliver(store, fence, "k") == [False, False]
+    await store.record_step(fence, "E", "k", 1, step, sends=sends)  # a late retry
+    # Send 1's row came back (send 2's, the run's newest, stayed): a duplicate.
+    assert await _deliver(store, fence, "k") == [True]
+    target = sql(db_path, "SELECT message_id FROM journal WHERE key = 't' ORDER BY seq")
+    assert target == [("m0",), ("send:E/k/1/1",), ("send:E/k/1/2",)]
+    assert await store.last_send("E", "k", 1) == 2
+
+
 # -- retention ------------------------------------------------------------------------
 
 # Every table with an entity's rows (an `etype` and a `key` column), from the one table
@@ -1043,7 +1090,7 @@ async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -
     await store.open_wait(fence, "E", key, 1, "approval", deadline=None, now=1.0)
     await store.suspend_run(fence, Suspension("E", key, 1, "boom", 1, 1.0, 2.0))
     await store.record_step(fence, "E", key, 1, StepRecord("s", True, "1", None, 1, 1.0),
-                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate")])
+                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate", seq=1)])
     await store.record_progress(fence, [("E", key, 1, 0)], at=1.0)
     await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
 
@@ -1137,6 +1184,57 @@ async def test_a_purge_of_more_entities_than_one_statement_takes_purges_them_all
                              for k in keys])
     assert await store.purge_closed("E", 1e9, limit=1000) == Purged(450, 450, 450 * 6)
     assert sql(db_path, "SELECT count(*) FROM runs") == [(0,)]
+
+
+async def _big_closed_entity(store: Store, fence: Fence, key: str, messages: int) -> None:
+    """Entity `key` on shard 1 with `messages` journal entries and dedupe ids and a dead
+    letter, terminated."""
+    await store.accept_many([acc(key, f"m{n}") for n in range(messages)])
+    first = (await store.journal("E", key, run_id=1, after_seq=0))[0]
+    await store.record_dead_letter(fence, first, error="e", traceback="", attempts=1,
+                                   failed_at=1.0)
+    await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
+
+
+async def test_a_run_with_more_rows_than_a_purge_deletes_goes_over_several_bounded_purges(
+    store: Store, other: Store, db_path: str,
+) -> None:
+    """`rows` (`Retention.rows`) bounds what one purge, one transaction, deletes, however
+    many rows a run owns (here ~600: a dedupe window and a journal a terminate left):
+    it goes over several purges, another writer's acceptances commit between them, and
+    the entity's run and entity rows go last, with its last other rows."""
+    fence = await fence_for(store, 1)
+    await _big_closed_entity(store, fence, "big", 300)
+    total = sum(_rows_of(db_path, "big").values())
+    assert total > 600
+    rounds: list[Purged] = []
+    while (done := await store.purge_closed("E", 1e9, limit=10, fences=[fence],
+                                            rows=100)).rows:
+        rounds.append(done)
+        assert done.rows <= 100
+        left = _rows_of(db_path, "big")
+        assert not left or {"runs", "entities"} <= set(left)  # still found next round
+        assert not (await other.accept(acc("live", f"m{len(rounds)}"))).duplicate
+    assert len(rounds) >= total // 100
+    assert sum(rounds, Purged()) == Purged(1, 1, total)
+    assert _rows_of(db_path, "big") == {}
+    assert sql(db_path, "SELECT count(*) FROM journal WHERE key = 'live'") == [(len(rounds),)]
+
+
+async def test_a_key_reopened_while_half_purged_keeps_its_new_run(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    await _big_closed_entity(store, fence, "big", 150)
+    assert (await store.purge_closed("E", 1e9, limit=10, fences=[fence], rows=100)).rows
+    reopened = await store.accept(acc("big", "again"))  # ALLOW_DUPLICATE: run 2
+    assert (reopened.started, reopened.entry.run_id) == (True, 2)
+    while (await store.purge_closed("E", 1e9, limit=10, fences=[fence], rows=100)).rows:
+        pass
+    assert [r.run_id for r in await store.runs("E", "big")] == [2]  # run 1 left behind, gone
+    assert [e.message_id for e in await store.journal("E", "big", run_id=2,
+                                                      after_seq=0)] == ["again"]
+    assert (await store.accept(acc("big", "again"))).duplicate
 
 
 async def test_an_entity_purged_whole_counts_every_run_it_had_as_the_dry_run_does(

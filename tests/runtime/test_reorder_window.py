@@ -87,3 +87,34 @@ async def test_held_replies_survive_a_sigkill_and_release_in_the_same_order(
 
         await wait_until(all_taken, "the held replies released after the restart")
         assert (await ref.query(Inbox.seen)).order == [(1, False), (2, False), (3, False)]
+
+
+async def test_late_is_judged_against_what_was_released_before_a_sigkill(
+    db_path: str, tmp_path: Path, spawn: Callable[..., Worker],
+) -> None:
+    """The released watermark is in the snapshot: after the host is SIGKILLed with
+    replies held, one ordered before a reply released before the kill is still late."""
+    ready = tmp_path / "ready"
+    host = spawn("host", "host", "--db", db_path, "--ready", str(ready))
+    await wait_for_file(ready)
+    async with corral.open_runtime(db_path, entities=[Inbox], host=False) as client:
+        ref = client.ref(Inbox, "t")
+        for n, at in ((1, 10.0), (2, 20.0)):
+            await _send(ref, n, at)
+
+        async def released() -> bool:
+            return len((await ref.query(Inbox.seen)).order) == 2
+
+        await wait_until(released, "1 and 2 released and taken", alive=[host])
+        await _send(ref, 3, 30.0)
+        await _send(ref, 15, 15.0)  # ordered before 2, released before the kill
+    host.sigkill()  # with 3 and 15 held
+    async with corral.open_runtime(db_path, entities=[Inbox], lease_ttl=2.0) as rt:
+        ref = rt.ref(Inbox, "t")
+
+        async def all_taken() -> bool:
+            return len((await ref.query(Inbox.seen)).order) == 4
+
+        await wait_until(all_taken, "the held replies released after the restart")
+        assert (await ref.query(Inbox.seen)).order == [
+            (1, False), (2, False), (15, True), (3, False)]

@@ -261,3 +261,47 @@ class NodeAgent(corral.Entity):
     async def run(self) -> str:
         return await self.step(model_on_node, self.log, self.log + ".gate", name="model",
                                ray_options={"num_cpus": 0, "resources": {"model": 1}})
+
+
+class Forward(BaseModel):
+    n: int
+    fail_first: bool = False  # the handler raises on its first attempt, after sending
+
+
+class Relay(corral.Entity):
+    """Sends from its handlers: each `forward` sends `2n` and `2n + 1` to its
+    `Escalation`; `ask` (an update) sends `n` and answers, or raises after sending."""
+
+    retry = corral.RetryPolicy(max_attempts=3, initial_backoff=0.01)
+
+    def __init__(self, init: EscalationInput) -> None:
+        self.forwarded = 0
+        self.failed: list[int] = []
+
+    @corral.signal
+    def forward(self, item: Forward) -> None:
+        target = "esc-" + self.key
+        for n in (2 * item.n, 2 * item.n + 1):
+            self.send(Escalation, target, Escalation.open, Reason(n=n, text="relayed"),
+                      start=EscalationInput())
+        if item.fail_first and item.n not in self.failed:
+            self.failed.append(item.n)
+            raise RuntimeError("the first attempt fails after its sends")
+        self.forwarded += 1
+
+    @corral.update
+    async def ask(self, item: Forward) -> int:
+        self.send(Escalation, "esc-" + self.key, Escalation.open,
+                  Reason(n=item.n, text="asked"), start=EscalationInput())
+        if item.fail_first:
+            raise ValueError("refused after a send")
+        return item.n
+
+    @corral.query
+    def count(self) -> int:
+        return self.forwarded
+
+    @corral.query
+    def peek(self) -> int:
+        self.send(Escalation, "esc-" + self.key, Escalation.open, Reason(n=-1, text="no"))
+        return 0

@@ -2,8 +2,9 @@
 
 Each entity type of the application that declares a `corral.Retention` (or only
 `--type T`) is purged of its runs closed longer than `closed_for` ago, judged once when
-the command starts, in batches of `--batch` runs (one transaction each), oldest first,
-with a progress line per batch on stderr. The hosts purge the same runs in the
+the command starts, in batches of `--batch` runs (one transaction each, deleting at
+most the type's `Retention.rows` rows: a run with more goes over several), oldest
+first, with a progress line per batch on stderr. The hosts purge the same runs in the
 background; purging here too is safe (each batch re-reads what is still there).
 """
 
@@ -97,7 +98,9 @@ async def _purge(rt: corral.Runtime, definition: EntityDefinition, *, dry_run: b
         found = await rt.store.purgeable(definition.name, cutoff)
         return PurgeLine(definition.name, closed_for, found.runs, found.entities, 0, True)
     total, progress = Purged(), err_console()
-    while (done := await rt.store.purge_closed(definition.name, cutoff, limit=batch)).runs:
+    rows = definition.retention.rows
+    while (done := await rt.store.purge_closed(definition.name, cutoff, limit=batch,
+                                               rows=rows)).rows:
         total += done
         progress.print(f"{definition.name}: purged {total.runs} runs "
                        f"({total.entities} entities, {total.rows} rows) so far")

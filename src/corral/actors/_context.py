@@ -10,7 +10,7 @@ import bisect
 import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from corral._common import RetryPolicy
 
@@ -80,10 +80,11 @@ class Mailbox:
     hold=2.0)`) puts its payloads in a held list, in the order of their field; each is
     released when its hold ran out, with every held payload ordered before it, in that
     order. `late` tells whether the payload `get` (or `async for`) just returned was
-    ordered before one released earlier by this activation.
+    ordered before one released earlier in this run; the highest released (`released`)
+    is kept in the entity's snapshots, so the flag holds across a restart.
     """
 
-    __slots__ = ("_context", "_held", "_items", "_last", "_puts", "late")
+    __slots__ = ("_context", "_held", "_items", "_last", "_last_token", "_puts", "late")
 
     def __init__(self, context: EntityContext | None = None) -> None:
         # (payload, token, late) triples, allocated on first use: most mailboxes stay empty.
@@ -92,6 +93,7 @@ class Mailbox:
         # by order key (arrival order among equal keys).
         self._held: list[tuple[Any, float, Any, Any]] = []
         self._last: Any = None  # the highest order key released
+        self._last_token: Any = None  # the token of the payload that released it
         self._puts = 0
         self._context = context
         self.late = False
@@ -128,7 +130,7 @@ class Mailbox:
         for key, _, item, token in released:
             late = self._last is not None and key < self._last
             if not late:
-                self._last = key
+                self._last, self._last_token = key, token
             self._items.append((item, token, late))
 
     def _put_since(self, puts: int) -> bool:
@@ -144,13 +146,28 @@ class Mailbox:
         self._items = None
         return items
 
+    def released(self) -> Any:
+        """The token of the payload with the highest order key released so far (None:
+        none yet): what a later payload is judged `late` against."""
+        return self._last_token
+
+    def restore_released(self, key: Any, token: Any) -> None:
+        """Take up the watermark a snapshot kept: order key `key`, from `token`."""
+        self._last, self._last_token = key, token
+
     def pending_tokens(self) -> list[Any]:
         """The tokens of payloads not yet taken, held ones included (the host carries
         them over)."""
         return [token for _, token, _ in self._items or ()] + [h[3] for h in self._held]
 
+    @overload
+    async def get(self) -> Any: ...
+    @overload
+    async def get(self, *, timeout: float | None) -> Any | None: ...
+
     async def get(self, *, timeout: float | None = None) -> Any | None:
-        """Wait for the next payload; None if `timeout` passes first."""
+        """Wait for the next payload; None if `timeout` passes first (without one, it
+        waits for a payload: never None)."""
         deadline = None
         while True:
             self._release()
@@ -180,13 +197,14 @@ class Mailbox:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"items": [(item, token) for item, token, _ in self._items or ()],
-                "held": list(self._held)}
+                "held": list(self._held), "last": (self._last, self._last_token)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._items = deque((item, token, False) for item, token in state["items"]) \
             if state["items"] else None
         self._held = list(state.get("held", ()))
-        self._last, self._puts, self.late = None, 0, False
+        self._last, self._last_token = state.get("last", (None, None))
+        self._puts, self.late = 0, False
         self._context = None
 
     def attach(self, context: EntityContext) -> None:

@@ -312,21 +312,27 @@ class Entity:
         """Message another entity exactly once, with this entity's progress.
 
         A signal to `entity_type` `key` (with `start`: a signal-with-start, which starts
-        it if it is not running). Call it from `run()`. The message is checked here, as
-        a client's `signal` would check it, and kept until this run's next progress is
-        written: its next step's record, its next snapshot (`checkpoint()` or any
-        other, one is taken when `run()` waits with sends kept), or its end (return,
-        continue-as-new), in that same transaction. After
-        that commit this host delivers it with the message id
-        `send:<type>/<key>/<run>/<n>` (`n`: the run's n-th send), so a delivery repeated
-        after a crash is a duplicate at the target; sends reach each target in the
-        order they were made. After a restart, a step that returns its recorded result
-        drops the sends made (again) before it: `run()` must send the same messages
-        before the same step, as it must make the same steps. To ask another entity
-        for an answer, call its update inside a step.
+        it if it is not running). Call it from `run()` or a signal or update handler.
+        The message is checked here, as a client's `signal` would check it, and kept
+        until this run's next progress is written: its next step's record, its next
+        snapshot (`checkpoint()` or any other, one is taken when `run()` waits with
+        sends kept, and once the host applied the queued messages after a handler
+        that sent), or its end (return, continue-as-new), in that same transaction.
+        After that commit this host delivers it with a message id derived from where
+        it was made:
+        `send:<type>/<key>/<run>/<n>` for `run()`'s n-th send,
+        `send:<type>/<key>/<run>/<seq>.<i>` for the i-th send of the handler call that
+        applied journal entry `seq`; so a delivery repeated after a crash, or a handler
+        applied again from the journal, is a duplicate at the target; sends reach each
+        target in the order they were made. A handler call that raises sends nothing.
+        After a restart, a step that returns its recorded result drops the sends `run()`
+        made (again) before it: `run()` must send the same messages before the same
+        step, as it must make the same steps. To ask another entity for an answer, call
+        its update inside a step.
 
         Raises:
-            InvalidArgumentError: not an entity class, or not called from `run()`.
+            InvalidArgumentError: not an entity class, or not called from `run()` or a
+                signal or update handler.
             InvalidKeyError, UnknownHandlerError, InvalidPayloadError: as `signal` does.
 
         Example:

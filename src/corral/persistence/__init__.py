@@ -17,7 +17,7 @@ from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._open import is_postgres_url, open_store
-from ._ops_outbox import OutboxRow, Send, send_message_id
+from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
 from ._ops_steps import StepRecord
 from ._records import (
@@ -79,6 +79,7 @@ __all__ = [
     "canonical_encoder",
     "canonical_json",
     "delivery_run",
+    "handler_send_id",
     "is_postgres_url",
     "newest_build",
     "open_sqlite_store",

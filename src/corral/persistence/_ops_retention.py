@@ -8,6 +8,18 @@ rows (snapshots, waits, dead letters); its journal rows were carried or are cove
 and its dedupe ids stay for the dedupe window to forget (a carried entry's id must
 keep answering duplicate).
 
+Bounded: one purge is one transaction that takes at most `limit` runs as candidates
+and deletes at most `rows` rows. A run may own any number of rows (the dedupe window's
+ids, a backlog a terminate left in the journal, dead letters, waits, undelivered
+sends), so the rows are deleted table by table, each statement limited to the rows left
+in the budget; the rows that name the run and the entity (`runs`, `entities`) go last,
+once every other row of theirs is gone, and only as far as the budget still covers
+them. A purge that runs out of budget stops there and the next one (the next round)
+picks the same closed run again, as long as its entity is still closed at that run:
+a key a new run reopened meanwhile (its `IdReusePolicy` allowing) is left alone, minus
+the rows of its closed run already gone (message ids that run saw among them: they
+are not recognised as duplicates any more, as after a purge).
+
 A purge takes no shard's tick row, so acceptances never wait for it. An entity row
 some other transaction holds is skipped (PostgreSQL: `SKIP LOCKED`) and taken in a
 later round; an acceptance racing the purge of its key may still be answered
@@ -21,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
-from corral._common import RunStatus
+from corral._common import PURGE_ROWS, RunStatus
 
 from ._txn import Fence, LockPlan, Txn
 
@@ -29,10 +41,15 @@ __all__ = ["PurgeClosedOp", "Purged", "purgeable"]
 
 T = TypeVar("T")
 
-# Every table with rows of one entity, keyed by (etype, key).
-_ENTITY_TABLES = ("journal", "dedupe", "snapshots", "timers", "dead_letters",
-                  "signal_waits", "suspensions", "steps", "outbox", "progress", "runs",
-                  "entities")
+# Every table with rows of one entity, keyed by (etype, key), and the columns that name
+# one of its rows within the entity: a limited delete picks its rows by them. `runs`
+# and `entities` come last: a candidate is found by them until its other rows are gone.
+_ROW_KEYS = {"journal": "seq", "dedupe": "message_id", "snapshots": "applied_seq",
+             "timers": "timer_id", "dead_letters": "id", "signal_waits": "run_id, name",
+             "suspensions": "", "steps": "run_id, name", "outbox": "run_id, seq",
+             "progress": "", "runs": "run_id", "entities": ""}
+_ENTITY_TABLES = tuple(_ROW_KEYS)
+_NAMING = ("runs", "entities")  # the rows that name a run and its entity
 # The tables with rows of one run (besides `runs`), keyed by (etype, key, run_id).
 _RUN_TABLES = ("snapshots", "dead_letters", "signal_waits", "steps", "outbox")
 
@@ -63,7 +80,8 @@ def _candidates(shards: Sequence[int] | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PurgeClosedOp:
-    """Purge at most `limit` runs of `entity_type` closed before `closed_before`.
+    """Purge at most `limit` runs of `entity_type` closed before `closed_before`,
+    deleting at most `rows` rows (a run with more goes over several purges).
 
     A host passes the `fences` of the shards it holds: only their entities are
     purged, and the op is refused (`LeaseLostError`, nothing deleted) once one of them
@@ -74,6 +92,7 @@ class PurgeClosedOp:
     closed_before: float
     limit: int
     fences: tuple[Fence, ...] = ()
+    rows: int = PURGE_ROWS
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
@@ -87,22 +106,27 @@ class PurgeClosedOp:
                                   self.closed_before, *(shards or ()), self.limit)
         whole = {key: run_id for key, run_id, latest, status in rows
                  if run_id == latest and status != RunStatus.RUNNING.value}
+        budget = _Budget(self.rows)
         purged, gone = Purged(), set[str]()
-        for keys in _chunks(sorted(whole)):
-            done, deleted = await self._purge_entities(txn, {k: whole[k] for k in keys})
+        for keys in _chunks(sorted(whole), _CHUNK):
+            done, deleted = await self._purge_entities(txn, {k: whole[k] for k in keys},
+                                                       budget)
             gone |= deleted
             purged += done
         # Runs left behind, of entities not gone whole (their rows went with them).
         left = [(key, run_id) for key, run_id, latest, _ in rows
                 if run_id != latest and key not in gone and key not in whole]
-        for pairs in _chunks(left):
-            purged += await self._purge_runs(txn, pairs)
+        for pairs in _chunks(left, _CHUNK // 2):
+            purged += await self._purge_runs(txn, pairs, budget)
         return purged
 
-    async def _purge_entities(self, txn: Txn, runs: dict[str, int]
+    async def _purge_entities(self, txn: Txn, runs: dict[str, int], budget: _Budget
                               ) -> tuple[Purged, set[str]]:
-        """The entities whose latest run is `runs[key]`, closed: every row they have,
-        except those whose row is busy or changed since the candidates were read."""
+        """The entities whose latest run is `runs[key]`, closed: every row they have
+        (within `budget`), except those whose row is busy or changed since the
+        candidates were read. Those whose every row went are returned."""
+        if not budget.left:
+            return Purged(), set()
         marks = ", ".join("?" * len(runs))
         found = await txn.fetchall(f"SELECT key, run_id, status FROM entities WHERE etype = ? "
                                    f"AND key IN ({marks}){txn.SKIP_LOCKED}",
@@ -112,30 +136,89 @@ class PurgeClosedOp:
         if not keys:
             return Purged(), set()
         marks = ", ".join("?" * len(keys))
-        deleted = {table: await txn.execute(f"DELETE FROM {table} WHERE etype = ? "
-                                            f"AND key IN ({marks})", self.entity_type, *keys)
-                   for table in _ENTITY_TABLES}
+        where, args = f"etype = ? AND key IN ({marks})", (self.entity_type, *keys)
+        deleted = 0
+        for table in _ENTITY_TABLES:
+            if table in _NAMING:
+                continue
+            n, complete = await budget.delete(txn, table, where, args)
+            deleted += n
+            if not complete:
+                return Purged(0, 0, deleted), set()
+        # The runs they left behind, then the latest run's and the entity's own rows:
+        # two per entity, for as many entities as the budget still covers.
+        n, complete = await budget.delete(txn, "runs", where + " AND run_id < (SELECT "
+                                          "e.run_id FROM entities e WHERE e.etype = "
+                                          "runs.etype AND e.key = runs.key)", args)
+        deleted += n
+        keys = keys[:budget.left // 2] if complete else []
+        if not keys:
+            return Purged(n, 0, deleted), set()
+        marks = ", ".join("?" * len(keys))
+        for table in _NAMING:
+            deleted += budget.spend(await txn.execute(
+                f"DELETE FROM {table} WHERE etype = ? AND key IN ({marks})",
+                self.entity_type, *keys))
         for key in keys:  # this batch's later ops read the truth: no entity, no window
             txn.entities[(self.entity_type, key)] = None
             txn.forget_window(self.entity_type, key)
-        return Purged(deleted["runs"], len(keys), sum(deleted.values())), set(keys)
+        return Purged(n + len(keys), len(keys), deleted), set(keys)
 
-    async def _purge_runs(self, txn: Txn, pairs: Sequence[tuple[str, int]]) -> Purged:
-        """Runs the entities left behind: their rows and their own rows."""
+    async def _purge_runs(self, txn: Txn, pairs: Sequence[tuple[str, int]],
+                          budget: _Budget) -> Purged:
+        """Runs the entities left behind: their own rows, then (for as many as the
+        budget still covers) their `runs` rows."""
         which = " OR ".join(["(key = ? AND run_id = ?)"] * len(pairs))
-        args = [value for pair in pairs for value in pair]
+        where = f"etype = ? AND ({which})"
+        args = (self.entity_type, *(value for pair in pairs for value in pair))
         deleted = 0
-        for table in (*_RUN_TABLES, "runs"):
-            deleted += await txn.execute(f"DELETE FROM {table} WHERE etype = ? AND ({which})",
-                                         self.entity_type, *args)
+        for table in _RUN_TABLES:
+            n, complete = await budget.delete(txn, table, where, args)
+            deleted += n
+            if not complete:
+                return Purged(0, 0, deleted)
+        pairs = pairs[:budget.left]
+        if not pairs:
+            return Purged(0, 0, deleted)
+        which = " OR ".join(["(key = ? AND run_id = ?)"] * len(pairs))
+        deleted += budget.spend(await txn.execute(
+            f"DELETE FROM runs WHERE etype = ? AND ({which})", self.entity_type,
+            *(value for pair in pairs for value in pair)))
         return Purged(len(pairs), 0, deleted)
 
 
-_CHUNK = 400  # keys per statement: under SQLite's oldest limit of 999 arguments
+class _Budget:
+    """The rows one purge may still delete."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, rows: int) -> None:
+        self.left = rows
+
+    def spend(self, rows: int) -> int:
+        self.left -= rows
+        return rows
+
+    async def delete(self, txn: Txn, table: str, where: str, args: Sequence[object]
+                     ) -> tuple[int, bool]:
+        """Delete the rows of `table` matching `where`, at most as many as are left:
+        how many went, and whether they were all (False: the budget ran out)."""
+        limit = self.left
+        if not limit:
+            return 0, False
+        row = ", ".join(("key", *filter(None, [_ROW_KEYS[table]])))
+        n = await txn.execute(f"DELETE FROM {table} WHERE {where} AND ({row}) IN "
+                              f"(SELECT {row} FROM {table} WHERE {where} LIMIT ?)",
+                              *args, *args, limit)
+        return self.spend(n), n < limit
 
 
-def _chunks(items: Sequence[T]) -> list[Sequence[T]]:
-    return [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+_CHUNK = 400  # keys per statement (twice, and a limit): under SQLite's oldest limit of
+# 999 arguments; runs left behind take two arguments each, so half as many
+
+
+def _chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 async def purgeable(q: Txn, entity_type: str, closed_before: float) -> Purged:

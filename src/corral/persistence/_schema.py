@@ -20,6 +20,8 @@ from ._tables import create, table_sql
 
 _DEAD_LETTER_FIELDS = ("id, etype, key, run_id, seq, message_id, name, payload, sender, "
                        "error, traceback, attempts, failed_at")
+_OUTBOX_FIELDS = ("etype, key, run_id, seq, shard, target_type, target_key, name, payload, "
+                  "start, id_reuse, delivered, error, created_at")
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("CREATE INDEX IF NOT EXISTS timers_shard_due ON timers (shard, due_at)",
@@ -50,6 +52,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     10: (*create("steps", "sqlite"), *create("outbox", "sqlite")),
     # Retention (`_ops_retention`) finds the runs closed longest ago per type.
     11: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
+    12: (),  # reserved for rayenv
+    # A handler's send carries the message id derived from its cause (`_ops_outbox`): a
+    # rebuild, as the table 10 creates is today's (a store from before 10 has it already).
+    13: (table_sql("outbox", "sqlite", as_name="outbox_v13"),
+         f"INSERT INTO outbox_v13 ({_OUTBOX_FIELDS}) SELECT {_OUTBOX_FIELDS} FROM outbox",
+         "DROP TABLE outbox",
+         "ALTER TABLE outbox_v13 RENAME TO outbox",
+         *create("outbox", "sqlite")[1:]),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from corral._common import RunStatus
+from corral._common import PURGE_ROWS, RunStatus
 
 from ._builds import BuildRegistry
 from ._census import Census
@@ -201,6 +201,10 @@ class HostStore(Protocol):
         """The runs of `shard` with sends not delivered yet."""
         ...
 
+    async def last_send(self, etype: str, key: str, run_id: int) -> int:
+        """The number of the run's last written send (0: none yet)."""
+        ...
+
     async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
         """The recorded steps of run `run_id`, by name."""
         ...
@@ -277,9 +281,10 @@ class HostStore(Protocol):
         shard, as of `at` (fenced); a watermark below the recorded one is left out, so
         progress never moves back (see `_progress`)."""
     async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
-                           fences: Sequence[Fence] = ()) -> Purged:
+                           fences: Sequence[Fence] = (), rows: int = PURGE_ROWS) -> Purged:
         """Retention: purge at most `limit` runs of `etype` closed before
-        `closed_before`, with their rows, in one transaction (see `_ops_retention`).
+        `closed_before`, with their rows, in one transaction that deletes at most `rows`
+        rows (a run with more goes over several calls; see `_ops_retention`).
         With `fences` (a host's) only those shards' entities, refused with
         `LeaseLostError` once one is not current; without (an operator's) every shard."""
         ...

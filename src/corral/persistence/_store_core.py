@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from corral._common import RunStatus
+from corral._common import PURGE_ROWS, RunStatus
 
 from . import _builds as registry
 from . import _history as history
@@ -29,7 +29,7 @@ from ._ops_handoff import (
     offered_to,
     requests_for,
 )
-from ._ops_outbox import OutboxRow, Send, SentOp, pending_senders, pending_sends
+from ._ops_outbox import OutboxRow, Send, SentOp, last_send, pending_senders, pending_sends
 from ._ops_retention import PurgeClosedOp, Purged, purgeable
 from ._ops_runs import (
     ActivatedOp,
@@ -177,13 +177,16 @@ class StoreCore:
     async def pending_senders(self, shard: int) -> list[tuple[str, str, int]]:
         return await self.query(pending_senders, shard)
 
+    async def last_send(self, etype: str, key: str, run_id: int) -> int:
+        return await self.query(last_send, etype, key, run_id)
+
     async def steps(self, etype: str, key: str, run_id: int) -> dict[str, StepRecord]:
         return await self.query(run_steps, etype, key, run_id)
     # -- retention (`_ops_retention`) ------------------------------------------------
 
     async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
-                           fences: Sequence[Fence] = ()) -> Purged:
-        op = PurgeClosedOp(etype, closed_before, limit, tuple(fences))
+                           fences: Sequence[Fence] = (), rows: int = PURGE_ROWS) -> Purged:
+        op = PurgeClosedOp(etype, closed_before, limit, tuple(fences), rows)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def purgeable(self, etype: str, closed_before: float) -> Purged:

@@ -168,7 +168,7 @@ TABLES = (
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, seq BIGINT NOT NULL,
         shard INT NOT NULL, target_type TEXT NOT NULL, target_key TEXT NOT NULL,
         name TEXT NOT NULL, payload TEXT NOT NULL, start TEXT, id_reuse TEXT NOT NULL,
-        delivered BOOL NOT NULL, error TEXT, created_at REAL NOT NULL,
+        delivered BOOL NOT NULL, error TEXT, created_at REAL NOT NULL, message_id TEXT,
         PRIMARY KEY (etype, key, run_id, seq)""", ("outbox_pending (shard, delivered)",)),
 )
 _BY_NAME = {table.name: table for table in TABLES}

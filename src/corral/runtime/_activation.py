@@ -37,7 +37,7 @@ from corral.persistence import EntryKind, JournalEntry, RunRecord, Send, Suspens
 from ._apply import encode_start, instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
-from ._poison import DeadLetter, apply_live, apply_now, retried_handler
+from ._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
 from ._recovery import fail_unbuilt, running_run, settle_terminated
 from ._residence import Residence
 from ._results import decode_value, encode_value
@@ -48,6 +48,7 @@ from ._suspension import end_suspension, next_suspension, record_suspension
 __all__ = ["Activation"]
 
 log = logging.getLogger("corral.activation")
+_SENDS_PER_WRITE = 256  # handlers' sends a worker applying a backlog writes at the latest
 
 
 class _State(enum.Enum):
@@ -297,21 +298,25 @@ class Activation(RunContext):
             if self.closed or self._switching:
                 return  # continue-as-new carries the rest to the next run
             await self._apply(entry, replaying=True)
-        if self._snapshot_due():
+        if self._snapshot_due() or self._sends_due():
             await self.snapshot()
 
     async def _drain(self) -> None:
         inbox = self._inbox
-        while inbox and not self.closed and not self._switching:
-            entry = inbox.popleft()
-            if entry.run_id > self._run_id:
-                self._home.enqueue_for_successor(self, entry)
-            elif self._applied_already(entry):
-                continue
-            elif entry.seq > self.applied_seq + 1:
-                await self._replay()  # fill the gap from the store, in order
-            else:
-                await self._apply(entry, replaying=False)
+        while True:
+            while inbox and not self.closed and not self._switching:
+                entry = inbox.popleft()
+                if entry.run_id > self._run_id:
+                    self._home.enqueue_for_successor(self, entry)
+                elif self._applied_already(entry):
+                    continue
+                elif entry.seq > self.applied_seq + 1:
+                    await self._replay()  # fill the gap from the store, in order
+                else:
+                    await self._apply(entry, replaying=False)
+            if not self._sends_due():
+                break
+            await self.snapshot()  # what this drain's handlers sent, in one write
         if not inbox and not self._switching:
             self._inbox = None  # most entities sit idle: keep nothing for them
         if self.closed:
@@ -338,11 +343,15 @@ class Activation(RunContext):
                 every is not None and entry.seq - self._snapshot_seq >= every):
             return False
         assert self.entity is not None
+        self._handler_begins(entry)
         failed = apply_now(self.entity, entry, handler)
-        if failed is None:
-            self._applied(entry)
-        else:
+        self._handler_ends(applied=failed is None)
+        if failed is not None:
             self._worker = asyncio.create_task(self._work(self._retry(entry, failed)))
+            return True
+        self._applied(entry)
+        if self._sends_due():  # a handler sent: the worker writes it (and covers it) soon
+            self._worker = asyncio.create_task(self._work(self._drain()))
         return True
 
     async def _retry(self, entry: JournalEntry, failed: Exception) -> None:
@@ -385,17 +394,22 @@ class Activation(RunContext):
         assert self.entity is not None
         self._applying = True
         try:
-            verdict = await apply_live(self.definition, self.entity, entry, failed=failed)
+            verdict = await apply_live(self.definition, self.entity, entry, failed=failed,
+                                       attempt=lambda: self._handler_begins(entry))
+            self._handler_ends(applied=isinstance(verdict, Applied) and (
+                verdict.outcome is None or verdict.outcome.error is None))
             if isinstance(verdict, DeadLetter):
                 if not verdict.attempts:  # no handler here: is a newer build live?
                     await check_awaiting(self._home, entry)
                 await self._dead_letter(entry, verdict, replaying=replaying)
         finally:
             self._applying = False
+            self._handling = None
         self._applied(entry)
         if verdict.outcome is not None:
             await self._home.record_update(entry, verdict.outcome, replaying=replaying)
-        if not replaying and self._snapshot_due():
+        if not replaying and (self._snapshot_due()
+                              or self._sends_due(at_least=_SENDS_PER_WRITE)):
             await self.snapshot()
 
     async def _apply_terminate(self, entry: JournalEntry, replaying: bool,
@@ -444,6 +458,14 @@ class Activation(RunContext):
         return (every is not None and self.applied_seq - self._snapshot_seq >= every
                 and not self.closed and not self._switching)
 
+    def _sends_due(self, *, at_least: int = 1) -> bool:
+        """Handlers sent (`at_least` sends wait): a snapshot writes them, covering their
+        entries (so a recovery does not apply them again), once the worker applied what
+        was queued (or every `_SENDS_PER_WRITE` sends), unless an earlier write of the
+        run's progress (a step's record) took them."""
+        return (self._handler_sends_kept() >= at_least and not self.closed
+                and not self._switching)
+
     async def checkpoint(self) -> None:
         """`Entity.checkpoint()`: a snapshot now, retried while the store fails, which
         covers the steps recorded so far (their records go in its transaction)."""
@@ -464,6 +486,7 @@ class Activation(RunContext):
         survive a restart. A snapshot at the same watermark replaces the older one.
         """
         assert self.entity is not None
+        await self.ready_to_send()  # no await from here to the capture of the state
         seq = self.applied_seq
         window = self.definition.dedupe_window
         sends = self.take_outgoing()  # the state captured may say they were sent
@@ -611,6 +634,7 @@ class Activation(RunContext):
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
+        await self.ready_to_send()
         sends = self.take_outgoing()
         try:
             if not await self._close_when_applied(status, result, error, sends):
@@ -674,6 +698,7 @@ class Activation(RunContext):
                 worker.cancel()
             await asyncio.wait([worker])  # otherwise it stops before its next entry
         assert self.entity is not None
+        await self.ready_to_send()
         carried, sends = self.untaken(), self.take_outgoing()
         try:
             await self._home.store.continue_as_new(

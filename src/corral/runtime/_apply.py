@@ -202,7 +202,8 @@ class ReplicaContext:
 
     def send(self, entity_type: type, key: str, handler: object, payload: object,
              start: object, with_start: bool) -> None:
-        raise RuntimeError("a read-only replica cannot send")
+        """A handler's send, as a replica re-applies it to answer a query: the host of
+        the entity made it (and delivers it); the replica only rebuilds the state."""
 
     @property
     def continue_as_new_suggested(self) -> bool:

@@ -318,7 +318,8 @@ class LocalHost:
 
     async def purge_closed(self) -> Purged:
         """One retention round: for each type with a `Retention`, purge at most its
-        `batch` runs closed longer than `closed_for` ago, of the shards held here
+        `batch` runs closed longer than `closed_for` ago, deleting at most its `rows`
+        rows (one transaction), of the shards held here
         (fenced by their leases: a lost one refuses the round, nothing purged). Judged
         by the wall clock, which stamps a run's `closed_at`."""
         fences = [shard.fence for shard in list(self.shards.values())]
@@ -330,7 +331,7 @@ class LocalHost:
             try:
                 purged += await self.store.purge_closed(
                     etype, time.time() - retention.closed_for, limit=retention.batch,
-                    fences=fences)
+                    fences=fences, rows=retention.rows)
             except LeaseLostError:
                 return purged  # the lease renewal finds out which shard went
         if purged.runs:

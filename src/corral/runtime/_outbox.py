@@ -5,10 +5,11 @@ sender's progress, delivered by the sender's host.
 the payload and start input, as a client's `signal_with_start` would) and makes the
 `Send` the activation keeps until its next step record, snapshot or close writes it to
 the outbox in that same transaction (`persistence._ops_outbox`). After that commit the
-host's `Postman` accepts each written send into its target, in order, with a message id
-derived from (sender, run, send number), so a delivery repeated after a crash is a
-duplicate at the target; then it marks them sent. A host taking a shard delivers what
-its senders left (`Postman.recover`).
+host's `Postman` accepts each written send into its target, in order, with its message
+id (derived from (sender, run, send number) for `run()`'s sends, from (sender, run,
+journal entry, place in the call) for a handler's: `_run_context`), so a delivery
+repeated after a crash is a duplicate at the target; then it marks them sent. A host
+taking a shard delivers what its senders left (`Postman.recover`).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,17 +78,20 @@ Verdict = Applied | DeadLetter
 
 
 async def apply_live(definition: EntityDefinition, entity: Entity, entry: JournalEntry, *,
-                     failed: Exception | None = None) -> Verdict:
+                     failed: Exception | None = None,
+                     attempt: Callable[[], None] = lambda: None) -> Verdict:
     """Apply a signal or update entry on a live host, retrying a raising signal handler
     under the type's `RetryPolicy`; the verdict says what the host must record.
 
     Signals with a handler body get the retry policy and the dead-letter verdict;
     updates and mailbox signals are applied by `apply_entry`. `failed`: the error of a
-    first attempt already made by `apply_now`, which counts.
+    first attempt already made by `apply_now`, which counts. `attempt` is called before
+    each call of the handler (the host starts collecting what that call sends).
     """
     try:
         handler = retried_handler(definition, entry)
         if handler is None:
+            attempt()
             return Applied(await apply_entry(definition, entity, entry))
         if isinstance(failed, Unappliable):
             raise failed
@@ -107,6 +111,7 @@ async def apply_live(definition: EntityDefinition, entity: Entity, entry: Journa
                         type(err).__name__, err, attempts, policy.max_attempts, delay)
             await asyncio.sleep(delay)
         attempts += 1
+        attempt()
         try:
             result = _call(handler, entity, arg)
             if handler.is_async:

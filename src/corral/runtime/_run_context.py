@@ -1,8 +1,12 @@
 """`RunContext`: the `EntityContext` of one activation, as the entity's code sees it.
 
 `run()` and the handlers reach their host through this: waits re-checked after every
-applied entry, durable timers, durable signal waits, the clock (`checkpoint()`, which
-snapshots, is the host side's). The host side (the inbox, applying entries, loading
+applied entry, durable timers, durable signal waits, steps, sends, the clock
+(`checkpoint()`, which snapshots, is the host side's). A send made in `run()` is kept
+as it is; one made in a handler is kept apart until the call returns (dropped if it
+raised) and carries the message id derived from the entry the call applied, which a
+recovery that applies the entry again derives again. The run numbers its sends before
+their first write (`take_outgoing`). The host side (the inbox, applying entries, loading
 and closing the run) is `Activation`, which is a `RunContext`; this module names
 neither it nor the shard, only their seam (`Residence`).
 """
@@ -10,13 +14,14 @@ neither it nor the shard, only their seam (`Residence`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from corral._common import RetryPolicy
 from corral._errors import InvalidArgumentError
 from corral.actors import EntityDefinition
-from corral.persistence import JournalEntry, Send
+from corral.persistence import JournalEntry, Send, handler_send_id
 
 from ._outbox import outgoing
 from ._residence import Residence, retrying
@@ -32,9 +37,9 @@ T = TypeVar("T")
 class RunContext:
     """The waits, timers, steps, sends and progress counters of the run an activation hosts."""
 
-    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_home", "_outgoing", "_resuming",
-                 "_run_id", "_run_task", "_steps", "_timers", "_waiting", "_waits",
-                 "applied_seq", "definition")
+    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_handling", "_home", "_outgoing",
+                 "_resuming", "_run_id", "_run_task", "_sent", "_steps", "_timers", "_waiting",
+                 "_waits", "applied_seq", "definition")
 
     def __init__(self, home: Residence) -> None:
         self._home = home  # the shard, as this entity sees it: its only way to the host
@@ -49,8 +54,12 @@ class RunContext:
         self._changed: asyncio.Event | None = None
         self._waits: RunWaits | None = None  # this run's signal waits, once it has any
         self._steps: RunSteps | None = None  # this run's durable steps, once it has any
-        # Sends made since the last write of this run's progress (see `_outbox`).
+        # Sends made since the last write of this run's progress (see `_outbox`), and
+        # the number of the run's last send (None: not read from the store yet).
         self._outgoing: list[Send] = []
+        self._sent: int | None = None
+        # The handler call applying an entry now: its entry, its task, its sends so far.
+        self._handling: _HandlerCall | None = None
         # Retrying a suspended run: the suspension ends when run() gets past the point.
         self._resuming = home.suspended() is not None
         self._run_task: asyncio.Task[None] | None = None
@@ -138,18 +147,60 @@ class RunContext:
 
     def send(self, entity_type: type, key: str, handler: object, payload: object,
              start: object, with_start: bool) -> None:
-        if self._run_task is None or asyncio.current_task() is not self._run_task:
+        task, call = asyncio.current_task(), self._handling
+        if self._run_task is not None and task is self._run_task:
+            self._outgoing.append(outgoing(entity_type, key, handler, payload, start,
+                                           with_start))
+        elif call is not None and task is call.task:
+            message_id = handler_send_id(self.entity_type, self.key, self._run_id,
+                                         call.entry_seq, len(call.sends) + 1)
+            call.sends.append(dataclasses.replace(
+                outgoing(entity_type, key, handler, payload, start, with_start),
+                message_id=message_id))
+        else:
             raise InvalidArgumentError(
-                f"{self.entity_type} {self.key!r}: send() is called from run() (a handler "
-                "may change state that run() then sends from)")
-        self._outgoing.append(outgoing(entity_type, key, handler, payload, start, with_start))
+                f"{self.entity_type} {self.key!r}: send() is called from run() or a signal "
+                "or update handler")
+
+    def _handler_begins(self, entry: JournalEntry) -> None:
+        """A handler is called for `entry` (again, after a failed attempt): what it
+        sends is kept apart until it returns, numbered in this call from 1."""
+        self._handling = _HandlerCall(entry.seq, asyncio.current_task())
+
+    def _handler_ends(self, *, applied: bool) -> None:
+        """The handler call is over: its sends join the run's if it `applied` its entry
+        (the next write of progress takes them); a raising call's are dropped."""
+        call, self._handling = self._handling, None
+        if applied and call is not None:
+            self._outgoing.extend(call.sends)
+
+    def _handler_sends_kept(self) -> int:
+        """How many sends made by handlers wait for a write of progress."""
+        return sum(s.message_id is not None for s in self._outgoing)
+
+    async def ready_to_send(self) -> None:
+        """Read the number of the run's last send, once, if sends wait: `take_outgoing`
+        numbers them after it, with no await between (see `Activation.snapshot`)."""
+        while self._outgoing and self._sent is None:
+            home = self._home
+            last = await home.store.last_send(home.entity_type, home.key, self._run_id)
+            if self._sent is None:
+                self._sent = last
 
     def take_outgoing(self) -> tuple[Send, ...]:
-        """The sends a write of this run's progress takes along (no other write takes
-        them: two steps recorded at once must not both write one send)."""
-        sends = tuple(self._outgoing)
+        """The sends a write of this run's progress takes along, numbered (no other
+        write takes them: two steps recorded at once must not both write one send).
+        `ready_to_send()` came first; a send keeps its number when a refused write
+        gives it back, so a write repeated after an unknown outcome writes it once."""
+        sends = []
+        for send in self._outgoing:
+            if not send.seq:
+                assert self._sent is not None, "ready_to_send() first"
+                self._sent += 1
+                send = dataclasses.replace(send, seq=self._sent)
+            sends.append(send)
         self._outgoing.clear()
-        return sends
+        return tuple(sends)
 
     def written(self, sends: tuple[Send, ...]) -> None:
         """The write that took `sends` committed: deliver them."""
@@ -168,8 +219,9 @@ class RunContext:
             self._outgoing[:0] = sends
 
     def forget_outgoing(self) -> None:
-        """A step replayed: what was sent before it was written with its progress then."""
-        self._outgoing.clear()
+        """A step replayed: what `run()` sent before it was written with its progress
+        then. A handler's sends stay: they are not `run()`'s to make again."""
+        self._outgoing[:] = [s for s in self._outgoing if s.message_id is not None]
 
     def now(self) -> float:
         return self._home.clock.time()
@@ -195,3 +247,14 @@ class RunContext:
             self._waits = RunWaits(self._home, self)
         if self._waits.delivered(entry):
             self.notify()
+
+
+class _HandlerCall:
+    """One call of a handler for a journal entry, and the sends it made so far."""
+
+    __slots__ = ("entry_seq", "sends", "task")
+
+    def __init__(self, entry_seq: int, task: asyncio.Task[Any] | None) -> None:
+        self.entry_seq = entry_seq
+        self.task = task
+        self.sends: list[Send] = []

@@ -3,12 +3,17 @@
 A snapshot is a JSON envelope (UTF-8, in the store's `snapshots.state` column):
 
     {"format": 1, "state_version": 2, "state": {"answered": 3, "inbox": [...]},
-     "mailbox": [{"seq": 9, "name": "customer_reply", "payload": "{...}", ...}]}
+     "mailbox": [{"seq": 9, "name": "customer_reply", "payload": "{...}", ...}],
+     "released": {"seq": 7, "name": "customer_reply", ...}}
 
 `state` holds the entity's attributes, each annotated one encoded by pydantic
 (`corral.actors._state`), or whatever an overriding `__getstate__` returns.
 `mailbox` holds the journal entries of mailbox payloads `run()` has not taken yet;
-their payloads are rebuilt with today's model on restore. Restoring calls
+their payloads are rebuilt with today's model on restore. `released` (only under a
+reorder window, once a payload was released) is the journal entry of the payload with
+the highest order key released so far, so a payload ordered before it is still flagged
+`late` after a restart; an envelope without it (older, or none released) starts with no
+watermark. Restoring calls
 `__init__(start_input)`, brings `state` to the class's `state_version` through its
 `@corral.upgrade` hooks, and sets it over the new instance, validated against today's
 annotations. Nothing read from the store is ever unpickled: a pickled snapshot of an
@@ -62,6 +67,9 @@ def capture(definition: EntityDefinition, entity: Entity) -> bytes:
                  for name, value in vars(entity).items() if _is_state(name)}
     envelope = {"format": FORMAT, "state_version": definition.state.version, "state": state,
                 "mailbox": _encode_mailbox(definition, entity, where)}
+    released = entity.mailbox.released() if isinstance(entity.mailbox, Mailbox) else None
+    if isinstance(released, JournalEntry):
+        envelope["released"] = _encode_entry(released)
     return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -164,7 +172,8 @@ def restore(definition: EntityDefinition, key: str, applied_seq: int, blob: byte
     else:
         raise SnapshotRestoreError(f"{what}: its state is {type(state).__name__}, not a dict",
                                    **where)
-    _restore_mailbox(definition, entity, envelope["mailbox"], what, where)
+    _restore_mailbox(definition, entity, envelope["mailbox"], envelope.get("released"), what,
+                     where)
     return entity
 
 
@@ -268,7 +277,11 @@ def _encode_mailbox(definition: EntityDefinition, entity: Entity,
             f"{definition.name} {entity.key!r}: the mailbox holds a payload that no signal "
             "delivered (put by code); keep such items in an annotated attribute",
             attribute="mailbox", **where)
-    return [{**t._asdict(), "kind": t.kind.value} for t in tokens]
+    return [_encode_entry(t) for t in tokens]
+
+
+def _encode_entry(entry: JournalEntry) -> dict[str, Any]:
+    return {**entry._asdict(), "kind": entry.kind.value}
 
 
 def _set_state(definition: EntityDefinition, entity: Entity, state: dict[str, Any],
@@ -292,30 +305,44 @@ def _set_state(definition: EntityDefinition, entity: Entity, state: dict[str, An
 
 
 def _restore_mailbox(definition: EntityDefinition, entity: Entity,
-                     stored: list[dict[str, Any]], what: str, where: dict[str, Any]) -> None:
-    items: list[tuple[Any, JournalEntry, tuple[Any, float] | None]] = []
-    for raw in stored:
-        try:
-            entry = JournalEntry(**{**raw, "kind": EntryKind(raw["kind"])})
-        except (TypeError, ValueError, KeyError) as err:
-            raise SnapshotRestoreError(f"{what}: a mailbox entry is malformed ({err})",
-                                       **where) from err
-        handler = definition.handler(entry.name)
-        if handler is None or handler.fn is not None:
-            raise SnapshotRestoreError(
-                f"{what}: its mailbox holds seq {entry.seq} of signal {entry.name!r}, which "
-                "this code does not declare as a mailbox signal", **where)
-        try:
-            payload = (None if handler.input_type is None
-                       else decode_model(handler.input_type, entry.payload))
-        except ValidationError as err:
-            raise SnapshotRestoreError(
-                f"{what}: mailbox seq {entry.seq} ({entry.name!r}) no longer validates "
-                f"against {handler.input_type.__name__ if handler.input_type else None}: "
-                f"{err.errors()[0]['msg']}", **where) from err
-        items.append((payload, entry, handler.release_order(payload, entry.accepted_at)))
+                     stored: list[dict[str, Any]], released: dict[str, Any] | None,
+                     what: str, where: dict[str, Any]) -> None:
+    items = [_mailbox_item(definition, raw, what, where) for raw in stored]
     mailbox = Mailbox()
     for payload, entry, order in items:  # before attaching: nothing to notify yet
         mailbox.put(payload, entry, order=order)
+    if released is not None:
+        try:
+            _, entry, order = _mailbox_item(definition, released, what, where)
+        except SnapshotRestoreError as err:  # its signal is gone or changed: no watermark
+            log.info("%s: the reorder window's watermark is dropped (%s)", what, err)
+        else:
+            if order is not None:
+                mailbox.restore_released(order[0], entry)
     mailbox.attach(entity._corral_context)
     entity.mailbox = mailbox
+
+
+def _mailbox_item(definition: EntityDefinition, raw: dict[str, Any], what: str,
+                  where: dict[str, Any]) -> tuple[Any, JournalEntry, tuple[Any, float] | None]:
+    """A stored mailbox entry as (payload rebuilt with today's model, entry, release
+    order under its signal's window)."""
+    try:
+        entry = JournalEntry(**{**raw, "kind": EntryKind(raw["kind"])})
+    except (TypeError, ValueError, KeyError) as err:
+        raise SnapshotRestoreError(f"{what}: a mailbox entry is malformed ({err})",
+                                   **where) from err
+    handler = definition.handler(entry.name)
+    if handler is None or handler.fn is not None:
+        raise SnapshotRestoreError(
+            f"{what}: its mailbox holds seq {entry.seq} of signal {entry.name!r}, which "
+            "this code does not declare as a mailbox signal", **where)
+    try:
+        payload = (None if handler.input_type is None
+                   else decode_model(handler.input_type, entry.payload))
+    except ValidationError as err:
+        raise SnapshotRestoreError(
+            f"{what}: mailbox seq {entry.seq} ({entry.name!r}) no longer validates "
+            f"against {handler.input_type.__name__ if handler.input_type else None}: "
+            f"{err.errors()[0]['msg']}", **where) from err
+    return payload, entry, handler.release_order(payload, entry.accepted_at)

@@ -9,10 +9,11 @@ Reusing a name within one activation before a `checkpoint()` covered it raises
 `DuplicateStepError` (it would silently replay the other step's result).
 
 A step's outcome (result or final failure) is recorded, fenced, before `run()` goes
-on, with the sends made before it (`_outbox`); a replayed step drops the sends made
-before it again, which were written then. The activation reads the run's records once,
-at its first step. A checkpoint deletes the records it covers in the snapshot's
-transaction; the end of the run deletes the rest (`persistence._ops_steps`).
+on, with the sends made before it (`_outbox`); a replayed step drops the sends `run()`
+made before it again, which were written then (a handler's stay: see `_run_context`).
+The activation reads the run's records once, at its first step. A checkpoint deletes
+the records it covers in the snapshot's transaction; the end of the run deletes the rest
+(`persistence._ops_steps`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class SteppingRun(Protocol):
 
     @property
     def run_id(self) -> int: ...
+    async def ready_to_send(self) -> None: ...
     def take_outgoing(self) -> tuple[Send, ...]: ...
     def written(self, sends: tuple[Send, ...]) -> None: ...
     def unwritten(self, sends: tuple[Send, ...], err: BaseException) -> None: ...
@@ -79,6 +81,7 @@ class RunSteps:
             key = f"{home.entity_type}/{home.key}/{run_id}/{name}"
             record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
                                             timeout, ray_options, home.clock.time)
+            await self._run.ready_to_send()
             done, sends = record, self._run.take_outgoing()
             try:
                 await retrying(home, run_id, "step", lambda: home.store.record_step(
