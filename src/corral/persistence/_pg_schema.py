@@ -57,6 +57,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: (*create("steps", "postgres"), *create("outbox", "postgres")),
     # Retention (`_ops_retention`) finds the runs closed longest ago per type.
     9: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
+    # Which cluster hosts the store: one Ray instance, or local hosts (`_hosting`).
+    10: create("hosting", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

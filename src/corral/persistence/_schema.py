@@ -50,6 +50,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     10: (*create("steps", "sqlite"), *create("outbox", "sqlite")),
     # Retention (`_ops_retention`) finds the runs closed longest ago per type.
     11: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
+    # Which cluster hosts the store: one Ray instance, or local hosts (`_hosting`).
+    12: create("hosting", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 
