@@ -52,6 +52,7 @@ from ._builds import BuildRegistration, refused_client, refused_successor
 from ._host import LocalHost
 from ._ops import AcceptBatch, Query, Request, WaitUpdate
 from ._ray_directory import host_of
+from ._ray_env import ray_hosting
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
@@ -196,10 +197,13 @@ class ShardHost:
         metrics.export_to_ray()
         gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
         self.store: Store = await open_store(spec.store, shards=spec.shards)
-        try:
+        self.hosting = ray_hosting(self.store, 2 * spec.lease_ttl)
+        try:  # this Ray instance's claim on the store first: refused if another's holds it
+            await self.hosting.open()
             self.host = await self._start_host(heir)
             self.taken_at = time.time()
         except BaseException:
+            await self.hosting.close()
             await self.store.close()
             raise
         self.backend = LocalBackend(self.store, self.definitions, self.host,
@@ -385,6 +389,7 @@ class ShardHost:
                      self.index), grace)
             await self.registration.close()
             await self.host.close()
+            await self.hosting.close()
             await self.store.close()
             # Calls waiting in _serving die with the actor; their clients retry on a new one.
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
@@ -497,6 +502,7 @@ class ShardHost:
         await self.registration.close()  # out of the registry first, as a local host
         with contextlib.suppress(Exception):
             await self.host.close()
+        await self.hosting.close()
         await self.store.close()
 
 
