@@ -100,3 +100,111 @@ async def test_a_second_driver_with_a_ray_instance_of_its_own_is_refused_and_the
     applied = sorted(i for items in ours["applied"].values() for i in items)
     assert applied == sorted(f"first-{n}" for n in range(60))  # each once, none lost
     assert _rows(store, "SELECT count(*) FROM dedupe") == [(60,)]  # the second's: none
+
+
+def _store_rows(path: Path) -> list[list[tuple[object, ...]]]:
+    return [_rows(path, f"SELECT * FROM {table} ORDER BY 1")
+            for table in ("hosting", "build_processes", "leases", "dedupe")]
+
+
+async def test_a_local_host_beside_a_ray_deployment_is_refused_and_a_pure_client_is_not(
+        tmp_path: Path, namespace: str) -> None:
+    """Local hosts would take the shards Ray's actors hold: refused at open, with
+    nothing stored, the deployment untouched; a pure client (`host=False`) only sends,
+    and the Ray hosts apply what it accepted."""
+    store = tmp_path / "s.db"
+    async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", shards=2,
+                                   namespace=namespace,
+                                   env_vars=RUNTIME_ENV["env_vars"]) as rt:
+        ref = rt.ref(Counter, "k")
+        await ref.signal_with_start(Counter.add, Item(id="ray-1"), start=Start(tenant="t"))
+        before = _store_rows(store)
+        with pytest.raises(corral.StoreHostedElsewhereError) as refused:
+            async with corral.open_runtime(str(store), entities=ENTITIES, shards=2):
+                pass
+        assert refused.value.cluster.startswith("ray:")
+        assert "backend='ray'" in str(refused.value)
+        assert "host=False" in str(refused.value)
+        assert _store_rows(store) == before
+        async with corral.open_runtime(str(store), entities=ENTITIES, shards=2,
+                                       host=False) as client:
+            await client.ref(Counter, "k").signal(Counter.add, Item(id="local-1"))
+        await ref.signal(Counter.add, Item(id="ray-2"))
+        for _ in range(200):
+            seen: Seen = await ref.query(Counter.seen)
+            if len(seen.items) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(seen.items) == ["local-1", "ray-1", "ray-2"]
+
+
+async def test_a_ray_deployment_beside_local_hosts_is_refused_before_any_actor_starts(
+        tmp_path: Path, namespace: str) -> None:
+    """The reverse: local hosts hold the store; `open_runtime(backend="ray")` is
+    refused before it creates an actor, and the local hosts go on."""
+    import ray
+
+    store = tmp_path / "s.db"
+    async with corral.open_runtime(str(store), entities=ENTITIES, shards=2) as local:
+        ref = local.ref(Counter, "k")
+        await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
+        before = _store_rows(store)
+        with pytest.raises(corral.StoreHostedElsewhereError) as refused:
+            async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray",
+                                           shards=2, namespace=namespace):
+                pass
+        assert refused.value.cluster == "local"
+        assert "local host on" in refused.value.holder
+        assert _store_rows(store) == before
+        assert ray.is_initialized()  # the session's Ray, not started there: left alone
+        assert not [a for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["namespace"] == namespace]
+        await ref.signal(Counter.add, Item(id="b"))
+        assert (await ref.update(Counter.add_and_count, Item(id="c"))) == 3
+
+
+# -- the actors' environment -----------------------------------------------------------
+
+
+async def test_env_vars_reach_the_handlers_of_shared_and_dedicated_actors(
+        tmp_path: Path, namespace: str) -> None:
+    from ray_env_entities import DedicatedProbe, Environ, Names, Probe
+
+    names = Names(names=["CORRAL_TEST_GREETING", "CORRAL_TEST_UNSET"])
+    async with corral.open_runtime(
+            str(tmp_path / "s.db"), entities=[Probe, DedicatedProbe], backend="ray",
+            shards=2, namespace=namespace, ray_options={"runtime_env": RUNTIME_ENV},
+            env_vars={"CORRAL_TEST_GREETING": "hello, actor"}) as rt:
+        for etype in (Probe, DedicatedProbe):
+            seen: Environ = await rt.ref(etype, "p").update_with_start(
+                etype.read, names, start=names)
+            assert seen.values == {"CORRAL_TEST_GREETING": "hello, actor",
+                                   "CORRAL_TEST_UNSET": None}
+
+
+@pytest.mark.parametrize(("env_vars", "ray_options", "says"), [
+    ({"A": 1}, None, "must be a str"),
+    ({1: "x"}, None, "not an environment variable name"),
+    ({"": "x"}, None, "not an environment variable name"),
+    ({"A=B": "x"}, None, "not an environment variable name"),
+    ({"A": "x\0y"}, None, "without NUL"),
+    (["A"], None, "must be a dict"),
+    (None, {"runtime_env": {"env_vars": {"A": 2}}}, "must be a str"),
+    (None, {"runtime_env": "pip"}, "must be a dict"),
+    ({"A": "1"}, {"runtime_env": {"env_vars": {"A": "2"}}}, "give the variable once"),
+])
+async def test_bad_env_vars_are_refused_before_ray_is_touched(
+        tmp_path: Path, env_vars: object, ray_options: object, says: str) -> None:
+    with pytest.raises(corral.InvalidArgumentError, match=says):
+        async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
+                                       backend="ray", env_vars=env_vars,  # type: ignore[arg-type]
+                                       ray_options=ray_options):  # type: ignore[arg-type]
+            pass
+    assert not (tmp_path / "s.db").exists()
+
+
+async def test_env_vars_belong_to_the_ray_backend(tmp_path: Path) -> None:
+    with pytest.raises(corral.InvalidArgumentError, match="Ray backend"):
+        async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
+                                       env_vars={"A": "1"}):
+            pass
