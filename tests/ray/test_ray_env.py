@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import sqlite3
 import tempfile
@@ -208,3 +209,41 @@ async def test_env_vars_belong_to_the_ray_backend(tmp_path: Path) -> None:
         async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
                                        env_vars={"A": "1"}):
             pass
+
+
+# -- the host actors' logs on the driver -----------------------------------------------
+
+
+async def test_a_poison_message_on_ray_is_logged_on_the_driver_with_its_traceback(
+        tmp_path: Path, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The host actor's `corral.*` records reach the driver's logging under the same
+    logger names and levels: the shard taken, each retry, and the dead letter with the
+    handler's traceback; the actor's name is the record's `processName`."""
+    from ray_workers import Brittle
+
+    caplog.set_level(logging.INFO, logger="corral")
+    async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Brittle],
+                                   backend="ray", shards=2, namespace=namespace,
+                                   env_vars=RUNTIME_ENV["env_vars"]) as rt:
+        ref = rt.ref(Brittle, "poisoned")
+        await ref.signal_with_start(Brittle.add, Item(id="bad-1"), start=Start(tenant="t"))
+
+        def dead_lettered() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.name == "corral.shard"
+                    and "moved to dead letter" in r.getMessage()]
+        for _ in range(600):
+            if dead_lettered():
+                break
+            await asyncio.sleep(0.05)
+        assert await ref.query(Brittle.seen) == []
+    [record] = dead_lettered()
+    assert record.levelno == logging.ERROR
+    assert "Traceback (most recent call last)" in record.getMessage()
+    assert "ValueError: cannot take bad-1" in record.getMessage()
+    assert record.processName == f"corral/{namespace}/shard-{ref.shard}"
+    assert getattr(record, "corral_relayed", False)
+    retries = [r for r in caplog.records if r.name == "corral.runtime.poison"
+               or "retrying in" in r.getMessage()]
+    assert retries and all(r.levelno == logging.WARNING for r in retries)
+    assert any(r.name == "corral.ray" and "holds shard" in r.getMessage()
+               for r in caplog.records)

@@ -321,6 +321,7 @@ async def open_runtime(
             raise InvalidArgumentError(f"two entity types are named {definition.name!r}")
     if backend == "ray":
         from ._ray import connect_ray  # imports Ray only when asked for
+        from ._ray_logs import LogFollower
 
         if clock is not None:
             raise InvalidArgumentError("a clock is for the local backend (corral.testing)")
@@ -331,10 +332,13 @@ async def open_runtime(
             store, definitions, shards=shards, address=address, namespace=namespace,
             lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,
             env_vars=env_vars)
+        follower = LogFollower(namespace)  # the host actors' logs, on this process's
+        follower.start()
         try:
             yield Runtime(ray_backend, placement,
                           Boundary(definitions, limits or Limits(), authorize))
         finally:
+            await follower.close()
             await ray_backend.close()
         return
     if backend != "local":

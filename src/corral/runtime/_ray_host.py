@@ -53,6 +53,7 @@ from ._host import LocalHost
 from ._ops import AcceptBatch, Query, Request, WaitUpdate
 from ._ray_directory import host_of
 from ._ray_env import ray_hosting
+from ._ray_logs import ship_logs
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
@@ -195,6 +196,7 @@ class ShardHost:
         self._open.set()
         self._exit_task: asyncio.Task[None] | None = None
         metrics.export_to_ray()
+        ship_logs(spec.namespace, self.name)  # this process's corral.* records: to drivers
         gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
         self.store: Store = await open_store(spec.store, shards=spec.shards)
         self.hosting = ray_hosting(self.store, 2 * spec.lease_ttl)
