@@ -18,8 +18,12 @@ actor (a detached actor outlives it; the next drivers never see its lines). So:
 * every runtime opened with `backend="ray"` follows it (`LogFollower`): a long poll
   for the records of its namespace logged since it opened, each re-emitted through
   `logging.getLogger(<the same name>)` at the same level, with the actor's name as
-  `processName`, its pid as `process` and the traceback as `exc_text`, and marked
-  `corral_relayed` (never shipped again).
+  `processName`, its pid as `process`, the traceback as `exc_text`, the record's
+  plain `extra=` fields kept, and marked `corral_relayed` (never shipped again).
+
+What is shipped: `corral.*` at INFO and above, the level a host actor sets on `corral`
+(a Ray worker's loggers are at WARNING); `corral.lifecycle` (one event per run started
+or closed) stays off there, as it is by default in any process.
 """
 
 from __future__ import annotations
@@ -107,12 +111,19 @@ def relay() -> Any:
 # -- the actors' side ------------------------------------------------------------------
 
 
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_PLAIN = (str, int, float, bool, type(None))
+
+
 def _entry(record: logging.LogRecord, namespace: str, actor: str) -> dict[str, Any]:
+    # Fields a record carries beyond the standard ones (`extra=`) travel if plain.
+    extra = {k: v for k, v in record.__dict__.items()
+             if k not in _STANDARD and isinstance(v, _PLAIN)}
     exc_text = record.exc_text
     if record.exc_info and not exc_text:
         exc_text = logging.Formatter().formatException(record.exc_info)
     return {
-        "namespace": namespace, "name": record.name, "levelno": record.levelno,
+        **extra, "namespace": namespace, "name": record.name, "levelno": record.levelno,
         "levelname": record.levelname, "msg": record.getMessage()[:TEXT_LIMIT],
         "exc_text": exc_text[-TEXT_LIMIT:] if exc_text else None,
         "stack_info": record.stack_info, "created": record.created,
@@ -176,6 +187,11 @@ def ship_logs(namespace: str, actor: str) -> None:
     corral_log.addHandler(_shipper)
     if corral_log.getEffectiveLevel() > SHIP_LEVEL:  # a worker's root logger: WARNING
         corral_log.setLevel(SHIP_LEVEL)
+        # Lifecycle events are one per run started or closed: off unless turned on, as
+        # in any process (`_events`); the shard-level news has its own INFO records.
+        lifecycle = logging.getLogger("corral.lifecycle")
+        if lifecycle.level == logging.NOTSET:
+            lifecycle.setLevel(logging.WARNING)
 
 
 # -- the drivers' side -----------------------------------------------------------------
