@@ -350,18 +350,21 @@ class StoreHostedElsewhereError(CorralError):
     is untouched.
 
     `holder` describes the other cluster's host (its Ray GCS address and session, or
-    "local", with host name and pid), `cluster` is its identity, `expires_at` (epoch s)
-    when its claim lapses unless renewed (a live host renews it). The message names
+    "local host", with host name and pid), `cluster` is its identity (`ray:<session>`
+    or `local`), `address` its Ray GCS address (None for local hosts), `expires_at`
+    (epoch s) when its claim lapses unless renewed (a live host renews it). The message names
     the fix: join that Ray instance (`address=`/`RAY_ADDRESS`; `ray start --head` once
     and `address="auto"` in every process), or open the local process with
     `host=False` (a pure client).
     """
 
     def __init__(self, message: str = "", *, holder: str = "", cluster: str = "",
-                 expires_at: float = 0.0, **fields: Any) -> None:
+                 address: str | None = None, expires_at: float = 0.0,
+                 **fields: Any) -> None:
         super().__init__(message, **fields)
         self.holder = holder
         self.cluster = cluster
+        self.address = address
         self.expires_at = expires_at
 
 

@@ -17,6 +17,7 @@ import pytest
 import corral
 from procs import Worker, spawner
 from ray_workers import ENTITIES, RUNTIME_ENV, Counter, Item, Seen, Start
+from stores import reset_postgres, sql
 
 DRIVER = Path(__file__).resolve().parents[1] / "support" / "ray_hosting_driver.py"
 
@@ -55,19 +56,24 @@ async def _wait(path: Path, worker: Worker, timeout: float = 240.0) -> None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_second_driver_with_a_ray_instance_of_its_own_is_refused_and_the_first_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_ray: None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_ray: None, engine: str,
+        request: pytest.FixtureRequest) -> None:
     """Two drivers, each `open_runtime(store, backend="ray")` with no address, so each
     with its own Ray instance, on one SQLite store. The second opens before the first
     has actors (nothing to refuse it yet): its first send is refused by its actor, which
     checks before taking a lease; a runtime it opens afterwards is refused at open.
     Both refusals are `StoreHostedElsewhereError` naming the first's Ray instance; the
     first's signals are each applied once, and the second stored nothing."""
-    store = tmp_path / "shared.db"
+    store = str(tmp_path / "shared.db")
+    if engine == "postgres":
+        store = request.getfixturevalue("postgres_store_url")
+        reset_postgres(store)
     folder = tmp_path / "steps"
     folder.mkdir()
     temps: list[str] = []
-    args = ("--store", str(store), "--dir", str(folder))
+    args = ("--store", store, "--dir", str(folder))
     try:
         with spawner(tmp_path, DRIVER) as start:
             first = _driver(start, monkeypatch, "first", *args, temps=temps)
@@ -92,14 +98,15 @@ async def test_a_second_driver_with_a_ray_instance_of_its_own_is_refused_and_the
     assert "opened_again" not in theirs, theirs
     for refused in (theirs["on_send"], theirs["on_open"]):
         assert refused["type"] == "StoreHostedElsewhereError", refused
-        assert refused["cluster"].startswith(f"ray:{ours['address']}/session_")
+        assert refused["cluster"] == f"ray:{ours['session']}"
+        assert refused["address"] == ours["address"]
         assert ours["address"] in refused["holder"]
         assert "address=" in refused["message"]
         assert "ray start --head" in refused["message"]
     assert ours["statuses"] == ["accepted"] * 60
     applied = sorted(i for items in ours["applied"].values() for i in items)
     assert applied == sorted(f"first-{n}" for n in range(60))  # each once, none lost
-    assert _rows(store, "SELECT count(*) FROM dedupe") == [(60,)]  # the second's: none
+    assert sql(store, "SELECT count(*) FROM dedupe") == [(60,)]  # the second's: none
 
 
 def _store_rows(path: Path) -> list[list[tuple[object, ...]]]:
@@ -112,6 +119,8 @@ async def test_a_local_host_beside_a_ray_deployment_is_refused_and_a_pure_client
     """Local hosts would take the shards Ray's actors hold: refused at open, with
     nothing stored, the deployment untouched; a pure client (`host=False`) only sends,
     and the Ray hosts apply what it accepted."""
+    import ray
+
     store = tmp_path / "s.db"
     async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", shards=2,
                                    namespace=namespace,
@@ -122,7 +131,8 @@ async def test_a_local_host_beside_a_ray_deployment_is_refused_and_a_pure_client
         with pytest.raises(corral.StoreHostedElsewhereError) as refused:
             async with corral.open_runtime(str(store), entities=ENTITIES, shards=2):
                 pass
-        assert refused.value.cluster.startswith("ray:")
+        assert refused.value.cluster == f"ray:{ray.get_runtime_context().get_session_name()}"
+        assert refused.value.address == ray.get_runtime_context().gcs_address
         assert "backend='ray'" in str(refused.value)
         assert "host=False" in str(refused.value)
         assert _store_rows(store) == before
@@ -153,7 +163,7 @@ async def test_a_ray_deployment_beside_local_hosts_is_refused_before_any_actor_s
             async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray",
                                            shards=2, namespace=namespace):
                 pass
-        assert refused.value.cluster == "local"
+        assert (refused.value.cluster, refused.value.address) == ("local", None)
         assert "local host on" in refused.value.holder
         assert _store_rows(store) == before
         assert ray.is_initialized()  # the session's Ray, not started there: left alone

@@ -62,13 +62,16 @@ async def first(store: str, folder: Path) -> dict[str, Any]:
             applied[key] = seen.items
         import ray
 
-        address = ray.get_runtime_context().gcs_address
-    return {"statuses": statuses, "applied": applied, "address": address}
+        ctx = ray.get_runtime_context()
+        address, session = ctx.gcs_address, ctx.get_session_name()
+    return {"statuses": statuses, "applied": applied, "address": address,
+            "session": session}
 
 
 def _error(err: BaseException) -> dict[str, Any]:
     return {"type": type(err).__name__, "message": str(err),
-            "holder": getattr(err, "holder", None), "cluster": getattr(err, "cluster", None)}
+            "holder": getattr(err, "holder", None), "cluster": getattr(err, "cluster", None),
+            "address": getattr(err, "address", None)}
 
 
 async def second(store: str, folder: Path) -> dict[str, Any]:

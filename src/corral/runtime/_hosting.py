@@ -10,7 +10,7 @@ creates an actor (`check_hosting`). Pure clients (`host=False`) claim nothing: t
 only accept, which is open to every process.
 
 Clusters: `"local"` (every local host, on any machine: they share through leases) or
-`"ray:<gcs address>/<session>"` (one Ray instance, `_ray_env.ray_cluster`).
+`"ray:<session>"` (one Ray instance, `_ray_env.ray_cluster`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from corral.persistence import HostingClaim, Store
 
 from ._builds import process_id
 
-__all__ = ["LOCAL", "HostingKeeper", "check_hosting", "local_holder", "refusal"]
+__all__ = ["LOCAL", "RAY_HOLDER", "HostingKeeper", "check_hosting", "local_holder", "refusal"]
 
 log = logging.getLogger("corral.hosting")
 
@@ -40,16 +40,21 @@ def local_holder() -> str:
     return f"local host on {socket.gethostname()}, pid {os.getpid()}"
 
 
-def _ray_address(cluster: str) -> str | None:
-    if not cluster.startswith("ray:"):
+RAY_HOLDER = "Ray instance at "
+"""How a Ray host's description begins; its GCS address follows."""
+
+
+def _ray_address(claim: HostingClaim) -> str | None:
+    """The GCS address of a Ray host's Ray instance (None for a local host)."""
+    if not claim.holder.startswith(RAY_HOLDER):
         return None
-    return cluster[len("ray:"):].rpartition("/")[0] or None
+    return claim.holder[len(RAY_HOLDER):].split(" ", 1)[0]
 
 
 def refusal(claim: HostingClaim, cluster: str) -> StoreHostedElsewhereError:
     """The error refusing a host of `cluster` because of `claim` (another cluster's),
     with the fix for this pair of clusters."""
-    address = _ray_address(claim.cluster)
+    address = _ray_address(claim)
     lapse = time.strftime("%H:%M:%S", time.localtime(claim.expires_at))
     if address is None:
         fix = ("close those local hosts (or open them with host=False: pure clients "
@@ -67,7 +72,8 @@ def refusal(claim: HostingClaim, cluster: str) -> StoreHostedElsewhereError:
         f"clusters would take its shards from each other, so this one is refused; "
         f"{fix}. (That claim lapses at {lapse} unless its hosts renew it: they do "
         f"while they live.)",
-        holder=claim.holder, cluster=claim.cluster, expires_at=claim.expires_at)
+        holder=claim.holder, cluster=claim.cluster, address=address,
+        expires_at=claim.expires_at)
 
 
 async def check_hosting(store: Store, cluster: str) -> None:

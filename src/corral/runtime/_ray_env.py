@@ -22,21 +22,22 @@ from typing import Any
 from corral._errors import InvalidArgumentError
 from corral.persistence import Store, is_postgres_url, open_store
 
-from ._hosting import HostingKeeper, check_hosting
+from ._hosting import RAY_HOLDER, HostingKeeper, check_hosting
 
 __all__ = ["check_ray_hosting", "env_vars_of", "ray_cluster", "ray_hosting", "with_env_vars"]
 
 
 def ray_cluster() -> tuple[str, str]:
-    """(cluster, holder) of this process's Ray instance: `ray:<gcs address>/<session>`
-    (a session names one start of a Ray instance) and a description for people."""
+    """(cluster, holder) of this process's Ray instance: `ray:<session>` (a session
+    names one start of a Ray instance, the same in every process of it, however each
+    reached its GCS) and a description for people, with the GCS address to join."""
     import ray
 
     ctx = ray.get_runtime_context()
-    address, session = ctx.gcs_address, ctx.get_session_name()
-    return (f"ray:{address}/{session}",
-            f"Ray instance {address} (session {session}); host {socket.gethostname()}, "
-            f"pid {os.getpid()}")
+    session = ctx.get_session_name()
+    return (f"ray:{session}",
+            f"{RAY_HOLDER}{ctx.gcs_address} (session {session}); "
+            f"host {socket.gethostname()}, pid {os.getpid()}")
 
 
 def ray_hosting(store: Store, ttl: float) -> HostingKeeper:
