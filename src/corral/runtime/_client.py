@@ -282,7 +282,9 @@ async def open_runtime(
             of a Ray deployment must reach the same Ray instance (`ray start --head`
             once, then `address="auto"`); a runtime whose Ray instance is another is
             refused with `StoreHostedElsewhereError`, as is a local host (`host=True`)
-            beside a Ray deployment, or a Ray deployment beside local hosts.
+            beside a Ray deployment, or a Ray deployment beside local hosts. The host
+            actors' `corral.*` log records (INFO and above, tracebacks included) reach
+            this process's `logging` under the same logger names, while it is open.
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
         namespace: Ray backend: the deployment's name; clients of one namespace share

@@ -407,7 +407,7 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
         await check_ray_hosting(path, shards, address)
     except BaseException:
         if owns_ray:
-            ray.shutdown()
+            await asyncio.to_thread(ray.shutdown)
         raise
     # Every call reaches the owning actor directly; tailing the journal only picks up what
     # a fenced-out zombie accepted. Polling it every 5 ms costs ~7% of a core per idle
