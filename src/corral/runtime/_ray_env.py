@@ -59,7 +59,10 @@ async def check_ray_hosting(location: str, shards: int, address: str | None) -> 
     Raises:
         StoreHostedElsewhereError: naming the other cluster's host and the fix.
     """
-    if (address or "").startswith("ray://") or not (
+    from ray.util.client import ray as ray_client
+
+    client = ray_client.is_connected()  # type: ignore[no-untyped-call]  # Ray Client
+    if (address or "").startswith("ray://") or client or not (
             is_postgres_url(location) or os.path.exists(location)):  # noqa: ASYNC240 (a stat)
         return
     store = await open_store(location, shards=shards)
