@@ -37,6 +37,7 @@ __all__ = [
     "SnapshotVersionError",
     "StepFailedError",
     "StoreError",
+    "StoreHostedElsewhereError",
     "StoreUnavailableError",
     "UnauthorizedError",
     "UnknownEntityTypeError",
@@ -338,6 +339,33 @@ class IncompatibleBuildError(CorralError):
         self.differences = differences
         self.fingerprint = fingerprint
         self.newest_fingerprint = newest_fingerprint
+
+
+class StoreHostedElsewhereError(CorralError):
+    """`open_runtime` (or a Ray host actor starting) refused to host a store that live
+    hosts of another cluster host already: another Ray instance, or local hosts beside
+    a Ray deployment. Two clusters' hosts would take the same shards' leases from each
+    other (`LeaseLostError`, effects repeated), so the second is refused before it
+    creates an actor or takes a lease; nothing is stored and the running deployment
+    is untouched.
+
+    `holder` describes the other cluster's host (its Ray GCS address and session, or
+    "local host", with host name and pid), `cluster` is its identity (`ray:<session>`
+    or `local`), `address` its Ray GCS address (None for local hosts), `expires_at`
+    (epoch s) when its claim lapses unless renewed (a live host renews it). The message names
+    the fix: join that Ray instance (`address=`/`RAY_ADDRESS`; `ray start --head` once
+    and `address="auto"` in every process), or open the local process with
+    `host=False` (a pure client).
+    """
+
+    def __init__(self, message: str = "", *, holder: str = "", cluster: str = "",
+                 address: str | None = None, expires_at: float = 0.0,
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.holder = holder
+        self.cluster = cluster
+        self.address = address
+        self.expires_at = expires_at
 
 
 class StoreError(CorralError):

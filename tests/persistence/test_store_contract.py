@@ -1246,3 +1246,44 @@ async def test_an_entity_purged_whole_counts_every_run_it_had_as_the_dry_run_doe
     assert await store.purgeable("E", 1e9) == Purged(2, 1)
     assert await store.purge_closed("E", 1e9, limit=10) == Purged(2, 1, 1 + 2 + 4 + 4)
     assert _rows_of(db_path, "k") == {}
+
+
+async def test_a_host_of_another_cluster_is_refused_while_a_claim_lives(
+        db_path: str, store: Store, other: Store) -> None:
+    """Hosting claims (`_hosting`): hosts of one cluster share the store; a claim of
+    another cluster is refused with the live claim, writing nothing; a released or
+    lapsed claim no longer refuses anyone."""
+    assert await store.claim_hosting("a1", "ray:one", "Ray one, pid 1", ttl=600.0) is None
+    assert await other.claim_hosting("a2", "ray:one", "Ray one, pid 2", ttl=600.0) is None
+    rows = "SELECT process, cluster, holder, expires_at FROM hosting ORDER BY process"
+    before = sql(db_path, rows)
+    refused = await other.claim_hosting("b1", "ray:two", "Ray two", ttl=600.0)
+    assert refused is not None
+    assert (refused.cluster, refused.process in {"a1", "a2"}, refused.holder[:7]) == (
+        "ray:one", True, "Ray one")
+    assert await other.claim_hosting("l1", "local", "local", ttl=600.0) is not None
+    assert sql(db_path, rows) == before  # nothing written
+    assert [c.process for c in await other.hosting_claims()] == ["a1", "a2"]
+    await store.release_hosting("a1")
+    await other.release_hosting("a2")
+    assert await other.hosting_claims() == []
+    assert await other.claim_hosting("b1", "ray:two", "Ray two", ttl=0.05) is None
+
+    async def lapsed() -> bool:
+        return await other.hosting_claims() == []
+    await wait_until(lapsed, "b1's claim lapses")
+    assert await store.claim_hosting("l1", "local", "local", ttl=600.0) is None  # lapsed
+
+
+async def test_two_clusters_claiming_at_once_get_one_winner(db_path: str) -> None:
+    """Claims of two clusters racing from separate writers: exactly one cluster holds
+    the store (the claim's check and write are one transaction)."""
+    for round_ in range(5):
+        async with opened(db_path, SHARDS) as a, opened(db_path, SHARDS) as b:
+            results = await asyncio.gather(
+                a.claim_hosting(f"a{round_}", f"ray:a{round_}", "a", ttl=600.0),
+                b.claim_hosting(f"b{round_}", f"ray:b{round_}", "b", ttl=600.0))
+            assert sorted(r is None for r in results) == [False, True]
+            assert len({c.cluster for c in await a.hosting_claims()}) == 1
+            for c in await a.hosting_claims():
+                await a.release_hosting(c.process)

@@ -16,6 +16,7 @@ from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
 from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
+from ._hosting import HostingClaim, HostingRegistry
 from ._open import is_postgres_url, open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
@@ -59,6 +60,8 @@ __all__ = [
     "EntryKind",
     "Fence",
     "HostStore",
+    "HostingClaim",
+    "HostingRegistry",
     "JournalEntry",
     "MessageRecord",
     "OutboxRow",

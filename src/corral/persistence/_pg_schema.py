@@ -57,7 +57,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: (*create("steps", "postgres"), *create("outbox", "postgres")),
     # Retention (`_ops_retention`) finds the runs closed longest ago per type.
     9: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
-    10: (),  # reserved for rayenv
+    # Which cluster hosts the store: one Ray instance, or local hosts (`_hosting`).
+    10: create("hosting", "postgres"),
     # A handler's send carries the message id derived from its cause (`_ops_outbox`).
     11: ("ALTER TABLE outbox ADD COLUMN IF NOT EXISTS message_id text",),
 }

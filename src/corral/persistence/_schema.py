@@ -52,7 +52,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     10: (*create("steps", "sqlite"), *create("outbox", "sqlite")),
     # Retention (`_ops_retention`) finds the runs closed longest ago per type.
     11: ("CREATE INDEX IF NOT EXISTS runs_closed ON runs (etype, closed_at)",),
-    12: (),  # reserved for rayenv
+    # Which cluster hosts the store: one Ray instance, or local hosts (`_hosting`).
+    12: create("hosting", "sqlite"),
     # A handler's send carries the message id derived from its cause (`_ops_outbox`): a
     # rebuild, as the table 10 creates is today's (a store from before 10 has it already).
     13: (table_sql("outbox", "sqlite", as_name="outbox_v13"),

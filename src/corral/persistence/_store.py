@@ -14,6 +14,7 @@ from corral._common import PURGE_ROWS, RunStatus
 
 from ._builds import BuildRegistry
 from ._census import Census
+from ._hosting import HostingRegistry
 from ._ops_outbox import OutboxRow, Send
 from ._ops_retention import Purged
 from ._ops_steps import StepRecord
@@ -363,7 +364,7 @@ class ReadStore(Protocol):
                            limit: int = 100, after: int = 0) -> list[DeadLetter]: ...
 
 
-class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, Protocol):
+class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, HostingRegistry, Protocol):
     """Durable storage for runs, journals, dedupe windows, snapshots and shard leases.
 
     Acceptance (`accept`) is open to any process; the writes a shard host makes while

@@ -19,6 +19,7 @@ from . import _reads as reads
 from ._batch import CommitQueue
 from ._builds import BuildRecord
 from ._census import Census, census
+from ._hosting import ClaimHostingOp, HostingClaim, ReleaseHostingOp, hosting_claims
 from ._ops_accept import AcceptAllOp, AcceptOp
 from ._ops_builds import ForgetProcessOp, RegisterBuildsOp
 from ._ops_dead_letters import DiscardDeadLetterOp, RecordDeadLetterOp, ReplayDeadLetterOp
@@ -326,6 +327,19 @@ class StoreCore:
 
     async def builds(self, etype: str | None = None) -> list[BuildRecord]:
         return await self.query(registry.builds, etype)
+
+    # -- which cluster hosts the store (`_hosting`) ------------------------------------
+
+    async def claim_hosting(self, process: str, cluster: str, holder: str, *,
+                            ttl: float) -> HostingClaim | None:
+        op = ClaimHostingOp(process, cluster, holder, ttl)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def release_hosting(self, process: str) -> None:
+        await self.write(ReleaseHostingOp(process))
+
+    async def hosting_claims(self) -> list[HostingClaim]:
+        return await self.query(hosting_claims)
 
     async def names_in_use(self, etype: str, names: Sequence[str]) -> dict[str, str]:
         return await self.query(registry.names_in_use, etype, tuple(names))

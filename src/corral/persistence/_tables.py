@@ -170,6 +170,11 @@ TABLES = (
         name TEXT NOT NULL, payload TEXT NOT NULL, start TEXT, id_reuse TEXT NOT NULL,
         delivered BOOL NOT NULL, error TEXT, created_at REAL NOT NULL, message_id TEXT,
         PRIMARY KEY (etype, key, run_id, seq)""", ("outbox_pending (shard, delivered)",)),
+    # Which cluster hosts the store (`_hosting`): each host process's claim, renewed
+    # while it lives; hosts of another cluster are refused while one is live.
+    Table("hosting", """
+        process TEXT PRIMARY KEY, cluster TEXT NOT NULL, holder TEXT NOT NULL,
+        expires_at REAL NOT NULL"""),
 )
 _BY_NAME = {table.name: table for table in TABLES}
 

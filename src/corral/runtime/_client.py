@@ -26,6 +26,7 @@ from ._boundary import Authorize, Boundary, Limits, check_after_id, check_limit,
 from ._builds import BuildInfo, BuildRegistration, build_infos, process_id
 from ._clock import Clock, SystemClock
 from ._host import LocalHost
+from ._hosting import LOCAL, HostingKeeper, local_holder
 from ._ops import DeadLetters, Entities, SignalWaits, TakeCensus
 from ._ref import EntityRef
 from ._results import Ack, EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
@@ -271,6 +272,7 @@ async def open_runtime(
     address: str | None = None,
     namespace: str = "corral",
     ray_options: Mapping[str, Any] | None = None,
+    env_vars: Mapping[str, str] | None = None,
     clock: Clock | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
@@ -295,13 +297,26 @@ async def open_runtime(
             initialized, and shut down on close
             only if started here. The shard actors tail the journal at most every
             50 ms (calls reach them directly; tailing only catches what a fenced-out
-            predecessor accepted).
+            predecessor accepted). One store is hosted by one cluster: every process
+            of a Ray deployment must reach the same Ray instance (`ray start --head`
+            once, then `address="auto"`); a runtime whose Ray instance is another is
+            refused with `StoreHostedElsewhereError`, as is a local host (`host=True`)
+            beside a Ray deployment, or a Ray deployment beside local hosts. The host
+            actors' `corral.*` log records (INFO and above, tracebacks included) reach
+            this process's `logging` under the same logger names, while it is open.
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
         namespace: Ray backend: the deployment's name; clients of one namespace share
             its shard actors.
         ray_options: Ray backend: extra Ray actor options for the shard actors, such as
             `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
+        env_vars: Ray backend: environment variables of every actor this runtime
+            creates (shared and dedicated; the Ray tasks of their steps inherit them),
+            merged into `runtime_env["env_vars"]` of `ray_options`. None are forwarded
+            by default: the actors do not see this process's `os.environ`. Names and
+            values are str (no NUL, no "=" in a name). Actors already running keep the
+            environment they were created with (`stop_ray_hosts`, or a roll with the
+            same `runtime_env` in its `actor_options`, changes it).
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 
@@ -312,6 +327,9 @@ async def open_runtime(
         IncompatibleBuildError: local backend: this process's build of an entity type
             cannot run beside the newest one registered in the store (see `_builds`);
             nothing was registered or hosted.
+        StoreHostedElsewhereError: hosts of another cluster (another Ray instance, or
+            local hosts beside a Ray deployment, or the reverse) hold the store; the
+            message names them and the fix. Nothing was stored; they keep working.
 
     Example:
         async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
@@ -324,6 +342,7 @@ async def open_runtime(
             raise InvalidArgumentError(f"two entity types are named {definition.name!r}")
     if backend == "ray":
         from ._ray import connect_ray  # imports Ray only when asked for
+        from ._ray_logs import LogFollower
 
         if clock is not None:
             raise InvalidArgumentError("a clock is for the local backend (corral.testing)")
@@ -332,15 +351,22 @@ async def open_runtime(
                                        "(each shard actor opens it), not a Store object")
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
-            lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options)
+            lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,
+            env_vars=env_vars)
+        follower = LogFollower(namespace)  # the host actors' logs, on this process's
+        follower.start()
         try:
             yield Runtime(ray_backend, placement,
                           Boundary(definitions, limits or Limits(), authorize))
         finally:
+            await follower.close()
             await ray_backend.close()
         return
     if backend != "local":
         raise InvalidArgumentError(f"backend must be 'local' or 'ray', got {backend!r}")
+    if env_vars is not None:
+        raise InvalidArgumentError("env_vars is for the Ray backend's actors; a local "
+                                   "host runs in this process, with its environment")
     router = Router(shards)
     clock = clock or SystemClock()
     owned_store = isinstance(store, str)
@@ -349,8 +375,12 @@ async def open_runtime(
     local: LocalHost | None = None
     local_backend: LocalBackend | None = None
     registration: BuildRegistration | None = None
+    hosting: HostingKeeper | None = None
     try:
-        if host:
+        if host:  # the store's claim for local hosts first: refused beside a Ray deployment
+            hosting = HostingKeeper(the_store, cluster=LOCAL, holder=local_holder(),
+                                    ttl=2 * lease_ttl)
+            await hosting.open()
             local = LocalHost(the_store, router, definitions, lease_ttl=lease_ttl,
                               poll_interval=poll_interval, clock=clock)
         registration = BuildRegistration(  # refused here, before anything is hosted
@@ -372,5 +402,7 @@ async def open_runtime(
             await local.close()
         if local_backend is not None:
             await local_backend.close()
+        if hosting is not None:
+            await hosting.close()
         if owned_store:
             await the_store.close()

@@ -51,6 +51,7 @@ from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postg
 from ._ops import AcceptBatch, Request, SignalBatch, WaitUpdate
 from ._ray_deploy import stop_ray_hosts as stop_hosts
 from ._ray_directory import host_of
+from ._ray_env import check_ray_hosting, env_vars_of, with_env_vars
 from ._ray_host import (
     PlacementRouter,
     RayHostSpec,
@@ -114,8 +115,9 @@ class RayBackend:
         # Calls waiting for an update's outcome park in the actor (up to WAIT_SLICE):
         # room for many, so they never hold up accepts behind them.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
-        if self.router.is_dedicated(index):
-            options.update(self._definitions[etype].ray_options)
+        if self.router.is_dedicated(index):  # with the deployment's env_vars
+            options.update(with_env_vars(self._definitions[etype].ray_options,
+                                         env_vars_of(self._actor_options)))
         else:
             options.update(self._actor_options)
         options.update(
@@ -220,6 +222,7 @@ class RayBackend:
                 self._forget(index, handle)
                 self.retries["unavailable"] += 1
                 if getattr(err, "_actor_init_failed", False):
+                    await check_ray_hosting(self.spec.store, self.spec.shards, None)
                     init_failures += 1
                     if init_failures >= 3:
                         hint = (" (the Ray workers cannot import an entity module: ship "
@@ -383,7 +386,8 @@ class RayBackend:
 
 async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *, shards: int,
                       address: str | None, namespace: str, lease_ttl: float,
-                      poll_interval: float, actor_options: Mapping[str, Any] | None
+                      poll_interval: float, actor_options: Mapping[str, Any] | None,
+                      env_vars: Mapping[str, str] | None = None
                       ) -> tuple[RayBackend, PlacementRouter]:
     """Connect to (or start) Ray and build the client of the deployment `namespace`."""
     if is_postgres_url(store):
@@ -396,10 +400,17 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
                 "the Ray backend needs a store every shard actor can open (a PostgreSQL "
                 "URL, or a file on this machine), not an in-memory store")
         path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
+    actor_options = with_env_vars(actor_options or {}, env_vars)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         with keeping_sigterm():  # a server's SIGTERM handler stays (`_ray_signals`)
             ray.init(address=address, namespace=namespace, log_to_driver=False)
+    try:  # before any actor is created: refused if another cluster hosts the store
+        await check_ray_hosting(path, shards, address)
+    except BaseException:
+        if owns_ray:
+            await asyncio.to_thread(ray.shutdown)
+        raise
     # Every call reaches the owning actor directly; tailing the journal only picks up what
     # a fenced-out zombie accepted. Polling it every 5 ms costs ~7% of a core per idle
     # shard actor (measured), so the actors poll at most every 50 ms.

@@ -52,6 +52,8 @@ from ._builds import BuildRegistration, refused_client, refused_successor
 from ._host import LocalHost
 from ._ops import AcceptBatch, Query, Request, WaitUpdate
 from ._ray_directory import host_of
+from ._ray_env import ray_hosting
+from ._ray_logs import ship_logs
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
@@ -194,12 +196,16 @@ class ShardHost:
         self._open = asyncio.Event()  # cleared while deciding to exit: calls wait
         self._open.set()
         self._exit_task: asyncio.Task[None] | None = None
+        ship_logs(spec.namespace, self.name)  # this process's corral.* records: to drivers
         gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
         self.store: Store = await open_store(spec.store, shards=spec.shards)
-        try:
+        self.hosting = ray_hosting(self.store, 2 * spec.lease_ttl)
+        try:  # this Ray instance's claim on the store first: refused if another's holds it
+            await self.hosting.open()
             self.host = await self._start_host(heir)
             self.taken_at = time.time()
         except BaseException:
+            await self.hosting.close()
             await self.store.close()
             raise
         self.backend = LocalBackend(self.store, self.definitions, self.host,
@@ -385,6 +391,7 @@ class ShardHost:
                      self.index), grace)
             await self.registration.close()
             await self.host.close()
+            await self.hosting.close()
             await self.store.close()
             # Calls waiting in _serving die with the actor; their clients retry on a new one.
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
@@ -502,6 +509,7 @@ class ShardHost:
         await self.registration.close()  # out of the registry first, as a local host
         with contextlib.suppress(Exception):
             await self.host.close()
+        await self.hosting.close()
         await self.store.close()
 
 
