@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from pathlib import Path
 
 import yaml
@@ -121,10 +122,14 @@ async def test_corral_metrics_for_a_ray_deployment_without_a_ray_cluster_says_so
     store = str(tmp_path / "s.db")
     async with corral.open_runtime(store, entities=[Ledger]):
         pass  # a store the application created
+    with socket.socket() as free:  # a port nothing listens on (a Ray of this test
+        free.bind(("127.0.0.1", 0))  # session may run: "auto" would find it)
+        nobody = f"127.0.0.1:{free.getsockname()[1]}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_TMPDIR=str(tmp_path), RAY_AUTH_MODE="disabled")  # no cluster there
+    env.update(RAY_AUTH_MODE="disabled")
     proc = await asyncio.create_subprocess_exec(
         str(CORRAL), "metrics", "--store", store, "--namespace", "helpdesk", "--port", "0",
+        "--address", nobody,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     out, err = await asyncio.wait_for(proc.communicate(), 90)
     assert proc.returncode == 1, (out, err)

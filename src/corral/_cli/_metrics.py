@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from typing import Annotated
 
 import typer
@@ -71,12 +72,27 @@ async def _serve(location: str, host: str, port: int, namespace: str | None,
         await store.close()
 
 
+def _reachable(address: str | None) -> None:
+    """A `host:port` with nothing listening fails at once (`ray.init` would retry for
+    minutes); "auto", `ray://` and the environment's address are left to Ray."""
+    if not address or address == "auto" or "://" in address:
+        return
+    where, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((where.strip("[]"), int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConnectionError(f"no Ray cluster answers at {address}: {err}") from None
+
+
 def _ray_hosts(namespace: str, address: str | None) -> HostSeries:
     """Join the Ray cluster (a driver of its own); what pulls `namespace`'s host actors."""
     import ray  # only with --namespace: the other commands never import Ray
 
     from corral.runtime._ray_metrics import pull_hosts
 
+    _reachable(address)
     # On the main thread, before the handlers below: SIGTERM stays this command's.
     ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
     return lambda: pull_hosts(namespace)
