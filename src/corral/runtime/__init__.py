@@ -46,7 +46,15 @@ from ._boundary import Authorize, AuthRequest, Limits
 from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
 from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
-from ._ray_deploy import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
+from ._ray_deploy import (
+    DrainReport,
+    RollReport,
+    RollStep,
+    drain_node,
+    roll_ray_hosts,
+    stop_ray_hosts,
+    undrain_node,
+)
 from ._ref import EntityRef
 from ._results import (
     Ack,
@@ -68,6 +76,7 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "DeliveryStatus",
+    "DrainReport",
     "EntityDescription",
     "EntityHistory",
     "EntityRef",
@@ -84,7 +93,9 @@ __all__ = [
     "SignalWaitInfo",
     "TimerInfo",
     "WaitSummary",
+    "drain_node",
     "open_runtime",
     "roll_ray_hosts",
     "stop_ray_hosts",
+    "undrain_node",
 ]

@@ -252,6 +252,7 @@ async def open_runtime(
     address: str | None = None,
     namespace: str = "corral",
     ray_options: Mapping[str, Any] | None = None,
+    hosts: int | Mapping[str, int] | None = None,
     clock: Clock | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
@@ -268,21 +269,26 @@ async def open_runtime(
         limits: input limits (payload bytes, key length and pattern).
         lease_ttl: seconds a dead host keeps its shards before others take them.
         poll_interval: how often a host checks for messages other processes accepted.
-        backend: `"local"` (this process hosts) or `"ray"`: every shard is a named,
-            detached Ray actor (`corral/<namespace>/shard-<k>`) hosting it, created on
-            first use; `host` is then ignored and `store` must be a PostgreSQL URL or a
-            file path that every shard actor can open (so one machine). Ray is started
+        backend: `"local"` (this process hosts) or `"ray"`: the shards are held by a few
+            named, detached Ray host actors (by default one per node), which the
+            deployment's placer (`corral/<namespace>/placer`) starts on first use and
+            moves shards between as nodes join and leave; `host` is then ignored and
+            `store` must be a PostgreSQL URL or a file path that every host actor can
+            open (so one machine). Ray is started
             (`ray.init(address=address, namespace=namespace)`) unless already
-            initialized, and shut down on close
-            only if started here. The shard actors tail the journal at most every
-            50 ms (calls reach them directly; tailing only catches what a fenced-out
-            predecessor accepted).
+            initialized, and shut down on close only if started here. The host actors
+            tail the journal at most every 50 ms (calls reach them directly; tailing
+            only catches what a fenced-out predecessor accepted).
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
         namespace: Ray backend: the deployment's name; clients of one namespace share
             its shard actors.
-        ray_options: Ray backend: extra Ray actor options for the shard actors, such as
+        ray_options: Ray backend: extra Ray actor options for the host actors, such as
             `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
+        hosts: Ray backend: how many host actors hold the shards: an int (the total,
+            spread over the alive nodes) or {node id: count} (other nodes: one);
+            default one per alive node. Taken by the placer when this client starts
+            it (the first client of a deployment).
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 
@@ -313,7 +319,8 @@ async def open_runtime(
                                        "(each shard actor opens it), not a Store object")
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
-            lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options)
+            lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,
+            hosts=hosts)
         try:
             yield Runtime(ray_backend, placement,
                           Boundary(definitions, limits or Limits(), authorize))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import time
@@ -58,6 +59,7 @@ from ._ray_host import (
     host_fingerprint,
     shard_actor_class,
 )
+from ._ray_placer import placer_handle
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -80,7 +82,9 @@ class RayBackend:
         spec: the deployment (store path, shard count, namespace, lease settings).
         definitions: the entity types this client addresses.
         router: routing with placement (dedicated entities get their own actor).
-        actor_options: extra Ray options for shared shard actors (e.g. `runtime_env`).
+        actor_options: extra Ray options for the host actors (e.g. `runtime_env`).
+        hosts: host actors wanted (see `_ray_placer`): a total, or {node id: count};
+            default one per node. Used by the placer this client creates, if any.
         retry_timeout: how long to keep retrying a call whose actor is unavailable.
         owns_ray: whether `close()` shuts Ray down (this client started it).
     """
@@ -90,12 +94,14 @@ class RayBackend:
 
     def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
                  router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
+                 hosts: int | Mapping[str, int] | None = None,
                  retry_timeout: float = 120.0, owns_ray: bool = False) -> None:
         self.spec = spec
         self.router = router
         self._definitions = definitions
         self._entities = [d.cls for d in definitions.values()]
         self._actor_options = dict(actor_options or {})
+        self._hosts = hosts
         self._retry_timeout = retry_timeout
         self._owns_ray = owns_ray
         self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
@@ -110,13 +116,11 @@ class RayBackend:
     # -- actors ------------------------------------------------------------------------
 
     def _options(self, index: int, etype: str, name: str) -> dict[str, Any]:
+        """A dedicated actor's options (the placer makes the host actors)."""
         # Calls waiting for an update's outcome park in the actor (up to WAIT_SLICE):
         # room for many, so they never hold up accepts behind them.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
-        if self.router.is_dedicated(index):
-            options.update(self._definitions[etype].ray_options)
-        else:
-            options.update(self._actor_options)
+        options.update(self._definitions[etype].ray_options)
         options.update(
             name=name, namespace=self.spec.namespace,
             get_if_exists=True, lifetime="detached", max_restarts=-1, max_task_retries=-1,
@@ -124,17 +128,29 @@ class RayBackend:
         return options
 
     def _create(self, index: int, etype: str) -> Any:
-        """Get or create the actor hosting shard `index`, by the name the directory
-        gives (`_ray_directory`: a rolled shard's actor has a build-qualified name)."""
-        name = actor_name(self.spec, index)
+        """The actor hosting shard `index`: a dedicated entity's own (got or created by
+        name), or the host actor the directory names (`_ray_directory`); a shard not
+        placed yet, or placed on an actor that is gone, is placed by the deployment's
+        placer (`_ray_placer`, got or created here) first. Blocking (GCS calls)."""
         if self.router.is_dedicated(index):
-            entities = [self._definitions[etype].cls]
-        else:
-            entities = self._entities
-            name = host_of(self.spec.namespace, index, name)
-        return shard_actor_class().options(**self._options(index, etype, name)).remote(
-            self.spec, entities, index, name)
-
+            name = actor_name(self.spec, index)
+            return shard_actor_class().options(**self._options(index, etype, name)).remote(
+                self.spec, [self._definitions[etype].cls], index, name)
+        deadline = time.monotonic() + self._retry_timeout
+        while True:
+            name = host_of(self.spec.namespace, index, "")
+            if name:
+                with contextlib.suppress(ValueError):
+                    return ray.get_actor(name, namespace=self.spec.namespace)
+            if time.monotonic() > deadline:
+                raise CorralError(f"no host actor of the Ray deployment "
+                                  f"{self.spec.namespace!r} took shard {index} within "
+                                  f"{self._retry_timeout:.0f} s (see the placer's log)")
+            placer = placer_handle(self.spec, self._entities, self._actor_options,
+                                   self._hosts)
+            ray.get(placer.place.remote(), timeout=self._retry_timeout)
+            if host_of(self.spec.namespace, index, "") == name:
+                time.sleep(0.1)  # named, but not (yet, or any more) a live actor
     async def _handle(self, index: int, etype: str) -> Any:
         handle = self._handles.get(index)
         if handle is not None:
@@ -201,7 +217,7 @@ class RayBackend:
                     await handle.register.remote(self._entities)  # list this type: teach it
                     continue
                 if isinstance(cause, ShardMovedError) and moves < _MAX_MOVES:
-                    moves += 1  # a roll moved the shard: the next handle is its new actor's
+                    moves += 1  # the shard moved: the next handle is its new actor's
                     self.retries["moved"] += 1
                     self._forget(index, handle)
                     continue
@@ -382,7 +398,8 @@ class RayBackend:
 
 async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *, shards: int,
                       address: str | None, namespace: str, lease_ttl: float,
-                      poll_interval: float, actor_options: Mapping[str, Any] | None
+                      poll_interval: float, actor_options: Mapping[str, Any] | None,
+                      hosts: int | Mapping[str, int] | None = None,
                       ) -> tuple[RayBackend, PlacementRouter]:
     """Connect to (or start) Ray and build the client of the deployment `namespace`."""
     if is_postgres_url(store):
@@ -404,5 +421,5 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     spec = RayHostSpec(path, shards, namespace, lease_ttl, max(poll_interval, _MIN_POLL))
     router = PlacementRouter(shards, definitions)
     backend = RayBackend(spec, definitions, router, actor_options=actor_options,
-                         owns_ray=owns_ray)
+                         hosts=hosts, owns_ray=owns_ray)
     return backend, router
