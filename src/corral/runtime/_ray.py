@@ -58,6 +58,7 @@ from ._ray_host import (
     actor_name,
     host_fingerprint,
     shard_actor_class,
+    start_failure_hint,
 )
 from ._ray_placer import placer_handle
 
@@ -146,11 +147,23 @@ class RayBackend:
                 raise CorralError(f"no host actor of the Ray deployment "
                                   f"{self.spec.namespace!r} took shard {index} within "
                                   f"{self._retry_timeout:.0f} s (see the placer's log)")
-            placer = placer_handle(self.spec, self._entities, self._actor_options,
-                                   self._hosts)
-            ray.get(placer.place.remote(), timeout=self._retry_timeout)
+            self._place()
             if host_of(self.spec.namespace, index, "") == name:
                 time.sleep(0.1)  # named, but not (yet, or any more) a live actor
+    def _place(self) -> None:
+        """Ask the placer (got or created) to place every shard. Blocking."""
+        placer = placer_handle(self.spec, self._entities, self._actor_options, self._hosts)
+        try:
+            ray.get(placer.place.remote(), timeout=self._retry_timeout)
+        except rex.RayTaskError as err:
+            if isinstance(err.cause, CorralError):
+                raise err.cause from None
+            raise
+        except rex.RayActorError as err:
+            hint = start_failure_hint(err)
+            raise CorralError(f"the placer of {self.spec.namespace!r} failed to start"
+                              f"{hint}: {err}") from err
+
     async def _handle(self, index: int, etype: str) -> Any:
         handle = self._handles.get(index)
         if handle is not None:
@@ -237,9 +250,7 @@ class RayBackend:
                 if getattr(err, "_actor_init_failed", False):
                     init_failures += 1
                     if init_failures >= 3:
-                        hint = (" (the Ray workers cannot import an entity module: ship "
-                                "it as an installed package or with a runtime_env)"
-                                if "No module named" in str(err) else "")
+                        hint = start_failure_hint(err)
                         raise CorralError(f"{actor_name(self.spec, index)} failed to "
                                           f"start{hint}: {err}") from err
                 if time.monotonic() + delay > deadline:

@@ -60,7 +60,7 @@ from ._ray_directory import assignment, host_of
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
-           "shard_actor_class"]
+           "shard_actor_class", "start_failure_hint"]
 
 log = logging.getLogger("corral.ray")
 
@@ -154,6 +154,14 @@ def actor_name(spec: RayHostSpec, index: int) -> str:
     if index < spec.shards:
         return f"corral/{spec.namespace}/shard-{index}"
     return f"corral/{spec.namespace}/dedicated-{index - spec.shards:016x}"
+
+
+def start_failure_hint(err: BaseException) -> str:
+    """What to add to the error of an actor that failed to start, if the cause is known."""
+    if "No module named" in str(err):
+        return (" (the Ray workers cannot import an entity module: ship it as an "
+                "installed package or with a runtime_env)")
+    return ""
 
 
 def register(definitions: dict[str, EntityDefinition],

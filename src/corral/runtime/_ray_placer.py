@@ -52,10 +52,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from corral._errors import CorralError
 from corral.actors import Entity, EntityDefinition
 
 from ._ray_directory import assignment, drained_nodes, set_drained, set_host
-from ._ray_host import RayHostSpec, shard_actor_class
+from ._ray_host import RayHostSpec, shard_actor_class, start_failure_hint
 
 __all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name", "placer_handle"]
 
@@ -142,6 +143,7 @@ class Placer:
         self.hosts = hosts
         self._lock = asyncio.Lock()  # one round (one set of moves) at a time
         self._held_until = 0.0  # a roll drives the rounds itself until then (monotonic)
+        self._failed: CorralError | None = None  # why the last round's first move failed
         await self._adopt_build()
         self._loop_task = asyncio.create_task(self._loop(), name="corral-placer")
 
@@ -166,7 +168,10 @@ class Placer:
         """Place every unplaced shard now (a client found one); the directory."""
         async with self._lock:
             await self._round(limit=0)
-        return await asyncio.to_thread(assignment, self.spec.namespace)
+        directory = await asyncio.to_thread(assignment, self.spec.namespace)
+        if len(directory) < self.spec.shards and self._failed is not None:
+            raise self._failed  # a host could not start: the client reports it
+        return directory
 
     async def drain(self, node_id: str) -> tuple[list[RollStep], list[str]]:
         """Move every shard off `node_id`'s hosts, stop them, and place nothing there
@@ -344,6 +349,8 @@ class Placer:
                                       for (to, force), shards in groups.items()),
                                     return_exceptions=True)
         steps: list[RollStep] = []
+        self._failed = next((CorralError(str(e)) for e in done
+                             if isinstance(e, BaseException)), None)
         for outcome in done:
             if isinstance(outcome, BaseException):
                 log.warning("placer %s: a move failed (the next round tries again): %r",
@@ -361,8 +368,13 @@ class Placer:
         receiver = self._handle(to)
         if receiver is None:
             raise RuntimeError(f"{to} is not running")
-        epochs, taken_at = await asyncio.wait_for(  # a host that cannot start: next round
-            receiver.take.remote(shards, force=force), timeout=max(60.0, 4 * self.spec.lease_ttl))
+        try:
+            epochs, taken_at = await asyncio.wait_for(  # one that cannot start: next round
+                receiver.take.remote(shards, force=force),
+                timeout=max(60.0, 4 * self.spec.lease_ttl))
+        except ray.exceptions.RayActorError as err:
+            hint = start_failure_hint(err)
+            raise CorralError(f"{to} failed to start{hint}: {err}") from err
         steps = []
         for shard in sorted(epochs):
             await asyncio.to_thread(set_host, self.spec.namespace, shard, to)
