@@ -125,10 +125,12 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
 
 
 def on_cluster(temp: str, namespace: str,
-               work: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
-    """`work(cluster)` on a fresh `Cluster` (a head with the resource `head`, two
+               work: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]],
+               workers: int = 2) -> dict[str, Any]:
+    """`work(cluster)` on a fresh `Cluster` (a head with the resource `head`, `workers`
     workers with `corral`, fast health checks) with this driver connected; its report,
-    with `cluster_start_s`. Also the driver of `ray_roll_cluster.py`."""
+    with `cluster_start_s`. Also the driver of `ray_roll_cluster.py` and
+    `ray_placement_cluster.py`."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -141,10 +143,11 @@ def on_cluster(temp: str, namespace: str,
                            "health_check_initial_delay_ms": 0},
     })
     try:
-        for _ in range(2):
+        for _ in range(workers):
             cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, namespace=namespace, runtime_env=RUNTIME_ENV,
+        port = cluster.address.rsplit(":", 1)[1]  # its GCS listens on loopback only
+        ray.init(address=f"127.0.0.1:{port}", namespace=namespace, runtime_env=RUNTIME_ENV,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
         up = time.monotonic() - started
         try:

@@ -287,8 +287,9 @@ async def open_runtime(
             `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
         hosts: Ray backend: how many host actors hold the shards: an int (the total,
             spread over the alive nodes) or {node id: count} (other nodes: one);
-            default one per alive node. Taken by the placer when this client starts
-            it (the first client of a deployment).
+            default one per alive node. Given, it replaces the deployment's setting
+            when this client connects (the placer starts or stops hosts and evens
+            the shards out over them, a few moves per second).
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 

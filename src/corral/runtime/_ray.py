@@ -147,14 +147,15 @@ class RayBackend:
                 raise CorralError(f"no host actor of the Ray deployment "
                                   f"{self.spec.namespace!r} took shard {index} within "
                                   f"{self._retry_timeout:.0f} s (see the placer's log)")
-            self._place()
+            self.place()
             if host_of(self.spec.namespace, index, "") == name:
                 time.sleep(0.1)  # named, but not (yet, or any more) a live actor
-    def _place(self) -> None:
-        """Ask the placer (got or created) to place every shard. Blocking."""
+    def place(self) -> None:
+        """Ask the placer (got or created) to place every shard, with this client's
+        `hosts` if given. Blocking."""
         placer = placer_handle(self.spec, self._entities, self._actor_options, self._hosts)
         try:
-            ray.get(placer.place.remote(), timeout=self._retry_timeout)
+            ray.get(placer.place.remote(self._hosts), timeout=self._retry_timeout)
         except rex.RayTaskError as err:
             if isinstance(err.cause, CorralError):
                 raise err.cause from None
@@ -433,4 +434,6 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     router = PlacementRouter(shards, definitions)
     backend = RayBackend(spec, definitions, router, actor_options=actor_options,
                          hosts=hosts, owns_ray=owns_ray)
+    if hosts is not None:  # the deployment's placer takes an explicit setting at once
+        await asyncio.to_thread(backend.place)
     return backend, router

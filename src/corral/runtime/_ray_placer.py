@@ -164,8 +164,12 @@ class Placer:
 
     # -- what clients, `drain_node` and `roll_ray_hosts` call ----------------------------
 
-    async def place(self) -> dict[int, str]:
-        """Place every unplaced shard now (a client found one); the directory."""
+    async def place(self, hosts: int | Mapping[str, int] | None = None) -> dict[int, str]:
+        """Place every unplaced shard now (a client found one); the directory. `hosts`:
+        a client's explicit setting, which replaces the placer's (the next rounds
+        start or stop hosts and even the shards out over them)."""
+        if hosts is not None:
+            self.hosts = hosts
         async with self._lock:
             await self._round(limit=0)
         directory = await asyncio.to_thread(assignment, self.spec.namespace)
@@ -307,16 +311,27 @@ class Placer:
         return steps, stopped
 
     def _observe(self) -> tuple[set[str], dict[int, str], set[str], set[str]]:
-        """(alive node ids, the directory, drained node ids, host actors named): the
-        GCS reads of one round, blocking."""
+        """(ids of the alive nodes that can run a host, the directory, drained node ids,
+        host actors named): the GCS reads of one round, blocking. A node that lacks a
+        resource the hosts ask for (`ray_options`) gets no host: it counts as gone."""
         import ray
 
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # type: ignore[no-untyped-call]
+        needs = self._needs()
+        alive = {n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
+                 if n["Alive"] and all(n["Resources"].get(r, 0) >= q for r, q in needs.items())}
         prefix = f"corral/{self.spec.namespace}/host-"
         named = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                  if a["namespace"] == self.spec.namespace and a["name"].startswith(prefix)}
         return (alive, assignment(self.spec.namespace), drained_nodes(self.spec.namespace),
                 named)
+
+    def _needs(self) -> dict[str, float]:
+        """The resources one host actor asks for (from the hosts' `ray_options`)."""
+        needs = dict(self.actor_options.get("resources") or {})
+        for option, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+            if self.actor_options.get(option):
+                needs[resource] = float(self.actor_options[option])
+        return needs
 
     def _start(self, name: str, node_id: str) -> Any:
         """Get or create host actor `name`, pinned to `node_id`."""
