@@ -280,7 +280,7 @@ def serve(port: int, addr: str = "127.0.0.1") -> int:
 
 def export_to_ray() -> None:
     """Mirror every counter and histogram into `ray.util.metrics` from now on (a Ray
-    shard actor calls this; the gauges stay in `REGISTRY`)."""
+    host actor calls this; the gauges stay in `REGISTRY`)."""
     if _ray:
         return
     from ray.util import metrics as ray_metrics  # only inside Ray processes

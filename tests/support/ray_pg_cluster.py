@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import corral
-from ray_workers import ENTITIES, RUNTIME_ENV, Counter, Item, Seen, Start
+from ray_workers import ENTITIES, RUNTIME_ENV, Counter, Item, Seen, Start, host_info
 
 SHARDS, KEYS, SENDERS, TASKS = 4, 16, 8, 2
 NAMESPACE = "pg-cluster"
@@ -63,9 +63,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
             await rt.ref(Counter, key).signal_with_start(
                 Counter.add, Item(id=f"{key}-first"), start=Start(tenant="t"),
                 message_id=f"{key}-first")
-        actors = {i: await rt.backend.actor("Counter", next(  # type: ignore[attr-defined]
-            k for k in keys if rt.router.shard_of("Counter", k) == i)) for i in range(SHARDS)}
-        placed = {i: await a.info.remote() for i, a in actors.items()}
+        placed: dict[int, Any] = {i: await host_info(NAMESPACE, i) for i in range(SHARDS)}
         victim = next(n for n in cluster.worker_nodes if n.node_id == placed[0]["node_id"])
         acked: list[tuple[str, str, float]] = [(k, f"{k}-first", 0.0) for k in keys]
         errors: list[str] = []
@@ -97,7 +95,8 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
                 await asyncio.sleep(0.01)
             removed_at.append(time.monotonic())
             await asyncio.to_thread(cluster.remove_node, victim, False)
-            while (await actors[0].info.remote())["node_id"] == placed[0]["node_id"]:
+            while (now := await host_info(NAMESPACE, 0)) is None or \
+                    now["node_id"] == placed[0]["node_id"]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("shard 0 never came back on another node")
                 await asyncio.sleep(0.02)
@@ -105,7 +104,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
 
         await asyncio.gather(remover(), *(sender(s) for s in range(SENDERS)))
         from_tasks = [ack for acks in await asyncio.to_thread(ray.get, tasks) for ack in acks]
-        after = {i: await a.info.remote() for i, a in actors.items()}
+        after = {i: await host_info(NAMESPACE, i) for i in range(SHARDS)}
         applied: dict[str, list[str]] = {}
         described = []
         for key in keys:
@@ -146,8 +145,7 @@ def on_cluster(temp: str, namespace: str,
         for _ in range(workers):
             cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
-        port = cluster.address.rsplit(":", 1)[1]  # its GCS listens on loopback only
-        ray.init(address=f"127.0.0.1:{port}", namespace=namespace, runtime_env=RUNTIME_ENV,
+        ray.init(address=cluster.address, namespace=namespace, runtime_env=RUNTIME_ENV,
                  _node_ip_address="127.0.0.1", log_to_driver=False)
         up = time.monotonic() - started
         try:

@@ -70,7 +70,10 @@ _MAX_BATCH = 512
 """Accepts per actor call; bigger batches are split (the pieces still share commits)."""
 _MAX_HANDLES = 4096
 """Actor handles kept per client (dedicated entities each have their own)."""
-_RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError)
+_RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError,
+              rex.ActorUnschedulableError)
+"""An actor gone or going (a host pinned to a node that is gone is unschedulable: the
+placer moves its shards, and the next handle is the new host's)."""
 _MAX_MOVES = 8
 """Re-routes of one call after `ShardMovedError` (a roll moves a shard once)."""
 _MIN_POLL = 0.05

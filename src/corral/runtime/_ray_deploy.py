@@ -247,7 +247,7 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
              if a["namespace"] == namespace and a["name"].startswith(prefix)]
     placer = _actor(placer_name(namespace), namespace)
     if placer is not None:  # first: it would start hosts again
-        with contextlib.suppress(rex.RayActorError, rex.GetTimeoutError, rex.RayTaskError):
+        with contextlib.suppress(rex.RayError):
             ray.get(placer.shutdown.remote(), timeout=timeout)
         ray.kill(placer, no_restart=True)
     refs: list[Any] = []
@@ -257,7 +257,7 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
         except ValueError:  # gone meanwhile
             continue
     for ref in refs:  # a dead or hung one is killed below all the same
-        with contextlib.suppress(rex.RayActorError, rex.GetTimeoutError, rex.RayTaskError):
+        with contextlib.suppress(rex.RayError):
             ray.get(ref, timeout=timeout)
     for name in names:
         try:

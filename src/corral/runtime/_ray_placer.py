@@ -432,7 +432,7 @@ async def stop_actor(handle: Any, timeout: float) -> None:
     import ray
     from ray import exceptions as rex
 
-    with contextlib.suppress(rex.RayActorError, rex.RayTaskError, asyncio.TimeoutError):
+    with contextlib.suppress(rex.RayError, asyncio.TimeoutError):  # gone, or hung: killed
         await asyncio.wait_for(handle.shutdown.remote(), timeout)
     with contextlib.suppress(ValueError):
         ray.kill(handle, no_restart=True)
