@@ -191,6 +191,8 @@ async def scenario(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
             applied[key] = seen.items
             d = await rt.ref(Counter, key).describe()
             settled = settled and d.applied_seq == d.accepted_seq
+        placer = ray.get_actor(f"corral/{NAMESPACE}/placer", namespace=NAMESPACE)
+        report["moves"] = (await placer.state.remote())["moves"]
         report.update(acked=[list(a) for a in acked] + from_tasks, errors=errors,
                       applied=applied, settled=settled,
                       retries=dict(rt.backend.retries))  # type: ignore[attr-defined]

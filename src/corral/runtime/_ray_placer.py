@@ -44,7 +44,9 @@ mover's take is then fenced out and the next round moves the shard again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
@@ -144,6 +146,8 @@ class Placer:
         self._lock = asyncio.Lock()  # one round (one set of moves) at a time
         self._held_until = 0.0  # a roll drives the rounds itself until then (monotonic)
         self._failed: CorralError | None = None  # why the last round's first move failed
+        self.moves: collections.deque[RollStep] = collections.deque(maxlen=1024)
+        """The latest moves, oldest first (for operators and benchmarks)."""
         await self._adopt_build()
         self._loop_task = asyncio.create_task(self._loop(), name="corral-placer")
 
@@ -216,9 +220,11 @@ class Placer:
         return steps, stopped
 
     async def state(self) -> dict[str, Any]:
-        """The assignment and the settings (for operators, tests and benchmarks)."""
+        """The assignment, the settings and the latest moves (for operators, tests and
+        benchmarks)."""
         directory = await asyncio.to_thread(assignment, self.spec.namespace)
         return {"directory": directory, "tag": self.tag, "hosts": self.hosts,
+                "moves": [dataclasses.asdict(step) for step in self.moves],
                 "drained": sorted(await asyncio.to_thread(drained_nodes,
                                                           self.spec.namespace))}
 
@@ -304,6 +310,7 @@ class Placer:
             if name not in named:
                 self._start(name, node_ids[_node_of(name)])
         steps = await self._moves(plan, directory)
+        self.moves.extend(steps)
         stopped = await self._sweep(set(wanted), named, alive, steps)
         if steps:
             log.info("placer %s: moved %d shards: %s", self.spec.namespace, len(steps),
