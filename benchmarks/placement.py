@@ -53,7 +53,7 @@ from typing import Any
 
 import psutil
 import ray
-from pydantic import BaseModel
+from _roll_release1 import Item, Start, Tally  # importable by the host actors
 
 import corral
 from corral.runtime import stop_ray_hosts
@@ -62,23 +62,7 @@ from corral.runtime._ray_directory import assignment
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DRIVER = ROOT / "tests" / "support" / "ray_placement_cluster.py"
-
-
-class Start(BaseModel):
-    tenant: str
-
-
-class Item(BaseModel):
-    id: str
-
-
-class Tally(corral.Entity):
-    def __init__(self, init: Start) -> None:
-        self.items: list[str] = []
-
-    @corral.signal
-    def add(self, item: Item) -> None:
-        self.items.append(item.id)
+RUNTIME_ENV = {"env_vars": {"PYTHONPATH": str(HERE), "RAY_AUTH_MODE": "disabled"}}
 
 
 def host_pids(namespace: str) -> dict[str, int]:
@@ -107,7 +91,8 @@ async def layout(store_dir: Path, shards: int, hosts: int, entities: int, sends:
     began = time.monotonic()
     try:
         async with corral.open_runtime(store, entities=[Tally], backend="ray",
-                                       namespace=namespace, shards=shards, hosts=hosts) as rt:
+                                       namespace=namespace, shards=shards, hosts=hosts,
+                                       ray_options={"runtime_env": RUNTIME_ENV}) as rt:
             placed_s = time.monotonic() - began
             pids = await asyncio.to_thread(host_pids, namespace)
             await asyncio.sleep(2.0)
@@ -186,7 +171,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+             runtime_env=RUNTIME_ENV)
     try:
         rows = asyncio.run(layouts(args.quick))
     finally:

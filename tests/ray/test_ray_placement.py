@@ -13,12 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +20,7 @@ import pytest
 import ray
 
 import corral
+from cluster_driver import run_driver
 from corral.runtime._ops import Query
 from corral.runtime._ray_directory import assignment
 from corral.runtime._ray_host import host_fingerprint
@@ -33,10 +28,9 @@ from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
 from procs import wait_until
 from ray_roll_stream import assert_each_ack_applied_once
-from ray_workers import TESTS_DIR, Counter, Item, Start
+from ray_workers import Counter, Item, Start
 
 SHARDS = 8
-DRIVER = str(Path(TESTS_DIR) / "ray_placement_cluster.py")
 
 
 def loads(namespace: str) -> dict[str, int]:
@@ -140,21 +134,9 @@ async def test_a_host_that_gave_a_shard_away_redirects_a_stale_caller_to_its_new
         assert (await rt.ref(Counter, key).query(Counter.seen)).items == ["a"]
 
 
-def run_cluster(tmp_path: Path, store: str, *flags: str, timeout: float) -> dict[str, Any]:
-    temp = tempfile.mkdtemp(prefix="corral-pl-")  # short: Ray's socket paths are limited
-    out, log = tmp_path / "result.json", tmp_path / "cluster.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
-           "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    try:
-        with log.open("wb") as sink:
-            proc = subprocess.run(
-                [sys.executable, DRIVER, "--store", store, "--temp", temp, "--out", str(out),
-                 *flags], env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout,
-                check=False)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert proc.returncode == 0, log.read_text()[-5000:]
-    report: dict[str, Any] = json.loads(out.read_text())
+def run_cluster(store: str, *flags: str, tmp_path: Path, timeout: float) -> dict[str, Any]:
+    report = run_driver("ray_placement_cluster.py", ["--store", store, *flags], tmp_path,
+                        timeout=timeout)
     assert not report["errors"], report["errors"][:5]
     assert_each_ack_applied_once(report["applied"], {(k, m) for k, m in report["acked"]})
     assert report["settled"], "every accepted message was applied"
@@ -166,9 +148,9 @@ def run_cluster(tmp_path: Path, store: str, *flags: str, timeout: float) -> dict
 @pytest.mark.timeout(300)
 def test_a_joining_node_takes_its_share_and_a_drained_one_gives_all_back(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = run_cluster(tmp_path, str(tmp_path / "corral.db"), "--workers", "1", "--add",
-                         "1", "--drain", "--shards", str(SHARDS), "--total", "400",
-                         timeout=280)
+    report = run_cluster(str(tmp_path / "corral.db"), "--workers", "1", "--add", "1",
+                         "--drain", "--shards", str(SHARDS), "--total", "400",
+                         tmp_path=tmp_path, timeout=280)
     assert sorted(report["phases"]["joined"].values()) == [4, 4]
     (node,) = report["phases"]["drained"]  # one host left, on the other node
     assert report["drained_node"][:12] not in node
@@ -186,8 +168,8 @@ def test_a_joining_node_takes_its_share_and_a_drained_one_gives_all_back(
 @pytest.mark.timeout(720)
 def test_on_postgres_two_nodes_joining_one_drained_and_one_lost_lose_nothing(
         tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    report = run_cluster(tmp_path, pg_url, "--workers", "2", "--add", "2", "--drain",
-                         "--remove", "--shards", "16", "--total", "2000", timeout=700)
+    report = run_cluster(pg_url, "--workers", "2", "--add", "2", "--drain", "--remove",
+                         "--shards", "16", "--total", "2000", tmp_path=tmp_path, timeout=700)
     assert sorted(report["phases"]["joined"].values()) == [4, 4, 4, 4]
     assert sorted(report["phases"]["drained"].values()) == [5, 5, 6]
     assert sorted(report["phases"]["lost"].values()) == [8, 8]
@@ -197,3 +179,23 @@ def test_on_postgres_two_nodes_joining_one_drained_and_one_lost_lose_nothing(
               f" s; drain {report['drain_s']:.2f} s ({len(report['steps'])} shards); lost "
               f"node's shards re-placed in {report['lost_to_replaced_s']:.1f} s; "
               f"{len(report['acked'])} acks, 0 lost, none applied twice")
+
+
+async def test_a_new_ray_store_gets_256_shards_and_an_existing_one_keeps_its_count(
+        tmp_path: Path, namespace: str) -> None:
+    existing = str(tmp_path / "existing.db")
+    async with corral.open_runtime(existing, entities=[Counter], shards=SHARDS):
+        pass  # created by the local backend, with 8 shards
+    async with corral.open_runtime(existing, entities=[Counter], backend="ray",
+                                   namespace=namespace) as rt:
+        assert rt.router.shards == SHARDS
+        await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
+                                                     start=Start(tenant="t"))
+    corral.runtime.stop_ray_hosts(namespace)
+    async with corral.open_runtime(str(tmp_path / "new.db"), entities=[Counter],
+                                   backend="ray", namespace=namespace) as rt:
+        assert rt.router.shards == 256
+        await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
+                                                     start=Start(tenant="t"))
+        assert len(assignment(namespace)) == 256  # all on this node's one host actor
+        assert (await rt.ref(Counter, "k").query(Counter.seen)).items == ["a"]
