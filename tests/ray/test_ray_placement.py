@@ -191,6 +191,9 @@ async def test_a_new_ray_store_gets_256_shards_and_an_existing_one_keeps_its_cou
         assert rt.router.shards == SHARDS
         await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                      start=Start(tenant="t"))
+        async with corral.open_runtime(existing, entities=[Counter], backend="ray",
+                                       namespace=namespace) as task_client:  # e.g. a task
+            assert task_client.router.shards == SHARDS
     corral.runtime.stop_ray_hosts(namespace)
     async with corral.open_runtime(str(tmp_path / "new.db"), entities=[Counter],
                                    backend="ray", namespace=namespace) as rt:

@@ -17,7 +17,6 @@ from corral.persistence import (
     DeadLetter,
     Store,
     open_store,
-    stored_shards,
 )
 
 from ._backend import Backend, LocalBackend
@@ -241,20 +240,6 @@ class Runtime:
 LOCAL_SHARDS = 16
 """A local store's shard count when `open_runtime` is given none."""
 
-RAY_SHARDS = 256
-"""A new Ray deployment's shard count when `open_runtime` is given none: shards are
-the unit that moves between host actors as nodes join and leave, so many more of them
-than hosts (16 hosts hold 16 each; a host holding 64 costs ~1% of a core when idle,
-`benchmarks/placement.py`)."""
-
-
-async def _ray_shards(store: str) -> int:
-    """The shard count of the store at `store`, or `RAY_SHARDS` if there is none yet."""
-    try:
-        return await stored_shards(store, any_version=True)
-    except InvalidArgumentError:  # no store there yet: the host actors create it
-        return RAY_SHARDS
-
 
 @contextlib.asynccontextmanager
 async def open_runtime(
@@ -283,8 +268,8 @@ async def open_runtime(
         entities: every entity type this process may address or host.
         shards: fixed for the life of a store (checked against it). None: 16 with the
             local backend; with `backend="ray"` the store's own count if it exists,
-            else `RAY_SHARDS` (256: shards are what moves between nodes, so many more
-            shards than host actors).
+            else the running deployment's, else 256 (shards are what moves between
+            nodes, so many more shards than host actors).
         host: whether this process takes shard leases and runs entities. Pure clients
             (scripts, web workers) may pass False: they accept, another process applies.
         authorize: hook that sees each call and returns the sender to record.
@@ -340,8 +325,6 @@ async def open_runtime(
         if not isinstance(store, str):
             raise InvalidArgumentError("the Ray backend takes the store as a path or URL "
                                        "(each host actor opens it), not a Store object")
-        if shards is None:
-            shards = await _ray_shards(store)
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
             lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,

@@ -47,7 +47,13 @@ from corral._errors import (
 )
 from corral.actors import EntityDefinition
 from corral.actors._manifest import manifest_json
-from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postgres_url
+from corral.persistence import (
+    Acceptance,
+    AcceptResult,
+    UpdateOutcome,
+    is_postgres_url,
+    stored_shards,
+)
 
 from ._ops import AcceptBatch, Request, SignalBatch, WaitUpdate
 from ._ray_deploy import stop_ray_hosts as stop_hosts
@@ -60,7 +66,7 @@ from ._ray_host import (
     shard_actor_class,
     start_failure_hint,
 )
-from ._ray_placer import placer_handle
+from ._ray_placer import placer_handle, placer_name
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -411,7 +417,32 @@ class RayBackend:
         return await self._handle(self.router.shard_of(etype, key), etype)
 
 
-async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *, shards: int,
+RAY_SHARDS = 256
+"""A new Ray deployment's shard count when `open_runtime` is given none: shards are
+the unit that moves between host actors as nodes join and leave, so many more of them
+than hosts (16 hosts hold 16 each; `benchmarks/placement.py` measures what a host
+holding 64 costs when idle)."""
+
+
+async def deployment_shards(store: str, namespace: str) -> int:
+    """The shard count of a Ray deployment whose client gave none: the store's, or the
+    running deployment's (its placer's: the store is created by the host actors, at
+    their first call), or `RAY_SHARDS` for a new one."""
+    try:
+        return await stored_shards(store, any_version=True)
+    except InvalidArgumentError:  # no store there yet
+        pass
+    try:
+        placer = await asyncio.to_thread(ray.get_actor, placer_name(namespace),
+                                         namespace=namespace)
+    except ValueError:
+        return RAY_SHARDS
+    spec: RayHostSpec = await placer.spec_of.remote()
+    return spec.shards
+
+
+async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *,
+                      shards: int | None,
                       address: str | None, namespace: str, lease_ttl: float,
                       poll_interval: float, actor_options: Mapping[str, Any] | None,
                       hosts: int | Mapping[str, int] | None = None,
@@ -433,6 +464,8 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     # Every call reaches the owning actor directly; tailing the journal only picks up what
     # a fenced-out zombie accepted. Polling it every 5 ms costs ~7% of a core per idle
     # shard actor (measured), so the actors poll at most every 50 ms.
+    if shards is None:
+        shards = await deployment_shards(path, namespace)
     spec = RayHostSpec(path, shards, namespace, lease_ttl, max(poll_interval, _MIN_POLL))
     router = PlacementRouter(shards, definitions)
     backend = RayBackend(spec, definitions, router, actor_options=actor_options,

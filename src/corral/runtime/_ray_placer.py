@@ -60,7 +60,8 @@ from corral.actors import Entity, EntityDefinition
 from ._ray_directory import assignment, drained_nodes, set_drained, set_host
 from ._ray_host import RayHostSpec, shard_actor_class, start_failure_hint
 
-__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name", "placer_handle"]
+__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name", "placer_handle",
+           "placer_name"]
 
 log = logging.getLogger("corral.ray")
 
@@ -115,6 +116,7 @@ def _tag_of(name: str) -> str:
 
 
 def placer_name(namespace: str) -> str:
+    """`corral/<namespace>/placer`."""
     return f"corral/{namespace}/placer"
 
 
