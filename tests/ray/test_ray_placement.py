@@ -146,10 +146,10 @@ def run_cluster(store: str, *flags: str, tmp_path: Path, timeout: float) -> dict
 
 
 @pytest.mark.timeout(300)
-def test_a_joining_node_takes_its_share_and_a_drained_one_gives_all_back(
+def test_a_joining_node_takes_its_share_a_drained_one_gives_all_back_and_takes_it_again(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = run_cluster(str(tmp_path / "corral.db"), "--workers", "1", "--add", "1",
-                         "--drain", "--shards", str(SHARDS), "--total", "400",
+                         "--drain", "--undrain", "--shards", str(SHARDS), "--total", "400",
                          tmp_path=tmp_path, timeout=280)
     assert sorted(report["phases"]["joined"].values()) == [4, 4]
     (node,) = report["phases"]["drained"]  # one host left, on the other node
@@ -157,6 +157,9 @@ def test_a_joining_node_takes_its_share_and_a_drained_one_gives_all_back(
     assert report["drain_stopped"] == [h for h in report["phases"]["joined"] if h != node]
     assert len(report["steps"]) == 4
     assert {s["new_actor"] for s in report["steps"]} == {node}
+    undrained = report["phases"]["undrained"]
+    assert sorted(undrained.values()) == [4, 4], "undrained, it took its share back"
+    assert any(report["drained_node"][:12] in h for h in undrained)
     pauses = ", ".join(f"{s['pause'] * 1000:.0f}" for s in report["steps"])
     with capsys.disabled():
         print(f"\n[placement] join -> balanced {report['join_to_balanced_s']:.1f} s; drain "
@@ -202,3 +205,21 @@ async def test_a_new_ray_store_gets_256_shards_and_an_existing_one_keeps_its_cou
                                                      start=Start(tenant="t"))
         assert len(assignment(namespace)) == 256  # all on this node's one host actor
         assert (await rt.ref(Counter, "k").query(Counter.seen)).items == ["a"]
+
+
+async def test_draining_the_last_node_that_can_run_hosts_is_refused_and_changes_nothing(
+        db_path: str, namespace: str) -> None:
+    async with runtime(db_path, namespace, hosts=1) as rt:
+        await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
+                                                     start=Start(tenant="t"))
+        before = assignment(namespace)
+        node = ray.get_runtime_context().get_node_id()
+        with pytest.raises(corral.InvalidArgumentError, match="no node"):
+            await asyncio.to_thread(corral.runtime.drain_node, node, namespace=namespace)
+        with pytest.raises(corral.InvalidArgumentError, match="no alive Ray node"):
+            await asyncio.to_thread(corral.runtime.drain_node, "f" * 56, namespace=namespace)
+        assert assignment(namespace) == before
+        placer = ray.get_actor(f"corral/{namespace}/placer", namespace=namespace)
+        assert (await placer.state.remote())["drained"] == []
+        await rt.ref(Counter, "k").signal(Counter.add, Item(id="b"))
+

@@ -2,15 +2,17 @@
 benchmarks/placement.py): elastic placement on a multi-node Ray cluster.
 
     python ray_placement_cluster.py --store URL_OR_PATH --temp DIR --out FILE
-        [--workers 2] [--add 2] [--drain] [--remove] [--shards 16] [--total 3000]
+        [--workers 2] [--add 2] [--drain [--undrain]] [--remove] [--shards 16]
+        [--total 3000]
 
 Starts a `ray.cluster_utils.Cluster` (a head for the driver and Ray tasks, `--workers`
 worker nodes that can run host actors), starts every entity (counters, passivated
 alarms under durable timers, gates waiting for a durable signal) and streams
 `signal_with_start` calls from the driver (concurrent senders) and from Ray tasks on
 the head while, in turn: `--add` workers join (the placer moves shards to them until
-max - min <= 1 shard per host), one worker is drained (`drain_node`), and another is
-removed without grace (`remove_node`). Writes the assignment after each phase, the
+max - min <= 1 shard per host), one worker is drained (`drain_node`) and removed (or
+undrained, `--undrain`: it takes its share back), and another is removed without grace
+(`remove_node`). Writes the assignment after each phase, the
 moves and their pauses, every ack, what each entity applied, and the timers' and
 waits' outcomes as JSON.
 """
@@ -81,7 +83,7 @@ async def wait_balanced(hosts: int, timeout: float = 180.0) -> float:
 async def scenario(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from corral.runtime import drain_node
+    from corral.runtime import drain_node, undrain_node
 
     report: dict[str, Any] = {"phases": {}, "steps": []}
     async with corral.open_runtime(**options(args.store, args.shards)) as rt:
@@ -153,7 +155,13 @@ async def scenario(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
                 report["steps"] = [dataclasses.asdict(s) for s in drained.steps]
                 await wait_balanced(hosts)
                 report["phases"]["drained"] = await asyncio.to_thread(loads, NAMESPACE)
-                await asyncio.to_thread(cluster.remove_node, workers[0], True)
+                if args.undrain:  # it takes its share back
+                    await asyncio.to_thread(undrain_node, drained.node_id, namespace=NAMESPACE)
+                    hosts += 1
+                    await wait_balanced(hosts)
+                    report["phases"]["undrained"] = await asyncio.to_thread(loads, NAMESPACE)
+                else:
+                    await asyncio.to_thread(cluster.remove_node, workers[0], True)
             if args.remove:
                 await after(len(acked) + step)
                 victim = workers[-1]
@@ -206,6 +214,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--add", type=int, default=2)
     parser.add_argument("--drain", action="store_true")
+    parser.add_argument("--undrain", action="store_true")
     parser.add_argument("--remove", action="store_true")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--total", type=int, default=3000)

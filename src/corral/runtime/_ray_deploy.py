@@ -137,7 +137,8 @@ def drain_node(node_id: str, *, namespace: str = "corral", address: str | None =
         print(len(report.steps), "shards moved off", report.node_id)
 
     Raises:
-        InvalidArgumentError: no alive Ray node `node_id`, or no deployment `namespace`.
+        InvalidArgumentError: no alive Ray node `node_id`, no deployment `namespace`, or
+            no other node that can run its hosts (nothing changed).
         CorralError: a shard could not be moved within `timeout` (run it again).
     """
     import ray

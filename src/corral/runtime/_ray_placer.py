@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral._errors import CorralError
+from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 
 from ._ray_directory import assignment, drained_nodes, set_drained, set_host
@@ -186,6 +186,12 @@ class Placer:
     async def drain(self, node_id: str) -> tuple[list[RollStep], list[str]]:
         """Move every shard off `node_id`'s hosts, stop them, and place nothing there
         again (until `undrain`); (the moves, the hosts stopped)."""
+        alive, _, drained, _ = await asyncio.to_thread(self._observe)
+        if not alive - drained - {node_id}:
+            raise InvalidArgumentError(
+                f"draining node {node_id} would leave no node that can run the hosts of "
+                f"{self.spec.namespace!r}: add a node first (or stop the deployment with "
+                f"corral.runtime.stop_ray_hosts)")
         await asyncio.to_thread(set_drained, self.spec.namespace, node_id, True)
         steps: list[RollStep] = []
         stopped: list[str] = []
