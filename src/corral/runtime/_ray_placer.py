@@ -61,7 +61,7 @@ from ._ray_directory import assignment, drained_nodes, set_drained, set_host
 from ._ray_host import RayHostSpec, shard_actor_class, start_failure_hint
 
 __all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name", "placer_handle",
-           "placer_name"]
+           "placer_name", "plan_moves"]
 
 log = logging.getLogger("corral.ray")
 
@@ -131,6 +131,59 @@ def placer_handle(spec: RayHostSpec, entities: Sequence[type[Entity]],
         name=placer_name(spec.namespace), namespace=spec.namespace, get_if_exists=True,
         lifetime="detached", max_restarts=-1, max_task_retries=-1, num_cpus=0,
     ).remote(spec, list(entities), dict(actor_options or {}), hosts)
+
+
+Move = tuple[int, str, bool]
+"""(shard, receiving host, forced): one move of a round's plan."""
+
+
+def plan_moves(shards: int, directory: Mapping[int, str], wanted: Sequence[str],
+               nodes: set[str], named: set[str], *, limit: int, balance: bool = True
+               ) -> list[Move]:
+    """The moves of one round (the module docstring's steps 2-4), decided from what the
+    round observed: `directory` (shard -> host), the host actors `wanted` (one or more
+    per usable node), the id prefixes of the alive `nodes`, the host actors `named` in
+    Ray now. Pure: the placer carries the moves out.
+
+    Example:
+        a, b = host_name("ns", "n1", 0, "t"), host_name("ns", "n2", 0, "t")
+        plan_moves(4, dict.fromkeys(range(4), a), [a, b], {"n1", "n2"}, {a, b}, limit=8)
+        # -> [(3, b, False), (2, b, False)]: node n2 joined, it takes half
+    """
+    load: dict[str, list[int]] = {name: [] for name in wanted}
+    forced: list[int] = []
+    misplaced: list[int] = []
+    for shard in range(shards):
+        holder = directory.get(shard)
+        if holder in load:
+            load[holder].append(shard)
+        elif holder is None or _node_of(holder) not in nodes or holder not in named:
+            forced.append(shard)  # never placed, or its node (or actor) is gone
+        else:
+            misplaced.append(shard)  # its node drained, an older build, a host too many
+    plan: list[Move] = []
+
+    def least(node: str | None = None) -> str:
+        pool = [h for h in wanted if node is None or _node_of(h) == node]
+        return min(pool or wanted, key=lambda h: (len(load[h]), h))
+
+    def move(shard: int, to: str, force: bool) -> None:
+        plan.append((shard, to, force))
+        load[to].append(shard)
+
+    for shard in forced:  # all at once: nobody serves them
+        move(shard, least(), True)
+    for shard in misplaced[:limit]:  # to a host on the same node if there is one
+        move(shard, least(_node_of(directory[shard])), False)
+    budget = limit - min(limit, len(misplaced))
+    while balance and budget > 0:
+        most = max(wanted, key=lambda h: (len(load[h]), h))
+        to = least()
+        if len(load[most]) - len(load[to]) <= 1:
+            break
+        move(load[most].pop(), to, False)
+        budget -= 1
+    return plan
 
 
 class Placer:
@@ -281,39 +334,8 @@ class Placer:
             return [], []
         wanted = self._wanted(nodes)
         node_ids = {n[:12]: n for n in alive}
-        load: dict[str, list[int]] = {name: [] for name in wanted}
-        forced: list[int] = []
-        misplaced: list[int] = []
-        for shard in range(self.spec.shards):
-            holder = directory.get(shard)
-            if holder in load:
-                load[holder].append(shard)
-            elif holder is None or _node_of(holder) not in node_ids or holder not in named:
-                forced.append(shard)  # never placed, or its node (or actor) is gone
-            else:
-                misplaced.append(shard)
-        plan: list[tuple[int, str, bool]] = []  # (shard, receiver, forced)
-
-        def least(node: str | None = None) -> str:
-            pool = [h for h in wanted if node is None or _node_of(h) == node[:12]]
-            return min(pool or wanted, key=lambda h: (len(load[h]), h))
-
-        for shard in forced:
-            plan.append((shard, to := least(), True))
-            load[to].append(shard)
-        for shard in misplaced[:limit]:
-            plan.append((shard, to := least(node_ids.get(_node_of(directory[shard]))), False))
-            load[to].append(shard)
-        budget = limit - min(limit, len(misplaced))
-        while balance and budget > 0:
-            most = max(wanted, key=lambda h: (len(load[h]), h))
-            to = least()
-            if len(load[most]) - len(load[to]) <= 1:
-                break
-            shard = load[most].pop()
-            plan.append((shard, to, False))
-            load[to].append(shard)
-            budget -= 1
+        plan = plan_moves(self.spec.shards, directory, wanted, set(node_ids), named,
+                          limit=limit, balance=balance)
         for name in wanted:
             if name not in named:
                 self._start(name, node_ids[_node_of(name)])
