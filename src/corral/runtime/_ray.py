@@ -1,21 +1,26 @@
-"""The Ray backend: every shard of a deployment is a named, detached Ray actor.
+"""The Ray backend: a deployment's shards are held by a few named, detached host actors.
 
 `RayBackend` is the client half. It computes the owning shard of an entity (the same
-stable hash in every driver, task, actor and Serve replica), gets or creates that
-shard's actor by name (`get_if_exists=True`: atomic in Ray, exactly one constructor per
-name) and sends it the call's request record (`_ops`) through its one entry point,
-`ShardHost.handle(op)`. The actor (`ShardHost`, in `_ray_host.py`) runs the same host
-code as the local backend (`LocalBackend.run(op)`).
+stable hash in every driver, task, actor and Serve replica), finds the host actor that
+holds the shard in the directory (`_ray_directory`; a shard not placed yet is placed
+first by the deployment's placer, `_ray_placer`, which this client gets or creates)
+and sends it the call's request record (`_ops`) through its one entry point,
+`ShardHost.handle(op)`; a host that no longer holds the shard answers
+`ShardMovedError` and the call is re-routed. A dedicated entity's actor is got or
+created by its own name (`get_if_exists=True`: atomic in Ray, exactly one constructor
+per name). The actor (`ShardHost`, in `_ray_host.py`) runs the same host code as the
+local backend (`LocalBackend.run(op)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
 
-- Actors are created with `max_restarts=-1, max_task_retries=-1`: when a shard actor
+- Actors are created with `max_restarts=-1, max_task_retries=-1`: when a host actor
   dies, Ray restarts it and re-executes the calls that were in flight. Accepts are
   idempotent by message id (a re-executed accept is answered from the dedupe table),
   updates by update id, and the other calls are reads.
-- A handle may point at an actor that is dying for good (killed without restart, or
-  exited) or was never created: the client drops it, gets-or-creates the actor again
-  and repeats the call, for up to `retry_timeout` seconds.
+- A handle may point at an actor that is dying for good (killed without restart,
+  exited, stopped after its shards moved, or pinned to a node that is gone): the
+  client drops it, resolves the shard's host again and repeats the call, for up to
+  `retry_timeout` seconds.
 
 Concurrent accepts for one shard from one client are sent as one actor call, an
 `AcceptBatch` (the batch is whatever is queued when the event loop comes round): one
