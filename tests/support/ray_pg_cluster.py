@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import corral
-from ray_workers import ENTITIES, RUNTIME_ENV, Counter, Item, Seen, Start, host_info
+from ray_workers import (
+    ENTITIES,
+    RUNTIME_ENV,
+    Counter,
+    Item,
+    Seen,
+    Start,
+    host_info,
+    signal_counted,
+)
 
 SHARDS, KEYS, SENDERS, TASKS = 4, 16, 8, 2
 NAMESPACE = "pg-cluster"
@@ -79,12 +88,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
             while n < driver_total:
                 key, mid = keys[n % len(keys)], f"driver-{n}"
                 n += SENDERS
-                try:
-                    await rt.ref(Counter, key).signal_with_start(
-                        Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
-                except Exception as err:
-                    errors.append(f"{mid}: {type(err).__name__}: {err}")
-                else:
+                if await signal_counted(rt, key, mid, errors):
                     acked.append((key, mid, time.monotonic()))
 
         async def remover() -> None:

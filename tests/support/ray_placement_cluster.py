@@ -33,7 +33,18 @@ from typing import Any
 import corral
 from corral.runtime._ray_directory import assignment
 from ray_pg_cluster import on_cluster
-from ray_workers import RUNTIME_ENV, Alarm, Counter, Gate, Item, Seen, Start, Verdict, Wake
+from ray_workers import (
+    RUNTIME_ENV,
+    Alarm,
+    Counter,
+    Gate,
+    Item,
+    Seen,
+    Start,
+    Verdict,
+    Wake,
+    signal_counted,
+)
 
 NAMESPACE, KEYS, SENDERS, TASKS = "placement", 32, 6, 2
 ENTITIES = [Counter, Alarm, Gate]
@@ -114,12 +125,7 @@ async def scenario(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
             while not stop.is_set():
                 key, mid = keys[(n * SENDERS + s) % len(keys)], f"driver{s}-{n}"
                 n += 1
-                try:
-                    await rt.ref(Counter, key).signal_with_start(
-                        Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
-                except Exception as err:
-                    errors.append(f"{mid}: {type(err).__name__}: {err}")
-                else:
+                if await signal_counted(rt, key, mid, errors):
                     acked.append((key, mid))
 
         async def after(count: int) -> None:

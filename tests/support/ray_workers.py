@@ -197,6 +197,18 @@ ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate, Brittle, Pat
 # -- a storm sender (a driver process or a Ray task) -----------------------------------
 
 
+async def signal_counted(rt: corral.Runtime, key: str, mid: str, errors: list[str]) -> bool:
+    """`Counter.add` with start to `key`, message id `mid`; whether it was acknowledged
+    (a failure is recorded in `errors`)."""
+    try:
+        await rt.ref(Counter, key).signal_with_start(
+            Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
+    except Exception as err:
+        errors.append(f"{mid}: {type(err).__name__}: {err}")
+        return False
+    return True
+
+
 async def host_info(namespace: str, shard: int) -> dict[str, Any] | None:
     """`info(shard)` of the host actor the directory names for `shard` now, or None
     while it cannot answer (its node just died, or it is moving)."""
@@ -328,12 +340,7 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
             while not done.is_set():
                 key, mid = keys[n % len(keys)], f"s{s}-{n}"
                 n += senders
-                try:
-                    await rt.ref(Counter, key).signal_with_start(
-                        Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
-                except Exception as err:
-                    errors.append(f"{mid}: {type(err).__name__}: {err}")
-                else:
+                if await signal_counted(rt, key, mid, errors):
                     acked.append((key, mid, time.monotonic()))
                     if recovered_at and sum(t > recovered_at[0] for _, _, t in
                                             acked[-after_recovery:]) >= after_recovery:
