@@ -293,9 +293,10 @@ def serve_deployment(store: str, *, secret: bytes, namespace: str = "helpdesk",
             one machine, or a PostgreSQL URL).
         secret: the provider's secret (in production, read it from your secret store
             in the replica rather than shipping it in the deployment's arguments).
-        namespace: the corral deployment whose shard actors the replicas call.
-        shards: the store's shard count (one shard actor each, started on first use).
-        runtime_env: Ray runtime environment of the replicas and the shard actors (so
+        namespace: the corral deployment whose host actors the replicas call.
+        shards: the store's shard count (held by the deployment's host actors, one per
+            node by default). Every client of the deployment must use the same.
+        runtime_env: Ray runtime environment of the replicas and the host actors (so
             they can import this module; not needed when it is installed).
         max_ongoing_requests: per replica. Serve's default is 5; webhook requests spend
             their time waiting for a commit, and more of them in flight share commits.
@@ -408,7 +409,7 @@ def main_on_serve(workdir: Path) -> Report:
 
         async def post() -> Report:
             async with corral.open_runtime(store, entities=[Ticket], backend="ray",
-                                           namespace=namespace) as rt:
+                                           namespace=namespace, shards=16) as rt:
                 return await post_demo(f"http://127.0.0.1:{port}", rt, DEMO_SECRET)
 
         report = asyncio.run(post())

@@ -256,14 +256,14 @@ class DemoReport:
     outcome: Outcome
     description: corral.EntityDescription
     host: str = "this process (local backend)"
-    """Where the ticket was hosted (with the Ray backend: the shard actor)."""
+    """Where the ticket was hosted (with the Ray backend: the host actor)."""
 
 
 async def run_demo(store: str | Path, *, timeout: float = 60.0, backend: str = "local",
                    namespace: str | None = None) -> DemoReport:
     """Deliver `WEBHOOKS` concurrently, assign the ticket, wait for the run's outcome.
 
-    With `backend="ray"` the ticket is hosted by a shard actor of a fresh deployment
+    With `backend="ray"` the ticket is hosted by a host actor of a fresh deployment
     (`namespace`, default `demo-<random>`) on the Ray instance this process is connected
     to, or a local one started for the demo (or the cluster named by `RAY_ADDRESS`);
     the demo's actors are stopped at the end.

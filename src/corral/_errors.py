@@ -292,8 +292,9 @@ class DefinitionMismatchError(CorralError):
 
 
 class ShardMovedError(CorralError):
-    """The Ray actor a call reached no longer hosts the shard: a rolling deploy
-    (`corral.runtime.roll_ray_hosts`) moved it to the actor named `actor`.
+    """The Ray host actor a call reached does not host the shard: a rolling deploy
+    (`corral.runtime.roll_ray_hosts`), a rebalance or a drain moved it to the actor
+    named `actor` ("" while the placer has not placed it again).
 
     Retryable, and retried by the Ray client itself (it re-routes the call to `actor`,
     a bounded number of times), so callers see it only if shards keep moving under one

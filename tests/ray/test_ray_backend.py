@@ -356,16 +356,19 @@ async def test_the_entity_ref_api_works_the_same_on_ray(db_path: str, namespace:
         assert (await ref.describe()).status is RunStatus.TERMINATED
 
 
-async def test_the_shard_actors_are_named_detached_and_outlive_their_client(
+async def test_one_host_actor_per_node_holds_every_shard_and_outlives_its_client(
         db_path: str, namespace: str) -> None:
     key = fresh_key()
     async with ray_runtime(db_path, namespace) as rt:
         ref = rt.ref(Counter, key)
         await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
-        shard = ref.shard
+        info = await (await backend(rt).actor("Counter", key)).info.remote()
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == namespace}
-    assert f"corral/{namespace}/shard-{shard}" in names
+    node = ray.get_runtime_context().get_node_id()
+    assert names == {f"corral/{namespace}/placer", info["name"]}
+    assert info["name"].startswith(f"corral/{namespace}/host-{node[:12]}-0@")
+    assert sorted(info["shards"]) == list(range(SHARDS))
     # A new client (as another driver would be) reaches the same live entity.
     async with ray_runtime(db_path, namespace) as rt:
         ref = rt.ref(Counter, key)

@@ -12,42 +12,19 @@ must be applied exactly once.
 from __future__ import annotations
 
 import collections
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from ray_workers import TESTS_DIR
-
-WORKERS = str(Path(TESTS_DIR) / "ray_workers.py")
+from cluster_driver import run_driver
 
 
 @pytest.mark.slow
 def test_losing_the_node_of_a_shard_mid_stream_loses_no_acknowledged_signal(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    temp = tempfile.mkdtemp(prefix="corral-rc-")  # short: Ray's socket paths are limited
-    out, log = tmp_path / "result.json", tmp_path / "node-loss.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
-           "RAY_TMPDIR": temp,
-           # Every node of this cluster is on loopback; without this, Ray resolves
-           # "127.0.0.1" to the machine's external address when a driver connects.
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    try:
-        with log.open("wb") as sink:
-            proc = subprocess.run(
-                [sys.executable, WORKERS, "node-loss", "--store", str(tmp_path / "corral.db"),
-                 "--temp", temp, "--out", str(out), "--before-loss", "200",
-                 "--after-recovery", "200", "--senders", "8"],
-                env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=110, check=False)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert proc.returncode == 0, log.read_text()[-5000:]
-    report = json.loads(out.read_text())
+    report = run_driver("ray_workers.py", [
+        "node-loss", "--store", str(tmp_path / "corral.db"), "--before-loss", "200",
+        "--after-recovery", "200", "--senders", "8"], tmp_path, timeout=110)
 
     assert not report["errors"], report["errors"][:5]
     before, after = report["before"], report["after"]

@@ -11,42 +11,22 @@ once, and the lost shard must come back on the other node.
 from __future__ import annotations
 
 import collections
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+from cluster_driver import run_driver
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
-from ray_workers import TESTS_DIR
 
-DRIVER = str(Path(TESTS_DIR) / "ray_pg_cluster.py")
 TOTAL = 2500
 
 
 @pytest.mark.slow
 def test_a_multi_node_cluster_on_postgres_loses_a_node_mid_stream_and_no_acknowledged_signal(
         tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    temp = tempfile.mkdtemp(prefix="corral-pgc-")  # short: Ray's socket paths are limited
-    out, log = tmp_path / "result.json", tmp_path / "cluster.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
-           "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    try:
-        with log.open("wb") as sink:
-            proc = subprocess.run(
-                [sys.executable, DRIVER, "--store", pg_url, "--temp", temp, "--out", str(out),
-                 "--total", str(TOTAL)],
-                env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=240, check=False)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert proc.returncode == 0, log.read_text()[-5000:]
-    report = json.loads(out.read_text())
-
+    report = run_driver("ray_pg_cluster.py", ["--store", pg_url, "--total", str(TOTAL)],
+                        tmp_path, timeout=240)
     placed, after = report["placed"], report["after"]
     assert len({p["node_id"] for p in placed.values()}) >= 2, "shards on two nodes at least"
     assert {p["store"] for p in [*placed.values(), *after.values()]} == {"postgresql"}

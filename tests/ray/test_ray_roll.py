@@ -33,7 +33,7 @@ from ray_roll_stream import (
     actors,
     assert_each_ack_applied_once,
     client,
-    default_name,
+    hosts_now,
     roll_under_stream,
     start_all,
 )
@@ -56,8 +56,9 @@ def deployment(tmp_path: Path, namespace: str) -> Deployment:
 
 
 def named_actors(namespace: str) -> set[str]:
+    """The deployment's actors but its placer."""
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == namespace}
+            if a["namespace"] == namespace} - {f"corral/{namespace}/placer"}
 
 
 async def test_a_roll_under_a_stream_moves_every_shard_to_release_2_and_loses_nothing(
@@ -66,8 +67,10 @@ async def test_a_roll_under_a_stream_moves_every_shard_to_release_2_and_loses_no
     assert not run.errors, run.errors[:5]
     assert [s.shard for s in run.steps] == list(range(SHARDS))
     for step in run.steps:
-        assert step.old_actor == default_name(deployment.namespace, step.shard)
-        assert step.new_actor.startswith(f"{step.old_actor}@")
+        assert step.old_actor == run.before[step.shard]["name"]
+        # the host of the new build on the same node, in the same slot
+        assert step.new_actor.split("@")[0] == step.old_actor.split("@")[0]
+        assert step.new_actor != step.old_actor
         assert step.epoch > run.before[step.shard]["epoch"], "taken at a new epoch"
         assert 0 <= step.pause < 10
     assert_each_ack_applied_once(run.applied, run.acked)
@@ -85,7 +88,7 @@ async def test_a_roll_under_a_stream_moves_every_shard_to_release_2_and_loses_no
         builds = {b.fingerprint: b for b in await local.builds("Counter")}
     new = builds[fingerprint]
     assert new.newest, "the roll's actors registered release 2 as the newest build"
-    assert sorted(p.role for p in new.processes) == ["host"] * SHARDS
+    assert [p.role for p in new.processes] == ["host"]  # one host actor holds both shards
     assert not builds[release1.Counter._corral_definition.fingerprint].processes
     again = await asyncio.to_thread(roll_ray_hosts, deployment.namespace, [release2.Counter])
     assert again.steps == ()
@@ -96,14 +99,14 @@ async def test_an_incompatible_roll_is_refused_with_the_differences_before_anyth
         deployment: Deployment) -> None:
     async with client(deployment, release1.Counter) as rt:
         await start_all(rt, KEYS)
+        before = hosts_now(deployment.namespace)
         with pytest.raises(corral.IncompatibleBuildError) as caught:
             await asyncio.to_thread(roll_ray_hosts, deployment.namespace,
                                     [ray_roll_bad.Counter])
         assert any(d.startswith("signal add") for d in caught.value.differences), \
             caught.value.differences
         assert "stop_ray_hosts" in str(caught.value)
-        assert named_actors(deployment.namespace) == {
-            default_name(deployment.namespace, i) for i in range(SHARDS)}
+        assert named_actors(deployment.namespace) == before
         await rt.ref(release1.Counter, KEYS[0]).signal(release1.Counter.add, Item(id="x"))
 
 
@@ -151,13 +154,13 @@ def test_corral_deploy_roll_prints_each_shard_moved_and_refuses_an_incompatible_
         async with client(deployment, release1.Counter) as rt:
             await start_all(rt, KEYS)
     asyncio.run(start())
+    (old,) = hosts_now(deployment.namespace)
     argv = ["deploy", "roll", "--namespace", deployment.namespace, "--app"]
     assert main([*argv, "ray_roll_bad:ENTITIES"]) == 1
     assert "IncompatibleBuildError" in capsys.readouterr().err
     assert main([*argv, "ray_roll_entities:ENTITIES"]) == 0
     lines = capsys.readouterr().out.splitlines()
     for index in range(SHARDS):
-        old = default_name(deployment.namespace, index)
         assert any(line.startswith(f"shard {index}: {old} -> ") for line in lines), lines
     assert lines[-1].startswith(f"rolled {SHARDS} shards in ")
     assert main([*argv, "ray_roll_entities:ENTITIES"]) == 0

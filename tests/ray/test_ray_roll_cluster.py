@@ -11,41 +11,21 @@ suite proves the same on the session's Ray with SQLite (`test_ray_roll.py`).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+from cluster_driver import run_driver
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
 from ray_roll_stream import assert_each_ack_applied_once
-from ray_workers import TESTS_DIR
-
-DRIVER = str(Path(TESTS_DIR) / "ray_roll_cluster.py")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(660)  # a cluster of three nodes, then 4 actor processes started in turn
 def test_a_roll_on_a_multi_node_cluster_on_postgres_loses_nothing(
         tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    temp = tempfile.mkdtemp(prefix="corral-rc-")  # short: Ray's socket paths are limited
-    out, log = tmp_path / "result.json", tmp_path / "cluster.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
-           "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    try:
-        with log.open("wb") as sink:
-            proc = subprocess.run(
-                [sys.executable, DRIVER, "--store", pg_url, "--temp", temp, "--out", str(out)],
-                env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=600, check=False)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert proc.returncode == 0, log.read_text()[-5000:]
-    report = json.loads(out.read_text())
+    report = run_driver("ray_roll_cluster.py", ["--store", pg_url], tmp_path, timeout=600)
     before, after, steps = report["before"], report["after"], report["steps"]
     assert len({a["node_id"] for a in before.values()}) >= 2, "actors on two nodes at least"
     assert {a["store"] for a in [*before.values(), *after.values()]} == {"postgresql"}

@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import corral
-from ray_workers import ENTITIES, RUNTIME_ENV, Counter, Item, Seen, Start
+from ray_workers import (
+    ENTITIES,
+    RUNTIME_ENV,
+    Counter,
+    Item,
+    Seen,
+    Start,
+    host_info,
+    signal_counted,
+)
 
 SHARDS, KEYS, SENDERS, TASKS = 4, 16, 8, 2
 NAMESPACE = "pg-cluster"
@@ -63,9 +72,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
             await rt.ref(Counter, key).signal_with_start(
                 Counter.add, Item(id=f"{key}-first"), start=Start(tenant="t"),
                 message_id=f"{key}-first")
-        actors = {i: await rt.backend.actor("Counter", next(  # type: ignore[attr-defined]
-            k for k in keys if rt.router.shard_of("Counter", k) == i)) for i in range(SHARDS)}
-        placed = {i: await a.info.remote() for i, a in actors.items()}
+        placed: dict[int, Any] = {i: await host_info(NAMESPACE, i) for i in range(SHARDS)}
         victim = next(n for n in cluster.worker_nodes if n.node_id == placed[0]["node_id"])
         acked: list[tuple[str, str, float]] = [(k, f"{k}-first", 0.0) for k in keys]
         errors: list[str] = []
@@ -81,12 +88,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
             while n < driver_total:
                 key, mid = keys[n % len(keys)], f"driver-{n}"
                 n += SENDERS
-                try:
-                    await rt.ref(Counter, key).signal_with_start(
-                        Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
-                except Exception as err:
-                    errors.append(f"{mid}: {type(err).__name__}: {err}")
-                else:
+                if await signal_counted(rt, key, mid, errors):
                     acked.append((key, mid, time.monotonic()))
 
         async def remover() -> None:
@@ -97,7 +99,8 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
                 await asyncio.sleep(0.01)
             removed_at.append(time.monotonic())
             await asyncio.to_thread(cluster.remove_node, victim, False)
-            while (await actors[0].info.remote())["node_id"] == placed[0]["node_id"]:
+            while (now := await host_info(NAMESPACE, 0)) is None or \
+                    now["node_id"] == placed[0]["node_id"]:
                 if time.monotonic() > deadline:
                     raise TimeoutError("shard 0 never came back on another node")
                 await asyncio.sleep(0.02)
@@ -105,7 +108,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
 
         await asyncio.gather(remover(), *(sender(s) for s in range(SENDERS)))
         from_tasks = [ack for acks in await asyncio.to_thread(ray.get, tasks) for ack in acks]
-        after = {i: await a.info.remote() for i, a in actors.items()}
+        after = {i: await host_info(NAMESPACE, i) for i in range(SHARDS)}
         applied: dict[str, list[str]] = {}
         described = []
         for key in keys:
@@ -125,10 +128,12 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
 
 
 def on_cluster(temp: str, namespace: str,
-               work: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
-    """`work(cluster)` on a fresh `Cluster` (a head with the resource `head`, two
+               work: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]],
+               workers: int = 2) -> dict[str, Any]:
+    """`work(cluster)` on a fresh `Cluster` (a head with the resource `head`, `workers`
     workers with `corral`, fast health checks) with this driver connected; its report,
-    with `cluster_start_s`. Also the driver of `ray_roll_cluster.py`."""
+    with `cluster_start_s`. Also the driver of `ray_roll_cluster.py` and
+    `ray_placement_cluster.py`."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -141,7 +146,7 @@ def on_cluster(temp: str, namespace: str,
                            "health_check_initial_delay_ms": 0},
     })
     try:
-        for _ in range(2):
+        for _ in range(workers):
             cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace=namespace, runtime_env=RUNTIME_ENV,

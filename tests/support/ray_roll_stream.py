@@ -23,7 +23,7 @@ import corral
 import ray_roll_entities as release2
 import ray_workers as release1
 from corral.runtime import RollStep, roll_ray_hosts
-from corral.runtime._ray_directory import host_of
+from corral.runtime._ray_directory import assignment, host_of
 from ray_workers import RUNTIME_ENV, Item, Seen, Start
 
 
@@ -65,8 +65,7 @@ async def actors(dep: Deployment) -> dict[int, dict[str, Any]]:
     """`info()` of the actor hosting each shard now (as the directory says)."""
     found = {}
     for index in range(dep.shards):
-        spec_name = f"corral/{dep.namespace}/shard-{index}"
-        name = await asyncio.to_thread(host_of, dep.namespace, index, spec_name)
+        name = await asyncio.to_thread(host_of, dep.namespace, index, "")
         found[index] = await ray.get_actor(name, namespace=dep.namespace).info.remote()
     return found
 
@@ -144,10 +143,10 @@ def assert_each_ack_applied_once(applied: dict[str, list[str]],
         assert not missing, f"{key}: acknowledged but never applied: {missing[:5]}"
 
 
-def default_name(namespace: str, index: int) -> str:
-    """The name of shard `index`'s actor before any roll."""
-    return f"corral/{namespace}/shard-{index}"
+def hosts_now(namespace: str) -> set[str]:
+    """The host actors the directory names now (before a roll: release 1's)."""
+    return set(assignment(namespace).values())
 
 
 __all__ = ["Deployment", "RollRun", "actors", "assert_each_ack_applied_once",
-           "client", "default_name", "roll_under_stream", "start_all"]
+           "client", "hosts_now", "roll_under_stream", "start_all"]

@@ -197,6 +197,33 @@ ENTITIES: list[type[corral.Entity]] = [Counter, Heavy, Alarm, Gate, Brittle, Pat
 # -- a storm sender (a driver process or a Ray task) -----------------------------------
 
 
+async def signal_counted(rt: corral.Runtime, key: str, mid: str, errors: list[str]) -> bool:
+    """`Counter.add` with start to `key`, message id `mid`; whether it was acknowledged
+    (a failure is recorded in `errors`)."""
+    try:
+        await rt.ref(Counter, key).signal_with_start(
+            Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
+    except Exception as err:
+        errors.append(f"{mid}: {type(err).__name__}: {err}")
+        return False
+    return True
+
+
+async def host_info(namespace: str, shard: int) -> dict[str, Any] | None:
+    """`info(shard)` of the host actor the directory names for `shard` now, or None
+    while it cannot answer (its node just died, or it is moving)."""
+    import ray
+
+    from corral.runtime._ray_directory import host_of
+
+    name = await asyncio.to_thread(host_of, namespace, shard, "")
+    try:
+        info: dict[str, Any] = await ray.get_actor(name, namespace=namespace).info.remote(shard)
+    except (ValueError, ray.exceptions.RayError):
+        return None
+    return info if info["epoch"] is not None else None
+
+
 def wait_for_file(path: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -298,8 +325,8 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
             await rt.ref(Counter, key).signal_with_start(
                 Counter.add, Item(id=f"{key}-first"), start=Start(tenant="t"),
                 message_id=f"{key}-first")
-        actor = await rt.backend.actor("Counter", keys[0])  # type: ignore[attr-defined]
-        before = await actor.info.remote()
+        before = await host_info(namespace, 0)
+        assert before is not None
         victim = next(n for n in cluster.worker_nodes if n.node_id == before["node_id"])
         acked: list[tuple[str, str, float]] = []
         errors: list[str] = []
@@ -313,12 +340,7 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
             while not done.is_set():
                 key, mid = keys[n % len(keys)], f"s{s}-{n}"
                 n += senders
-                try:
-                    await rt.ref(Counter, key).signal_with_start(
-                        Counter.add, Item(id=mid), start=Start(tenant="t"), message_id=mid)
-                except Exception as err:
-                    errors.append(f"{mid}: {type(err).__name__}: {err}")
-                else:
+                if await signal_counted(rt, key, mid, errors):
                     acked.append((key, mid, time.monotonic()))
                     if recovered_at and sum(t > recovered_at[0] for _, _, t in
                                             acked[-after_recovery:]) >= after_recovery:
@@ -334,7 +356,8 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
             await asyncio.to_thread(cluster.remove_node, victim, False)
             # Recovered = the shard answers from another node (a restarted incarnation).
             try:
-                while (await actor.info.remote())["node_id"] == before["node_id"]:
+                while (now := await host_info(namespace, 0)) is None or \
+                        now["node_id"] == before["node_id"]:
                     if time.monotonic() > deadline:
                         raise TimeoutError("shard 0 never came back on another node")
                     await asyncio.sleep(0.02)
@@ -344,7 +367,7 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
                 raise
 
         await asyncio.gather(remover(), *(sender(s) for s in range(senders)))
-        after = await actor.info.remote()
+        after = await host_info(namespace, 0)
         t0 = removed_at[0]
         later = sorted(t for _, _, t in acked if t > t0)
         gaps = [b - a for a, b in zip([t0, *later], later, strict=False)]

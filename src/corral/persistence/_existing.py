@@ -28,9 +28,11 @@ __all__ = ["stored_shards"]
 _NOT_OURS = ("no such table", "no such column", "not a database")
 
 
-async def stored_shards(location: str) -> int:
+async def stored_shards(location: str, *, any_version: bool = False) -> int:
     """The shard count of the corral store at `location` (a SQLite path, `sqlite:///path`
     or a PostgreSQL URL), read without creating, migrating or writing anything.
+    `any_version`: also of a store at another schema version (the application that
+    opens it next migrates it; its shard count stays).
 
     Raises:
         InvalidArgumentError: no corral store there: `":memory:"`, no such file, or a
@@ -46,7 +48,7 @@ async def stored_shards(location: str) -> int:
     if is_postgres_url(location):
         where = f"store {redacted(location)!r}"
         meta = await _postgres_meta(location, where)
-        return _shards_of(meta, where, _pg_schema.SCHEMA_VERSION)
+        return _shards_of(meta, where, None if any_version else _pg_schema.SCHEMA_VERSION)
     if location in MEMORY:
         raise InvalidArgumentError(
             f"--store {location}: a ':memory:' store is new and empty, and gone with "
@@ -55,18 +57,19 @@ async def stored_shards(location: str) -> int:
     path = location.removeprefix("sqlite:///")
     where = f"store {path!r}"
     meta = await asyncio.to_thread(_sqlite_meta, path, where)
-    return _shards_of(meta, where, _schema.SCHEMA_VERSION)
+    return _shards_of(meta, where, None if any_version else _schema.SCHEMA_VERSION)
 
 
-def _shards_of(meta: dict[str, str], where: str, current: int) -> int:
-    """The pinned shard count, if `meta` is a corral store's at schema `current`."""
+def _shards_of(meta: dict[str, str], where: str, current: int | None) -> int:
+    """The pinned shard count, if `meta` is a corral store's at schema `current` (None:
+    at any)."""
     shards = meta.get("shards", "")
     if not (shards.isascii() and shards.isdecimal() and int(shards) > 0):
         raise InvalidArgumentError(
             f"{where} is not a corral store (no corral tables in it): name the store "
             "the application opens")
     version = meta.get("schema_version", "1")  # version 1 did not record it
-    if version != str(current):
+    if current is not None and version != str(current):
         raise StoreError(
             f"{where} has schema version {version!r}, this corral's is {current}: the "
             "application migrates an older store when it opens it; a newer one needs a "

@@ -1,8 +1,8 @@
 """Hosting: shards, activations, routing, leases and the client API.
 
-Its `__all__` is what users need (the client, its records, `roll_ray_hosts` and
-`stop_ray_hosts`); the shard, activation and host classes are internals of their
-private modules.
+Its `__all__` is what users need (the client, its records, `roll_ray_hosts`,
+`drain_node` and `stop_ray_hosts`); the shard, activation and host classes are
+internals of their private modules.
 
 `Shard` is the one host implementation; the local backend runs shards in-process and
 the Ray backend wraps the same class in named actors. The runtime reaches storage only
@@ -26,12 +26,14 @@ Local backend, one process:
    process hosting the shard finds the entry by tailing the journal (`_host`; a
    store's tail leaves out what its own process committed and handed over here).
 
-Ray backend, client process -> shard actor:
+Ray backend, client process -> host actor:
 
 1. As local step 1, in the client process.
 2. `_ray.RayBackend.run(acc)` queues it per shard; on the event loop's next turn
    (`_flush`) the shard's queue goes as one `_ops.AcceptBatch` in one Ray call
-   (`RayBackend.call`: get-or-create the named actor, retry while it restarts).
+   (`RayBackend.call`: the shard's host actor as the directory names it, placed by
+   the deployment's placer if need be; re-routed on `ShardMovedError`, retried while
+   it restarts).
 3. In the actor, `_ray_host.ShardHost.handle(batch)` checks the routing (each key
    hashed again only if the batch was routed with another shard count) and runs
    `LocalBackend.accept_many`: one group commit, then local step 3 for each entry;
@@ -46,7 +48,15 @@ from ._boundary import Authorize, AuthRequest, Limits
 from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
 from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
-from ._ray_deploy import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
+from ._ray_deploy import (
+    DrainReport,
+    RollReport,
+    RollStep,
+    drain_node,
+    roll_ray_hosts,
+    stop_ray_hosts,
+    undrain_node,
+)
 from ._ref import EntityRef
 from ._results import (
     Ack,
@@ -68,6 +78,7 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "DeliveryStatus",
+    "DrainReport",
     "EntityDescription",
     "EntityHistory",
     "EntityRef",
@@ -84,7 +95,9 @@ __all__ = [
     "SignalWaitInfo",
     "TimerInfo",
     "WaitSummary",
+    "drain_node",
     "open_runtime",
     "roll_ray_hosts",
     "stop_ray_hosts",
+    "undrain_node",
 ]

@@ -257,12 +257,16 @@ class Runtime:
         return await build_infos(self.store, etype)
 
 
+LOCAL_SHARDS = 16
+"""A local store's shard count when `open_runtime` is given none."""
+
+
 @contextlib.asynccontextmanager
 async def open_runtime(
     store: str | Store = "corral.db",
     *,
     entities: Sequence[type[Entity]],
-    shards: int = 16,
+    shards: int | None = None,
     host: bool = True,
     authorize: Authorize | None = None,
     limits: Limits | None = None,
@@ -273,6 +277,7 @@ async def open_runtime(
     namespace: str = "corral",
     ray_options: Mapping[str, Any] | None = None,
     env_vars: Mapping[str, str] | None = None,
+    hosts: int | Mapping[str, int] | None = None,
     clock: Clock | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
@@ -282,33 +287,38 @@ async def open_runtime(
             PostgreSQL URL `"postgresql://user:pw@host:port/db"` (the `postgres` extra;
             for deployments on several machines), or a `Store`.
         entities: every entity type this process may address or host.
-        shards: fixed for the life of a store (checked against it).
+        shards: fixed for the life of a store (checked against it). None: 16 with the
+            local backend; with `backend="ray"` the store's own count if it exists,
+            else the running deployment's, else 256 (shards are what moves between
+            nodes, so many more shards than host actors).
         host: whether this process takes shard leases and runs entities. Pure clients
             (scripts, web workers) may pass False: they accept, another process applies.
         authorize: hook that sees each call and returns the sender to record.
         limits: input limits (payload bytes, key length and pattern).
         lease_ttl: seconds a dead host keeps its shards before others take them.
         poll_interval: how often a host checks for messages other processes accepted.
-        backend: `"local"` (this process hosts) or `"ray"`: every shard is a named,
-            detached Ray actor (`corral/<namespace>/shard-<k>`) hosting it, created on
-            first use; `host` is then ignored and `store` must be a PostgreSQL URL or a
-            file path that every shard actor can open (so one machine). Ray is started
+        backend: `"local"` (this process hosts) or `"ray"`: the shards are held by a few
+            named, detached Ray host actors (by default one per node), which the
+            deployment's placer (`corral/<namespace>/placer`) starts on first use and
+            moves shards between as nodes join and leave; `host` is then ignored and
+            `store` must be a PostgreSQL URL or a file path that every host actor can
+            open (so one machine). Ray is started
             (`ray.init(address=address, namespace=namespace)`) unless already
-            initialized, and shut down on close
-            only if started here. The shard actors tail the journal at most every
-            50 ms (calls reach them directly; tailing only catches what a fenced-out
-            predecessor accepted). One store is hosted by one cluster: every process
-            of a Ray deployment must reach the same Ray instance (`ray start --head`
-            once, then `address="auto"`); a runtime whose Ray instance is another is
-            refused with `StoreHostedElsewhereError`, as is a local host (`host=True`)
-            beside a Ray deployment, or a Ray deployment beside local hosts. The host
+            initialized, and shut down on close only if started here. The host actors
+            tail the journal at most every 50 ms (calls reach them directly; tailing
+            only catches what a fenced-out predecessor accepted). One store is hosted
+            by one cluster: every process of a Ray deployment must reach the same Ray
+            instance (`ray start --head` once, then `address="auto"`); a runtime whose
+            Ray instance is another is refused with `StoreHostedElsewhereError`, as
+            is a local host (`host=True`) beside a Ray deployment, or a Ray deployment
+            beside local hosts. The host
             actors' `corral.*` log records (INFO and above, tracebacks included) reach
             this process's `logging` under the same logger names, while it is open.
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
         namespace: Ray backend: the deployment's name; clients of one namespace share
             its shard actors.
-        ray_options: Ray backend: extra Ray actor options for the shard actors, such as
+        ray_options: Ray backend: extra Ray actor options for the host actors, such as
             `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
         env_vars: Ray backend: environment variables of every actor this runtime
             creates (shared and dedicated; the Ray tasks of their steps inherit them),
@@ -317,6 +327,11 @@ async def open_runtime(
             values are str (no NUL, no "=" in a name). Actors already running keep the
             environment they were created with (`stop_ray_hosts`, or a roll with the
             same `runtime_env` in its `actor_options`, changes it).
+        hosts: Ray backend: how many host actors hold the shards: an int (the total,
+            spread over the alive nodes) or {node id: count} (other nodes: one);
+            default one per alive node. Given, it replaces the deployment's setting
+            when this client connects (the placer starts or stops hosts and evens
+            the shards out over them, a few moves per second).
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 
@@ -348,11 +363,11 @@ async def open_runtime(
             raise InvalidArgumentError("a clock is for the local backend (corral.testing)")
         if not isinstance(store, str):
             raise InvalidArgumentError("the Ray backend takes the store as a path or URL "
-                                       "(each shard actor opens it), not a Store object")
+                                       "(each host actor opens it), not a Store object")
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
             lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,
-            env_vars=env_vars)
+            env_vars=env_vars, hosts=hosts)
         follower = LogFollower(namespace)  # the host actors' logs, on this process's
         follower.start()
         try:
@@ -367,6 +382,7 @@ async def open_runtime(
     if env_vars is not None:
         raise InvalidArgumentError("env_vars is for the Ray backend's actors; a local "
                                    "host runs in this process, with its environment")
+    shards = LOCAL_SHARDS if shards is None else shards
     router = Router(shards)
     clock = clock or SystemClock()
     owned_store = isinstance(store, str)

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import corral.metrics as metrics
 from corral._errors import LeaseLostError, StoreError
@@ -109,6 +109,16 @@ class LocalHost:
 
     def shard(self, index: int) -> Shard | None:
         return self.shards.get(index)
+
+    def assign(self, indexes: Iterable[int]) -> None:
+        """Set the shards this host may hold: a Ray host actor's share, which its placer
+        changes (`_ray_placer`). A shard newly assigned may be taken at once even if this
+        host handed it off lately; one left out is not taken again (the host hands it
+        off when its next holder asks)."""
+        wanted = set(indexes)
+        for index in wanted - set(self.indices):
+            self._lost.pop(index, None)
+        self.indices = tuple(sorted(wanted))
 
     async def request_shards(self, indexes: Sequence[int], *, timeout: float | None = None
                              ) -> dict[int, int]:

@@ -1,21 +1,26 @@
-"""The Ray backend: every shard of a deployment is a named, detached Ray actor.
+"""The Ray backend: a deployment's shards are held by a few named, detached host actors.
 
 `RayBackend` is the client half. It computes the owning shard of an entity (the same
-stable hash in every driver, task, actor and Serve replica), gets or creates that
-shard's actor by name (`get_if_exists=True`: atomic in Ray, exactly one constructor per
-name) and sends it the call's request record (`_ops`) through its one entry point,
-`ShardHost.handle(op)`. The actor (`ShardHost`, in `_ray_host.py`) runs the same host
-code as the local backend (`LocalBackend.run(op)`).
+stable hash in every driver, task, actor and Serve replica), finds the host actor that
+holds the shard in the directory (`_ray_directory`; a shard not placed yet is placed
+first by the deployment's placer, `_ray_placer`, which this client gets or creates)
+and sends it the call's request record (`_ops`) through its one entry point,
+`ShardHost.handle(op)`; a host that no longer holds the shard answers
+`ShardMovedError` and the call is re-routed. A dedicated entity's actor is got or
+created by its own name (`get_if_exists=True`: atomic in Ray, exactly one constructor
+per name). The actor (`ShardHost`, in `_ray_host.py`) runs the same host code as the
+local backend (`LocalBackend.run(op)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
 
-- Actors are created with `max_restarts=-1, max_task_retries=-1`: when a shard actor
+- Actors are created with `max_restarts=-1, max_task_retries=-1`: when a host actor
   dies, Ray restarts it and re-executes the calls that were in flight. Accepts are
   idempotent by message id (a re-executed accept is answered from the dedupe table),
   updates by update id, and the other calls are reads.
-- A handle may point at an actor that is dying for good (killed without restart, or
-  exited) or was never created: the client drops it, gets-or-creates the actor again
-  and repeats the call, for up to `retry_timeout` seconds.
+- A handle may point at an actor that is dying for good (killed without restart,
+  exited, stopped after its shards moved, or pinned to a node that is gone): the
+  client drops it, resolves the shard's host again and repeats the call, for up to
+  `retry_timeout` seconds.
 
 Concurrent accepts for one shard from one client are sent as one actor call, an
 `AcceptBatch` (the batch is whatever is queued when the event loop comes round): one
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import time
@@ -46,7 +52,13 @@ from corral._errors import (
 )
 from corral.actors import EntityDefinition
 from corral.actors._manifest import manifest_json
-from corral.persistence import Acceptance, AcceptResult, UpdateOutcome, is_postgres_url
+from corral.persistence import (
+    Acceptance,
+    AcceptResult,
+    UpdateOutcome,
+    is_postgres_url,
+    stored_shards,
+)
 
 from ._ops import AcceptBatch, Request, SignalBatch, WaitUpdate
 from ._ray_deploy import stop_ray_hosts as stop_hosts
@@ -58,7 +70,9 @@ from ._ray_host import (
     actor_name,
     host_fingerprint,
     shard_actor_class,
+    start_failure_hint,
 )
+from ._ray_placer import placer_handle, placer_name
 from ._ray_signals import keeping_sigterm
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
@@ -69,7 +83,10 @@ _MAX_BATCH = 512
 """Accepts per actor call; bigger batches are split (the pieces still share commits)."""
 _MAX_HANDLES = 4096
 """Actor handles kept per client (dedicated entities each have their own)."""
-_RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError)
+_RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError,
+              rex.ActorUnschedulableError)
+"""An actor gone or going (a host pinned to a node that is gone is unschedulable: the
+placer moves its shards, and the next handle is the new host's)."""
 _MAX_MOVES = 8
 """Re-routes of one call after `ShardMovedError` (a roll moves a shard once)."""
 _MIN_POLL = 0.05
@@ -82,7 +99,9 @@ class RayBackend:
         spec: the deployment (store path, shard count, namespace, lease settings).
         definitions: the entity types this client addresses.
         router: routing with placement (dedicated entities get their own actor).
-        actor_options: extra Ray options for shared shard actors (e.g. `runtime_env`).
+        actor_options: extra Ray options for the host actors (e.g. `runtime_env`).
+        hosts: host actors wanted (see `_ray_placer`): a total, or {node id: count};
+            default one per node. Used by the placer this client creates, if any.
         retry_timeout: how long to keep retrying a call whose actor is unavailable.
         owns_ray: whether `close()` shuts Ray down (this client started it).
     """
@@ -92,12 +111,14 @@ class RayBackend:
 
     def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
                  router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
+                 hosts: int | Mapping[str, int] | None = None,
                  retry_timeout: float = 120.0, owns_ray: bool = False) -> None:
         self.spec = spec
         self.router = router
         self._definitions = definitions
         self._entities = [d.cls for d in definitions.values()]
         self._actor_options = dict(actor_options or {})
+        self._hosts = hosts
         self._retry_timeout = retry_timeout
         self._owns_ray = owns_ray
         self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
@@ -112,14 +133,12 @@ class RayBackend:
     # -- actors ------------------------------------------------------------------------
 
     def _options(self, index: int, etype: str, name: str) -> dict[str, Any]:
+        """A dedicated actor's options (the placer makes the host actors)."""
         # Calls waiting for an update's outcome park in the actor (up to WAIT_SLICE):
         # room for many, so they never hold up accepts behind them.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
-        if self.router.is_dedicated(index):  # with the deployment's env_vars
-            options.update(with_env_vars(self._definitions[etype].ray_options,
-                                         env_vars_of(self._actor_options)))
-        else:
-            options.update(self._actor_options)
+        options.update(with_env_vars(self._definitions[etype].ray_options,
+                                     env_vars_of(self._actor_options)))
         options.update(
             name=name, namespace=self.spec.namespace,
             get_if_exists=True, lifetime="detached", max_restarts=-1, max_task_retries=-1,
@@ -127,16 +146,41 @@ class RayBackend:
         return options
 
     def _create(self, index: int, etype: str) -> Any:
-        """Get or create the actor hosting shard `index`, by the name the directory
-        gives (`_ray_directory`: a rolled shard's actor has a build-qualified name)."""
-        name = actor_name(self.spec, index)
+        """The actor hosting shard `index`: a dedicated entity's own (got or created by
+        name), or the host actor the directory names (`_ray_directory`); a shard not
+        placed yet, or placed on an actor that is gone, is placed by the deployment's
+        placer (`_ray_placer`, got or created here) first. Blocking (GCS calls)."""
         if self.router.is_dedicated(index):
-            entities = [self._definitions[etype].cls]
-        else:
-            entities = self._entities
-            name = host_of(self.spec.namespace, index, name)
-        return shard_actor_class().options(**self._options(index, etype, name)).remote(
-            self.spec, entities, index, name)
+            name = actor_name(self.spec, index)
+            return shard_actor_class().options(**self._options(index, etype, name)).remote(
+                self.spec, [self._definitions[etype].cls], index, name)
+        deadline = time.monotonic() + self._retry_timeout
+        while True:
+            name = host_of(self.spec.namespace, index, "")
+            if name:
+                with contextlib.suppress(ValueError):
+                    return ray.get_actor(name, namespace=self.spec.namespace)
+            if time.monotonic() > deadline:
+                raise CorralError(f"no host actor of the Ray deployment "
+                                  f"{self.spec.namespace!r} took shard {index} within "
+                                  f"{self._retry_timeout:.0f} s (see the placer's log)")
+            self.place()
+            if host_of(self.spec.namespace, index, "") == name:
+                time.sleep(0.1)  # named, but not (yet, or any more) a live actor
+    def place(self) -> None:
+        """Ask the placer (got or created) to place every shard, with this client's
+        `hosts` if given. Blocking."""
+        placer = placer_handle(self.spec, self._entities, self._actor_options, self._hosts)
+        try:
+            ray.get(placer.place.remote(self._hosts), timeout=self._retry_timeout)
+        except rex.RayTaskError as err:
+            if isinstance(err.cause, CorralError):
+                raise err.cause from None
+            raise
+        except rex.RayActorError as err:
+            hint = start_failure_hint(err)
+            raise CorralError(f"the placer of {self.spec.namespace!r} failed to start"
+                              f"{hint}: {err}") from err
 
     async def _handle(self, index: int, etype: str) -> Any:
         handle = self._handles.get(index)
@@ -204,7 +248,7 @@ class RayBackend:
                     await handle.register.remote(self._entities)  # list this type: teach it
                     continue
                 if isinstance(cause, ShardMovedError) and moves < _MAX_MOVES:
-                    moves += 1  # a roll moved the shard: the next handle is its new actor's
+                    moves += 1  # the shard moved: the next handle is its new actor's
                     self.retries["moved"] += 1
                     self._forget(index, handle)
                     continue
@@ -225,9 +269,7 @@ class RayBackend:
                     await check_ray_hosting(self.spec.store, self.spec.shards, None)
                     init_failures += 1
                     if init_failures >= 3:
-                        hint = (" (the Ray workers cannot import an entity module: ship "
-                                "it as an installed package or with a runtime_env)"
-                                if "No module named" in str(err) else "")
+                        hint = start_failure_hint(err)
                         raise CorralError(f"{actor_name(self.spec, index)} failed to "
                                           f"start{hint}: {err}") from err
                 if time.monotonic() + delay > deadline:
@@ -370,11 +412,19 @@ class RayBackend:
             batch = AcceptBatch(batch.shard, [acc for acc, _ in again], batch.shards)
 
     async def close(self) -> None:
-        """Forget the actor handles (the actors live on); shut Ray down if we started it."""
+        """Forget the actor handles (the actors live on). If this client started Ray,
+        its actors end with it: stop them cleanly first (each releases its leases and
+        its claim on the store, `stop_hosts`), so that the store's next host, local or
+        on another Ray instance, need not wait two lease terms; then shut Ray down."""
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
         self._handles.clear()
         if self._owns_ray:
+            try:
+                await asyncio.to_thread(stop_hosts, self.spec.namespace, timeout=10.0)
+            except Exception as err:  # they die with Ray all the same
+                log.warning("stopping the actors of %s before Ray: %s",
+                            self.spec.namespace, err)
             await asyncio.to_thread(ray.shutdown)
 
     # -- operations --------------------------------------------------------------------
@@ -384,10 +434,36 @@ class RayBackend:
         return await self._handle(self.router.shard_of(etype, key), etype)
 
 
-async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *, shards: int,
+RAY_SHARDS = 256
+"""A new Ray deployment's shard count when `open_runtime` is given none: shards are
+the unit that moves between host actors as nodes join and leave, so many more of them
+than hosts (16 hosts hold 16 each; `benchmarks/placement.py` measures what a host
+holding 64 costs when idle)."""
+
+
+async def deployment_shards(store: str, namespace: str) -> int:
+    """The shard count of a Ray deployment whose client gave none: the store's, or the
+    running deployment's (its placer's: the store is created by the host actors, at
+    their first call), or `RAY_SHARDS` for a new one."""
+    try:
+        return await stored_shards(store, any_version=True)
+    except InvalidArgumentError:  # no store there yet
+        pass
+    try:
+        placer = await asyncio.to_thread(ray.get_actor, placer_name(namespace),
+                                         namespace=namespace)
+    except ValueError:
+        return RAY_SHARDS
+    spec: RayHostSpec = await placer.spec_of.remote()
+    return spec.shards
+
+
+async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *,
+                      shards: int | None,
                       address: str | None, namespace: str, lease_ttl: float,
                       poll_interval: float, actor_options: Mapping[str, Any] | None,
-                      env_vars: Mapping[str, str] | None = None
+                      env_vars: Mapping[str, str] | None = None,
+                      hosts: int | Mapping[str, int] | None = None,
                       ) -> tuple[RayBackend, PlacementRouter]:
     """Connect to (or start) Ray and build the client of the deployment `namespace`."""
     if is_postgres_url(store):
@@ -406,6 +482,8 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
         with keeping_sigterm():  # a server's SIGTERM handler stays (`_ray_signals`)
             ray.init(address=address, namespace=namespace, log_to_driver=False)
     try:  # before any actor is created: refused if another cluster hosts the store
+        if shards is None:
+            shards = await deployment_shards(path, namespace)
         await check_ray_hosting(path, shards, address)
     except BaseException:
         if owns_ray:
@@ -417,5 +495,7 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     spec = RayHostSpec(path, shards, namespace, lease_ttl, max(poll_interval, _MIN_POLL))
     router = PlacementRouter(shards, definitions)
     backend = RayBackend(spec, definitions, router, actor_options=actor_options,
-                         owns_ray=owns_ray)
+                         hosts=hosts, owns_ray=owns_ray)
+    if hosts is not None:  # the deployment's placer takes an explicit setting at once
+        await asyncio.to_thread(backend.place)
     return backend, router

@@ -16,14 +16,17 @@ before and re-creates it by name (`get_if_exists`) makes an actor that reads the
 entry at start, takes no lease, and answers `ShardMovedError` (`ShardHost`): a stale
 name costs a redirect, never a second holder.
 
-The value is an actor name, not "the actor of shard k": several shards may name one
-actor (many shards per host actor, issue 25), and a rebalance moves a shard by the
-same two steps (hand-off, then this entry).
+The value is an actor name, not "the actor of shard k": several shards name one host
+actor (`corral/<ns>/host-<node>-<n>@<build>`, placed by `_ray_placer`), and every move
+(a rebalance, a drain, a roll) is the same two steps: the hand-off, then this entry.
+The same namespace keeps the nodes an operator drained (`drained-<node id>`), so the
+placer, restarted anywhere, places nothing there again.
 """
 
 from __future__ import annotations
 
-__all__ = ["clear_directory", "host_of", "set_host"]
+__all__ = ["assignment", "clear_directory", "drained_nodes", "host_of", "set_drained",
+           "set_host"]
 
 
 def _namespace(namespace: str) -> str:
@@ -47,9 +50,44 @@ def set_host(namespace: str, index: int, actor: str) -> None:
                                  namespace=_namespace(namespace))
 
 
-def clear_directory(namespace: str) -> None:
-    """Forget every recorded host (`stop_ray_hosts`: the next actors take their own names)."""
+def assignment(namespace: str) -> dict[int, str]:
+    """Every recorded {shard: actor name}, in one GCS read (call it off the event loop)."""
     from ray.experimental import internal_kv
 
-    for key in internal_kv._internal_kv_list("shard-", namespace=_namespace(namespace)):
-        internal_kv._internal_kv_del(key, namespace=_namespace(namespace))
+    ns = _namespace(namespace).encode()
+    keys = internal_kv._internal_kv_list("shard-", namespace=ns)
+    if not keys:
+        return {}
+    gcs = internal_kv.internal_kv_get_gcs_client()  # type: ignore[no-untyped-call]
+    values = gcs.internal_kv_multi_get(keys, ns)
+    return {int(key[len(b"shard-"):]): value.decode() for key, value in values.items()
+            if value is not None}
+
+
+def set_drained(namespace: str, node_id: str, drained: bool) -> None:
+    """Record that no shard may be placed on `node_id` (or may again)."""
+    from ray.experimental import internal_kv
+
+    if drained:
+        internal_kv._internal_kv_put(f"drained-{node_id}", b"1", overwrite=True,
+                                     namespace=_namespace(namespace))
+    else:
+        internal_kv._internal_kv_del(f"drained-{node_id}", namespace=_namespace(namespace))
+
+
+def drained_nodes(namespace: str) -> set[str]:
+    """The node ids drained with `drain_node` (and not undrained since)."""
+    from ray.experimental import internal_kv
+
+    keys = internal_kv._internal_kv_list("drained-", namespace=_namespace(namespace))
+    return {key.decode()[len("drained-"):] for key in keys}
+
+
+def clear_directory(namespace: str) -> None:
+    """Forget every recorded host and drained node (`stop_ray_hosts`: the next
+    deployment is placed afresh)."""
+    from ray.experimental import internal_kv
+
+    for prefix in ("shard-", "drained-"):
+        for key in internal_kv._internal_kv_list(prefix, namespace=_namespace(namespace)):
+            internal_kv._internal_kv_del(key, namespace=_namespace(namespace))

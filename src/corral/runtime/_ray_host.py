@@ -1,16 +1,21 @@
-"""The Ray side of the Ray backend: `ShardHost`, the body of every corral shard actor.
+"""The Ray side of the Ray backend: `ShardHost`, the body of every corral host actor.
 
-A shard actor runs the same pieces as a local host, in its own worker process: it opens
+A host actor runs the same pieces as a local host, in its own worker process: it opens
 its own store (the deployment's PostgreSQL database, or its SQLite file on a one-machine
-cluster), runs a `LocalHost` restricted to its one shard index, and runs each request
-record a client sends (`handle(op)`) through a `LocalBackend`.
-Its `__init__` takes the shard's lease with `takeover=True` before the actor serves a
-single call: Ray maps an actor name to one live incarnation, so a restarted actor fences
-out its predecessor (a zombie may still run) by taking a new epoch at once instead of
-waiting for the old lease to expire.
+cluster), runs a `LocalHost` restricted to the shards assigned to it (`LocalHost.assign`:
+it never takes a free shard), and runs each request record a client sends
+(`handle(op)`) through a `LocalBackend`. Which actor holds which shard is the placer's
+decision (`_ray_placer`), recorded in the directory (`_ray_directory`) that clients
+route by; a shard moves between actors only through the graceful hand-off (`take` on
+the receiver, `retire` on the old holder).
+At start, a host actor takes the shards the directory names it for with
+`takeover=True`, before it serves a single call: Ray maps an actor name to one live
+incarnation, so a restarted actor fences out its predecessor (a zombie may still run)
+by taking a new epoch at once instead of waiting for the old lease to expire.
 
 Dedicated entities (`placement = "dedicated"`) get a pseudo-shard index of their own,
-beyond the shard count, derived from a hash of (type, key) (`PlacementRouter`). Journal
+beyond the shard count, derived from a hash of (type, key) (`PlacementRouter`), and an
+actor of their own (`corral/<ns>/dedicated-<hex>`, created by clients by name). Journal
 rows, leases, fencing, recovery and tailing then work unchanged, and the actor hosting
 that pseudo-shard hosts exactly that entity (two keys would share an actor only on a
 62-bit hash collision, which stays correct: a pseudo-shard is a shard like any other).
@@ -51,13 +56,13 @@ from ._backend import LocalBackend
 from ._builds import BuildRegistration, refused_client, refused_successor
 from ._host import LocalHost
 from ._ops import AcceptBatch, Query, Request, WaitUpdate
-from ._ray_directory import host_of
+from ._ray_directory import assignment, host_of
 from ._ray_env import ray_hosting
 from ._ray_logs import ship_logs
 from ._router import Router
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
-           "shard_actor_class"]
+           "shard_actor_class", "start_failure_hint"]
 
 log = logging.getLogger("corral.ray")
 
@@ -121,11 +126,11 @@ class RayHostSpec:
     """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
-HOST_PROTOCOL = 4
-"""The version of what a client and a shard actor send each other (2: acceptances and
+HOST_PROTOCOL = 5
+"""The version of what a client and a host actor send each other (2: acceptances and
 their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`; 4:
 acceptances carry `max_backlog`, `overflow`, `applied`, results `dead_letter_id`, and an
-`AcceptBatch` may be `atomic`).
+`AcceptBatch` may be `atomic`; 5: one actor hosts many shards, placed by the placer).
 Detached actors outlive their clients, so an upgraded client can meet an actor of an
 older corral: the version is part of the fingerprint both check before the first call,
 and a mismatch is refused clearly."""
@@ -145,10 +150,20 @@ def accepted_fingerprints(definition: EntityDefinition) -> frozenset[str]:
 
 
 def actor_name(spec: RayHostSpec, index: int) -> str:
-    """`corral/<namespace>/shard-<k>`, or `.../dedicated-<hex>` for a dedicated entity."""
+    """`corral/<namespace>/dedicated-<hex>` for a dedicated entity; for a shard, the name
+    shard `index` would have alone (`corral/<namespace>/shard-<k>`: messages only; host
+    actors are named by the placer)."""
     if index < spec.shards:
         return f"corral/{spec.namespace}/shard-{index}"
     return f"corral/{spec.namespace}/dedicated-{index - spec.shards:016x}"
+
+
+def start_failure_hint(err: BaseException) -> str:
+    """What to add to the error of an actor that failed to start, if the cause is known."""
+    if "No module named" in str(err):
+        return (" (the Ray workers cannot import an entity module: ship it as an "
+                "installed package or with a runtime_env)")
+    return ""
 
 
 def register(definitions: dict[str, EntityDefinition],
@@ -163,15 +178,24 @@ def register(definitions: dict[str, EntityDefinition],
 
 
 class ShardHost:
-    """One shard (or one dedicated entity) of a deployment, inside an async Ray actor.
+    """A host actor of a deployment (many shards), or one dedicated entity, inside an
+    async Ray actor.
 
     Clients send every operation as one request record to `handle(op)`; the other
     methods are administration (`register`, `check_definitions`, `metrics`, `info`,
-    `shutdown`).
+    `shutdown`) and placement (`take`, `retire`, called by the placer, `_ray_placer`).
     Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
     dead-letter replays by their derived id (a discard run twice answers False the
     second time), and the rest are reads.
+
+    A host actor holds exactly the shards assigned to it (`LocalHost.assign`), never a
+    free one: at start, those the directory (`_ray_directory`) names it for, taken at
+    once at a new epoch (`takeover`: Ray restarted it, or a predecessor hangs on, and
+    the new epoch fences the old incarnation out); later, those the placer moves here
+    (`take`). A call for a shard it does not hold (moved away, or never assigned here:
+    a client's stale directory read) is answered `ShardMovedError` naming the actor the
+    directory names now, and the client re-routes.
 
     A dedicated actor ends itself once no run of its pseudo-shard has been running for
     `spec.dedicated_idle_exit` seconds, so a finished GPU entity gives its resources
@@ -179,16 +203,15 @@ class ShardHost:
     """
 
     async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
-        self, spec: RayHostSpec, entities: Sequence[type[Entity]], index: int,
-        name: str | None = None, heir: bool = False
+        self, spec: RayHostSpec, entities: Sequence[type[Entity]], index: int | None,
+        name: str | None = None,
     ) -> None:
-        """`name`: this actor's name (default: the shard's own, `actor_name`). `heir`:
-        made by a rolling deploy to take the shard from its holder through the graceful
-        hand-off (see `_start_host`)."""
+        """`index`: a dedicated entity's pseudo-shard; None for a host actor, which
+        hosts the shards the directory names `name` for (`name` then required)."""
         self.spec = spec
         self.index = index
-        self.name = name or actor_name(spec, index)
-        self.moved_to: str | None = None  # set once the shard was handed to that actor
+        self.name = name or actor_name(spec, index or 0)
+        self.moved_to: dict[int, str] = {}  # shard -> the actor it was handed to
         self.definitions: dict[str, EntityDefinition] = {}
         register(self.definitions, entities)
         self.router = PlacementRouter(spec.shards, self.definitions)
@@ -202,7 +225,7 @@ class ShardHost:
         self.hosting = ray_hosting(self.store, 2 * spec.lease_ttl)
         try:  # this Ray instance's claim on the store first: refused if another's holds it
             await self.hosting.open()
-            self.host = await self._start_host(heir)
+            self.host = await self._start_host()
             self.taken_at = time.time()
         except BaseException:
             await self.hosting.close()
@@ -210,33 +233,22 @@ class ShardHost:
             raise
         self.backend = LocalBackend(self.store, self.definitions, self.host,
                                     self.router.shard_of)
-        shard = self.host.shard(index)
-        log.info("%s: pid %d holds shard %d at epoch %s", self.name, os.getpid(),
-                 index, None if shard is None else shard.fence.epoch)
-        if self.router.is_dedicated(index) and spec.dedicated_idle_exit is not None:
+        log.info("%s: pid %d holds shards %s", self.name, os.getpid(),
+                 {i: s.fence.epoch for i, s in sorted(self.host.shards.items())})
+        if index is not None and spec.dedicated_idle_exit is not None:
             self._exit_task = asyncio.create_task(self._exit_when_idle(spec.dedicated_idle_exit))
 
-    async def _start_host(self, heir: bool) -> LocalHost:
-        """The host of this actor's shard, started as the directory (`_ray_directory`)
-        says: the actor it names takes the lease at once (`takeover`: a restarted actor
-        fences out its predecessor); an heir of a roll asks the holder for it (the
-        graceful hand-off, `request_shards`) and takes it over at a new epoch only if
-        no holder hands it within two lease terms (the holder died); any other actor
-        of the shard's is stale (re-created by a client that resolved an old name):
-        it holds nothing and answers `ShardMovedError`."""
-        current = self.name
-        if not self.router.is_dedicated(self.index):
-            current = await asyncio.to_thread(host_of, self.spec.namespace, self.index,
-                                              actor_name(self.spec, self.index))
-        hosting = current == self.name
-        if not hosting and not heir:
-            self.moved_to = current
-            log.info("%s: shard %d is hosted by %s; holding nothing", self.name,
-                     self.index, current)
+    async def _start_host(self) -> LocalHost:
+        """The host of this actor's shards, as the directory (`_ray_directory`) assigns
+        them, taken at once (`takeover`)."""
+        if self.index is not None:
+            mine: tuple[int, ...] = (self.index,)
+        else:
+            directory = await asyncio.to_thread(assignment, self.spec.namespace)
+            mine = tuple(sorted(k for k, actor in directory.items() if actor == self.name))
         host = LocalHost(self.store, self.router, self.definitions,
                          lease_ttl=self.spec.lease_ttl, poll_interval=self.spec.poll_interval,
-                         indices=(self.index,) if hosting or heir else (),
-                         takeover=hosting)
+                         indices=mine, takeover=True)
         # Registered like a local host (`corral builds` lists it; an entry only a live
         # build knows waits for it), and refused here if incompatible, before hosting.
         self.registration = BuildRegistration(
@@ -245,9 +257,6 @@ class ShardHost:
         await self.registration.open()
         try:
             await host.start()
-            if heir and not hosting and not await host.request_shards([self.index]):
-                async with host.leasing:  # no holder answered: take it over (fencing)
-                    await host.acquire(force=True)
         except BaseException:
             await host.close()
             await self.registration.close()
@@ -273,15 +282,13 @@ class ShardHost:
         with its outcome, or None after `WAIT_SLICE` seconds (ask again). Reads without
         a shard (`shard=None`) are answered for all shards: they share one store.
         """
-        if self.moved_to is not None:  # even while stopping: the caller re-routes at once
-            raise ShardMovedError(
-                f"shard {self.index} moved from {self.name} to {self.moved_to}",
-                shard=self.index, actor=self.moved_to)
+        if op.shard is not None and op.shard not in self.host.indices:
+            raise await self._moved(op.shard)  # even while stopping: re-routed at once
         async with self._serving():
             if isinstance(op, AcceptBatch):
                 return await self._accept_batch(op)
             if op.shard is not None:  # one entity's (or a key's dead letters)
-                self._check(op.entity_type, op.key)  # type: ignore[arg-type]
+                self._check(op.entity_type, op.key, op.shard)  # type: ignore[arg-type]
             if type(op) is Query:
                 self._check_handler(op.entity_type, op.name)
             if type(op) is WaitUpdate:
@@ -311,11 +318,11 @@ class ShardHost:
         for acc in batch.accs:  # a misrouted one is refused alone
             try:
                 if not routed:
-                    self._check(acc.entity_type, acc.key)
-                if acc.shard != self.index:
+                    self._check(acc.entity_type, acc.key, batch.shard)
+                if acc.shard != batch.shard:
                     raise CorralError(
                         f"{acc.entity_type} {acc.key!r} was routed to shard {acc.shard}, "
-                        f"but this actor hosts shard {self.index}")
+                        f"but sent in a batch for shard {batch.shard}")
                 if acc.kind in _HANDLED:
                     self._check_handler(acc.entity_type, acc.name)
             except CorralError as err:
@@ -343,25 +350,36 @@ class ShardHost:
         lacks too (`HandlerNotHostedError`, which the client retries while a roll runs)."""
         for index, acc in enumerate(batch.accs):
             try:
-                self._check(acc.entity_type, acc.key)
+                self._check(acc.entity_type, acc.key, batch.shard)
             except CorralError as err:
                 raise BatchRefusedError.of(index, err) from err
             if acc.kind in _HANDLED:  # an older build mid-roll: the client retries it all
                 self._check_handler(acc.entity_type, acc.name)
         return [r.to_wire() for r in await self.backend.accept_all(batch.accs)]
 
-    def _check(self, etype: str, key: str) -> None:
+    def _check(self, etype: str, key: str, shard: int) -> None:
         if etype not in self.definitions:
             raise UnknownEntityTypeError(
                 f"entity type {etype!r} is not registered in {self.name}"
             )
-        if self.router.shard_of(etype, key) != self.index:
-            raise CorralError(f"{etype} {key!r} does not belong to shard {self.index}")
+        if self.router.shard_of(etype, key) != shard:
+            raise CorralError(f"{etype} {key!r} does not belong to shard {shard}")
+
+    async def _moved(self, shard: int) -> ShardMovedError:
+        """The answer to a call for `shard`, which this actor does not host: where the
+        shard went (what it was handed to, or what the directory names now)."""
+        to = self.moved_to.get(shard)
+        if to is None:
+            to = await asyncio.to_thread(host_of, self.spec.namespace, shard, "")
+        return ShardMovedError(f"shard {shard} is not hosted by {self.name}"
+                               + (f"; {to} hosts it" if to else "; ask the placer"),
+                               shard=shard, actor=to)
 
     # -- a dedicated actor ends when its entity is done ----------------------------------
 
     async def _running_here(self) -> int:
         """Runs of this shard that are running (passivated ones included) or in memory."""
+        assert self.index is not None  # only dedicated actors exit when idle
         shard = self.host.shard(self.index)
         if shard is not None and len(shard):
             return len(shard)
@@ -387,8 +405,7 @@ class ShardHost:
                 self._open.set()
                 idle_since = None
                 continue
-            log.info("%s: no running entity for %.1f s; exiting", actor_name(self.spec,
-                     self.index), grace)
+            log.info("%s: no running entity for %.1f s; exiting", self.name, grace)
             await self.registration.close()
             await self.host.close()
             await self.hosting.close()
@@ -445,23 +462,31 @@ class ShardHost:
         (`_ray_metrics.pull_hosts`)."""
         return metrics.exposition()
 
-    async def info(self) -> dict[str, Any]:
-        """Where and as what this incarnation runs (for operators and tests)."""
+    async def info(self, shard: int | None = None) -> dict[str, Any]:
+        """Where and as what this incarnation runs (for operators and tests): `shards`
+        held ({index: epoch}); `epoch` of `shard` (default: the lowest held)."""
         import ray
 
-        shard = self.host.shard(self.index)
+        held = {i: s.fence.epoch for i, s in sorted(self.host.shards.items())}
+        if shard is None:
+            shard = self.index if self.index is not None else min(held, default=None)
         ctx = ray.get_runtime_context()
         return {
             "name": self.name, "index": self.index, "pid": os.getpid(),
             "node_id": ctx.get_node_id(), "owner": self.host.owner,
-            "epoch": None if shard is None else shard.fence.epoch,  # (an empty shard is falsy)
-            "hosted": 0 if shard is None else len(shard),
+            "shards": held, "assigned": list(self.host.indices),
+            "epoch": held.get(shard) if shard is not None else None,
+            "hosted": sum(len(s) for s in self.host.shards.values()),
             "entity_types": sorted(self.definitions),
             "store": "postgresql" if is_postgres_url(self.spec.store) else "sqlite",
-            "gc_threshold": gc.get_threshold(), "moved_to": self.moved_to,
+            "gc_threshold": gc.get_threshold(), "moved_to": dict(self.moved_to),
             "taken_at": self.taken_at, "spec": dataclasses.asdict(self.spec),  # plain data
             "fingerprints": {n: d.fingerprint for n, d in sorted(self.definitions.items())},
         }
+
+    async def entities(self) -> list[type[Entity]]:
+        """The entity classes this actor runs (a restarted placer's build, `_ray_placer`)."""
+        return [d.cls for d in self.definitions.values()]
 
     # -- a rolling deploy (`_ray_deploy.roll_ray_hosts`) ----------------------------------
 
@@ -486,19 +511,38 @@ class ShardHost:
                 fingerprint=json.loads(manifests[etype])["fingerprint"],
                 newest_fingerprint=self.definitions[etype].fingerprint)
 
-    async def retire(self, successor: str, *, drain: float = 2.0) -> float | None:
-        """The shard was handed to `successor`: answer every later call with
+    # -- placement (`_ray_placer`): the one move of a shard -------------------------------
+
+    async def take(self, shards: Sequence[int], *, force: bool = False
+                   ) -> tuple[dict[int, int], float]:
+        """Host `shards` from now on: ask their holders to hand them over (the graceful
+        hand-off, `request_shards`), or, with `force` (their holder's node is gone) or
+        when nobody hands them within two lease terms, take them over at a new epoch
+        (fencing the old holder out). ({shard: epoch} held here now, when (epoch s))."""
+        self.host.assign(set(self.host.indices) | set(shards))
+        for index in shards:
+            self.moved_to.pop(index, None)
+        if force or set(await self.host.request_shards(shards)) != set(shards):
+            async with self.host.leasing:
+                await self.host.acquire(force=True)
+        return ({i: s.fence.epoch for i in shards if (s := self.host.shard(i)) is not None},
+                time.time())
+
+    async def retire(self, shard: int, successor: str, *, drain: float = 2.0
+                     ) -> float | None:
+        """Shard `shard` was handed to `successor`: answer every later call for it with
         `ShardMovedError` naming it (the client re-routes) and let the calls in flight
         finish (up to `drain` seconds); when the hand-off began (epoch s), or None (and
         nothing changed) if this actor still holds the shard."""
-        if self.host.shard(self.index) is not None:
+        if self.host.shard(shard) is not None:
             return None
-        self.moved_to = successor
+        self.moved_to[shard] = successor
+        self.host.assign(i for i in self.host.indices if i != shard)
         loop = asyncio.get_running_loop()
         until = loop.time() + drain
         while self._inflight and loop.time() < until:
             await asyncio.sleep(0.01)
-        return self.host.handed_at.get(self.index, 0.0)
+        return self.host.handed_at.get(shard, 0.0)
 
     async def shutdown(self) -> None:
         """Stop hosting, release the lease and close the store (`stop_ray_hosts` then kills

@@ -1,0 +1,475 @@
+"""The placer of a Ray deployment: which host actor holds which shard, and the moves.
+
+Shards are units of placement, host actors are processes: a deployment has a fixed
+number of shards (its store's) and a few host actors (`ShardHost`), by default one per
+alive Ray node, each holding many shards. One detached named actor per deployment,
+`corral/<ns>/placer` (get-or-created by any client that finds a shard unassigned;
+`max_restarts=-1`), decides the assignment and is the only one that changes it, so
+two moves of one shard never race. Its state is the directory (`_ray_directory`, in
+Ray's GCS: shard -> host actor name, and the drained nodes) and the named host actors:
+a restarted placer reads them again and goes on.
+
+Host actors are named `corral/<ns>/host-<node id[:12]>-<n>@<build>`, pinned to their
+node (`NodeAffinitySchedulingStrategy(soft=False)`): a host never wanders to another
+node when Ray restarts it, so "the shards of a node" stays true. `hosts=` (an int: the
+total, spread over the nodes; or {node id: count}) changes how many.
+
+Every round (`PLACER_PERIOD`, and at once when a client asks, `place`):
+
+1. the hosts wanted: `hosts` per alive, undrained node, of the current build
+   (created if missing);
+2. shards no host holds yet go to the least-loaded hosts, and so do the shards of a
+   host whose node is gone (taken over at a new epoch: the old holder is fenced out);
+   both at once, whatever the limit: nobody serves them meanwhile;
+3. shards on a host no longer wanted (its node drained, an older build, one host too
+   many) move, at most `limit` per round, preferring a host on the same node;
+4. while the most-loaded host holds more than one shard more than the least-loaded,
+   one shard moves from the first to the second, within the same limit (Akka's
+   least-shard allocation with `rebalance-absolute-limit`);
+5. host actors that hold nothing and are not wanted are stopped.
+
+A move is always the same three steps, the ones a rolling deploy made from the start:
+the receiving host takes the shard (`ShardHost.take`: the graceful hand-off, the old
+holder draining its commits in flight and releasing the lease at the next epoch; or a
+forced takeover when the holder's node is gone), the directory names the receiver, and
+the old host retires the shard (later calls get `ShardMovedError` naming the receiver,
+and the client re-routes). A client holding a stale name is redirected, never wrong:
+only the lease holder applies, and every write is fenced by its epoch.
+
+Known limit: a host actor that Ray restarts while a shard is being moved off it takes
+that shard back (the directory still names it until the move's second step); the
+mover's take is then fenced out and the next round moves the shard again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from corral._errors import CorralError, InvalidArgumentError
+from corral.actors import Entity, EntityDefinition
+
+from ._ray_directory import assignment, drained_nodes, set_drained, set_host
+from ._ray_host import RayHostSpec, shard_actor_class, start_failure_hint
+
+__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name", "placer_handle",
+           "placer_name", "plan_moves"]
+
+log = logging.getLogger("corral.ray")
+
+PLACER_PERIOD = 1.0
+"""Seconds between the placer's rounds (node membership is read from Ray each round)."""
+
+MOVES_PER_ROUND = 8
+"""Shards moved gracefully per round at most (Akka's `rebalance-absolute-limit`): a
+node joining takes its share over a few rounds, never all shards pausing at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class RollStep:
+    """One shard moved (by a roll, a rebalance or a drain).
+
+    Attributes:
+        shard: the shard index.
+        old_actor, new_actor: the actor names it moved from and to (`old_actor` is ""
+            for a shard placed for the first time).
+        epoch: the lease epoch the new actor holds it at.
+        pause: seconds from the old holder stopping the shard to the new one having
+            taken it (its entities' pause; wall clocks of two processes).
+        seconds: how long the whole step took.
+    """
+
+    shard: int
+    old_actor: str
+    new_actor: str
+    epoch: int
+    pause: float
+    seconds: float
+
+
+def build_tag(definitions: Sequence[EntityDefinition]) -> str:
+    """A short name for a build (every type's fingerprint): host actors' name suffix."""
+    text = "\0".join(sorted(f"{d.name}={d.fingerprint}" for d in definitions))
+    return hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
+
+
+def host_name(namespace: str, node_id: str, n: int, tag: str) -> str:
+    """`corral/<namespace>/host-<node id[:12]>-<n>@<build>`."""
+    return f"corral/{namespace}/host-{node_id[:12]}-{n}@{tag}"
+
+
+def _node_of(name: str) -> str:
+    """The node id prefix in a host actor's name."""
+    return name.rsplit("/", 1)[-1][len("host-"):].split("-", 1)[0]
+
+
+def _tag_of(name: str) -> str:
+    return name.rsplit("@", 1)[-1]
+
+
+def placer_name(namespace: str) -> str:
+    """`corral/<namespace>/placer`."""
+    return f"corral/{namespace}/placer"
+
+
+def placer_handle(spec: RayHostSpec, entities: Sequence[type[Entity]],
+                  actor_options: Mapping[str, Any] | None = None,
+                  hosts: int | Mapping[str, int] | None = None) -> Any:
+    """Get or create the placer of `spec.namespace` (blocking: a GCS call). The first
+    creator's `entities`, `actor_options` and `hosts` are the ones it uses."""
+    import ray
+
+    return ray.remote(Placer).options(
+        name=placer_name(spec.namespace), namespace=spec.namespace, get_if_exists=True,
+        lifetime="detached", max_restarts=-1, max_task_retries=-1, num_cpus=0,
+    ).remote(spec, list(entities), dict(actor_options or {}), hosts)
+
+
+Move = tuple[int, str, bool]
+"""(shard, receiving host, forced): one move of a round's plan."""
+
+
+def plan_moves(shards: int, directory: Mapping[int, str], wanted: Sequence[str],
+               nodes: set[str], named: set[str], *, limit: int, balance: bool = True
+               ) -> list[Move]:
+    """The moves of one round (the module docstring's steps 2-4), decided from what the
+    round observed: `directory` (shard -> host), the host actors `wanted` (one or more
+    per usable node), the id prefixes of the alive `nodes`, the host actors `named` in
+    Ray now. Pure: the placer carries the moves out.
+
+    Example:
+        a, b = host_name("ns", "n1", 0, "t"), host_name("ns", "n2", 0, "t")
+        plan_moves(4, dict.fromkeys(range(4), a), [a, b], {"n1", "n2"}, {a, b}, limit=8)
+        # -> [(3, b, False), (2, b, False)]: node n2 joined, it takes half
+    """
+    load: dict[str, list[int]] = {name: [] for name in wanted}
+    forced: list[int] = []
+    misplaced: list[int] = []
+    for shard in range(shards):
+        holder = directory.get(shard)
+        if holder in load:
+            load[holder].append(shard)
+        elif holder is None or _node_of(holder) not in nodes or holder not in named:
+            forced.append(shard)  # never placed, or its node (or actor) is gone
+        else:
+            misplaced.append(shard)  # its node drained, an older build, a host too many
+    plan: list[Move] = []
+
+    def least(node: str | None = None) -> str:
+        pool = [h for h in wanted if node is None or _node_of(h) == node]
+        return min(pool or wanted, key=lambda h: (len(load[h]), h))
+
+    def move(shard: int, to: str, force: bool) -> None:
+        plan.append((shard, to, force))
+        load[to].append(shard)
+
+    for shard in forced:  # all at once: nobody serves them
+        move(shard, least(), True)
+    for shard in misplaced[:limit]:  # to a host on the same node if there is one
+        move(shard, least(_node_of(directory[shard])), False)
+    budget = limit - min(limit, len(misplaced))
+    while balance and budget > 0:
+        most = max(wanted, key=lambda h: (len(load[h]), h))
+        to = least()
+        if len(load[most]) - len(load[to]) <= 1:
+            break
+        move(load[most].pop(), to, False)
+        budget -= 1
+    return plan
+
+
+class Placer:
+    """The placer actor (see the module docstring)."""
+
+    async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
+        self, spec: RayHostSpec, entities: list[type[Entity]],
+        actor_options: dict[str, Any], hosts: int | Mapping[str, int] | None,
+    ) -> None:
+        self.spec = spec
+        self.entities = entities
+        self.tag = build_tag([cls._corral_definition for cls in entities])
+        self.actor_options = actor_options
+        self.hosts = hosts
+        self._lock = asyncio.Lock()  # one round (one set of moves) at a time
+        self._held_until = 0.0  # a roll drives the rounds itself until then (monotonic)
+        self._failed: CorralError | None = None  # why the last round's first move failed
+        self.moves: collections.deque[RollStep] = collections.deque(maxlen=1024)
+        """The latest moves, oldest first (for operators and benchmarks)."""
+        await self._adopt_build()
+        self._loop_task = asyncio.create_task(self._loop(), name="corral-placer")
+
+    async def _adopt_build(self) -> None:
+        """A restarted placer (Ray re-runs `__init__` with the first creator's entities)
+        takes the build the hosts run now, if a roll replaced it."""
+        import ray
+
+        directory = await asyncio.to_thread(assignment, self.spec.namespace)
+        tags = {_tag_of(name) for name in directory.values()}
+        if len(tags) != 1 or self.tag in tags:
+            return
+        name = next(iter(directory.values()))
+        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+            self.entities = await ray.get_actor(name, namespace=self.spec.namespace
+                                                ).entities.remote()
+            self.tag = tags.pop()
+
+    # -- what clients, `drain_node` and `roll_ray_hosts` call ----------------------------
+
+    async def place(self, hosts: int | Mapping[str, int] | None = None) -> dict[int, str]:
+        """Place every unplaced shard now (a client found one); the directory. `hosts`:
+        a client's explicit setting, which replaces the placer's (the next rounds
+        start or stop hosts and even the shards out over them)."""
+        if hosts is not None:
+            self.hosts = hosts
+        async with self._lock:
+            await self._round(limit=0)
+        directory = await asyncio.to_thread(assignment, self.spec.namespace)
+        if len(directory) < self.spec.shards and self._failed is not None:
+            raise self._failed  # a host could not start: the client reports it
+        return directory
+
+    async def drain(self, node_id: str) -> tuple[list[RollStep], list[str]]:
+        """Move every shard off `node_id`'s hosts, stop them, and place nothing there
+        again (until `undrain`); (the moves, the hosts stopped)."""
+        alive, _, drained, _ = await asyncio.to_thread(self._observe)
+        if not alive - drained - {node_id}:
+            raise InvalidArgumentError(
+                f"draining node {node_id} would leave no node that can run the hosts of "
+                f"{self.spec.namespace!r}: add a node first (or stop the deployment with "
+                f"corral.runtime.stop_ray_hosts)")
+        await asyncio.to_thread(set_drained, self.spec.namespace, node_id, True)
+        steps: list[RollStep] = []
+        stopped: list[str] = []
+        async with self._lock:
+            while True:
+                moved, gone = await self._round(limit=self.spec.shards, balance=False)
+                steps += moved
+                stopped += gone
+                if not moved:
+                    break
+        return steps, stopped
+
+    async def undrain(self, node_id: str) -> None:
+        """Let the placer place shards on `node_id` again (from its next round)."""
+        await asyncio.to_thread(set_drained, self.spec.namespace, node_id, False)
+
+    async def roll(self, entities: list[type[Entity]], actor_options: dict[str, Any]) -> str:
+        """Make `entities` the build of every host from now on; its tag. The caller
+        (`roll_ray_hosts`) then calls `roll_step` until it answers no move."""
+        self.entities = entities
+        self.tag = build_tag([cls._corral_definition for cls in entities])
+        self.actor_options = actor_options
+        self._held_until = time.monotonic() + 60.0
+        return self.tag
+
+    async def roll_step(self) -> tuple[list[RollStep], list[str]]:
+        """One shard (at most) moved to a host of the current build; (moves, hosts
+        stopped). The background rounds wait while a roll calls this."""
+        self._held_until = time.monotonic() + 60.0
+        async with self._lock:
+            steps, stopped = await self._round(limit=1, balance=False)
+        if not steps:
+            self._held_until = 0.0
+        return steps, stopped
+
+    async def state(self) -> dict[str, Any]:
+        """The assignment, the settings and the latest moves (for operators, tests and
+        benchmarks)."""
+        directory = await asyncio.to_thread(assignment, self.spec.namespace)
+        return {"directory": directory, "tag": self.tag, "hosts": self.hosts,
+                "moves": [dataclasses.asdict(step) for step in self.moves],
+                "drained": sorted(await asyncio.to_thread(drained_nodes,
+                                                          self.spec.namespace))}
+
+    async def spec_of(self) -> RayHostSpec:
+        return self.spec
+
+    async def shutdown(self) -> None:
+        """Stop placing (`stop_ray_hosts` kills the placer before the hosts)."""
+        self._loop_task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._loop_task
+
+    # -- the rounds ---------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(PLACER_PERIOD)
+            if time.monotonic() < self._held_until:
+                continue
+            try:
+                async with self._lock:
+                    await self._round(limit=MOVES_PER_ROUND)
+            except Exception:
+                log.exception("placer %s: a round failed", self.spec.namespace)
+
+    def _wanted(self, nodes: list[str]) -> list[str]:
+        """The host actor names wanted on `nodes` (alive, undrained; sorted)."""
+        counts: dict[str, int]
+        if isinstance(self.hosts, int):
+            counts = {node: self.hosts // len(nodes) + (i < self.hosts % len(nodes))
+                      for i, node in enumerate(nodes)}
+        else:
+            per_node = dict(self.hosts or {})
+            counts = {node: per_node.get(node, 1) for node in nodes}
+        return [host_name(self.spec.namespace, node, n, self.tag)
+                for node in nodes for n in range(counts[node])]
+
+    async def _round(self, *, limit: int, balance: bool = True
+                     ) -> tuple[list[RollStep], list[str]]:
+        """One round (the module docstring's steps 1-5); (moves made, hosts stopped)."""
+        alive, directory, drained, named = await asyncio.to_thread(self._observe)
+        nodes = sorted(n for n in alive if n not in drained)
+        if not nodes:
+            log.warning("placer %s: no alive, undrained node to place shards on",
+                        self.spec.namespace)
+            return [], []
+        wanted = self._wanted(nodes)
+        node_ids = {n[:12]: n for n in alive}
+        plan = plan_moves(self.spec.shards, directory, wanted, set(node_ids), named,
+                          limit=limit, balance=balance)
+        for name in wanted:
+            if name not in named:
+                self._start(name, node_ids[_node_of(name)])
+        steps = await self._moves(plan, directory)
+        self.moves.extend(steps)
+        stopped = await self._sweep(set(wanted), named, alive, steps)
+        if steps:
+            log.info("placer %s: moved %d shards: %s", self.spec.namespace, len(steps),
+                     ", ".join(f"{s.shard}->{s.new_actor}" for s in steps))
+        return steps, stopped
+
+    def _observe(self) -> tuple[set[str], dict[int, str], set[str], set[str]]:
+        """(ids of the alive nodes that can run a host, the directory, drained node ids,
+        host actors named): the GCS reads of one round, blocking. A node that lacks a
+        resource the hosts ask for (`ray_options`) gets no host: it counts as gone."""
+        import ray
+
+        needs = self._needs()
+        alive = {n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
+                 if n["Alive"] and all(n["Resources"].get(r, 0) >= q for r, q in needs.items())}
+        prefix = f"corral/{self.spec.namespace}/host-"
+        named = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["namespace"] == self.spec.namespace and a["name"].startswith(prefix)}
+        return (alive, assignment(self.spec.namespace), drained_nodes(self.spec.namespace),
+                named)
+
+    def _needs(self) -> dict[str, float]:
+        """The resources one host actor asks for (from the hosts' `ray_options`)."""
+        needs = dict(self.actor_options.get("resources") or {})
+        for option, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+            if self.actor_options.get(option):
+                needs[resource] = float(self.actor_options[option])
+        return needs
+
+    def _start(self, name: str, node_id: str) -> Any:
+        """Get or create host actor `name`, pinned to `node_id`."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000,
+                                   **self.actor_options}
+        options.update(
+            name=name, namespace=self.spec.namespace, get_if_exists=True,
+            lifetime="detached", max_restarts=-1, max_task_retries=-1,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        return shard_actor_class().options(**options).remote(
+            self.spec, self.entities, None, name)
+
+    def _handle(self, name: str) -> Any | None:
+        import ray
+
+        try:
+            return ray.get_actor(name, namespace=self.spec.namespace)
+        except ValueError:
+            return None
+
+    async def _moves(self, plan: list[tuple[int, str, bool]], directory: Mapping[int, str]
+                     ) -> list[RollStep]:
+        """Make the moves of `plan`, one `take` per receiver and kind, side by side."""
+        groups: dict[tuple[str, bool], list[int]] = {}
+        for shard, to, force in plan:
+            groups.setdefault((to, force), []).append(shard)
+        done = await asyncio.gather(*(self._move(shards, to, force, directory)
+                                      for (to, force), shards in groups.items()),
+                                    return_exceptions=True)
+        steps: list[RollStep] = []
+        self._failed = next((CorralError(str(e)) for e in done
+                             if isinstance(e, BaseException)), None)
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                log.warning("placer %s: a move failed (the next round tries again): %r",
+                            self.spec.namespace, outcome)
+            else:
+                steps += outcome
+        return steps
+
+    async def _move(self, shards: list[int], to: str, force: bool,
+                    directory: Mapping[int, str]) -> list[RollStep]:
+        """`shards` to host `to`: take, record, retire (the module docstring)."""
+        import ray
+
+        began = time.monotonic()
+        receiver = self._handle(to)
+        if receiver is None:
+            raise RuntimeError(f"{to} is not running")
+        try:
+            epochs, taken_at = await asyncio.wait_for(  # one that cannot start: next round
+                receiver.take.remote(shards, force=force),
+                timeout=max(60.0, 4 * self.spec.lease_ttl))
+        except ray.exceptions.RayActorError as err:
+            hint = start_failure_hint(err)
+            raise CorralError(f"{to} failed to start{hint}: {err}") from err
+        steps = []
+        for shard in sorted(epochs):
+            await asyncio.to_thread(set_host, self.spec.namespace, shard, to)
+            old = directory.get(shard, "")
+            handed_at = None
+            retiring = self._handle(old) if old and not force else None
+            if retiring is not None:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    handed_at = await asyncio.wait_for(
+                        retiring.retire.remote(shard, to), timeout=30.0)
+            pause = max(0.0, taken_at - handed_at) if handed_at else 0.0
+            steps.append(RollStep(shard, old, to, epochs[shard], pause,
+                                  time.monotonic() - began))
+        return steps
+
+    async def _sweep(self, wanted: set[str], named: set[str], alive: set[str],
+                     steps: list[RollStep]) -> list[str]:
+        """Stop the host actors not wanted that the directory names for no shard."""
+        directory = await asyncio.to_thread(assignment, self.spec.namespace)
+        holding = set(directory.values())
+        alive_prefixes = {n[:12] for n in alive}
+        stopped = []
+        for name in sorted(named - wanted - holding):
+            handle = self._handle(name)
+            if handle is None:
+                continue
+            if _node_of(name) in alive_prefixes:
+                await stop_actor(handle, 30.0)
+            else:  # its node is gone: nothing to shut down cleanly
+                with contextlib.suppress(ValueError):
+                    import ray
+
+                    ray.kill(handle, no_restart=True)
+            stopped.append(name)
+        return stopped
+
+
+async def stop_actor(handle: Any, timeout: float) -> None:
+    """Stop a host actor cleanly (it releases what it holds), then kill it for good."""
+    import ray
+    from ray import exceptions as rex
+
+    with contextlib.suppress(rex.RayError, asyncio.TimeoutError):  # gone, or hung: killed
+        await asyncio.wait_for(handle.shutdown.remote(), timeout)
+    with contextlib.suppress(ValueError):
+        ray.kill(handle, no_restart=True)
