@@ -196,7 +196,11 @@ class RayBackend:
     async def _create_and_keep(self, index: int, etype: str) -> Any:
         try:
             # get-or-create asks the GCS synchronously: keep it off the event loop.
-            handle = await asyncio.to_thread(self._create, index, etype)
+            try:
+                handle = await asyncio.to_thread(self._create, index, etype)
+            except CorralError:  # a host actor that could not start: if another
+                await check_ray_hosting(self.spec.store, self.spec.shards, None)  # cluster
+                raise  # hosts the store, that refusal (`StoreHostedElsewhereError`) instead
             await self._check_definitions(handle, index, etype)
         finally:
             del self._creating[index]
