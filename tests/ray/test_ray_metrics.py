@@ -67,7 +67,7 @@ async def test_corral_metrics_serves_what_ray_host_actors_counted_under_the_corr
     assert totals["corral_resident_entities"] == KEYS  # a gauge, taken at the scrape
     hosts = {labels[HOST_LABEL] for _, labels, _ in got if HOST_LABEL in labels}
     assert hosts, "no sample names its host actor"
-    assert all(h.startswith(f"corral/{namespace}/shard-") for h in hosts), hosts
+    assert all(h.startswith(f"corral/{namespace}/host-") for h in hosts), hosts  # host actors
     up = {labels[HOST_LABEL]: v for n, labels, v in got if n == "corral_host_up"}
     assert set(up) == hosts
     assert set(up.values()) == {1.0}
