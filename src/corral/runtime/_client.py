@@ -28,6 +28,7 @@ from ._clock import Clock, SystemClock
 from ._host import LocalHost
 from ._hosting import LOCAL, HostingKeeper, local_holder
 from ._ops import DeadLetters, Entities, SignalWaits, TakeCensus
+from ._options import check_runtime_options
 from ._ref import EntityRef
 from ._results import Ack, EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
@@ -350,6 +351,11 @@ async def open_runtime(
         async with corral.open_runtime("corral.db", entities=[TicketAgent]) as rt:
             await rt.ref(TicketAgent, "ticket-9104").signal_with_start(...)
     """
+    check_runtime_options(
+        entities=entities, shards=shards, host=host, authorize=authorize, limits=limits,
+        lease_ttl=lease_ttl, poll_interval=poll_interval, backend=backend, address=address,
+        namespace=namespace, ray_options=ray_options, env_vars=env_vars, hosts=hosts,
+        clock=clock)
     definitions: dict[str, EntityDefinition] = {}
     for cls in entities:
         definition: EntityDefinition = cls._corral_definition
@@ -377,11 +383,6 @@ async def open_runtime(
             await follower.close()
             await ray_backend.close()
         return
-    if backend != "local":
-        raise InvalidArgumentError(f"backend must be 'local' or 'ray', got {backend!r}")
-    if env_vars is not None:
-        raise InvalidArgumentError("env_vars is for the Ray backend's actors; a local "
-                                   "host runs in this process, with its environment")
     shards = LOCAL_SHARDS if shards is None else shards
     router = Router(shards)
     clock = clock or SystemClock()

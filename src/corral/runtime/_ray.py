@@ -61,6 +61,7 @@ from corral.persistence import (
 )
 
 from ._ops import AcceptBatch, Request, SignalBatch, WaitUpdate
+from ._options import check_hosts
 from ._ray_deploy import stop_ray_hosts as stop_hosts
 from ._ray_directory import host_of
 from ._ray_env import check_ray_hosting, env_vars_of, with_env_vars
@@ -488,6 +489,8 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     try:  # before any actor is created: refused if another cluster hosts the store
         if shards is None:
             shards = await deployment_shards(path, namespace)
+        if hosts is not None:
+            check_hosts(hosts, shards)
         await check_ray_hosting(path, shards, address)
     except BaseException:
         if owns_ray:

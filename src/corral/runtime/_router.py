@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from corral._errors import InvalidArgumentError
+from ._options import check_shards
 
 __all__ = ["Router"]
 
@@ -19,9 +19,7 @@ class Router:
     __slots__ = ("shards",)
 
     def __init__(self, shards: int) -> None:
-        if shards < 1:
-            raise InvalidArgumentError(f"shards must be >= 1, got {shards}")
-        self.shards = shards
+        self.shards = check_shards(shards)
 
     def shard_of(self, entity_type: str, key: str) -> int:
         digest = hashlib.blake2b(f"{entity_type}\0{key}".encode(), digest_size=8).digest()
