@@ -213,13 +213,6 @@ async def test_bad_env_vars_are_refused_before_ray_is_touched(
     assert not (tmp_path / "s.db").exists()
 
 
-async def test_env_vars_belong_to_the_ray_backend(tmp_path: Path) -> None:
-    with pytest.raises(corral.InvalidArgumentError, match="Ray backend"):
-        async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
-                                       env_vars={"A": "1"}):
-            pass
-
-
 # -- the host actors' logs on the driver -----------------------------------------------
 
 

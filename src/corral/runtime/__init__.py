@@ -48,6 +48,7 @@ from ._boundary import Authorize, AuthRequest, Limits
 from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
 from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
+from ._options import MAX_SHARDS
 from ._ray_deploy import (
     DrainReport,
     RollReport,
@@ -71,6 +72,7 @@ from ._results import (
 from ._signal_many import SignalItem
 
 __all__ = [
+    "MAX_SHARDS",
     "Ack",
     "AuthRequest",
     "Authorize",

@@ -291,13 +291,15 @@ async def open_runtime(
         shards: fixed for the life of a store (checked against it). None: 16 with the
             local backend; with `backend="ray"` the store's own count if it exists,
             else the running deployment's, else 256 (shards are what moves between
-            nodes, so many more shards than host actors).
+            nodes, so many more shards than host actors). At most `MAX_SHARDS` (4096).
         host: whether this process takes shard leases and runs entities. Pure clients
             (scripts, web workers) may pass False: they accept, another process applies.
         authorize: hook that sees each call and returns the sender to record.
         limits: input limits (payload bytes, key length and pattern).
-        lease_ttl: seconds a dead host keeps its shards before others take them.
-        poll_interval: how often a host checks for messages other processes accepted.
+        lease_ttl: seconds a dead host keeps its shards before others take them
+            (> 0, at most 3600).
+        poll_interval: how often a host checks for messages other processes accepted
+            (seconds, > 0, at most 60).
         backend: `"local"` (this process hosts) or `"ray"`: the shards are held by a few
             named, detached Ray host actors (by default one per node), which the
             deployment's placer (`corral/<namespace>/placer`) starts on first use and
@@ -317,8 +319,9 @@ async def open_runtime(
             this process's `logging` under the same logger names, while it is open.
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
-        namespace: Ray backend: the deployment's name; clients of one namespace share
-            its shard actors.
+        namespace: Ray backend: the deployment's name (1-64 letters, digits, '.', '_'
+            or '-', starting with a letter or digit); clients of one namespace share
+            its host actors.
         ray_options: Ray backend: extra Ray actor options for the host actors, such as
             `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
         env_vars: Ray backend: environment variables of every actor this runtime
@@ -330,16 +333,18 @@ async def open_runtime(
             same `runtime_env` in its `actor_options`, changes it).
         hosts: Ray backend: how many host actors hold the shards: an int (the total,
             spread over the alive nodes) or {node id: count} (other nodes: one);
-            default one per alive node. Given, it replaces the deployment's setting
-            when this client connects (the placer starts or stops hosts and evens
-            the shards out over them, a few moves per second).
+            default one per alive node; at most one per shard. Given, it replaces
+            the deployment's setting when this client connects (the placer starts or
+            stops hosts and evens the shards out over them, a few moves per second).
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
 
     Raises:
-        InvalidArgumentError: an option that does not fit (two entity types of one name,
-            an unknown `backend`, `shards` below 1; with `backend="ray"`: a `Store`
-            object, an in-memory store, or a `clock`). Also a `ValueError`.
+        InvalidArgumentError: an option that does not fit, before anything starts
+            (a wrong type or a value out of the bounds above, two entity types of one
+            name, an unknown `backend`; `address`, `ray_options`, `env_vars` or
+            `hosts` with the local backend; with `backend="ray"`: a `Store` object, an
+            in-memory store, or a `clock`). Also a `ValueError`.
         IncompatibleBuildError: local backend: this process's build of an entity type
             cannot run beside the newest one registered in the store (see `_builds`);
             nothing was registered or hosted.
