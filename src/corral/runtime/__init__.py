@@ -72,7 +72,6 @@ from ._results import (
 from ._signal_many import SignalItem
 
 __all__ = [
-    "MAX_SHARDS",
     "Ack",
     "AuthRequest",
     "Authorize",
@@ -87,6 +86,7 @@ __all__ = [
     "EntityState",
     "EntitySummary",
     "Limits",
+    "MAX_SHARDS",
     "MessageInfo",
     "Page",
     "RollReport",
