@@ -14,7 +14,7 @@ time from the first signal to the last message where it ends up:
 - `handler sends`: the handler sends one message to a target entity; done when the
   target applied all. The worker applying the sender's queued signals writes their
   sends with one snapshot once the queue is empty (or every 256 sends), then the host
-  delivers them (one acceptance each, shared group commits);
+  delivers them (up to 256 in one transaction, in order);
 - `run() sends + checkpoint` (the way before sends from handlers): a mailbox signal,
   `run()` takes each payload, sends it on and checkpoints (one snapshot per message).
 

@@ -1020,7 +1020,7 @@ async def _deliver(store: Store, fence: Fence, sender: str) -> list[bool]:
     """Deliver the run's pending sends as the sender's host does (`_outbox.Postman`):
     accept each into its target under the row's message id, then mark them sent.
     Whether each was a duplicate at its target."""
-    rows = await store.pending_sends("E", sender, 1)
+    rows = await store.pending_sends("E", sender, 1, limit=1000)
     dup = [(await store.accept(acc(r.send.target_key, r.message_id, name=r.send.name,
                                    payload=r.send.payload, sender=f"E/{sender}",
                                    start=r.send.start))).duplicate for r in rows]

@@ -126,13 +126,14 @@ async def test_a_handlers_sends_survive_sigkills_at_random_points(
     async with corral.open_runtime(db_path, entities=[Relay, Escalation],
                                    host=False) as client:
         ref = client.ref(Relay, "k-1")
-        for n in range(FORWARDS):
-            await ref.signal_with_start(Relay.forward, Forward(n=n),
-                                        start=EscalationInput(), message_id=f"fwd-{n}")
         rng = random.Random(27)
-        for kill in range(KILLS):
+        per = FORWARDS // KILLS  # a host delivers a backlog's sends in a few batches:
+        for kill in range(KILLS):  # give each host its own, killed part way through
+            for n in range(kill * per, (kill + 1) * per):
+                await ref.signal_with_start(Relay.forward, Forward(n=n),
+                                            start=EscalationInput(), message_id=f"fwd-{n}")
             worker = spawn(f"relay-{kill}", "relay", db_path)
-            target = len(await _seen(client, "esc-k-1")) + rng.randint(10, 50)
+            target = len(await _seen(client, "esc-k-1")) + rng.randint(1, 2 * per - 1)
             await wait_until(lambda t=target: _has(client, "esc-k-1", t),
                              f"{target} sends arrive", alive=[worker], timeout=60)
             worker.sigkill()

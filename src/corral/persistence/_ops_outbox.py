@@ -120,12 +120,13 @@ class SentOp(Fenced):
             "AND key = ? AND run_id = ?)", *ident, *ident)
 
 
-async def pending_sends(q: Txn, etype: str, key: str, run_id: int) -> list[OutboxRow]:
-    """The run's sends not delivered yet, in order."""
+async def pending_sends(q: Txn, etype: str, key: str, run_id: int,
+                        limit: int) -> list[OutboxRow]:
+    """The run's first `limit` sends not delivered yet, in order."""
     rows = await q.fetchall(
         "SELECT seq, target_type, target_key, name, payload, start, id_reuse, message_id "
         "FROM outbox WHERE etype = ? AND key = ? AND run_id = ? AND NOT delivered "
-        "ORDER BY seq", etype, key, run_id)
+        "ORDER BY seq LIMIT ?", etype, key, run_id, limit)
     return [OutboxRow(etype, key, run_id, int(r[0]),
                       Send(r[1], r[2], r[3], r[4], r[5], r[6], int(r[0]), r[7]))
             for r in rows]

@@ -194,8 +194,9 @@ class HostStore(Protocol):
         refused, by seq, kept with the reason); fenced."""
         ...
 
-    async def pending_sends(self, etype: str, key: str, run_id: int) -> list[OutboxRow]:
-        """The run's sends not delivered yet, in order."""
+    async def pending_sends(self, etype: str, key: str, run_id: int, *,
+                            limit: int) -> list[OutboxRow]:
+        """The run's first `limit` sends not delivered yet, in order."""
         ...
 
     async def pending_senders(self, shard: int) -> list[tuple[str, str, int]]:

@@ -172,8 +172,9 @@ class StoreCore:
                         upto: int, errors: Sequence[tuple[int, str]] = ()) -> None:
         await self.write(SentOp(fence, etype, key, run_id, upto, tuple(errors)))
 
-    async def pending_sends(self, etype: str, key: str, run_id: int) -> list[OutboxRow]:
-        return await self.query(pending_sends, etype, key, run_id)
+    async def pending_sends(self, etype: str, key: str, run_id: int, *,
+                            limit: int) -> list[OutboxRow]:
+        return await self.query(pending_sends, etype, key, run_id, limit)
 
     async def pending_senders(self, shard: int) -> list[tuple[str, str, int]]:
         return await self.query(pending_senders, shard)

@@ -139,8 +139,8 @@ class LocalBackend:
         """`acc` carrying the applied seq of this process's activation of its entity, if
         it hosts one (a bounded type's backlog is counted from it, `Entity.max_backlog`)."""
         shard = self.host.shard(acc.shard) if self.host else None
-        act = shard.get(acc.entity_type, acc.key) if shard else None
-        return acc if act is None else acc._replace(applied=act.applied_seq)
+        applied = shard.applied_seq(acc.entity_type, acc.key) if shard else None
+        return acc if applied is None else acc._replace(applied=applied)
 
     def _with_applied_all(self, accs: Sequence[Acceptance]) -> list[Acceptance]:
         return [self._with_applied(acc) if acc.max_backlog is not None else acc

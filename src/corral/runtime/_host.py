@@ -73,7 +73,7 @@ class LocalHost:
         self.leasing = asyncio.Lock()  # one change of this host's set of shards at a time
         self.clock: Clock = clock or SystemClock()
         self.shards: dict[int, Shard] = {}
-        self.postman = Postman(store, router, self.shard, self.clock)  # entities' sends
+        self.postman = Postman(store, router, definitions, self.shard, self.clock)  # sends
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
         # Shards this host was fenced out of or handed over, and when (monotonic). Left

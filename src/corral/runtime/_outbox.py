@@ -5,22 +5,31 @@ sender's progress, delivered by the sender's host.
 the payload and start input, as a client's `signal_with_start` would) and makes the
 `Send` the activation keeps until its next step record, snapshot or close writes it to
 the outbox in that same transaction (`persistence._ops_outbox`). After that commit the
-host's `Postman` accepts each written send into its target, in order, with its message
-id (derived from (sender, run, send number) for `run()`'s sends, from (sender, run,
-journal entry, place in the call) for a handler's: `_run_context`), so a delivery
-repeated after a crash is a duplicate at the target; then it marks them sent. A host
-taking a shard delivers what its senders left (`Postman.recover`).
+host's `Postman` accepts the written sends into their targets, in order, up to 256 in
+one transaction (`Store.accept_all`), each with its message id (derived from (sender,
+run, send number) for `run()`'s sends, from (sender, run, journal entry, place in the
+call) for a handler's: `_run_context`), so a delivery
+repeated after a crash is a duplicate at the target; then it marks them sent. A target
+over its type's `max_backlog` (as this host defines it) holds the sender's sends from
+that one on until it has room; a target that refuses one for good (not running, closed)
+gets the rest. A host taking a shard delivers what its senders left (`Postman.recover`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from corral._common import IdReusePolicy
-from corral._errors import CorralError, InvalidArgumentError, LeaseLostError, StoreError
+from corral._errors import (
+    BatchRefusedError,
+    EntityOverloadedError,
+    InvalidArgumentError,
+    LeaseLostError,
+    StoreError,
+)
 from corral.actors import EntityDefinition, HandlerKind
 from corral.persistence import (
     Acceptance,
@@ -43,6 +52,7 @@ log = logging.getLogger("corral.outbox")
 _CHECKS = Boundary({}, Limits(), None)
 _SIGNAL = (HandlerKind.SIGNAL,)
 _RETRY = 1.0  # seconds before a delivery that met a store error is tried again
+_ROWS = 256  # a sender's sends read, and accepted in one transaction, at a time
 
 
 def outgoing(entity_type: object, key: object, handler: object, payload: object,
@@ -64,7 +74,10 @@ def outgoing(entity_type: object, key: object, handler: object, payload: object,
 
 
 class HostedShard(Protocol):
-    """What delivering needs of a shard this host holds: taking an accepted entry."""
+    """What delivering needs of a shard this host holds: the applied seq of an entity it
+    hosts (None: not hosted), and taking an accepted entry."""
+
+    def applied_seq(self, etype: str, key: str) -> int | None: ...
 
     def take_accepted(self, result: AcceptResult, start_input: str | None) -> None: ...
 
@@ -73,9 +86,11 @@ class Postman:
     """Delivers the outboxes of one host's entities (one task per sender run at a time)."""
 
     def __init__(self, store: Store, router: Router,
+                 definitions: Mapping[str, EntityDefinition],
                  hosted: Callable[[int], HostedShard | None], clock: Clock) -> None:
         self._store = store
         self._router = router
+        self._definitions = definitions  # a target's backpressure: this host's definition
         self._hosted = hosted
         self._clock = clock
         self._busy: dict[tuple[str, str, int], bool] = {}  # sender run -> posted again
@@ -111,46 +126,72 @@ class Postman:
             while True:
                 self._busy[sender] = False
                 try:
-                    rows = await self._store.pending_sends(*sender)
-                    if rows:
-                        await self._deliver_rows(fence, sender, rows)
+                    rows = await self._store.pending_sends(*sender, limit=_ROWS)
+                    wait = await self._deliver_rows(fence, sender, rows) if rows else None
                 except LeaseLostError:
                     return  # the shard's next holder delivers them (`recover`)
                 except StoreError as err:
                     log.warning("%s %r run %d: delivering its sends failed (%s); retrying "
                                 "in %.1fs", *sender, err, _RETRY)
-                    await asyncio.sleep(_RETRY)
-                    continue
-                if not self._busy[sender]:
+                    wait = _RETRY
+                if wait is not None:
+                    await asyncio.sleep(wait)
+                elif len(rows) < _ROWS and not self._busy[sender]:
                     return
         finally:
             self._busy.pop(sender, None)
 
     async def _deliver_rows(self, fence: Fence, sender: tuple[str, str, int],
-                            rows: list[OutboxRow]) -> None:
-        """Accept each row into its target, in order; then mark them sent."""
+                            rows: list[OutboxRow]) -> float | None:
+        """Accept the rows into their targets, in order, all in one transaction unless a
+        target refuses one; then mark them sent. A refused row is kept with the reason
+        (not running, closed, a conflicting id), except an overloaded target's: the
+        rows from it on wait for the returned delay (`EntityOverloadedError.retry_after`)
+        and are sent again then, in order."""
         errors: list[tuple[int, str]] = []
-        for row in rows:
-            s = row.send
-            acc = _acceptance(row, self._router.shard_of(s.target_type, s.target_key),
-                              self._clock.time())
+        now = self._clock.time()
+        done, end, wait = 0, len(rows), None  # rows[:done] accepted or refused for good
+        while done < len(rows):
+            accs = [self._acceptance(row, now) for row in rows[done:end]]
             try:
-                result = await self._store.accept(acc)
-            except StoreError:
-                raise
-            except CorralError as err:  # not running, closed, a conflicting id
+                results = await self._store.accept_all(accs)
+            except BatchRefusedError as refused:
+                if refused.index:  # accept the rows before it first, then it alone
+                    end = done + refused.index
+                    continue
+                err, row = refused.error or refused, rows[done]
+                if isinstance(err, EntityOverloadedError):
+                    wait = err.retry_after
+                    break
                 log.warning("%s %r run %d: send %d to %s %r refused: %s", *sender, row.seq,
-                            s.target_type, s.target_key, err)
+                            row.send.target_type, row.send.target_key, err)
                 errors.append((row.seq, f"{type(err).__name__}: {err}"))
+                done, end = done + 1, len(rows)
                 continue
-            shard = self._hosted(acc.shard)
-            if shard is not None:
-                shard.take_accepted(result, acc.start)
-        await self._store.mark_sent(fence, *sender, upto=rows[-1].seq, errors=errors)
+            for acc, result in zip(accs, results, strict=True):
+                shard = self._hosted(acc.shard)
+                if shard is not None:
+                    shard.take_accepted(result, acc.start)
+            done, end = end, len(rows)
+        if done:
+            await self._store.mark_sent(fence, *sender, upto=rows[done - 1].seq,
+                                        errors=errors)
+        return wait
 
 
-def _acceptance(row: OutboxRow, shard: int, now: float) -> Acceptance:
-    s = row.send
-    return Acceptance(s.target_type, s.target_key, shard, EntryKind.SIGNAL, s.name,
-                      row.message_id, s.payload, payload_hash(s.name, s.payload),
-                      f"{row.entity_type}/{row.key}", s.start, IdReusePolicy(s.id_reuse), now)
+    def _acceptance(self, row: OutboxRow, now: float) -> Acceptance:
+        """The row's acceptance into its target, bounded by the target type's
+        `max_backlog` (counted from this host's activation of it, if it hosts it)."""
+        s = row.send
+        shard = self._router.shard_of(s.target_type, s.target_key)
+        acc = Acceptance(s.target_type, s.target_key, shard, EntryKind.SIGNAL, s.name,
+                         row.message_id, s.payload, payload_hash(s.name, s.payload),
+                         f"{row.entity_type}/{row.key}", s.start, IdReusePolicy(s.id_reuse),
+                         now)
+        definition = self._definitions.get(s.target_type)
+        if definition is None or definition.max_backlog is None:
+            return acc
+        hosted = self._hosted(shard)
+        applied = hosted.applied_seq(s.target_type, s.target_key) if hosted else None
+        return acc._replace(max_backlog=definition.max_backlog,
+                            overflow=definition.overflow, applied=applied or 0)

@@ -243,6 +243,12 @@ class Shard:
         act = self._activations.get((etype, key))
         return None if act is None or act.is_finished else act
 
+    def applied_seq(self, etype: str, key: str) -> int | None:
+        """The applied seq of this shard's live activation of the entity (None: none);
+        a bounded type's backlog is counted from it (`Entity.max_backlog`)."""
+        act = self.get(etype, key)
+        return None if act is None else act.applied_seq
+
     def activations(self) -> list[Activation]:
         """The live activations (loading or ready)."""
         return [a for a in self._activations.values() if not a.is_finished]
