@@ -221,6 +221,12 @@ class PgTxn(Txn):
     async def fetchall(self, sql: str, *args: Any) -> list[Sequence[Any]]:
         return list(await self.conn.fetch(numbered(sql), *args))
 
+    async def fetchall_replanned(self, sql: str, *args: Any) -> list[Sequence[Any]]:
+        # A statement prepared for this call alone, outside asyncpg's cache: the server
+        # plans it for its parameters (a cached one goes generic after five runs).
+        statement = await self.conn.prepare(numbered(sql))
+        return list(await statement.fetch(*args))
+
     async def insert_id(self, sql: str, *args: Any) -> int:
         return int(await self.conn.fetchval(numbered(sql) + " RETURNING id", *args))
 

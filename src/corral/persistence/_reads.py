@@ -193,7 +193,8 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
                         after: tuple[str, str] | None, key_prefix: str | None = None
                         ) -> list[EntityRecord]:
     """A page of entities in (etype, key) order after `after`, optionally only those
-    whose key starts with `key_prefix` (a filter on the walk, not a seek)."""
+    whose key starts with `key_prefix` (a seek on SQLite; on PostgreSQL a seek for one
+    type where the collation allows it, a filter on the walk otherwise)."""
     start = after_within(etype, after)
     if start is False:
         return []
@@ -215,10 +216,15 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     elif isinstance(start, tuple):
         where.append("(entities.etype, entities.key) > (?, ?)")
         args.extend(start)
-    rows = await q.fetchall(
-        f"SELECT {_ENTITY_COLUMNS}, {_progress_columns(q)} FROM {progress_from()} "
-        f"{'WHERE ' if where else ''}{' AND '.join(where)} "
-        "ORDER BY entities.etype, entities.key LIMIT ?", *args, limit)
+    # One type and a prefix: planned for the prefix, a seek on PostgreSQL (a cached generic
+    # plan walks the type's keys). Every type: a walk in key order that stops at a page,
+    # which the generic plan does and a plan for the prefix does not (it scans them all).
+    fetch = q.fetchall_replanned if key_prefix and etype is not None else q.fetchall
+    page = (f"SELECT * FROM entities {'WHERE ' if where else ''}{' AND '.join(where)} "
+            "ORDER BY entities.etype, entities.key LIMIT ?")
+    rows = await fetch(
+        f"SELECT {_ENTITY_COLUMNS}, {_progress_columns(q)} FROM {progress_from(page)} "
+        "ORDER BY entities.etype, entities.key", *args, limit)
     return [EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7],
                          bool(r[8]), _progress(r[9:])) for r in rows]
 

@@ -155,6 +155,12 @@ class Txn:
     async def fetchall(self, sql: str, *args: Any) -> list[Sequence[Any]]:
         raise NotImplementedError
 
+    async def fetchall_replanned(self, sql: str, *args: Any) -> list[Sequence[Any]]:
+        """`fetchall`, planned for these arguments each time: for a statement whose best
+        plan depends on them (a key prefix: PostgreSQL's cached generic plan walked every
+        key of a type for a prefix that matched none, 19 ms against 0.6)."""
+        return await self.fetchall(sql, *args)
+
     async def insert_id(self, sql: str, *args: Any) -> int:
         """Insert one row; its generated `id`."""
         raise NotImplementedError

@@ -72,6 +72,7 @@ from ._results import (
 from ._signal_many import SignalItem
 
 __all__ = [
+    "MAX_SHARDS",
     "Ack",
     "AuthRequest",
     "Authorize",
@@ -86,7 +87,6 @@ __all__ = [
     "EntityState",
     "EntitySummary",
     "Limits",
-    "MAX_SHARDS",
     "MessageInfo",
     "Page",
     "RollReport",
