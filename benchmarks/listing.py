@@ -65,15 +65,20 @@ def _rows(n: int) -> list[tuple[Any, ...]]:
 
 
 def fill_sqlite(path: str, n: int) -> None:
+    """`n` entities, each with its one run (a listing joins an entity to its run)."""
     with sqlite3.connect(path) as db:
         for start in range(0, n, 100_000):
+            rows = _rows(min(n, start + 100_000))[start:]
             db.executemany("INSERT INTO entities (etype, key, shard, run_id, status, next_seq, "
-                           "passivated_seq, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           _rows(min(n, start + 100_000))[start:])
+                           "passivated_seq, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO runs (etype, key, run_id, status, started_at, "
+                           "first_seq) VALUES (?, ?, ?, ?, ?, 1)",
+                           [(r[0], r[1], r[3], r[4], r[7]) for r in rows])
         db.execute("ANALYZE")
 
 
 async def fill_postgres(url: str, n: int) -> None:
+    """`n` entities, each with its one run (a listing joins an entity to its run)."""
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(
@@ -82,7 +87,11 @@ async def fill_postgres(url: str, n: int) -> None:
             "'key-' || lpad(i::text, 8, '0'), i % 16, 1, "
             "CASE WHEN i % 10 = 0 THEN 'completed' ELSE 'running' END, 2, "
             "extract(epoch FROM now()) FROM generate_series(0, $1 - 1) i", n)
+        await conn.execute(
+            "INSERT INTO runs (etype, key, run_id, status, started_at, first_seq) "
+            "SELECT etype, key, run_id, status, updated_at, 1 FROM entities")
         await conn.execute("ANALYZE entities")
+        await conn.execute("ANALYZE runs")
     finally:
         await conn.close()
 
