@@ -41,7 +41,8 @@ from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 from corral.actors._manifest import manifest_json
 
-from ._ray_directory import assignment, clear_directory
+from ._options import check_namespace, check_node_id
+from ._ray_directory import assignment, clear_directory, drained_nodes
 from ._ray_host import RayHostSpec
 from ._ray_placer import RollStep, build_tag, placer_name
 
@@ -79,11 +80,13 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     Raises:
         IncompatibleBuildError: the new build cannot succeed the running one; nothing
             moved.
-        InvalidArgumentError: no entity types, or no deployment `namespace` runs.
+        InvalidArgumentError: a bad `namespace`, no entity types, or no deployment
+            `namespace` runs.
         CorralError: a new host did not start or take its shards within `timeout`.
     """
     import ray
 
+    check_namespace(namespace)
     if not entities:
         raise InvalidArgumentError("roll_ray_hosts needs the entity types of the new build")
     _connect(namespace, address)
@@ -137,18 +140,19 @@ def drain_node(node_id: str, *, namespace: str = "corral", address: str | None =
         print(len(report.steps), "shards moved off", report.node_id)
 
     Raises:
-        InvalidArgumentError: no alive Ray node `node_id`, no deployment `namespace`, or
+        InvalidArgumentError: a bad `namespace` or `node_id`, no alive Ray node
+            `node_id` (the message lists the alive ones), no deployment `namespace`, or
             no other node that can run its hosts (nothing changed).
         CorralError: a shard could not be moved within `timeout` (run it again).
     """
-    import ray
-
+    check_namespace(namespace)
+    check_node_id(node_id)
     _connect(namespace, address)
     began = time.monotonic()
-    if node_id not in {n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
-                       if n["Alive"]}:
-        raise InvalidArgumentError(f"no alive Ray node {node_id!r} to drain (ray.nodes() "
-                                   f"lists the node ids)")
+    alive = _alive_nodes()
+    if node_id not in alive:
+        raise InvalidArgumentError(f"no alive Ray node {node_id!r} to drain; the alive "
+                                   f"nodes: {', '.join(sorted(alive)) or 'none'}")
     placer = _placer(namespace, "nothing to drain")
     steps, stopped = _unwrapped(placer.drain.remote(node_id), timeout)
     return DrainReport(node_id, tuple(steps), tuple(stopped), time.monotonic() - began)
@@ -157,11 +161,32 @@ def drain_node(node_id: str, *, namespace: str = "corral", address: str | None =
 def undrain_node(node_id: str, *, namespace: str = "corral",
                  address: str | None = None) -> None:
     """Let the placer of `namespace` place shards on `node_id` again (after
-    `drain_node`); its next rounds even the load out onto it. Blocking."""
+    `drain_node`); its next rounds even the load out onto it. Blocking.
+
+    Raises:
+        InvalidArgumentError: a bad `namespace` or `node_id`, a `node_id` that is
+            neither alive nor drained (the message lists those that are), or no
+            deployment `namespace`.
+    """
     import ray
 
+    check_namespace(namespace)
+    check_node_id(node_id)
     _connect(namespace, address)
-    ray.get(_placer(namespace, "nothing to undrain").undrain.remote(node_id), timeout=60)
+    placer = _placer(namespace, "nothing to undrain")
+    known = _alive_nodes() | drained_nodes(namespace)
+    if node_id not in known:
+        raise InvalidArgumentError(f"no Ray node {node_id!r} is alive or drained in "
+                                   f"{namespace!r}; those that are: "
+                                   f"{', '.join(sorted(known)) or 'none'}")
+    ray.get(placer.undrain.remote(node_id), timeout=60)
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
+            if n["Alive"]}
 
 
 def _connect(namespace: str, address: str | None) -> None:
@@ -239,10 +264,14 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
     deployment creates fresh actors, which recover every running entity from the
     store. For an incompatible change; a compatible one rolls (`roll_ray_hosts`).
     Blocking: call it from a thread in async code.
+
+    Raises:
+        InvalidArgumentError: a bad `namespace` (nothing stopped).
     """
     import ray  # here, not at the top: `import corral` must not import Ray
     from ray import exceptions as rex
 
+    check_namespace(namespace)
     prefix = f"corral/{namespace}/"
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == namespace and a["name"].startswith(prefix)]
