@@ -52,6 +52,9 @@ def test_the_cli_refuses_a_bad_namespace_in_one_line_with_status_2(
     commands = [
         ["deploy", "roll", "--app", "ray_roll_entities:ENTITIES"],
         ["metrics", "--store", str(tmp_path / "none.db")],
+        ["nodes"],
+        ["nodes", "drain", "n"],
+        ["nodes", "undrain", "n"],
     ]
     for command in commands:
         for namespace in ("a/b", "ns\x1b[2J", "-x"):

@@ -16,18 +16,19 @@ import typer
 from corral._app import load_app
 from corral.runtime import RollReport, RollStep, roll_ray_hosts
 
-from ._connection import AppOption, JsonFlag
+from ._connection import AppOption, JsonFlag, RayAddressOption, RayNamespaceOption
 from ._errors import execute, parse_json
 from ._output import print_json, printable
 
-__all__ = ["commands"]
+__all__ = ["commands", "step_line"]
 
 commands = typer.Typer(
     help="Deploy a new release of the entity code to a Ray deployment.",
     no_args_is_help=True)
 
 
-def _line(step: RollStep) -> str:
+def step_line(step: RollStep) -> str:
+    """One shard moved, for people (a roll's and a drain's progress)."""
     return (f"shard {step.shard}: {step.old_actor} -> {step.new_actor} at epoch "
             f"{step.epoch}, paused {step.pause * 1000:.0f} ms ({step.seconds:.1f} s)")
 
@@ -36,12 +37,8 @@ def _line(step: RollStep) -> str:
 def roll(
     ctx: typer.Context,
     app: AppOption,
-    namespace: Annotated[str, typer.Option(
-        "--namespace", envvar="CORRAL_NAMESPACE", show_envvar=True,
-        help="The Ray deployment's namespace (open_runtime's namespace=).")] = "corral",
-    address: Annotated[str | None, typer.Option(
-        "--address", envvar="RAY_ADDRESS", show_envvar=True, metavar="ADDRESS",
-        help="The Ray cluster to connect to (default: auto).", show_default=False)] = None,
+    namespace: RayNamespaceOption = "corral",
+    address: RayAddressOption = None,
     runtime_env: Annotated[str | None, typer.Option(
         "--runtime-env", metavar="JSON",
         help='Ray runtime_env of the new actors, as JSON (e.g. \'{"working_dir": "."}\' '
@@ -57,13 +54,13 @@ def roll(
 
     def progress(step: RollStep) -> None:
         if text:
-            print(printable(_line(step)), flush=True)
+            print(printable(step_line(step)), flush=True)
 
     async def work() -> RollReport:  # bad --app or --runtime-env: exit 2, under `execute`
         options: dict[str, Any] = {}
-        env = parse_json(runtime_env, "--runtime-env")
-        if env is not None:
-            options["runtime_env"] = env
+        ray_env = parse_json(runtime_env, "--runtime-env")
+        if ray_env is not None:
+            options["runtime_env"] = ray_env
         entities = load_app(app).entities
         return await asyncio.to_thread(roll_ray_hosts, namespace, entities, address=address,
                                        actor_options=options, on_step=progress)
@@ -76,3 +73,4 @@ def roll(
     worst = f", longest pause {pauses[-1] * 1000:.0f} ms" if pauses else ""
     print(f"rolled {len(report.steps)} shards in {report.seconds:.1f} s{worst}; "
           f"{len(report.skipped)} already on this build")
+

@@ -1,6 +1,6 @@
 """Operating a Ray deployment's hosts: a rolling deploy of new entity code
-(`roll_ray_hosts`), draining a node (`drain_node`), or stopping them all
-(`stop_ray_hosts`). Each asks the deployment's placer (`_ray_placer`), the one actor
+(`roll_ray_hosts`) or stopping them all (`stop_ray_hosts`); draining a node is
+`_ray_nodes`. Each asks the deployment's placer (`_ray_placer`), the one actor
 that moves shards, so a roll, a drain and the placer's own rebalancing never move one
 shard twice at once.
 
@@ -41,13 +41,13 @@ from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 from corral.actors._manifest import manifest_json
 
-from ._options import check_namespace, check_node_id
-from ._ray_directory import assignment, clear_directory, drained_nodes
+from ._options import check_namespace
+from ._ray_directory import assignment, clear_directory
 from ._ray_host import RayHostSpec
 from ._ray_placer import RollStep, build_tag, placer_name
 
-__all__ = ["DrainReport", "RollReport", "RollStep", "drain_node", "roll_ray_hosts",
-           "stop_ray_hosts", "undrain_node"]
+__all__ = ["RollReport", "RollStep", "connect", "placer_of", "roll_ray_hosts",
+           "stop_ray_hosts", "unwrapped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +89,10 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     check_namespace(namespace)
     if not entities:
         raise InvalidArgumentError("roll_ray_hosts needs the entity types of the new build")
-    _connect(namespace, address)
+    connect(namespace, address)
     began = time.monotonic()
     definitions = [cls._corral_definition for cls in entities]
-    placer = _placer(namespace, "nothing to roll (the next call to it starts hosts with "
+    placer = placer_of(namespace, "nothing to roll (the next call to it starts hosts with "
                                 "the caller's code)")
     spec: RayHostSpec = ray.get(placer.spec_of.remote(), timeout=timeout)
     current = assignment(namespace)
@@ -102,7 +102,7 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     ray.get(placer.roll.remote(list(entities), dict(actor_options or {})), timeout=timeout)
     steps: list[RollStep] = []
     while True:
-        moved, _ = _unwrapped(placer.roll_step.remote(), timeout)
+        moved, _ = unwrapped(placer.roll_step.remote(), timeout)
         if not moved:
             break
         for step in moved:
@@ -117,86 +117,15 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     return RollReport(tuple(steps), skipped, time.monotonic() - began)
 
 
-@dataclass(frozen=True, slots=True)
-class DrainReport:
-    """What `drain_node` did: the node, the shards moved off it (in order), the host
-    actors stopped there, and the seconds it took."""
-
-    node_id: str
-    steps: tuple[RollStep, ...]
-    stopped: tuple[str, ...]
-    seconds: float
-
-
-def drain_node(node_id: str, *, namespace: str = "corral", address: str | None = None,
-               timeout: float = 300.0) -> DrainReport:
-    """Move every shard of the Ray deployment `namespace` off node `node_id` (a Ray
-    node id, `ray.nodes()[i]["NodeID"]`) through the graceful hand-off, stop the host
-    actors there, and place nothing there again (until `undrain_node`): for a planned
-    removal of the node. Blocking: call it from a thread in async code.
-
-    Example:
-        report = corral.runtime.drain_node(node_id, namespace="helpdesk")
-        print(len(report.steps), "shards moved off", report.node_id)
-
-    Raises:
-        InvalidArgumentError: a bad `namespace` or `node_id`, no alive Ray node
-            `node_id` (the message lists the alive ones), no deployment `namespace`, or
-            no other node that can run its hosts (nothing changed).
-        CorralError: a shard could not be moved within `timeout` (run it again).
-    """
-    check_namespace(namespace)
-    check_node_id(node_id)
-    _connect(namespace, address)
-    began = time.monotonic()
-    alive = _alive_nodes()
-    if node_id not in alive:
-        raise InvalidArgumentError(f"no alive Ray node {node_id!r} to drain; the alive "
-                                   f"nodes: {', '.join(sorted(alive)) or 'none'}")
-    placer = _placer(namespace, "nothing to drain")
-    steps, stopped = _unwrapped(placer.drain.remote(node_id), timeout)
-    return DrainReport(node_id, tuple(steps), tuple(stopped), time.monotonic() - began)
-
-
-def undrain_node(node_id: str, *, namespace: str = "corral",
-                 address: str | None = None) -> None:
-    """Let the placer of `namespace` place shards on `node_id` again (after
-    `drain_node`); its next rounds even the load out onto it. Blocking.
-
-    Raises:
-        InvalidArgumentError: a bad `namespace` or `node_id`, a `node_id` that is
-            neither alive nor drained (the message lists those that are), or no
-            deployment `namespace`.
-    """
-    import ray
-
-    check_namespace(namespace)
-    check_node_id(node_id)
-    _connect(namespace, address)
-    placer = _placer(namespace, "nothing to undrain")
-    known = _alive_nodes() | drained_nodes(namespace)
-    if node_id not in known:
-        raise InvalidArgumentError(f"no Ray node {node_id!r} is alive or drained in "
-                                   f"{namespace!r}; those that are: "
-                                   f"{', '.join(sorted(known)) or 'none'}")
-    ray.get(placer.undrain.remote(node_id), timeout=60)
-
-
-def _alive_nodes() -> set[str]:
-    import ray
-
-    return {n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
-            if n["Alive"]}
-
-
-def _connect(namespace: str, address: str | None) -> None:
+def connect(namespace: str, address: str | None) -> None:
+    """Join the Ray cluster at `address` ("auto" if None) unless connected already."""
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
 
 
-def _placer(namespace: str, why: str) -> Any:
+def placer_of(namespace: str, why: str) -> Any:
     """The placer of `namespace`, or InvalidArgumentError (no deployment runs)."""
     import ray
 
@@ -207,7 +136,7 @@ def _placer(namespace: str, why: str) -> Any:
             f"no Ray deployment {namespace!r} runs (it has no placer): {why}") from None
 
 
-def _unwrapped(ref: Any, timeout: float) -> Any:
+def unwrapped(ref: Any, timeout: float) -> Any:
     """`ray.get(ref)`, a corral error raised by the actor raised as itself."""
     import ray
 
