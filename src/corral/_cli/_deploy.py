@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from corral._app import load_app
+from corral._errors import InvalidArgumentError
 from corral.runtime import RollReport, RollStep, roll_ray_hosts
 
 from ._connection import AppOption, JsonFlag, RayAddressOption, RayNamespaceOption
@@ -43,6 +44,10 @@ def roll(
         "--runtime-env", metavar="JSON",
         help='Ray runtime_env of the new actors, as JSON (e.g. \'{"working_dir": "."}\' '
              "to ship the new code).", show_default=False)] = None,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", metavar="KEY=VALUE", show_default=False,
+        help="An environment variable of the new actors (repeat for more); merged with "
+             "--runtime-env's env_vars.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Replace each shard actor with one running the --app code: the new actor asks for
@@ -56,14 +61,16 @@ def roll(
         if text:
             print(printable(step_line(step)), flush=True)
 
-    async def work() -> RollReport:  # bad --app or --runtime-env: exit 2, under `execute`
+    async def work() -> RollReport:  # bad --app, --runtime-env or --env: exit 2 (`execute`)
         options: dict[str, Any] = {}
         ray_env = parse_json(runtime_env, "--runtime-env")
         if ray_env is not None:
             options["runtime_env"] = ray_env
+        env_vars = _env_vars(env or [])
         entities = load_app(app).entities
         return await asyncio.to_thread(roll_ray_hosts, namespace, entities, address=address,
-                                       actor_options=options, on_step=progress)
+                                       actor_options=options, env_vars=env_vars,
+                                       on_step=progress)
 
     report = execute(ctx, work())
     if not text:
@@ -74,3 +81,18 @@ def roll(
     print(f"rolled {len(report.steps)} shards in {report.seconds:.1f} s{worst}; "
           f"{len(report.skipped)} already on this build")
 
+
+def _env_vars(pairs: list[str]) -> dict[str, str]:
+    """`--env KEY=VALUE`s as a dict (`roll_ray_hosts` checks names and values).
+
+    Raises:
+        InvalidArgumentError: a pair without "=", or one name given two values.
+    """
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals:
+            raise InvalidArgumentError(f"--env takes KEY=VALUE, got {pair!r}")
+        if found.setdefault(name, value) != value:
+            raise InvalidArgumentError(f"--env gives {name!r} two values: give it once")
+    return found

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from corral.actors._manifest import manifest_json
 
 from ._options import check_namespace
 from ._ray_directory import assignment, clear_directory
+from ._ray_env import with_env_vars
 from ._ray_host import RayHostSpec
 from ._ray_placer import RollStep, build_tag, placer_name
 
@@ -62,6 +63,7 @@ class RollReport:
 
 def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
                    address: str | None = None, actor_options: dict[str, Any] | None = None,
+                   env_vars: Mapping[str, str] | None = None,
                    on_step: Callable[[RollStep], None] | None = None,
                    timeout: float = 120.0) -> RollReport:
     """Move every shard of the Ray deployment `namespace`, one at a time, to host actors
@@ -71,7 +73,10 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     Blocking: call it from a thread in async code. Connects to Ray at `address`
     ("auto" when not connected yet). `actor_options`: Ray options of the new actors
     (e.g. a `runtime_env` shipping the new code); the placer uses them for every host
-    from then on. `on_step` is called after each shard moved (progress).
+    from then on. `env_vars`: environment variables of the new host actors, checked
+    and merged into `actor_options`' `runtime_env` as `open_runtime`'s `env_vars` are
+    (the old hosts' variables do not carry over: give them again). `on_step` is called
+    after each shard moved (progress).
 
     Example:
         report = corral.runtime.roll_ray_hosts("helpdesk", [Ticket, Cart],
@@ -80,8 +85,8 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     Raises:
         IncompatibleBuildError: the new build cannot succeed the running one; nothing
             moved.
-        InvalidArgumentError: a bad `namespace`, no entity types, or no deployment
-            `namespace` runs.
+        InvalidArgumentError: a bad `namespace` or `env_vars`, no entity types, or no
+            deployment `namespace` runs (nothing moved).
         CorralError: a new host did not start or take its shards within `timeout`.
     """
     import ray
@@ -89,6 +94,7 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     check_namespace(namespace)
     if not entities:
         raise InvalidArgumentError("roll_ray_hosts needs the entity types of the new build")
+    options = with_env_vars(actor_options or {}, env_vars)
     connect(namespace, address)
     began = time.monotonic()
     definitions = [cls._corral_definition for cls in entities]
@@ -99,7 +105,7 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     _check_successors(namespace, set(current.values()), definitions, timeout)
     tag = build_tag(definitions)
     skipped = tuple(k for k in range(spec.shards) if current.get(k, "").endswith(f"@{tag}"))
-    ray.get(placer.roll.remote(list(entities), dict(actor_options or {})), timeout=timeout)
+    ray.get(placer.roll.remote(list(entities), options), timeout=timeout)
     steps: list[RollStep] = []
     while True:
         moved, _ = unwrapped(placer.roll_step.remote(), timeout)
