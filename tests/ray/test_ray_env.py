@@ -319,3 +319,52 @@ async def test_a_poison_message_on_ray_is_logged_on_the_driver_with_its_tracebac
     assert [r.levelno for r in retries] == [logging.WARNING]  # attempt 1 of 2
     assert any(r.name == "corral.ray" and "holds shard" in r.getMessage()
                for r in caplog.records)
+
+
+async def test_stopping_the_last_deployment_stops_the_log_relay_and_the_next_starts_it(
+        tmp_path: Path, ray_address: str) -> None:
+    """The relay is the cluster's: `stop_ray_hosts` of one deployment keeps it while
+    another has actors, and stops it with the last; a new deployment's logs reach its
+    driver through a new relay."""
+    import uuid
+
+    import ray
+
+    from corral.runtime import stop_ray_hosts
+    from procs import wait_until
+
+    def relay_alive() -> bool:
+        try:
+            handle = ray.get_actor("corral/log-relay", namespace="_corral")
+            ray.get(handle.read.remote("none", 0, 0.0, 0.0), timeout=30)
+        except (ValueError, ray.exceptions.RayActorError):
+            return False
+        return True
+
+    def deployments() -> set[str]:
+        return {a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"corral/{a['namespace']}/")}
+
+    first, second, third = (f"relay-{uuid.uuid4().hex[:8]}" for _ in range(3))
+
+    async def deploy(name: str) -> None:
+        async with corral.open_runtime(str(tmp_path / f"{name}.db"), entities=[Counter],
+                                       backend="ray", shards=1, namespace=name,
+                                       ray_options={"runtime_env": RUNTIME_ENV}) as rt:
+            await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
+                                                         start=Start(tenant="t"))
+
+    try:
+        await deploy(first)
+        await deploy(second)
+        assert deployments() == {first, second}, "another test left a deployment running"
+        await wait_until(relay_alive, "the hosts to start the relay")
+        await asyncio.to_thread(stop_ray_hosts, first)
+        assert relay_alive(), "the second deployment still ships to it"
+        await asyncio.to_thread(stop_ray_hosts, second)
+        await wait_until(lambda: not relay_alive(), "the relay to stop with the last one")
+        await deploy(third)
+        await wait_until(relay_alive, "the next deployment to start a relay again")
+    finally:
+        for name in (first, second, third):
+            await asyncio.to_thread(stop_ray_hosts, name)

@@ -45,6 +45,7 @@ from ._options import check_namespace
 from ._ray_directory import assignment, clear_directory
 from ._ray_env import with_env_vars
 from ._ray_host import RayHostSpec
+from ._ray_logs import retire_relay
 from ._ray_placer import RollStep, build_tag, placer_name
 
 __all__ = ["RollReport", "RollStep", "connect", "placer_of", "roll_ray_hosts",
@@ -198,6 +199,8 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
     for good, and forgets the directory of rolled shards; the next call to the
     deployment creates fresh actors, which recover every running entity from the
     store. For an incompatible change; a compatible one rolls (`roll_ray_hosts`).
+    The cluster's log relay (`_ray_logs`) is stopped too when no other deployment has
+    actors left; the next one starts it again.
     Blocking: call it from a thread in async code.
 
     Raises:
@@ -230,4 +233,5 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
         except ValueError:
             continue
     clear_directory(namespace)
+    retire_relay(namespace)
     return len(names)
