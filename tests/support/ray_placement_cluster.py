@@ -34,7 +34,7 @@ from typing import Any
 
 import corral
 from corral.runtime._ray_directory import assignment
-from ray_pg_cluster import on_cluster
+from ray_clusters import on_cluster
 from ray_workers import (
     RUNTIME_ENV,
     Alarm,
