@@ -23,7 +23,8 @@ def test_the_cli_reference_has_every_command_with_its_help(
     assert hook.MARKER not in reference
     for command in ("ls", "show", "waits", "signal", "deliver", "check-snapshots", "demo",
                     "ui", "dead-letters", "dead-letters list", "dead-letters replay",
-                    "dead-letters discard"):
+                    "dead-letters discard", "deploy roll", "nodes list", "nodes drain",
+                    "nodes undrain"):
         assert f"## `corral {command}`\n" in reference
         assert f"Usage: corral {command} " in reference
     assert "--message-id" in reference  # options come with their help

@@ -213,6 +213,70 @@ async def test_bad_env_vars_are_refused_before_ray_is_touched(
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.parametrize("via", ["roll_ray_hosts", "corral deploy roll"])
+async def test_a_rolled_host_gets_the_env_vars_the_roll_gives(
+        tmp_path: Path, namespace: str, via: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hosts started with no `CORRAL_TEST_ROLLED` are rolled to release 2 with it
+    (`env_vars=`, or `--env`); the new host actor sees it, beside the runtime_env's."""
+    import ray_env_release2 as release2
+    from corral._cli import main
+    from ray_env_entities import Environ, Names, Probe
+
+    names = Names(names=["CORRAL_TEST_ROLLED", "CORRAL_TEST_GREETING"])
+    async with corral.open_runtime(
+            str(tmp_path / "s.db"), entities=[Probe], backend="ray", shards=2,
+            namespace=namespace, ray_options={"runtime_env": RUNTIME_ENV}) as rt:
+        before: Environ = await rt.ref(Probe, "p").update_with_start(Probe.read, names,
+                                                                      start=names)
+        assert before.values == {"CORRAL_TEST_ROLLED": None, "CORRAL_TEST_GREETING": None}
+        if via == "roll_ray_hosts":
+            report = await asyncio.to_thread(
+                corral.runtime.roll_ray_hosts, namespace, [release2.Probe],
+                actor_options={"runtime_env": RUNTIME_ENV},
+                env_vars={"CORRAL_TEST_ROLLED": "yes", "CORRAL_TEST_GREETING": "a=b"})
+            assert len(report.steps) == 2
+        else:
+            argv = ["deploy", "roll", "--app", "ray_env_release2:ENTITIES", "--namespace",
+                    namespace, "--runtime-env", json.dumps(RUNTIME_ENV),
+                    "--env", "CORRAL_TEST_ROLLED=yes", "--env", "CORRAL_TEST_GREETING=a=b"]
+            status = await asyncio.to_thread(main, argv)
+            assert status == 0, capsys.readouterr().err
+            assert capsys.readouterr().out.splitlines()[-1].startswith("rolled 2 shards")
+        after: Environ = await rt.ref(Probe, "p").update(Probe.read, names)
+        assert after.pid != before.pid, "a host actor of release 2 answered"
+        assert after.values == {"CORRAL_TEST_ROLLED": "yes", "CORRAL_TEST_GREETING": "a=b"}
+
+
+@pytest.mark.parametrize(("env_vars", "actor_options", "says"), [
+    ({"A=B": "x"}, None, "not an environment variable name"),
+    ({"A": 1}, None, "must be a str"),
+    ({"A": "1"}, {"runtime_env": {"env_vars": {"A": "2"}}}, "give the variable once"),
+])
+def test_a_roll_with_bad_env_vars_is_refused_before_anything_moves(
+        ray_address: str, env_vars: object, actor_options: object, says: str) -> None:
+    with pytest.raises(corral.InvalidArgumentError, match=says):
+        corral.runtime.roll_ray_hosts("no-such-deployment", [Counter],
+                                      env_vars=env_vars,  # type: ignore[arg-type]
+                                      actor_options=actor_options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    (["NOEQUALS"], "--env takes KEY=VALUE, got 'NOEQUALS'"),
+    (["A=1", "A=2"], "--env gives 'A' two values"),
+    (["=x"], "not an environment variable name"),
+])
+def test_corral_deploy_roll_refuses_a_bad_env_in_one_line(
+        ray_address: str, env: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from corral._cli import main
+
+    argv = ["deploy", "roll", "--app", "ray_roll_entities:ENTITIES", "--namespace", "nope"]
+    assert main([*argv, *(a for e in env for a in ("--env", e))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: InvalidArgumentError: "), err
+    assert says in err
+    assert err.count("\n") == 1
+
+
 # -- the host actors' logs on the driver -----------------------------------------------
 
 
@@ -248,3 +312,52 @@ async def test_a_poison_message_on_ray_is_logged_on_the_driver_with_its_tracebac
     assert [r.levelno for r in retries] == [logging.WARNING]  # attempt 1 of 2
     assert any(r.name == "corral.ray" and "holds shard" in r.getMessage()
                for r in caplog.records)
+
+
+async def test_stopping_the_last_deployment_stops_the_log_relay_and_the_next_starts_it(
+        tmp_path: Path, ray_address: str) -> None:
+    """The relay is the cluster's: `stop_ray_hosts` of one deployment keeps it while
+    another has actors, and stops it with the last; a new deployment's logs reach its
+    driver through a new relay."""
+    import uuid
+
+    import ray
+
+    from corral.runtime import stop_ray_hosts
+    from procs import wait_until
+
+    def relay_alive() -> bool:
+        try:
+            handle = ray.get_actor("corral/log-relay", namespace="_corral")
+            ray.get(handle.read.remote("none", 0, 0.0, 0.0), timeout=30)
+        except (ValueError, ray.exceptions.RayActorError):
+            return False
+        return True
+
+    def deployments() -> set[str]:
+        return {a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"corral/{a['namespace']}/")}
+
+    first, second, third = (f"relay-{uuid.uuid4().hex[:8]}" for _ in range(3))
+
+    async def deploy(name: str) -> None:
+        async with corral.open_runtime(str(tmp_path / f"{name}.db"), entities=[Counter],
+                                       backend="ray", shards=1, namespace=name,
+                                       ray_options={"runtime_env": RUNTIME_ENV}) as rt:
+            await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
+                                                         start=Start(tenant="t"))
+
+    try:
+        await deploy(first)
+        await deploy(second)
+        assert deployments() == {first, second}, "another test left a deployment running"
+        await wait_until(relay_alive, "the hosts to start the relay")
+        await asyncio.to_thread(stop_ray_hosts, first)
+        assert relay_alive(), "the second deployment still ships to it"
+        await asyncio.to_thread(stop_ray_hosts, second)
+        await wait_until(lambda: not relay_alive(), "the relay to stop with the last one")
+        await deploy(third)
+        await wait_until(relay_alive, "the next deployment to start a relay again")
+    finally:
+        for name in (first, second, third):
+            await asyncio.to_thread(stop_ray_hosts, name)

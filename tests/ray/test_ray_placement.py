@@ -157,9 +157,25 @@ def test_a_joining_node_takes_its_share_a_drained_one_gives_all_back_and_takes_i
     assert report["drain_stopped"] == [h for h in report["phases"]["joined"] if h != node]
     assert len(report["steps"]) == 4
     assert {s["new_actor"] for s in report["steps"]} == {node}
+    nodes = {n["node_id"]: n for n in report["nodes_drained"]}  # `corral nodes --json`
+    drained = nodes[report["drained_node"]]
+    assert (drained["alive"], drained["drained"], drained["shards"], drained["hosts"]) == \
+        (True, True, 0, [])
+    assert [(n["shards"], n["hosts"]) for n in nodes.values() if n["hosts"]] == \
+        [(SHARDS, [node])]
+    assert report["undrain_text"].startswith(f"node {report['drained_node']} undrained")
     undrained = report["phases"]["undrained"]
     assert sorted(undrained.values()) == [4, 4], "undrained, it took its share back"
     assert any(report["drained_node"][:12] in h for h in undrained)
+    listed = report["nodes_undrained_text"].splitlines()  # `corral nodes`: a table
+    assert len(listed) == 2 + 3  # a header, its rule, the head and two workers
+    assert listed[0].split() == ["NODE", "ADDRESS", "ALIVE", "DRAINED", "SHARDS", "HOSTS"]
+    assert any(line.split()[0] == report["drained_node"]
+               and line.split()[2:5] == ["yes", "no", "4"] for line in listed), listed
+    *moves, summary = report["drain_text"].splitlines()  # drained again, as text
+    assert len(moves) == 4, moves
+    assert all(m.startswith("shard ") and " -> " in m for m in moves), moves
+    assert summary.startswith(f"drained node {report['drained_node']}: moved 4 shards in ")
     pauses = ", ".join(f"{s['pause'] * 1000:.0f}" for s in report["steps"])
     with capsys.disabled():
         print(f"\n[placement] join -> balanced {report['join_to_balanced_s']:.1f} s; drain "

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
-from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import corral
+from ray_clusters import on_cluster
 from ray_workers import (
     ENTITIES,
     RUNTIME_ENV,
@@ -125,41 +124,6 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
         "acked_after_recovery": sum(t > recovered_at[0] for _, _, t in acked),
         "lost_node": placed[0]["node_id"],
     }
-
-
-def on_cluster(temp: str, namespace: str,
-               work: Callable[[Any], Coroutine[Any, Any, dict[str, Any]]],
-               workers: int = 2) -> dict[str, Any]:
-    """`work(cluster)` on a fresh `Cluster` (a head with the resource `head`, `workers`
-    workers with `corral`, fast health checks) with this driver connected; its report,
-    with `cluster_start_s`. Also the driver of `ray_roll_cluster.py` and
-    `ray_placement_cluster.py`."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
-    started = time.monotonic()
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 2, "resources": {"head": 1}, "node_ip_address": "127.0.0.1",
-        "include_dashboard": False, "temp_dir": temp,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                           "health_check_initial_delay_ms": 0},
-    })
-    try:
-        for _ in range(workers):
-            cluster.add_node(num_cpus=1, resources={"corral": 1}, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, namespace=namespace, runtime_env=RUNTIME_ENV,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
-        up = time.monotonic() - started
-        try:
-            report = asyncio.run(work(cluster))
-        finally:
-            ray.shutdown()
-    finally:
-        cluster.shutdown()  # type: ignore[no-untyped-call]
-    report["cluster_start_s"] = up
-    return report
 
 
 def run(store: str, temp: str, total: int) -> dict[str, Any]:

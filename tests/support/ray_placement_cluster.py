@@ -10,9 +10,11 @@ worker nodes that can run host actors), starts every entity (counters, passivate
 alarms under durable timers, gates waiting for a durable signal) and streams
 `signal_with_start` calls from the driver (concurrent senders) and from Ray tasks on
 the head while, in turn: `--add` workers join (the placer moves shards to them until
-max - min <= 1 shard per host), one worker is drained (`drain_node`) and removed (or
-undrained, `--undrain`: it takes its share back), and another is removed without grace
-(`remove_node`). Writes the assignment after each phase, the
+max - min <= 1 shard per host), one worker is drained and removed (or undrained,
+`--undrain`: it takes its share back, and is drained again), and another is removed
+without grace (`remove_node`). Drains and undrains go through the `corral nodes`
+command (`corral nodes drain --json`, `drain_node` underneath), and `corral nodes`
+lists the nodes after the drain. Writes the assignment after each phase, the
 moves and their pauses, every ack, what each entity applied, and the timers' and
 waits' outcomes as JSON.
 """
@@ -21,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter as Tally
@@ -32,7 +34,7 @@ from typing import Any
 
 import corral
 from corral.runtime._ray_directory import assignment
-from ray_pg_cluster import on_cluster
+from ray_clusters import on_cluster
 from ray_workers import (
     RUNTIME_ENV,
     Alarm,
@@ -91,10 +93,24 @@ async def wait_balanced(hosts: int, timeout: float = 180.0) -> float:
         await asyncio.sleep(0.05)
 
 
+def corral_command(address: str, *argv: str) -> str:
+    """What `corral ARGV --namespace NAMESPACE --address ADDRESS` printed, run as an
+    operator would: a process of its own, joining the cluster (blocking)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", *argv, "--namespace", NAMESPACE, "--address", address],
+        capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    if done.returncode != 0:
+        raise RuntimeError(f"corral {' '.join(argv)} exited {done.returncode}: {done.stderr}")
+    return done.stdout
+
+
+async def corral_json(address: str, *argv: str) -> Any:
+    return json.loads(await asyncio.to_thread(corral_command, address, *argv, "--json"))
+
+
 async def scenario(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
     import ray
-
-    from corral.runtime import drain_node, undrain_node
 
     report: dict[str, Any] = {"phases": {}, "steps": []}
     async with corral.open_runtime(**options(args.store, args.shards)) as rt:
@@ -152,20 +168,29 @@ async def scenario(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
             workers = list(cluster.worker_nodes)
             if args.drain:
                 await after(len(acked) + step)
-                drained = await asyncio.to_thread(drain_node, workers[0].node_id,
-                                                  namespace=NAMESPACE)
+                drained = await corral_json(cluster.address, "nodes", "drain",
+                                            workers[0].node_id)
                 hosts -= 1
-                report["drain_s"] = drained.seconds
-                report["drained_node"] = drained.node_id
-                report["drain_stopped"] = list(drained.stopped)
-                report["steps"] = [dataclasses.asdict(s) for s in drained.steps]
+                report["drain_s"] = drained["seconds"]
+                report["drained_node"] = drained["node_id"]
+                report["drain_stopped"] = drained["stopped"]
+                report["steps"] = drained["steps"]
                 await wait_balanced(hosts)
                 report["phases"]["drained"] = await asyncio.to_thread(loads, NAMESPACE)
-                if args.undrain:  # it takes its share back
-                    await asyncio.to_thread(undrain_node, drained.node_id, namespace=NAMESPACE)
+                report["nodes_drained"] = await corral_json(cluster.address, "nodes")
+                if args.undrain:  # it takes its share back, and is drained again
+                    report["undrain_text"] = await asyncio.to_thread(
+                        corral_command, cluster.address, "nodes", "undrain",
+                        drained["node_id"])
                     hosts += 1
                     await wait_balanced(hosts)
                     report["phases"]["undrained"] = await asyncio.to_thread(loads, NAMESPACE)
+                    report["nodes_undrained_text"] = await asyncio.to_thread(
+                        corral_command, cluster.address, "nodes")
+                    report["drain_text"] = await asyncio.to_thread(
+                        corral_command, cluster.address, "nodes", "drain", drained["node_id"])
+                    hosts -= 1
+                    await wait_balanced(hosts)
                 else:
                     await asyncio.to_thread(cluster.remove_node, workers[0], True)
             if args.remove:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ray_pg_cluster import on_cluster
+from ray_clusters import on_cluster
 from ray_workers import RUNTIME_ENV
 
 SHARDS = 4

@@ -388,49 +388,13 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
     }
 
 
-def loopback_cluster(temp: str, resources: dict[str, float]) -> Any:
-    """A `ray.cluster_utils.Cluster` on loopback: a head and two worker nodes, each with
-    one CPU and `resources`, with fast health checks (a node removed without grace is
-    seen dead in ~1.5 s). The caller shuts it down."""
-    from ray.cluster_utils import Cluster
-
-    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
-        "temp_dir": temp,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                           "health_check_initial_delay_ms": 0},
-    })
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources=resources, node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-    except BaseException:
-        cluster.shutdown()  # type: ignore[no-untyped-call]
-        raise
-    return cluster
-
-
 def node_loss(store: str, temp: str, before_loss: int, after_recovery: int, senders: int
               ) -> dict[str, Any]:
     """Head + 2 worker nodes; remove the node hosting shard 0 mid-stream; report."""
-    import ray
+    from ray_clusters import on_cluster  # here: it imports RUNTIME_ENV from this module
 
-    started = time.monotonic()
-    cluster = loopback_cluster(temp, {"corral": 1})
-    try:
-        ray.init(address=cluster.address, namespace="node-loss", runtime_env=RUNTIME_ENV,
-                 _node_ip_address="127.0.0.1", log_to_driver=False)
-        up = time.monotonic() - started
-        try:
-            report = asyncio.run(_node_loss(cluster, store, "node-loss", before_loss,
-                                            after_recovery, senders))
-        finally:
-            ray.shutdown()
-    finally:
-        cluster.shutdown()  # type: ignore[no-untyped-call]
-    report["cluster_start_s"] = up
-    return report
+    return on_cluster(temp, "node-loss", lambda cluster: _node_loss(
+        cluster, store, "node-loss", before_loss, after_recovery, senders))
 
 
 def main(argv: list[str]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import corral
-from ray_workers import RUNTIME_ENV, loopback_cluster
+from ray_clusters import on_cluster
 from step_entities import AgentInput, NodeAgent
 from stores import sql
 
@@ -45,18 +45,9 @@ async def _scenario(cluster: Any, store: str, log: Path) -> dict[str, Any]:
 
 
 def main(store: str, temp: str, out: str) -> None:
-    import ray
-
-    cluster = loopback_cluster(temp, {"model": 1})
-    try:
-        ray.init(address=cluster.address, namespace="step-node-loss",
-                 runtime_env=RUNTIME_ENV, _node_ip_address="127.0.0.1", log_to_driver=False)
-        try:
-            report = asyncio.run(_scenario(cluster, store, Path(temp) / "calls.log"))
-        finally:
-            ray.shutdown()
-    finally:
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+    report = on_cluster(temp, "step-node-loss",
+                        lambda cluster: _scenario(cluster, store, Path(temp) / "calls.log"),
+                        resources={"model": 1})
     Path(out).write_text(json.dumps(report))
 
 

@@ -16,6 +16,8 @@
     corral terminate|resume TYPE KEY       close a run; retry a suspended one now
     corral result TYPE KEY [--wait S]      what the latest run returned
     corral builds | check-snapshots        the build registry; do snapshots restore?
+    corral deploy roll --app A [--namespace NS]     a rolling deploy on Ray
+    corral nodes [drain|undrain NODE_ID] [--namespace NS]   a Ray deployment's nodes
     corral ui [--host H] [--port P] [--token T]    the web dashboard (`corral.dashboard`)
     corral --version
 
@@ -26,13 +28,15 @@ payload, start input or query argument is `--payload`/`-p` (inline JSON, `@file`
 for stdin; `signal`/`deliver`'s old `--json PAYLOAD` still works, with a deprecation
 line). An error is one line on stderr (`error: ErrorType: message`; `corral --debug ...`
 for the traceback) and exit status 1, or 2 for bad input (`_errors`). Ray is imported
-only by `demo --ray`.
+only by `demo --ray` and the Ray commands (`deploy`, `nodes`, `metrics --namespace`),
+which take `--namespace` and `--address` instead of `--store`.
 
 Modules: `_connection` (the shared options and the client runtime), `_input` (payloads),
 `_entities` (ls, show, signal), `_history` (history, show --state), `_verbs` (start,
 update, query, terminate, resume, result), `_waits` (waits, deliver), `_dead_letters`,
-`_builds`, `_snapshots`, `_output` (tables, JSON), `_errors` (one-line errors, exit
-statuses), `_main` (the root, demo, ui).
+`_builds`, `_snapshots`, `_deploy` (deploy roll), `_nodes` (nodes, drain, undrain),
+`_groups` (a group whose bare name lists), `_output` (tables, JSON), `_errors`
+(one-line errors, exit statuses), `_main` (the root, demo, ui).
 """
 
 from ._main import main

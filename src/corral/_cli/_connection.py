@@ -22,8 +22,9 @@ from corral.actors import Entity
 
 from ._errors import execute
 
-__all__ = ["AppOption", "Connection", "JsonFlag", "KeyArgument", "SenderOption", "ShardsOption",
-           "StoreOption", "TypeArgument", "entity_class"]
+__all__ = ["AppOption", "Connection", "JsonFlag", "KeyArgument", "RayAddressOption",
+           "RayNamespaceOption", "SenderOption", "ShardsOption", "StoreOption", "TypeArgument",
+           "entity_class"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,13 @@ AppOption = Annotated[str, typer.Option(
 ShardsOption = Annotated[int | None, typer.Option(
     "--shards", envvar="CORRAL_SHARDS", show_envvar=True, min=1, rich_help_panel=_PANEL,
     help="The store's shard count, checked against the store (default: read from it).",
+    show_default=False)]
+RayNamespaceOption = Annotated[str, typer.Option(
+    "--namespace", envvar="CORRAL_NAMESPACE", show_envvar=True, rich_help_panel=_PANEL,
+    help="The Ray deployment's namespace (open_runtime's namespace=).")]
+RayAddressOption = Annotated[str | None, typer.Option(
+    "--address", envvar="RAY_ADDRESS", show_envvar=True, metavar="ADDRESS",
+    rich_help_panel=_PANEL, help="The Ray cluster to connect to (default: auto).",
     show_default=False)]
 JsonFlag = Annotated[bool, typer.Option(
     "--json", help="Print JSON for scripts instead of a table or a line.")]

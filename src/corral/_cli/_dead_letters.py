@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
 
 import corral
 from corral._errors import CorralError, DeadLetterNotFoundError, InvalidArgumentError, StoreError
@@ -32,6 +31,7 @@ from ._connection import (
 )
 from ._entities import ack_line
 from ._errors import EXIT_FAILED, debugging, one_line, report
+from ._groups import ListUnlessNamed
 from ._output import cells, err_console, jsonable, out, print_json, table, when
 
 __all__ = ["commands"]
@@ -39,19 +39,8 @@ __all__ = ["commands"]
 _PAGE = 10_000  # dead letters read per call while finding ids or working through --all
 
 
-class _ListUnlessNamed(TyperGroup):
-    """`corral dead-letters [TYPE] ...` is `corral dead-letters list [TYPE] ...`: a first
-    word that names no subcommand belongs to `list`."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands
-                        and args[0] not in ctx.help_option_names):
-            args = ["list", *args]
-        return super().parse_args(ctx, args)
-
-
 commands = typer.Typer(
-    cls=_ListUnlessNamed, name="dead-letters", add_completion=False,
+    cls=ListUnlessNamed, name="dead-letters", add_completion=False,
     help="List dead letters (signals whose handler kept raising), or replay or discard them. "
          "Without a subcommand: list.")
 

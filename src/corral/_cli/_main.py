@@ -19,6 +19,7 @@ from . import (
     _entities,
     _history,
     _metrics,
+    _nodes,
     _purge,
     _snapshots,
     _verbs,
@@ -85,6 +86,7 @@ app.command("check-snapshots")(_snapshots.check)
 app.command("builds")(_builds.list_builds)
 app.command("metrics")(_metrics.serve_metrics)
 app.add_typer(_deploy.commands, name="deploy")
+app.add_typer(_nodes.commands, name="nodes")
 app.command("purge")(_purge.purge)
 
 

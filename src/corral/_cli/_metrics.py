@@ -14,6 +14,7 @@ import typer
 
 from corral._scrape import HostSeries, serve_census
 from corral.persistence import open_store, stored_shards
+from corral.runtime._options import check_namespace
 
 from ._connection import StoreOption
 from ._errors import guard
@@ -48,7 +49,9 @@ def serve_metrics(
     series a local host serves itself, under the same names, labelled host with the
     actor's name. Needs no --app. Runs until interrupted.
     """
-    with guard(ctx, OSError):  # no store there, a port taken
+    with guard(ctx, OSError):  # a bad namespace, no store there, a port taken
+        if namespace is not None:
+            check_namespace(namespace)
         asyncio.run(_serve(store, host, port, namespace, address))
 
 

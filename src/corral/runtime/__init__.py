@@ -1,7 +1,7 @@
 """Hosting: shards, activations, routing, leases and the client API.
 
 Its `__all__` is what users need (the client, its records, `roll_ray_hosts`,
-`drain_node` and `stop_ray_hosts`); the shard, activation and host classes are
+`ray_nodes`, `drain_node` and `stop_ray_hosts`); the shard, activation and host classes are
 internals of their private modules.
 
 `Shard` is the one host implementation; the local backend runs shards in-process and
@@ -49,15 +49,8 @@ from ._builds import BuildInfo
 from ._client import Runtime, open_runtime
 from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
 from ._options import MAX_SHARDS
-from ._ray_deploy import (
-    DrainReport,
-    RollReport,
-    RollStep,
-    drain_node,
-    roll_ray_hosts,
-    stop_ray_hosts,
-    undrain_node,
-)
+from ._ray_deploy import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
+from ._ray_nodes import DrainReport, RayNode, drain_node, ray_nodes, undrain_node
 from ._ref import EntityRef
 from ._results import (
     Ack,
@@ -89,6 +82,7 @@ __all__ = [
     "Limits",
     "MessageInfo",
     "Page",
+    "RayNode",
     "RollReport",
     "RollStep",
     "RunSummary",
@@ -99,6 +93,7 @@ __all__ = [
     "WaitSummary",
     "drain_node",
     "open_runtime",
+    "ray_nodes",
     "roll_ray_hosts",
     "stop_ray_hosts",
     "undrain_node",

@@ -14,8 +14,8 @@ from corral._errors import InvalidArgumentError
 
 from ._boundary import _FORBIDDEN, Limits
 
-__all__ = ["MAX_SHARDS", "check_hosts", "check_namespace", "check_runtime_options",
-           "check_shards"]
+__all__ = ["MAX_SHARDS", "check_hosts", "check_namespace", "check_node_id",
+           "check_runtime_options", "check_shards"]
 
 MAX_SHARDS = 4096
 """The most shards a store may have: shards are what moves between hosts, so a few per
@@ -92,6 +92,13 @@ def check_namespace(namespace: object) -> str:
             f"namespace must be 1-64 letters, digits, '.', '_' or '-' (starting with a "
             f"letter or digit), got {_shown(namespace)}")
     return namespace
+
+
+def check_node_id(node_id: object) -> str:
+    """A Ray node id as text (`ray.nodes()[i]["NodeID"]`): a non-empty str without
+    control characters or lone surrogates. Whether such a node exists is the caller's
+    question (it asks Ray)."""
+    return _text("node_id", node_id)
 
 
 def check_hosts(hosts: object, shards: int | None = None) -> int | dict[str, int]:

@@ -1,6 +1,6 @@
 """Operating a Ray deployment's hosts: a rolling deploy of new entity code
-(`roll_ray_hosts`), draining a node (`drain_node`), or stopping them all
-(`stop_ray_hosts`). Each asks the deployment's placer (`_ray_placer`), the one actor
+(`roll_ray_hosts`) or stopping them all (`stop_ray_hosts`); draining a node is
+`_ray_nodes`. Each asks the deployment's placer (`_ray_placer`), the one actor
 that moves shards, so a roll, a drain and the placer's own rebalancing never move one
 shard twice at once.
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +41,15 @@ from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 from corral.actors._manifest import manifest_json
 
+from ._options import check_namespace
 from ._ray_directory import assignment, clear_directory
+from ._ray_env import with_env_vars
 from ._ray_host import RayHostSpec
+from ._ray_logs import retire_relay
 from ._ray_placer import RollStep, build_tag, placer_name
 
-__all__ = ["DrainReport", "RollReport", "RollStep", "drain_node", "roll_ray_hosts",
-           "stop_ray_hosts", "undrain_node"]
+__all__ = ["RollReport", "RollStep", "connect", "placer_of", "roll_ray_hosts",
+           "stop_ray_hosts", "unwrapped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ class RollReport:
 
 def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
                    address: str | None = None, actor_options: dict[str, Any] | None = None,
+                   env_vars: Mapping[str, str] | None = None,
                    on_step: Callable[[RollStep], None] | None = None,
                    timeout: float = 120.0) -> RollReport:
     """Move every shard of the Ray deployment `namespace`, one at a time, to host actors
@@ -70,7 +74,10 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     Blocking: call it from a thread in async code. Connects to Ray at `address`
     ("auto" when not connected yet). `actor_options`: Ray options of the new actors
     (e.g. a `runtime_env` shipping the new code); the placer uses them for every host
-    from then on. `on_step` is called after each shard moved (progress).
+    from then on. `env_vars`: environment variables of the new host actors, checked
+    and merged into `actor_options`' `runtime_env` as `open_runtime`'s `env_vars` are
+    (the old hosts' variables do not carry over: give them again). `on_step` is called
+    after each shard moved (progress).
 
     Example:
         report = corral.runtime.roll_ray_hosts("helpdesk", [Ticket, Cart],
@@ -79,27 +86,30 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     Raises:
         IncompatibleBuildError: the new build cannot succeed the running one; nothing
             moved.
-        InvalidArgumentError: no entity types, or no deployment `namespace` runs.
+        InvalidArgumentError: a bad `namespace` or `env_vars`, no entity types, or no
+            deployment `namespace` runs (nothing moved).
         CorralError: a new host did not start or take its shards within `timeout`.
     """
     import ray
 
+    check_namespace(namespace)
     if not entities:
         raise InvalidArgumentError("roll_ray_hosts needs the entity types of the new build")
-    _connect(namespace, address)
+    options = with_env_vars(actor_options or {}, env_vars)
+    connect(namespace, address)
     began = time.monotonic()
     definitions = [cls._corral_definition for cls in entities]
-    placer = _placer(namespace, "nothing to roll (the next call to it starts hosts with "
+    placer = placer_of(namespace, "nothing to roll (the next call to it starts hosts with "
                                 "the caller's code)")
     spec: RayHostSpec = ray.get(placer.spec_of.remote(), timeout=timeout)
     current = assignment(namespace)
     _check_successors(namespace, set(current.values()), definitions, timeout)
     tag = build_tag(definitions)
     skipped = tuple(k for k in range(spec.shards) if current.get(k, "").endswith(f"@{tag}"))
-    ray.get(placer.roll.remote(list(entities), dict(actor_options or {})), timeout=timeout)
+    ray.get(placer.roll.remote(list(entities), options), timeout=timeout)
     steps: list[RollStep] = []
     while True:
-        moved, _ = _unwrapped(placer.roll_step.remote(), timeout)
+        moved, _ = unwrapped(placer.roll_step.remote(), timeout)
         if not moved:
             break
         for step in moved:
@@ -114,64 +124,15 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     return RollReport(tuple(steps), skipped, time.monotonic() - began)
 
 
-@dataclass(frozen=True, slots=True)
-class DrainReport:
-    """What `drain_node` did: the node, the shards moved off it (in order), the host
-    actors stopped there, and the seconds it took."""
-
-    node_id: str
-    steps: tuple[RollStep, ...]
-    stopped: tuple[str, ...]
-    seconds: float
-
-
-def drain_node(node_id: str, *, namespace: str = "corral", address: str | None = None,
-               timeout: float = 300.0) -> DrainReport:
-    """Move every shard of the Ray deployment `namespace` off node `node_id` (a Ray
-    node id, `ray.nodes()[i]["NodeID"]`) through the graceful hand-off, stop the host
-    actors there, and place nothing there again (until `undrain_node`): for a planned
-    removal of the node. Blocking: call it from a thread in async code.
-
-    Example:
-        report = corral.runtime.drain_node(node_id, namespace="helpdesk")
-        print(len(report.steps), "shards moved off", report.node_id)
-
-    Raises:
-        InvalidArgumentError: no alive Ray node `node_id`, no deployment `namespace`, or
-            no other node that can run its hosts (nothing changed).
-        CorralError: a shard could not be moved within `timeout` (run it again).
-    """
-    import ray
-
-    _connect(namespace, address)
-    began = time.monotonic()
-    if node_id not in {n["NodeID"] for n in ray.nodes()  # type: ignore[no-untyped-call]
-                       if n["Alive"]}:
-        raise InvalidArgumentError(f"no alive Ray node {node_id!r} to drain (ray.nodes() "
-                                   f"lists the node ids)")
-    placer = _placer(namespace, "nothing to drain")
-    steps, stopped = _unwrapped(placer.drain.remote(node_id), timeout)
-    return DrainReport(node_id, tuple(steps), tuple(stopped), time.monotonic() - began)
-
-
-def undrain_node(node_id: str, *, namespace: str = "corral",
-                 address: str | None = None) -> None:
-    """Let the placer of `namespace` place shards on `node_id` again (after
-    `drain_node`); its next rounds even the load out onto it. Blocking."""
-    import ray
-
-    _connect(namespace, address)
-    ray.get(_placer(namespace, "nothing to undrain").undrain.remote(node_id), timeout=60)
-
-
-def _connect(namespace: str, address: str | None) -> None:
+def connect(namespace: str, address: str | None) -> None:
+    """Join the Ray cluster at `address` ("auto" if None) unless connected already."""
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
 
 
-def _placer(namespace: str, why: str) -> Any:
+def placer_of(namespace: str, why: str) -> Any:
     """The placer of `namespace`, or InvalidArgumentError (no deployment runs)."""
     import ray
 
@@ -182,7 +143,7 @@ def _placer(namespace: str, why: str) -> Any:
             f"no Ray deployment {namespace!r} runs (it has no placer): {why}") from None
 
 
-def _unwrapped(ref: Any, timeout: float) -> Any:
+def unwrapped(ref: Any, timeout: float) -> Any:
     """`ray.get(ref)`, a corral error raised by the actor raised as itself."""
     import ray
 
@@ -238,11 +199,17 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
     for good, and forgets the directory of rolled shards; the next call to the
     deployment creates fresh actors, which recover every running entity from the
     store. For an incompatible change; a compatible one rolls (`roll_ray_hosts`).
+    The cluster's log relay (`_ray_logs`) is stopped too when no other deployment has
+    actors left; the next one starts it again.
     Blocking: call it from a thread in async code.
+
+    Raises:
+        InvalidArgumentError: a bad `namespace` (nothing stopped).
     """
     import ray  # here, not at the top: `import corral` must not import Ray
     from ray import exceptions as rex
 
+    check_namespace(namespace)
     prefix = f"corral/{namespace}/"
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == namespace and a["name"].startswith(prefix)]
@@ -266,4 +233,5 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
         except ValueError:
             continue
     clear_directory(namespace)
+    retire_relay(namespace)
     return len(names)

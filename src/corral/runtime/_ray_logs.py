@@ -14,7 +14,8 @@ actor (a detached actor outlives it; the next drivers never see its lines). So:
 * the log relay (`LogRelay`) is one named, detached actor per Ray cluster
   (`corral/log-relay` in the Ray namespace `_corral`) holding the last `RELAY_CAPACITY`
   records in a ring, each with the deployment namespace it came from. It does not know
-  its readers: a driver that is gone costs nothing.
+  its readers: a driver that is gone costs nothing. `stop_ray_hosts` stops it with the
+  last deployment that has actors (`retire_relay`); the next deployment starts it again.
 * every runtime opened with `backend="ray"` follows it (`LogFollower`): a long poll
   for the records of its namespace logged since it opened, each re-emitted through
   `logging.getLogger(<the same name>)` at the same level, with the actor's name as
@@ -37,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["RELAY_CAPACITY", "LogFollower", "LogRelay", "relay", "ship_logs"]
+__all__ = ["RELAY_CAPACITY", "LogFollower", "LogRelay", "relay", "retire_relay", "ship_logs"]
 
 RELAY_CAPACITY = 5_000
 """Records the relay keeps (a driver further behind is told how many it missed)."""
@@ -94,7 +95,7 @@ class LogRelay:
         return self._next, found, missed
 
     async def shutdown(self) -> None:
-        """Nothing to release (`stop_ray_hosts` asks every actor it stops)."""
+        """Nothing to release (`retire_relay` kills it with the last deployment)."""
 
 
 def relay() -> Any:
@@ -106,6 +107,30 @@ def relay() -> Any:
         name=_RELAY_NAME, namespace=_RELAY_NAMESPACE, get_if_exists=True,
         lifetime="detached", num_cpus=0, max_restarts=-1, max_concurrency=1_000,
     ).remote()
+
+
+def retire_relay(namespace: str) -> bool:
+    """Stop the cluster's log relay once `stop_ray_hosts` stopped the deployment
+    `namespace`, unless another deployment still has actors (it ships to the relay);
+    whether it was stopped. Blocking.
+
+    What it held is gone with it: a runtime of another deployment opened since, or one
+    of `namespace` still open, recreates it at its next read (`relay()` gets or creates
+    it), from an empty ring."""
+    import ray
+
+    others = sorted({a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["namespace"] not in (namespace, _RELAY_NAMESPACE)
+                     and a["name"].startswith(f"corral/{a['namespace']}/")})
+    if others:
+        log.debug("log relay kept: deployments %s still run", ", ".join(others))
+        return False
+    try:
+        handle = ray.get_actor(_RELAY_NAME, namespace=_RELAY_NAMESPACE)
+    except ValueError:  # never started, or gone already
+        return False
+    ray.kill(handle, no_restart=True)
+    return True
 
 
 # -- the actors' side ------------------------------------------------------------------

@@ -60,8 +60,8 @@ from corral.actors import Entity, EntityDefinition
 from ._ray_directory import assignment, drained_nodes, set_drained, set_host
 from ._ray_host import RayHostSpec, shard_actor_class, start_failure_hint
 
-__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name", "placer_handle",
-           "placer_name", "plan_moves"]
+__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name",
+           "host_node_prefix", "placer_handle", "placer_name", "plan_moves"]
 
 log = logging.getLogger("corral.ray")
 
@@ -106,8 +106,8 @@ def host_name(namespace: str, node_id: str, n: int, tag: str) -> str:
     return f"corral/{namespace}/host-{node_id[:12]}-{n}@{tag}"
 
 
-def _node_of(name: str) -> str:
-    """The node id prefix in a host actor's name."""
+def host_node_prefix(name: str) -> str:
+    """The node id prefix in a host actor's name (`host_name`'s `node_id[:12]`)."""
     return name.rsplit("/", 1)[-1][len("host-"):].split("-", 1)[0]
 
 
@@ -157,14 +157,14 @@ def plan_moves(shards: int, directory: Mapping[int, str], wanted: Sequence[str],
         holder = directory.get(shard)
         if holder in load:
             load[holder].append(shard)
-        elif holder is None or _node_of(holder) not in nodes or holder not in named:
+        elif holder is None or host_node_prefix(holder) not in nodes or holder not in named:
             forced.append(shard)  # never placed, or its node (or actor) is gone
         else:
             misplaced.append(shard)  # its node drained, an older build, a host too many
     plan: list[Move] = []
 
     def least(node: str | None = None) -> str:
-        pool = [h for h in wanted if node is None or _node_of(h) == node]
+        pool = [h for h in wanted if node is None or host_node_prefix(h) == node]
         return min(pool or wanted, key=lambda h: (len(load[h]), h))
 
     def move(shard: int, to: str, force: bool) -> None:
@@ -174,7 +174,7 @@ def plan_moves(shards: int, directory: Mapping[int, str], wanted: Sequence[str],
     for shard in forced:  # all at once: nobody serves them
         move(shard, least(), True)
     for shard in misplaced[:limit]:  # to a host on the same node if there is one
-        move(shard, least(_node_of(directory[shard])), False)
+        move(shard, least(host_node_prefix(directory[shard])), False)
     budget = limit - min(limit, len(misplaced))
     while balance and budget > 0:
         most = max(wanted, key=lambda h: (len(load[h]), h))
@@ -338,7 +338,7 @@ class Placer:
                           limit=limit, balance=balance)
         for name in wanted:
             if name not in named:
-                self._start(name, node_ids[_node_of(name)])
+                self._start(name, node_ids[host_node_prefix(name)])
         steps = await self._moves(plan, directory)
         self.moves.extend(steps)
         stopped = await self._sweep(set(wanted), named, alive, steps)
@@ -453,7 +453,7 @@ class Placer:
             handle = self._handle(name)
             if handle is None:
                 continue
-            if _node_of(name) in alive_prefixes:
+            if host_node_prefix(name) in alive_prefixes:
                 await stop_actor(handle, 30.0)
             else:  # its node is gone: nothing to shut down cleanly
                 with contextlib.suppress(ValueError):
