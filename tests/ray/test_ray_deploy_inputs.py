@@ -65,6 +65,30 @@ def test_the_cli_refuses_a_bad_namespace_in_one_line_with_status_2(
             assert "\x1b" not in err, err
 
 
+async def _new_store(store: str) -> None:
+    async with corral.open_runtime(store, entities=[Counter], host=False):
+        pass
+
+
+def test_the_cli_refuses_an_address_that_is_not_plain_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s.db")
+    asyncio.run(_new_store(store))
+    commands = [
+        ["deploy", "roll", "--app", "ray_roll_entities:ENTITIES"],
+        ["metrics", "--store", store, "--namespace", "ns"],
+        ["nodes"],
+        ["nodes", "drain", "n"],
+    ]
+    for command in commands:
+        for address in ("127.0.0.1:6379\x1b[2J", "\udfff", "a\nb"):
+            assert main([*command, "--address", address]) == 2, command
+            err = capsys.readouterr().err
+            assert err.startswith("error: InvalidArgumentError: address must be "), err
+            assert err.count("\n") == 1, err
+            assert "\x1b" not in err, err
+
+
 async def test_an_unknown_node_id_is_refused_naming_the_alive_nodes(
         tmp_path: Path, namespace: str) -> None:
     async with corral.open_runtime(str(tmp_path / "s.db"), backend="ray", namespace=namespace,

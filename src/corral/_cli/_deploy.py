@@ -1,4 +1,4 @@
-"""`corral deploy roll`: replace a Ray deployment's shard actors with actors running the
+"""`corral deploy roll`: move each shard of a Ray deployment to a host actor running the
 --app code, one shard at a time, through the graceful hand-off (`roll_ray_hosts`).
 
 Progress is one line per shard moved (its pause), then a summary; `--json`
@@ -50,11 +50,12 @@ def roll(
              "--runtime-env's env_vars.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Replace each shard actor with one running the --app code: the new actor asks for
-    the shard, the old one stops taking work for it, lets its commits land and hands it
-    over; callers meanwhile see at most a short pause. Each current actor first checks
-    that the new build may succeed its own (exit 1 with the differences if not: then
-    use corral.runtime.stop_ray_hosts). Running it again resumes a roll that stopped."""
+    """Move each shard to a host actor running the --app code (one per node): the new
+    host asks for the shard, the old one stops taking work for it, lets its commits land
+    and hands it over; callers meanwhile see at most a short pause. Each current host
+    first checks that the new build may succeed its own (exit 1 with the differences if
+    not: then use corral.runtime.stop_ray_hosts). Running it again resumes a roll that
+    stopped."""
     text = not as_json
 
     def progress(step: RollStep) -> None:

@@ -98,7 +98,7 @@ def demo(
              f"(default: ./{DEFAULT_DEMO_STORE}; ':memory:' for no file). Never read from "
              f"CORRAL_STORE.", show_default=False)] = DEFAULT_DEMO_STORE,
     ray: Annotated[bool, typer.Option(
-        "--ray", help="Host the ticket in a Ray shard actor: on a local Ray instance started "
+        "--ray", help="Host the ticket in a Ray host actor: on a local Ray instance started "
                       "for the demo, or on the cluster named by RAY_ADDRESS (whose nodes "
                       "must reach the store file).")] = False,
 ) -> None:
@@ -108,7 +108,7 @@ def demo(
     in-process host and a SQLite store, then prints what happened.
     """
     if ray and store == ":memory:":
-        print("corral demo --ray: the shard actors need a store file, not ':memory:'")
+        print("corral demo --ray: the host actors need a store file, not ':memory:'")
         raise typer.Exit(EXIT_BAD_INPUT)
     # Imported here so that no other command loads the demo's entity (or Ray).
     from corral._demo import format_report, remove_store, run_demo

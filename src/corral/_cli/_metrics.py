@@ -93,8 +93,11 @@ def _ray_hosts(namespace: str, address: str | None) -> HostSeries:
     """Join the Ray cluster (a driver of its own); what pulls `namespace`'s host actors."""
     import ray  # only with --namespace: the other commands never import Ray
 
+    from corral.runtime._options import check_address
     from corral.runtime._ray_metrics import pull_hosts
 
+    if address is not None:
+        check_address(address)
     _reachable(address)
     # On the main thread, before the handlers below: SIGTERM stays this command's.
     ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)

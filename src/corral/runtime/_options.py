@@ -14,7 +14,7 @@ from corral._errors import InvalidArgumentError
 
 from ._boundary import _FORBIDDEN, Limits
 
-__all__ = ["MAX_SHARDS", "check_hosts", "check_namespace", "check_node_id",
+__all__ = ["MAX_SHARDS", "check_address", "check_hosts", "check_namespace", "check_node_id",
            "check_runtime_options", "check_shards"]
 
 MAX_SHARDS = 4096
@@ -53,7 +53,7 @@ def check_runtime_options(*, entities: object, shards: object, host: object,
     _seconds("lease_ttl", lease_ttl, at_most=3600.0)  # a dead host's shards wait this long
     _seconds("poll_interval", poll_interval, at_most=60.0)
     if address is not None:
-        _text("address", address)
+        check_address(address)
     check_namespace(namespace)
     if ray_options is not None and not (
             isinstance(ray_options, Mapping) and all(isinstance(k, str) for k in ray_options)):
@@ -72,6 +72,11 @@ def check_runtime_options(*, entities: object, shards: object, host: object,
                 raise InvalidArgumentError(
                     f"{name} is for the Ray backend (backend='ray'); a local host runs "
                     f"in this process")
+
+
+def check_address(address: object) -> str:
+    """A Ray address (`"auto"`, `"host:port"`, `"ray://host:10001"`): non-empty text."""
+    return _text("address", address)
 
 
 def check_shards(shards: object) -> int:

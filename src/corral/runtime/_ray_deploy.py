@@ -41,7 +41,7 @@ from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 from corral.actors._manifest import manifest_json
 
-from ._options import check_namespace
+from ._options import check_address, check_namespace
 from ._ray_directory import assignment, clear_directory
 from ._ray_env import with_env_vars
 from ._ray_host import RayHostSpec
@@ -128,6 +128,8 @@ def connect(namespace: str, address: str | None) -> None:
     """Join the Ray cluster at `address` ("auto" if None) unless connected already."""
     import ray
 
+    if address is not None:
+        check_address(address)
     if not ray.is_initialized():
         ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
 
