@@ -299,7 +299,7 @@ async def open_runtime(
         lease_ttl: seconds a dead host keeps its shards before others take them
             (> 0, at most 3600).
         poll_interval: how often a host checks for messages other processes accepted
-            (seconds, > 0, at most 60).
+            (seconds, > 0, at most 3600).
         backend: `"local"` (this process hosts) or `"ray"`: the shards are held by a few
             named, detached Ray host actors (by default one per node), which the
             deployment's placer (`corral/<namespace>/placer`) starts on first use and
