@@ -250,7 +250,9 @@ async def test_a_rolled_host_gets_the_env_vars_the_roll_gives(
 @pytest.mark.parametrize(("env_vars", "actor_options", "says"), [
     ({"A=B": "x"}, None, "not an environment variable name"),
     ({"A": 1}, None, "must be a str"),
-    ({"A": "1"}, {"runtime_env": {"env_vars": {"A": "2"}}}, "give the variable once"),
+    ({"A": "1"}, {"runtime_env": {"env_vars": {"A": "2"}}},
+     r"env_vars\['A'\] and actor_options\['runtime_env'\]\['env_vars'\]\['A'\] differ"),
+    (None, {"runtime_env": "pip"}, r"actor_options\['runtime_env'\] must be a dict"),
 ])
 def test_a_roll_with_bad_env_vars_is_refused_before_anything_moves(
         ray_address: str, env_vars: object, actor_options: object, says: str) -> None:

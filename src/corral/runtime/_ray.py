@@ -139,7 +139,8 @@ class RayBackend:
         # room for many, so they never hold up accepts behind them.
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
         options.update(with_env_vars(self._definitions[etype].ray_options,
-                                     env_vars_of(self._actor_options)))
+                                     env_vars_of(self._actor_options),
+                                     named=f"{etype}.ray_options"))
         options.update(
             name=name, namespace=self.spec.namespace,
             get_if_exists=True, lifetime="detached", max_restarts=-1, max_task_retries=-1,

@@ -95,7 +95,7 @@ def roll_ray_hosts(namespace: str, entities: Sequence[type[Entity]], *,
     check_namespace(namespace)
     if not entities:
         raise InvalidArgumentError("roll_ray_hosts needs the entity types of the new build")
-    options = with_env_vars(actor_options or {}, env_vars)
+    options = with_env_vars(actor_options or {}, env_vars, named="actor_options")
     connect(namespace, address)
     began = time.monotonic()
     definitions = [cls._corral_definition for cls in entities]

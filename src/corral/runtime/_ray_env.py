@@ -72,9 +72,10 @@ async def check_ray_hosting(location: str, shards: int, address: str | None) -> 
         await store.close()
 
 
-def with_env_vars(options: Mapping[str, Any], env_vars: Mapping[str, str] | None
-                  ) -> dict[str, Any]:
-    """Ray actor `options` whose `runtime_env` carries `env_vars` as well, checked.
+def with_env_vars(options: Mapping[str, Any], env_vars: Mapping[str, str] | None, *,
+                  named: str = "ray_options") -> dict[str, Any]:
+    """Ray actor `options` (the caller's argument `named`) whose `runtime_env` carries
+    `env_vars` as well, checked.
 
     `env_vars` and any `runtime_env["env_vars"]` already in `options` are merged; a
     name given in both with two values is refused, as is anything but str -> str, an
@@ -85,14 +86,14 @@ def with_env_vars(options: Mapping[str, Any], env_vars: Mapping[str, str] | None
     """
     runtime_env = options.get("runtime_env") or {}
     if not isinstance(runtime_env, Mapping):
-        raise InvalidArgumentError(f"ray_options['runtime_env'] must be a dict, "
+        raise InvalidArgumentError(f"{named}['runtime_env'] must be a dict, "
                                    f"got {type(runtime_env).__name__}")
     merged = dict(_checked(runtime_env.get("env_vars") or {},
-                           "ray_options['runtime_env']['env_vars']"))
+                           f"{named}['runtime_env']['env_vars']"))
     for name, value in _checked(env_vars or {}, "env_vars").items():
         if merged.setdefault(name, value) != value:
             raise InvalidArgumentError(
-                f"env_vars[{name!r}] and ray_options['runtime_env']['env_vars'][{name!r}] "
+                f"env_vars[{name!r}] and {named}['runtime_env']['env_vars'][{name!r}] "
                 f"differ: give the variable once")
     if not merged:
         return dict(options)
