@@ -8,11 +8,10 @@ the outbox in that same transaction (`persistence._ops_outbox`). After that comm
 host's `Postman` accepts the written sends into their targets, in order, up to 256 in
 one transaction (`Store.accept_all`), each with its message id (derived from (sender,
 run, send number) for `run()`'s sends, from (sender, run, journal entry, place in the
-call) for a handler's: `_run_context`), so a delivery
-repeated after a crash is a duplicate at the target; then it marks them sent. A target
-over its type's `max_backlog` (as this host defines it) holds the sender's sends from
-that one on until it has room; a target that refuses one for good (not running, closed)
-gets the rest. A host taking a shard delivers what its senders left (`Postman.recover`).
+call) for a handler's: `_run_context`), so a delivery repeated after a crash is a
+duplicate at the target; then it marks them sent. A target over its type's
+`max_backlog` (as this host defines it) holds the sender's sends from that one on until
+it has room; a target that refuses one for good (not running, closed) gets the rest. A host taking a shard delivers what its senders left (`Postman.recover`).
 """
 
 from __future__ import annotations
