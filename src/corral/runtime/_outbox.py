@@ -11,7 +11,8 @@ run, send number) for `run()`'s sends, from (sender, run, journal entry, place i
 call) for a handler's: `_run_context`), so a delivery repeated after a crash is a
 duplicate at the target; then it marks them sent. A target over its type's
 `max_backlog` (as this host defines it) holds the sender's sends from that one on until
-it has room; a target that refuses one for good (not running, closed) gets the rest. A host taking a shard delivers what its senders left (`Postman.recover`).
+it has room; a target that refuses one for good (not running, closed) gets the rest.
+A host taking a shard delivers what its senders left (`Postman.recover`).
 """
 
 from __future__ import annotations
