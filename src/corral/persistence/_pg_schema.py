@@ -61,6 +61,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     10: create("hosting", "postgres"),
     # A handler's send carries the message id derived from its cause (`_ops_outbox`).
     11: ("ALTER TABLE outbox ADD COLUMN IF NOT EXISTS message_id text",),
+    # A key-prefix search of one type seeks an index under any collation (`_reads`).
+    12: ("CREATE INDEX IF NOT EXISTS entities_key_prefix ON entities "
+         "(etype, key text_pattern_ops)",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

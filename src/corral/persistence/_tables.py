@@ -55,6 +55,9 @@ TABLES = (
         updated_at REAL,
         PRIMARY KEY (etype, key)""", (
         "postgres: entities_running (shard) WHERE status = 'running'",
+        # A key-prefix search seeks it whatever the database's collation (the primary
+        # key serves one only under "C"); SQLite compares bytes, so its key is enough.
+        "postgres: entities_key_prefix (etype, key text_pattern_ops)",
         "entities_status (status, etype, key)")),  # operators list by status, type, key
     # Every run ever started; `continued_from` links continue-as-new chains.
     Table("runs", """
