@@ -193,8 +193,8 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
                         after: tuple[str, str] | None, key_prefix: str | None = None
                         ) -> list[EntityRecord]:
     """A page of entities in (etype, key) order after `after`, optionally only those
-    whose key starts with `key_prefix` (a seek on SQLite; on PostgreSQL a seek for one
-    type where the collation allows it, a filter on the walk otherwise)."""
+    whose key starts with `key_prefix` (a seek for one type: SQLite's key range, or
+    PostgreSQL's `entities_key_prefix`; across types a filter on the walk)."""
     start = after_within(etype, after)
     if start is False:
         return []
@@ -216,9 +216,10 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     elif isinstance(start, tuple):
         where.append("(entities.etype, entities.key) > (?, ?)")
         args.extend(start)
-    # One type and a prefix: planned for the prefix, a seek on PostgreSQL (a cached generic
-    # plan walks the type's keys). Every type: a walk in key order that stops at a page,
-    # which the generic plan does and a plan for the prefix does not (it scans them all).
+    # One type and a prefix: planned for the prefix, a seek of `entities_key_prefix` on
+    # PostgreSQL (a cached generic plan walks the type's keys). Every type: a walk in key
+    # order that stops at a page, which the generic plan does and a plan for the prefix
+    # does not (it scans them all).
     fetch = q.fetchall_replanned if key_prefix and etype is not None else q.fetchall
     page = (f"SELECT * FROM entities {'WHERE ' if where else ''}{' AND '.join(where)} "
             "ORDER BY entities.etype, entities.key LIMIT ?")
