@@ -183,9 +183,9 @@ async def test_durable_signal_waits_work_the_same_on_ray(shared: Deployment) -> 
 
 
 async def test_a_suspended_run_keeps_its_signals_and_resume_applies_them_on_ray(
-    db_path: str, namespace: str,
+    shared: Deployment,
 ) -> None:
-    async with ray_runtime(db_path, namespace) as rt:
+    async with ray_runtime(shared.store, shared.namespace) as rt:
         ref = rt.ref(Patchy, fresh_key("patchy"))
         await ref.signal_with_start(Patchy.add, Item(id="bug-1"), start=Start(tenant="t"))
 
@@ -487,8 +487,9 @@ async def test_a_signal_with_start_storm_from_four_drivers_and_ray_tasks_starts_
 
 
 async def test_a_client_inside_a_ray_task_and_inside_another_actor_works(
-        db_path: str, namespace: str) -> None:
+        shared: Deployment) -> None:
     key = fresh_key()
+    db_path, namespace = shared.store, shared.namespace
     from_task = await ray.remote(num_cpus=0)(client_task).remote(
         db_path, namespace, SHARDS, key, 3)
     assert from_task == ["task-0", "task-1", "task-2"]
@@ -947,12 +948,13 @@ async def _snapshot_at(db_path: str, key: str, seq: int) -> bool:
 
 
 async def test_a_shard_actor_collects_young_garbage_less_often_than_cpython_defaults(
-        tmp_path: Path, namespace: str) -> None:
+        shared: Deployment) -> None:
     # Its process is corral's own; the driver's (the application's) is left as it was.
     driver = gc.get_threshold()
-    async with ray_runtime(str(tmp_path / "s.db"), namespace) as rt:
-        await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="1"),
+    key = fresh_key()
+    async with ray_runtime(shared.store, shared.namespace) as rt:
+        await rt.ref(Counter, key).signal_with_start(Counter.add, Item(id="1"),
                                                      start=Start(tenant="t"))
-        info = await (await backend(rt).actor("Counter", "k")).info.remote()
+        info = await (await backend(rt).actor("Counter", key)).info.remote()
     assert tuple(info["gc_threshold"]) == (YOUNG_OBJECTS_PER_COLLECTION, *driver[1:])
     assert gc.get_threshold() == driver
