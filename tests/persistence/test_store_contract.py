@@ -197,6 +197,22 @@ async def test_another_stores_commit_on_a_held_shard_is_seen(store: Store, other
     await wait_until(lambda: store.wait_foreign_commit(0.5), "the foreign commit is seen")
 
 
+async def test_a_closed_store_refuses_the_commit_poll_even_right_after_its_last_batch(
+        db_path: str) -> None:
+    """A host's journal tail may poll a store closed under it. SQLite answered that poll
+    without asking the file when a batch had just read its version (the last commit
+    before the close), so a closed store returned False instead of refusing: the
+    flake of `test_close.py` under load."""
+    async with opened(db_path, SHARDS) as store:
+        await store.acquire_leases("h", [1], 60.0)
+        await store.accept(acc("k", "m1", shard=1))  # a batch reads the data version
+        await store.close()
+        with pytest.raises(corral.StoreError, match="closed"):
+            await store.foreign_commit_seen()
+        with pytest.raises(corral.StoreError, match="closed"):
+            await store.wait_foreign_commit(0)
+
+
 # -- closed runs, id reuse, continue-as-new ------------------------------------------
 
 

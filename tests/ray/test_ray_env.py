@@ -76,9 +76,11 @@ async def test_a_second_driver_with_a_ray_instance_of_its_own_is_refused_and_the
     args = ("--store", store, "--dir", str(folder))
     try:
         with spawner(tmp_path, DRIVER) as start:
+            # Both start their Ray instances at once (~10 s each): opening starts no
+            # actor, so neither claims the store before its first send.
             first = _driver(start, monkeypatch, "first", *args, temps=temps)
-            await _wait(folder / "first-opened", first)
             second = _driver(start, monkeypatch, "second", *args, temps=temps)
+            await _wait(folder / "first-opened", first)
             await _wait(folder / "second-opened", second)
             (folder / "go1").write_text("")
             await _wait(folder / "first-sent1", first)

@@ -148,9 +148,12 @@ def run_cluster(store: str, *flags: str, tmp_path: Path, timeout: float) -> dict
 @pytest.mark.timeout(300)
 def test_a_joining_node_takes_its_share_a_drained_one_gives_all_back_and_takes_it_again(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The alarms fall due 12 s after they are set: the phases take ~10 s here, so they
+    # are pending through the join and the drain, and the test does not then wait out
+    # the driver's default 20 s (~9 s idle).
     report = run_cluster(str(tmp_path / "corral.db"), "--workers", "1", "--add", "1",
                          "--drain", "--undrain", "--shards", str(SHARDS), "--total", "400",
-                         tmp_path=tmp_path, timeout=280)
+                         "--alarm-after", "12", tmp_path=tmp_path, timeout=280)
     assert sorted(report["phases"]["joined"].values()) == [4, 4]
     (node,) = report["phases"]["drained"]  # one host left, on the other node
     assert report["drained_node"][:12] not in node

@@ -185,7 +185,10 @@ class SqliteStore(StoreCore):
 
         Asks the writer's thread only when no batch read the file's version since the
         last call (a busy writer reads it at every batch: a commit after that read is
-        seen at the next call)."""
+        seen at the next call). Closed, it refuses like every other method, even when
+        it would not have asked the writer's thread."""
+        if self._queue.closed:
+            raise StoreError("store is closed")
         if self._queue.empty and self._versions_read == self._versions_asked:
             await self._on(self._writer, self._note_data_version)
         self._versions_asked = self._versions_read
