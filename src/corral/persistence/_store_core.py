@@ -134,10 +134,10 @@ class StoreCore:
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
                         error: str | None, force: bool = False,
-                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = ()
-                        ) -> bool:
+                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = (),
+                        state: bytes | None = None) -> bool:
         op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
-                        tuple(pending), tuple(sends))
+                        tuple(pending), tuple(sends), state)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,

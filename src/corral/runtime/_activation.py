@@ -655,7 +655,7 @@ class Activation(RunContext):
         while not await self._home.store.close_run(
                 self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=self.applied_seq, status=status, result=result, error=error,
-                pending=self.untaken(), sends=sends):
+                pending=self.untaken(), sends=sends, state=self._final_state()):
             # Messages were accepted meanwhile: let the worker apply them, then retry.
             late = await self._home.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
@@ -667,6 +667,18 @@ class Activation(RunContext):
             if self.closed:  # terminated while we waited
                 return False
         return True
+
+    def _final_state(self) -> bytes | None:
+        """The state the close keeps (guarantee 16); None if it does not encode (then the
+        run's latest snapshot stands for it, and the failure is logged)."""
+        assert self.entity is not None
+        try:
+            return capture(self.definition, self.entity)
+        except Exception as err:
+            log.warning("%s %r run %d: its final state is not kept (%s: %s); queries read "
+                        "its latest snapshot", self.entity_type, self.key, self._run_id,
+                        type(err).__name__, err)
+            return None
 
     def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
         """The run is closed: say so, and fail the updates still waiting on it with
