@@ -95,6 +95,13 @@ class Activation(RunContext):
     def is_finished(self) -> bool:
         return self._state is _State.FINISHED
 
+    @property
+    def has_progress(self) -> bool:
+        """Its watermark and mailbox are its entity's: built (by `__init__` or a
+        restore) and not finished, though perhaps still replaying its journal (a
+        handler blocked there keeps it loading; what it applied so far is real)."""
+        return self.entity is not None and self._state is not _State.FINISHED
+
     async def wait_settled(self) -> None:
         """Wait until the activation is ready or finished (a run whose activation
         cannot be built is suspended: evicted, so finished here)."""
