@@ -218,25 +218,33 @@ class ContinueAsNewOp(Fenced):
 
 @dataclass(frozen=True, slots=True)
 class ActivatedOp(Fenced):
-    """An entity came back into memory: it is resident again and its old timers served."""
+    """An entity came back into memory: it is resident again.
+
+    Its timers stay (operators see the pending deadline while the restored `run()`
+    has not reached its wait again): returns their ids, which the activation replaces
+    when `run()` waits again (`TimerOp.replacing`).
+    """
 
     fence: Fence
     entity_type: str
     key: str
     locks_entity: ClassVar[bool] = True
 
-    async def apply(self, txn: Txn) -> None:
+    async def apply(self, txn: Txn) -> list[str]:
         await txn.check(self.fence)
         await txn.execute("UPDATE entities SET passivated_seq = NULL WHERE etype = ? "
                           "AND key = ? AND passivated_seq IS NOT NULL",
                           self.entity_type, self.key)
-        await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?",
-                          self.entity_type, self.key)
+        rows = await txn.fetchall("SELECT timer_id FROM timers WHERE etype = ? AND key = ?",
+                                  self.entity_type, self.key)
+        return [str(r[0]) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
 class TimerOp(Fenced):
-    """Set (`due_at` given) or clear (`due_at` None) one durable timer."""
+    """Set (`due_at` given) or clear (`due_at` None) one durable timer, and clear the
+    timers it `replaces` (those an earlier activation left, in the same transaction:
+    the entity's pending deadline is in the store at every moment)."""
 
     fence: Fence
     entity_type: str
@@ -244,12 +252,17 @@ class TimerOp(Fenced):
     run_id: int
     timer_id: str
     due_at: float | None
+    replacing: tuple[str, ...] = ()
 
     async def apply(self, txn: Txn) -> None:
         await txn.check(self.fence)
+        ident = (self.entity_type, self.key)
+        if self.due_at is not None:
+            await txn.execute(SET_TIMER, *ident, self.run_id, self.timer_id,
+                              self.fence.shard, self.due_at)
+        gone = [t for t in self.replacing if t != self.timer_id]
         if self.due_at is None:
-            await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ? AND timer_id = ?",
-                              self.entity_type, self.key, self.timer_id)
-            return
-        await txn.execute(SET_TIMER, self.entity_type, self.key, self.run_id, self.timer_id,
-                          self.fence.shard, self.due_at)
+            gone.append(self.timer_id)
+        if gone:
+            await txn.executemany("DELETE FROM timers WHERE etype = ? AND key = ? "
+                                  "AND timer_id = ?", [(*ident, t) for t in gone])

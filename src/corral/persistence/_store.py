@@ -224,10 +224,17 @@ class HostStore(Protocol):
         """
         ...
 
-    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None: ...
+    async def mark_activated(self, fence: Fence, etype: str, key: str) -> list[str]:
+        """The entity is in memory again (no longer passivated); the ids of its durable
+        timers, which stay until the activation replaces them (`set_timer`)."""
+        ...
 
     async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
-                        timer_id: str, due_at: float | None) -> None: ...
+                        timer_id: str, due_at: float | None, *,
+                        replacing: Sequence[str] = ()) -> None:
+        """Set (`due_at` given) or clear one durable timer, and clear the timers in
+        `replacing` (an earlier activation's), in one transaction (fenced)."""
+        ...
 
     async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]: ...
 

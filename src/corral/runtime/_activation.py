@@ -230,7 +230,8 @@ class Activation(RunContext):
             return False
         self._run_id, self._first_seq = run.run_id, run.first_seq
         store = self._home.store
-        await store.mark_activated(self._home.fence, self.entity_type, self.key)
+        self._inherited = set(await store.mark_activated(self._home.fence, self.entity_type,
+                                                         self.key))
         self.entity, covered = await rebuild(store, self.definition, run, self)
         self.applied_seq = self._snapshot_seq = self._floor = covered
         await self._replay()
@@ -262,6 +263,8 @@ class Activation(RunContext):
             await end_suspension(self._home, self._run_id)  # built: nothing else can fail it
         if self.definition.has_run:
             self._run_task = asyncio.create_task(self._run_main())
+        else:  # the replay re-set its handlers' timers: what else was left is not pending
+            await self._forget_inherited()
         await self._drain()
 
     async def _work(self, job: object) -> None:
