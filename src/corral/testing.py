@@ -147,13 +147,14 @@ async def open_test_runtime(*, entities: Sequence[type[Entity]], store: str = ":
 async def check_snapshots(store: str | Store, *, entities: Sequence[type[Entity]],
                           entity_type: str | None = None, sample: int | None = None,
                           seed: int | None = None) -> SnapshotCheck:
-    """Whether the running entities in `store` restore with the code of `entities`.
+    """Whether the entities in `store` restore with the code of `entities`.
 
-    For each running entity of those types (or `sample` chosen at random per type) the
-    latest snapshot is decoded, brought forward by the `@corral.upgrade` hooks and
-    restored, and the journal after it is replayed through the handlers, as a
-    read-only replica does: `run()` never runs and nothing is written. Point it at a
-    copy of production in CI, with the code about to be deployed; `corral
+    For each entity of those types (or `sample` chosen at random per type), running
+    or finished (a finished entity's latest snapshot is its final state, which queries
+    on it restore), the latest snapshot is decoded, brought forward by the
+    `@corral.upgrade` hooks and restored, and the journal after it is replayed through
+    the handlers, as a read-only replica does: `run()` never runs and nothing is
+    written. Point it at a copy of production in CI, with the code about to be deployed; `corral
     check-snapshots` is the same from the command line.
 
     Args:

@@ -38,8 +38,9 @@ async def close_run(ref: corral.EntityRef[Job], how: str, db_path: str | None = 
         with pytest.raises(corral.EntityTerminatedError, match="operator said so"):
             await ref.result(timeout=30)
         if db_path is not None:
-            await wait_until(lambda: row_counts(db_path)["snapshots"] == 1,
-                             "the terminated run's last snapshot is written")
+            await wait_until(lambda: (row_counts(db_path)["snapshots"],
+                                      row_counts(db_path)["progress"]) == (1, 1),
+                             "the terminated run's last snapshot and watermark are written")
         return
     await ref.signal(Job.finish, Finish(mode="complete" if how == "completed" else "fail"))
     if how == "completed":

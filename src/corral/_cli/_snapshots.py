@@ -28,10 +28,11 @@ def check(
         help="At most N entities per type, chosen at random (default: all).",
         show_default=False)] = None,
 ) -> None:
-    """Restore each running entity's latest snapshot with the --app code (upgrade hooks
-    included) and replay its journal through the handlers, without effects: `run()`
-    never runs and nothing is written. Prints per type how many restore and why any
-    fail; exits 1 if one fails. Run it in CI against a copy of production."""
+    """Restore each entity's latest snapshot (a finished one's final state included)
+    with the --app code (upgrade hooks included) and replay its journal through the
+    handlers, without effects: `run()` never runs and nothing is written. Prints per
+    type how many restore and why any fail; exits 1 if one fails. Run it in CI against
+    a copy of production."""
     async def work() -> SnapshotCheck:
         return await check_snapshots(store, entities=load_app(app).entities,
                                      entity_type=entity_type, sample=sample)

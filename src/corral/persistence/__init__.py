@@ -42,7 +42,7 @@ from ._records import (
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import AcceptStore, HostStore, ReadStore, Store
 from ._txn import Fence
-from ._waits import WaitPosition, delivery_run
+from ._waits import WaitPosition, delivery_run, timer_id
 
 __all__ = [
     "AcceptResult",
@@ -91,4 +91,5 @@ __all__ = [
     "plain_canonical_json",
     "send_message_id",
     "stored_shards",
+    "timer_id",
 ]

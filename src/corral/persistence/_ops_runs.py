@@ -21,6 +21,7 @@ from ._txn import Fence, Fenced, LockPlan, Txn
 from ._unapplied import settle_run
 
 __all__ = [
+    "PUT_SNAPSHOT",
     "ActivatedOp",
     "CloseRunOp",
     "ContinueAsNewOp",
@@ -28,6 +29,14 @@ __all__ = [
     "SnapshotOp",
     "TimerOp",
 ]
+
+
+PUT_SNAPSHOT = (
+    "INSERT INTO snapshots (etype, key, run_id, applied_seq, state, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key, applied_seq) DO UPDATE "
+    "SET run_id = excluded.run_id, state = excluded.state, "
+    "created_at = excluded.created_at"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,13 @@ class CloseRunOp(Fenced):
     whose activation cannot be built, closed as failed) it closes regardless: its
     messages after `applied_seq`, and the `pending` mailbox entries `run()` never took,
     become dead letters of the run in the same transaction (`_unapplied.settle_run`).
+
+    `state`: the entity's state as of the close (a snapshot envelope), written as the
+    run's only snapshot at `applied_seq` in the same transaction, so that queries and
+    operators read what the run left, not a replay of its messages without `run()`'s
+    changes (guarantee 16); None (state that did not encode, an activation that could
+    not be built) keeps the run's latest snapshot. The watermark is recorded as the
+    entity's progress with it (`settle_run`).
     """
 
     fence: Fence
@@ -67,6 +83,7 @@ class CloseRunOp(Fenced):
     force: bool = False
     pending: tuple[JournalEntry, ...] = ()
     sends: tuple[Send, ...] = ()
+    state: bytes | None = None
     locks_entity: ClassVar[bool] = True
 
     async def apply(self, txn: Txn) -> bool:
@@ -80,11 +97,22 @@ class CloseRunOp(Fenced):
         txn.put_entity(self.entity_type, self.key, row)
         await write_sends(txn, self.fence.shard, self.entity_type, self.key, self.run_id,
                           self.sends)
+        now = time.time()
         await end_run(txn, self.entity_type, self.key, self.run_id, self.status.value,
-                      *closing_texts(self.result, self.error), time.time())
+                      *closing_texts(self.result, self.error), now)
+        if self.state is not None:
+            await self._keep_final_state(txn, self.state, now)
         await settle_run(txn, self.entity_type, self.key, self.run_id, self.applied_seq,
-                         self.pending, time.time())
+                         self.pending, now)
         return True
+
+    async def _keep_final_state(self, txn: Txn, state: bytes, now: float) -> None:
+        """The run's state as of the close becomes its one snapshot (older ones of the
+        run restore a state it left behind; its journal stays, for its history)."""
+        ident = (self.entity_type, self.key)
+        await txn.execute("DELETE FROM snapshots WHERE etype = ? AND key = ? AND run_id = ? "
+                          "AND applied_seq <> ?", *ident, self.run_id, self.applied_seq)
+        await txn.execute(PUT_SNAPSHOT, *ident, self.run_id, self.applied_seq, state, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +146,8 @@ class SnapshotOp(Fenced):
     async def apply(self, txn: Txn) -> int:
         """Returns the journal floor: entries up to it are covered and deleted."""
         await txn.check(self.fence)
-        await txn.execute(
-            "INSERT INTO snapshots (etype, key, run_id, applied_seq, state, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key, applied_seq) DO UPDATE "
-            "SET run_id = excluded.run_id, state = excluded.state, "
-            "created_at = excluded.created_at",
-            self.entity_type, self.key, self.run_id, self.applied_seq, self.state, time.time())
+        await txn.execute(PUT_SNAPSHOT, self.entity_type, self.key, self.run_id,
+                          self.applied_seq, self.state, time.time())
         floor = await txn.trim(self.entity_type, self.key, keep=self.keep,
                                applied_seq=self.applied_seq, forget_seq=self.forget_seq,
                                forget_before=self.forget_before, passivate=self.passivate)
@@ -194,25 +218,33 @@ class ContinueAsNewOp(Fenced):
 
 @dataclass(frozen=True, slots=True)
 class ActivatedOp(Fenced):
-    """An entity came back into memory: it is resident again and its old timers served."""
+    """An entity came back into memory: it is resident again.
+
+    Its timers stay (operators see the pending deadline while the restored `run()`
+    has not reached its wait again): returns their ids, which the activation replaces
+    when `run()` waits again (`TimerOp.replacing`).
+    """
 
     fence: Fence
     entity_type: str
     key: str
     locks_entity: ClassVar[bool] = True
 
-    async def apply(self, txn: Txn) -> None:
+    async def apply(self, txn: Txn) -> list[str]:
         await txn.check(self.fence)
         await txn.execute("UPDATE entities SET passivated_seq = NULL WHERE etype = ? "
                           "AND key = ? AND passivated_seq IS NOT NULL",
                           self.entity_type, self.key)
-        await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?",
-                          self.entity_type, self.key)
+        rows = await txn.fetchall("SELECT timer_id FROM timers WHERE etype = ? AND key = ?",
+                                  self.entity_type, self.key)
+        return [str(r[0]) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
 class TimerOp(Fenced):
-    """Set (`due_at` given) or clear (`due_at` None) one durable timer."""
+    """Set (`due_at` given) or clear (`due_at` None) one durable timer, and clear the
+    timers it `replaces` (those an earlier activation left, in the same transaction:
+    the entity's pending deadline is in the store at every moment)."""
 
     fence: Fence
     entity_type: str
@@ -220,12 +252,17 @@ class TimerOp(Fenced):
     run_id: int
     timer_id: str
     due_at: float | None
+    replacing: tuple[str, ...] = ()
 
     async def apply(self, txn: Txn) -> None:
         await txn.check(self.fence)
+        ident = (self.entity_type, self.key)
+        if self.due_at is not None:
+            await txn.execute(SET_TIMER, *ident, self.run_id, self.timer_id,
+                              self.fence.shard, self.due_at)
+        gone = [t for t in self.replacing if t != self.timer_id]
         if self.due_at is None:
-            await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ? AND timer_id = ?",
-                              self.entity_type, self.key, self.timer_id)
-            return
-        await txn.execute(SET_TIMER, self.entity_type, self.key, self.run_id, self.timer_id,
-                          self.fence.shard, self.due_at)
+            gone.append(self.timer_id)
+        if gone:
+            await txn.executemany("DELETE FROM timers WHERE etype = ? AND key = ? "
+                                  "AND timer_id = ?", [(*ident, t) for t in gone])

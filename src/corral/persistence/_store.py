@@ -110,13 +110,15 @@ class HostStore(Protocol):
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
                         error: str | None, force: bool = False,
-                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = ()
-                        ) -> bool:
+                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = (),
+                        state: bytes | None = None) -> bool:
         """Close the run unless messages after `applied_seq` exist (then return False);
         with `force`, close it regardless (a run failed because it cannot activate).
         Its messages after `applied_seq` (with `force`) and the `pending` mailbox entries
-        `run()` never took become dead letters of the run, and its last `sends` go to
-        its outbox, in the same transaction."""
+        `run()` never took become dead letters of the run, its last `sends` go to its
+        outbox, its `state` as of the close becomes its snapshot at `applied_seq` (None:
+        its latest snapshot stays) and `applied_seq` its recorded progress, in the same
+        transaction."""
         ...
 
     async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -222,10 +224,17 @@ class HostStore(Protocol):
         """
         ...
 
-    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None: ...
+    async def mark_activated(self, fence: Fence, etype: str, key: str) -> list[str]:
+        """The entity is in memory again (no longer passivated); the ids of its durable
+        timers, which stay until the activation replaces them (`set_timer`)."""
+        ...
 
     async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
-                        timer_id: str, due_at: float | None) -> None: ...
+                        timer_id: str, due_at: float | None, *,
+                        replacing: Sequence[str] = ()) -> None:
+        """Set (`due_at` given) or clear one durable timer, and clear the timers in
+        `replacing` (an earlier activation's), in one transaction (fenced)."""
+        ...
 
     async def due_timers(self, shards: frozenset[int], now: float) -> list[tuple[str, str]]: ...
 

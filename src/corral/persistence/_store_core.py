@@ -134,10 +134,10 @@ class StoreCore:
     async def close_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         applied_seq: int, status: RunStatus, result: str | None,
                         error: str | None, force: bool = False,
-                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = ()
-                        ) -> bool:
+                        pending: Sequence[JournalEntry] = (), sends: Sequence[Send] = (),
+                        state: bytes | None = None) -> bool:
         op = CloseRunOp(fence, etype, key, run_id, applied_seq, status, result, error, force,
-                        tuple(pending), tuple(sends))
+                        tuple(pending), tuple(sends), state)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def settle_run(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -212,8 +212,8 @@ class StoreCore:
     async def lease_holders(self) -> dict[int, str]:
         return await self.query(held_by)
 
-    async def mark_activated(self, fence: Fence, etype: str, key: str) -> None:
-        await self.write(ActivatedOp(fence, etype, key))
+    async def mark_activated(self, fence: Fence, etype: str, key: str) -> list[str]:
+        return await self.write(ActivatedOp(fence, etype, key))  # type: ignore[no-any-return]
 
     async def record_progress(self, fence: Fence,
                               rows: Sequence[tuple[str, str, int, int]], *, at: float
@@ -228,8 +228,10 @@ class StoreCore:
         await self.write(ClearSuspensionOp(fence, etype, key, run_id))
 
     async def set_timer(self, fence: Fence, etype: str, key: str, run_id: int,
-                        timer_id: str, due_at: float | None) -> None:
-        await self.write(TimerOp(fence, etype, key, run_id, timer_id, due_at))
+                        timer_id: str, due_at: float | None, *,
+                        replacing: Sequence[str] = ()) -> None:
+        await self.write(TimerOp(fence, etype, key, run_id, timer_id, due_at,
+                                 tuple(replacing)))
 
     async def record_dead_letter(self, fence: Fence, entry: JournalEntry, *, error: str,
                                  traceback: str, attempts: int, failed_at: float) -> int:

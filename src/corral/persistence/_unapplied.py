@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from corral._common import RunStatus
 
 from ._codec import storable_text
+from ._progress import RECORD
 from ._records import EntryKind, JournalEntry
 from ._txn import Fence, Fenced, Txn
 
@@ -68,8 +69,10 @@ async def settle_run(txn: Txn, etype: str, key: str, run_id: int,
     """Dead-letter what closed run `run_id` never applied: its journal's messages after
     `applied_seq` (None: its latest snapshot's watermark, for a terminated run only:
     every other close is a host's, which settled the run with its own watermark) and
-    the `pending` mailbox entries. Nothing for a run still running. Returns how many
-    dead letters were added."""
+    the `pending` mailbox entries, and record the watermark as the entity's progress
+    (operators read it once no host has the run in memory; mailbox depth 0: what it
+    held is dead-lettered). Nothing for a run still running. Returns how many dead
+    letters were added."""
     row = await txn.fetchone("SELECT status, first_seq FROM runs WHERE etype = ? AND key = ? "
                              "AND run_id = ?", etype, key, run_id)
     if row is None or row[0] == RunStatus.RUNNING.value:
@@ -81,6 +84,7 @@ async def settle_run(txn: Txn, etype: str, key: str, run_id: int,
         snap = await txn.fetchone("SELECT max(applied_seq) FROM snapshots WHERE etype = ? "
                                   "AND key = ? AND run_id = ?", etype, key, run_id)
         applied_seq = int(snap[0]) if snap and snap[0] is not None else int(row[1]) - 1
+    await txn.execute(RECORD, etype, key, applied_seq, 0, failed_at)
     rows = await txn.fetchall(
         "SELECT seq, message_id, name, payload, sender FROM journal WHERE etype = ? AND "
         "key = ? AND run_id = ? AND seq > ? AND kind IN (?, ?) ORDER BY seq",

@@ -95,6 +95,13 @@ class Activation(RunContext):
     def is_finished(self) -> bool:
         return self._state is _State.FINISHED
 
+    @property
+    def has_progress(self) -> bool:
+        """Its watermark and mailbox are its entity's: built (by `__init__` or a
+        restore) and not finished, though perhaps still replaying its journal (a
+        handler blocked there keeps it loading; what it applied so far is real)."""
+        return self.entity is not None and self._state is not _State.FINISHED
+
     async def wait_settled(self) -> None:
         """Wait until the activation is ready or finished (a run whose activation
         cannot be built is suspended: evicted, so finished here)."""
@@ -223,7 +230,8 @@ class Activation(RunContext):
             return False
         self._run_id, self._first_seq = run.run_id, run.first_seq
         store = self._home.store
-        await store.mark_activated(self._home.fence, self.entity_type, self.key)
+        self._inherited = set(await store.mark_activated(self._home.fence, self.entity_type,
+                                                         self.key))
         self.entity, covered = await rebuild(store, self.definition, run, self)
         self.applied_seq = self._snapshot_seq = self._floor = covered
         await self._replay()
@@ -255,6 +263,8 @@ class Activation(RunContext):
             await end_suspension(self._home, self._run_id)  # built: nothing else can fail it
         if self.definition.has_run:
             self._run_task = asyncio.create_task(self._run_main())
+        else:  # the replay re-set its handlers' timers: what else was left is not pending
+            await self._forget_inherited()
         await self._drain()
 
     async def _work(self, job: object) -> None:
@@ -655,7 +665,7 @@ class Activation(RunContext):
         while not await self._home.store.close_run(
                 self._home.fence, self.entity_type, self.key, self._run_id,
                 applied_seq=self.applied_seq, status=status, result=result, error=error,
-                pending=self.untaken(), sends=sends):
+                pending=self.untaken(), sends=sends, state=self._final_state()):
             # Messages were accepted meanwhile: let the worker apply them, then retry.
             late = await self._home.store.journal(
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
@@ -667,6 +677,18 @@ class Activation(RunContext):
             if self.closed:  # terminated while we waited
                 return False
         return True
+
+    def _final_state(self) -> bytes | None:
+        """The state the close keeps (guarantee 16); None if it does not encode (then the
+        run's latest snapshot stands for it, and the failure is logged)."""
+        assert self.entity is not None
+        try:
+            return capture(self.definition, self.entity)
+        except Exception as err:
+            log.warning("%s %r run %d: its final state is not kept (%s: %s); queries read "
+                        "its latest snapshot", self.entity_type, self.key, self._run_id,
+                        type(err).__name__, err)
+            return None
 
     def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
         """The run is closed: say so, and fail the updates still waiting on it with

@@ -1,9 +1,11 @@
 """Checking stored snapshots against the code about to be deployed, writing nothing.
 
-For each running entity (all, or a sample per type) the latest snapshot is decoded,
-upgraded and restored with the code given, and the journal after it is replayed
-through the handlers as a read-only replica does: `run()` never runs, no store write
-is made. What does not restore or replay is reported per type with the reason.
+For each entity (all, or a sample per type) its latest run's latest snapshot is
+decoded, upgraded and restored with the code given, and the journal after it is
+replayed through the handlers as a read-only replica does: `run()` never runs, no
+store write is made. A finished entity's latest snapshot is its final state (kept by
+the close), which queries on it restore: it is checked as a running one's is. What
+does not restore or replay is reported per type with the reason.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from corral._common import RunStatus
 from corral.actors import EntityDefinition, HandlerKind
 from corral.persistence import EntityRecord, EntryKind, Store
 
@@ -80,24 +81,24 @@ class SnapshotCheck:
 
 async def check_store(store: Store, definitions: Sequence[EntityDefinition], *,
                       sample: int | None = None, seed: int | None = None) -> SnapshotCheck:
-    """Restore and replay each running entity of `definitions` (or `sample` per type,
-    chosen at random) with their code, reading `store` only."""
+    """Restore and replay each entity of `definitions` (or `sample` per type, chosen at
+    random) with their code, reading `store` only."""
     found = []
     for definition in definitions:
-        records = await _running(store, definition.name, sample, random.Random(seed))
+        records = await _entities(store, definition.name, sample, random.Random(seed))
         failures = [f for r in records
                     if (f := await _check_one(store, definition, r)) is not None]
         found.append(TypeCheck(definition.name, len(records), tuple(failures)))
     return SnapshotCheck(tuple(found))
 
 
-async def _running(store: Store, etype: str, sample: int | None,
-                   rng: random.Random) -> list[EntityRecord]:
-    """The running entities of `etype`, or a uniform sample of them (reservoir)."""
+async def _entities(store: Store, etype: str, sample: int | None,
+                    rng: random.Random) -> list[EntityRecord]:
+    """The entities of `etype`, or a uniform sample of them (reservoir)."""
     chosen: list[EntityRecord] = []
     seen, after = 0, None
     while True:
-        page = await store.entities(etype, RunStatus.RUNNING, limit=_PAGE, after=after)
+        page = await store.entities(etype, None, limit=_PAGE, after=after)
         for record in page:
             seen += 1
             if sample is None or len(chosen) < sample:
@@ -113,8 +114,8 @@ async def _check_one(store: Store, definition: EntityDefinition, record: EntityR
                      ) -> SnapshotFailure | None:
     etype, key = definition.name, record.key
     found = await store.latest_run(etype, key)
-    if found is None or found[0].status is not RunStatus.RUNNING:
-        return None  # closed meanwhile
+    if found is None:
+        return None  # purged meanwhile
     run = found[0]
     try:
         entity, after = await rebuild(store, definition, run, ReplicaContext(etype, key,

@@ -80,10 +80,11 @@ class ProgressLog:
         return written
 
     def _moved(self, shard: Shard) -> tuple[list[_Row], list[int]]:
-        """The ready resident entities of `shard` whose progress moved since recorded,
-        from where its last round stopped, each with the position after it; what was
-        recorded of entities no longer resident is dropped."""
-        acts = [a for a in shard.activations() if a.is_ready]
+        """The resident entities of `shard` whose progress moved since recorded (loading
+        ones too: a replay blocked in a handler is what an operator looks for), from
+        where its last round stopped, each with the position after it; what was recorded
+        of entities no longer resident is dropped."""
+        acts = [a for a in shard.activations() if a.has_progress]
         resident = {(a.entity_type, a.key) for a in acts}
         self._recorded[shard.index] = seen = {
             k: v for k, v in self._recorded.get(shard.index, {}).items() if k in resident}

@@ -388,7 +388,8 @@ class EntityRef(Generic[E_co, S]):
         applied (read-your-writes). Where no activation is in memory (passivated,
         hosted by another process, or closed) a read-only replica is rebuilt from the
         latest snapshot and the journal after it, without activating the entity; state
-        that only `run()` changed since that snapshot is not visible there. Pass
+        that only `run()` changed since that snapshot is not visible there (a finished
+        entity's latest snapshot is its state as of the close: nothing is missing). Pass
         `activate=True` to bring a passivated entity back and answer from live state.
         """
         with self._about(send=False):

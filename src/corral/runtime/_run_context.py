@@ -22,6 +22,7 @@ from corral._common import RetryPolicy
 from corral._errors import InvalidArgumentError
 from corral.actors import EntityDefinition
 from corral.persistence import JournalEntry, Send, handler_send_id
+from corral.persistence import timer_id as wait_timer_id
 
 from ._outbox import outgoing
 from ._residence import Residence, retrying
@@ -37,9 +38,9 @@ T = TypeVar("T")
 class RunContext:
     """The waits, timers, steps, sends and progress counters of the run an activation hosts."""
 
-    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_handling", "_home", "_outgoing",
-                 "_resuming", "_run_id", "_run_task", "_sent", "_steps", "_timers", "_waiting",
-                 "_waits", "applied_seq", "definition")
+    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_handling", "_home",
+                 "_inherited", "_outgoing", "_resuming", "_run_id", "_run_task", "_sent",
+                 "_steps", "_timers", "_waiting", "_waits", "applied_seq", "definition")
 
     def __init__(self, home: Residence) -> None:
         self._home = home  # the shard, as this entity sees it: its only way to the host
@@ -50,6 +51,11 @@ class RunContext:
         self._floor = 0  # journal entries up to here are covered by kept snapshots
         self._bytes = 0  # payload bytes applied by this activation
         self._timers = 0
+        # The durable timers an earlier activation of the run left (their rows stay, so
+        # the pending deadline shows while `run()` restarts): replaced when `run()`
+        # waits again, in the write of the timer it sets then (`_timed`), unless this
+        # activation set the same id again.
+        self._inherited: set[str] = set()
         self._waiting = 0  # coroutines parked in wait_until (run() waiting = idle)
         self._changed: asyncio.Event | None = None
         self._waits: RunWaits | None = None  # this run's signal waits, once it has any
@@ -93,12 +99,33 @@ class RunContext:
         timer_id = f"{self._run_id}.{self.applied_seq}.{self._timers}"
         store, fence, etype, key, run_id = (self._home.store, self._home.fence,
                                             self.entity_type, self.key, self._run_id)
+        self._inherited.discard(timer_id)
+        replacing = self._replacing()
         await self._retrying("timer", lambda: store.set_timer(
-            fence, etype, key, run_id, timer_id, deadline))
+            fence, etype, key, run_id, timer_id, deadline, replacing=replacing))
+        self._inherited.difference_update(replacing)
         result = await self.wait_until(predicate, max(0.0, deadline - self.now()))
         await self._retrying("timer", lambda: store.set_timer(
             fence, etype, key, run_id, timer_id, None))
         return result
+
+    def _replacing(self) -> tuple[str, ...]:
+        """The inherited timers a wait of `run()` replaces now (none for a handler's)."""
+        if not self._inherited or asyncio.current_task() is not self._run_task:
+            return ()
+        return tuple(sorted(self._inherited))
+
+    async def _forget_inherited(self) -> None:
+        """Clear the timers an earlier activation left: `run()` waits with no timer of
+        its own (or the entity has no `run()`), so none of them is pending any more."""
+        gone = tuple(sorted(self._inherited))
+        if not gone:
+            return
+        home, run_id = self._home, self._run_id
+        await self._retrying("timer", lambda: home.store.set_timer(
+            home.fence, home.entity_type, home.key, run_id, gone[0], None,
+            replacing=gone[1:]))
+        self._inherited.difference_update(gone)
 
     async def _write_progress(self) -> None:
         """Write the run's progress now (the host's snapshot): its sends with it."""
@@ -112,6 +139,8 @@ class RunContext:
         seconds pass on the host's clock; while parked, the entity counts as idle."""
         if self._outgoing and not predicate() and asyncio.current_task() is self._run_task:
             await self._write_progress()  # run() waits: its sends go now, not at its end
+        if self._replacing() and not predicate():
+            await self._forget_inherited()  # run() waits, and under no inherited timer
         clock = self._home.clock
         deadline = None if timeout is None else clock.monotonic() + timeout
         self._waiting += 1
@@ -133,6 +162,7 @@ class RunContext:
             self._waiting -= 1
 
     async def wait_signal(self, name: str, timeout: float | None) -> str:
+        self._inherited.discard(wait_timer_id(name))  # an open wait's row: kept (re-armed)
         if self._waits is None:
             self._waits = RunWaits(self._home, self)
         return await self._waits.wait(name, timeout)
