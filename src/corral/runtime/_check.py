@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral._common import RunStatus
+from corral._errors import CorruptRowError
 from corral.actors import EntityDefinition, HandlerKind
-from corral.persistence import EntityRecord, EntryKind, Store
+from corral.persistence import EntityRecord, EntryKind, Store, UnreadableRow
 
 from ._apply import ReplicaContext
 from ._codec import decode_model
@@ -92,9 +93,10 @@ async def check_store(store: Store, definitions: Sequence[EntityDefinition], *,
 
 
 async def _running(store: Store, etype: str, sample: int | None,
-                   rng: random.Random) -> list[EntityRecord]:
-    """The running entities of `etype`, or a uniform sample of them (reservoir)."""
-    chosen: list[EntityRecord] = []
+                   rng: random.Random) -> list[EntityRecord | UnreadableRow]:
+    """The running entities of `etype`, or a uniform sample of them (reservoir); a row
+    that does not decode is checked too (it fails)."""
+    chosen: list[EntityRecord | UnreadableRow] = []
     seen, after = 0, None
     while True:
         page = await store.entities(etype, RunStatus.RUNNING, limit=_PAGE, after=after)
@@ -109,10 +111,13 @@ async def _running(store: Store, etype: str, sample: int | None,
         after = (page[-1].entity_type, page[-1].key)
 
 
-async def _check_one(store: Store, definition: EntityDefinition, record: EntityRecord
-                     ) -> SnapshotFailure | None:
+async def _check_one(store: Store, definition: EntityDefinition,
+                     record: EntityRecord | UnreadableRow) -> SnapshotFailure | None:
     etype, key = definition.name, record.key
-    found = await store.latest_run(etype, key)
+    try:
+        found = await store.latest_run(etype, key)
+    except CorruptRowError as err:
+        return SnapshotFailure(etype, key, err.run_id or 0, f"{type(err).__name__}: {err}")
     if found is None or found[0].status is not RunStatus.RUNNING:
         return None  # closed meanwhile
     run = found[0]
