@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "BatchRefusedError",
     "CorralError",
+    "CorruptRowError",
     "DeadLetterNotFoundError",
     "DefinitionMismatchError",
     "DuplicateStepError",
@@ -30,6 +31,7 @@ __all__ = [
     "LeaseLostError",
     "PayloadTooLargeError",
     "PickledSnapshotError",
+    "QueryResultError",
     "ShardMovedError",
     "SignalTimeoutError",
     "SnapshotCaptureError",
@@ -233,6 +235,16 @@ class UpdateFailedError(CorralError):
     """The update handler raised; the error text was recorded and is returned to every retry."""
 
 
+class QueryResultError(CorralError):
+    """A query handler's answer does not validate against its return annotation: the
+    state it read holds a value of another type (an attribute without an annotation,
+    restored from a snapshot as plain JSON, where the code kept a model). Raised by
+    `EntityRef.query` (`corral query`, the dashboard's query form), naming the entity
+    and the query; nothing changed. Annotate the attribute on the class (then a restore
+    rebuilds the model), or return what the annotation says.
+    """
+
+
 class WaitTimeoutError(CorralError, TimeoutError):
     """`result(timeout=...)` or `update(..., timeout=...)` ran out of time.
 
@@ -389,6 +401,32 @@ class StoreUnavailableError(StoreError):
                  **fields: Any) -> None:
         super().__init__(message, **fields)
         self.committed = committed
+
+
+class CorruptRowError(CorralError):
+    """A row read from the store does not decode: stored JSON that does not parse (or is
+    nested deeper than the parser reads), a value outside its column's domain (a run
+    status, a journal entry's kind), a time or a number of another type, a snapshot
+    that is not bytes, a build's manifest without its fields. No corral writes such a
+    row: it was damaged or written by hand.
+
+    Not a `StoreError`: the store answered, and asking again gives the same row, so
+    nothing retries it. Raised by the reads of one entity (`describe`, `history`,
+    `state`, `query`, `corral show`/`history`, the entity's page), naming it
+    (`entity_type`, `key`, `run_id` where known) with `table` and `column`; a host
+    that cannot read an entity's rows suspends its run with this error (visible in
+    `describe().suspension` and `corral ls`), retried with backoff, never failed.
+    Deployment-wide views never raise it for one row: listings leave the row out and
+    name it in `Page.unreadable`, and a build whose manifest is unreadable is ignored
+    by the compatibility check (with a warning) and listed as incompatible.
+    Fix or delete the row (the message names it); nothing else changes.
+    """
+
+    def __init__(self, message: str = "", *, table: str = "", column: str = "",
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.table = table
+        self.column = column
 
 
 class LeaseLostError(StoreError):

@@ -10,7 +10,6 @@ is not running, say) is reported and the rest go on.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -18,7 +17,14 @@ from typing import Annotated, Any
 import typer
 
 import corral
-from corral._errors import CorralError, DeadLetterNotFoundError, InvalidArgumentError, StoreError
+from corral._errors import (
+    CorralError,
+    CorruptRowError,
+    DeadLetterNotFoundError,
+    InvalidArgumentError,
+    StoreError,
+)
+from corral.persistence import Row
 
 from ._connection import (
     AppOption,
@@ -87,7 +93,7 @@ def list_dead_letters(
         ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit, after=after))
     if as_json:
         # The payload is stored as canonical JSON text: shown as the JSON it is.
-        print_json([{**jsonable(d), "payload": json.loads(d.payload)} for d in found])
+        print_json([{**jsonable(d), **_payload(d)} for d in found])
         return
     if not found:
         out().print("no dead letters")
@@ -289,3 +295,13 @@ def _work_through(ctx: typer.Context, connection: Connection, choice: _Choice,
                 print(describe(o.letter, o.result))
     if failed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _payload(d: corral.DeadLetter) -> dict[str, Any]:
+    """A dead letter's payload as JSON data; one that does not decode (a row damaged or
+    written by hand) is null, with why, so one bad row never breaks the listing."""
+    row = Row("dead_letters", d.entity_type, d.key, d.run_id, what=f"dead letter {d.id}")
+    try:
+        return {"payload": row.json("payload", d.payload)}
+    except CorruptRowError as err:
+        return {"payload": None, "unreadable": str(err)}

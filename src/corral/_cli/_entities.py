@@ -64,7 +64,7 @@ def list_entities(
         print_json(page)
         return
     console = out()
-    if not page.items:
+    if not page.items and not page.unreadable:
         console.print("no entities")
     else:
         rows = table("TYPE", "KEY", "STATUS", "RUN", "ACCEPTED", "APPLIED", "BACKLOG",
@@ -77,6 +77,9 @@ def list_entities(
                                  "yes" if e.passivated else "no", when(e.updated_at),
                                  e.shard]))
         console.print(rows)
+    for unreadable in page.unreadable:  # left out of the table: named, never fatal
+        console.print(printable(f"unreadable (left out): {unreadable}"), markup=False,
+                      highlight=False)
     if page.next_cursor is not None:
         console.print(f"more: --after {page.next_cursor}")
 

@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 import corral
 from corral import (
     CorralError,
+    CorruptRowError,
     DeadLetterNotFoundError,
     EntityClosedError,
     EntityNotRunningError,
@@ -75,6 +76,7 @@ _STATUS: tuple[tuple[type[CorralError], int], ...] = (
     (EntityNotRunningError, 409),
     (EntityClosedError, 409),
     (PayloadTooLargeError, 413),
+    (CorruptRowError, 422),  # a stored row does not decode: no retry helps, nor a fix here
     (StoreError, 503),  # the store, not the request: retrying may work
 )
 

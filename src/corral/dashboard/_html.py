@@ -87,7 +87,7 @@ def pretty_json(text: str | None) -> str:
         return ""
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # damaged, or nested too deeply to show
         return text
 
 

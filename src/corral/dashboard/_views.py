@@ -89,8 +89,13 @@ def entity_list(page: Page[EntitySummary], types: Sequence[str], chosen_type: st
         rows=join(rows) if rows else render("<tr><td colspan=\"11\">No entities.</td></tr>"))
     params = {"type": chosen_type, "status": chosen_status, "key": prefix, "limit": limit,
               "refresh": None if refresh == DEFAULT_REFRESH else refresh}
+    unreadable = [render("<li>$why</li>", why=why) for why in page.unreadable]
+    left_out = render("<div class=\"flash error\" role=\"alert\" id=\"unreadable\">"
+                      "Left out of this page, their rows do not decode:<ul>$items</ul></div>",
+                      items=join(unreadable)) if unreadable else EMPTY
     return join([_filters("/", types, chosen_type, extra),
-                 live(join([table, _next_link("/", params, page.next_cursor)]), refresh)])
+                 live(join([left_out, table, _next_link("/", params, page.next_cursor)]),
+                      refresh)])
 
 
 _FACTS = """<dl class="facts">

@@ -36,9 +36,11 @@ from ._records import (
     RunRecord,
     Suspension,
     TimerRecord,
+    UnreadableRow,
     UpdateOutcome,
     WaitRecord,
 )
+from ._rows import Row, stored_json
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import AcceptStore, HostStore, ReadStore, Store
 from ._txn import Fence
@@ -68,6 +70,7 @@ __all__ = [
     "Progress",
     "Purged",
     "ReadStore",
+    "Row",
     "RunRecord",
     "Send",
     "SqliteStore",
@@ -76,6 +79,7 @@ __all__ = [
     "Suspension",
     "TimerRecord",
     "TypeBacklog",
+    "UnreadableRow",
     "UpdateOutcome",
     "WaitPosition",
     "WaitRecord",
@@ -90,6 +94,7 @@ __all__ = [
     "payload_hash",
     "plain_canonical_json",
     "send_message_id",
+    "stored_json",
     "stored_shards",
     "timer_id",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ._ops_dead_letters import replay_message_id
 from ._records import EntryKind, MessageRecord, TimerRecord, WaitRecord
+from ._rows import Row
 from ._txn import Txn
 from ._waits import WAIT_COLUMNS, wait_from_row
 
@@ -31,20 +32,25 @@ async def messages(q: Txn, etype: str, key: str, after_seq: int, limit: int
             "SELECT seq, run_id, message_id, sender, accepted_at FROM dedupe "
             "WHERE etype = ? AND key = ? AND seq > ? ORDER BY seq LIMIT ?",
             etype, key, after_seq, limit):
-        found[r[0]] = MessageRecord(r[0], r[1], r[2], r[3], r[4])
+        at = Row("dedupe", etype, key, r[1], what=f"seq {r[0]}").seconds("accepted_at", r[4])
+        found[r[0]] = MessageRecord(r[0], r[1], r[2], r[3], at)
     for r in await q.fetchall(
             "SELECT seq, run_id, message_id, sender, accepted_at, kind, name, payload "
             "FROM journal WHERE etype = ? AND key = ? AND seq > ? ORDER BY seq LIMIT ?",
             etype, key, after_seq, limit):
-        found[r[0]] = MessageRecord(r[0], r[1], r[2], r[3], r[4], EntryKind(r[5]), r[6], r[7])
+        row = Row("journal", etype, key, r[1], what=f"seq {r[0]}")
+        found[r[0]] = MessageRecord(r[0], r[1], r[2], r[3], row.seconds("accepted_at", r[4]),
+                                    row.enum("kind", EntryKind, r[5]), r[6], r[7])
     for r in await q.fetchall(
             "SELECT seq, run_id, message_id, sender, failed_at, name, payload, id, error "
             "FROM dead_letters WHERE etype = ? AND key = ? AND seq > ? ORDER BY seq LIMIT ?",
             etype, key, after_seq, limit):
         known = found.get(r[0])
+        failed = Row("dead_letters", etype, key, r[1], what=f"dead letter {r[7]}").seconds(
+            "failed_at", r[4])
         found[r[0]] = MessageRecord(
             r[0], r[1], r[2], r[3], known.accepted_at if known else None, EntryKind.SIGNAL,
-            r[5], r[6], dead_letter_id=r[7], error=r[8], failed_at=r[4])
+            r[5], r[6], dead_letter_id=r[7], error=r[8], failed_at=failed)
     return [found[seq] for seq in sorted(found)[:limit]]
 
 
@@ -52,7 +58,8 @@ async def entity_timers(q: Txn, etype: str, key: str) -> list[TimerRecord]:
     """The entity's pending durable timers, the earliest due first."""
     rows = await q.fetchall("SELECT run_id, timer_id, due_at FROM timers WHERE etype = ? "
                             "AND key = ? ORDER BY due_at, timer_id", etype, key)
-    return [TimerRecord(r[0], r[1], r[2]) for r in rows]
+    return [TimerRecord(r[0], r[1], Row("timers", etype, key, r[0], what=f"timer {r[1]!r}")
+                        .seconds("due_at", r[2])) for r in rows]
 
 
 async def entity_waits(q: Txn, etype: str, key: str) -> list[WaitRecord]:

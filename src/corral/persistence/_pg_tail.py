@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ._reads import ENTRY_COLUMNS, entry_from_row
+from ._reads import ENTRY_COLUMNS, tail_entries
 from ._records import JournalEntry
 
 __all__ = ["current_ticks", "pack_position", "read_tail", "unpack_position"]
@@ -79,5 +79,5 @@ async def read_tail(conn: Any, cursor: list[int], tailed: Iterable[int], held: I
         rows = await conn.fetch(_TAIL, tailed, [cursor[s] for s in tailed], per_shard)
         for r in rows:
             new[r[0]] = max(new[r[0]], r[1])
-            entries.append(entry_from_row(r[2:]))
+        entries = tail_entries([r[2:] for r in rows])
     return pack_position(new), entries

@@ -10,10 +10,12 @@ page costs the same however many entities the store holds.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from corral._common import RunStatus
+from corral._errors import CorruptRowError
 
 from ._progress import applied_sql, oldest_unapplied_sql, progress_from
 from ._records import (
@@ -25,9 +27,11 @@ from ._records import (
     Progress,
     RunRecord,
     Suspension,
+    UnreadableRow,
     UpdateOutcome,
     WaitRecord,
 )
+from ._rows import Row
 from ._suspensions import OF_ENTITY, OF_SHARD, SUSPENDED_COLUMN, suspension_from_row
 from ._txn import Txn
 from ._unapplied import DEAD_LETTER_COLUMNS
@@ -51,8 +55,11 @@ __all__ = [
     "running_entities",
     "runs",
     "shard_suspensions",
+    "tail_entries",
     "update_outcome",
 ]
+
+log = logging.getLogger("corral.store")
 
 ENTRY_COLUMNS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
 _ENTITY_COLUMNS = ", ".join(f"entities.{c}" for c in (
@@ -66,19 +73,51 @@ def _progress_columns(q: Txn) -> str:
     return f"{applied_sql(q)}, p.mailbox, p.recorded_at, {oldest_unapplied_sql(q)}"
 
 
-def _progress(r: Sequence[Any]) -> Progress:
-    return Progress(int(r[0]), None if r[1] is None else int(r[1]), r[2], r[3])
+def _progress(etype: str, key: str, r: Sequence[Any]) -> Progress:
+    row = Row("progress", etype, key)
+    return Progress(row.integer("applied_seq", r[0]), row.maybe_integer("mailbox", r[1]),
+                    row.maybe_seconds("recorded_at", r[2]),
+                    Row("journal", etype, key).maybe_seconds("accepted_at", r[3]))
+
+
 _RUN_COLUMNS = ("run_id, status, start_input, result, error, started_at, closed_at, "
                 "continued_from, first_seq")
 
 
+_KINDS = {k.value: k for k in EntryKind}
+
+
 def entry_from_row(r: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(r[0], r[1], r[2], r[3], EntryKind(r[4]), r[5], r[6], r[7], r[8], r[9])
+    """A journal row (`ENTRY_COLUMNS`) as an entry; `CorruptRowError` if its kind or
+    time does not decode (checked on the way, at the cost of a lookup: every applied
+    entry passes here)."""
+    kind, at = _KINDS.get(r[4]), r[9]
+    if kind is None or type(at) is not float:
+        row = Row("journal", r[0], r[1], r[3], what=f"seq {r[2]}")
+        kind, at = row.enum("kind", EntryKind, r[4]), row.seconds("accepted_at", at)
+    return JournalEntry(r[0], r[1], r[2], r[3], kind, r[5], r[6], r[7], r[8], at)
+
+
+def tail_entries(rows: Sequence[Sequence[Any]]) -> list[JournalEntry]:
+    """The entries of a journal tail read (rows start at `ENTRY_COLUMNS`), without
+    those that do not decode: one bad row must not stop a host delivering every other
+    entity's entries. It is logged; its entity meets it again when it recovers from
+    its journal (a gap, a restart), which suspends its run with the `CorruptRowError`."""
+    entries: list[JournalEntry] = []
+    for r in rows:
+        try:
+            entries.append(entry_from_row(r))
+        except CorruptRowError as err:
+            log.warning("journal tail: entry left to its entity's recovery: %s", err)
+    return entries
 
 
 def _run(etype: str, key: str, r: Sequence[Any]) -> RunRecord:
-    return RunRecord(etype, key, r[0], RunStatus(r[1]), r[2], r[3], r[4], r[5], r[6], r[7],
-                     r[8])
+    row = Row("runs", etype, key, r[0])
+    return RunRecord(etype, key, row.integer("run_id", r[0]),
+                     row.enum("status", RunStatus, r[1]), r[2], r[3], r[4],
+                     row.seconds("started_at", r[5]), row.maybe_seconds("closed_at", r[6]),
+                     row.maybe_integer("continued_from", r[7]), row.integer("first_seq", r[8]))
 
 
 def _marks(values: Collection[Any]) -> str:
@@ -101,7 +140,14 @@ async def next_timer(q: Txn, shards: frozenset[int]) -> float | None:
         return None
     row = await q.fetchone(f"SELECT min(due_at) FROM timers WHERE shard IN ({_marks(shards)})",
                            *sorted(shards))
-    return None if row is None or row[0] is None else float(row[0])
+    due = None if row is None else row[0]
+    if due is None or (isinstance(due, int | float) and not isinstance(due, bool)):
+        return None if due is None else float(due)
+    # Only text left (SQLite: text sorts after numbers): no timer of these shards is
+    # readable; each entity meets its own when it is read (`CorruptRowError`).
+    log.warning("shards %s: the earliest timer's due_at is %r, not a number; no timer "
+                "of theirs is due", sorted(shards), due)
+    return None
 
 
 async def latest_snapshot(q: Txn, etype: str, key: str, run_id: int
@@ -110,7 +156,10 @@ async def latest_snapshot(q: Txn, etype: str, key: str, run_id: int
     row = await q.fetchone(
         "SELECT applied_seq, state FROM snapshots WHERE etype = ? AND key = ? "
         "AND run_id = ? ORDER BY applied_seq DESC LIMIT 1", etype, key, run_id)
-    return None if row is None else (int(row[0]), bytes(row[1]))
+    if row is None:
+        return None
+    where = Row("snapshots", etype, key, run_id, what=f"snapshot at seq {row[0]}")
+    return where.integer("applied_seq", row[0]), where.blob("state", row[1])
 
 
 async def journal(q: Txn, etype: str, key: str, run_id: int, after_seq: int,
@@ -129,7 +178,8 @@ async def latest_run(q: Txn, etype: str, key: str) -> tuple[RunRecord, int] | No
         f"SELECT {', '.join('r.' + c for c in _RUN_COLUMNS.split(', '))}, e.next_seq "
         "FROM entities e JOIN runs r ON r.etype = e.etype AND r.key = e.key "
         "AND r.run_id = e.run_id WHERE e.etype = ? AND e.key = ?", etype, key)
-    return None if row is None else (_run(etype, key, row), row[9])
+    return None if row is None else (_run(etype, key, row),
+                                     Row("entities", etype, key).integer("next_seq", row[9]))
 
 
 async def runs(q: Txn, etype: str, key: str) -> list[RunRecord]:
@@ -157,7 +207,14 @@ async def update_outcome(q: Txn, etype: str, key: str, message_id: str
                          ) -> UpdateOutcome | None:
     row = await q.fetchone("SELECT outcome FROM dedupe WHERE etype = ? AND key = ? "
                            "AND message_id = ?", etype, key, message_id)
-    return None if row is None or row[0] is None else UpdateOutcome.from_json(row[0])
+    if row is None or row[0] is None:
+        return None
+    where = Row("dedupe", etype, key, what=f"update {message_id!r}")
+    data = where.json("outcome", row[0])
+    if not (isinstance(data, dict) and all(
+            isinstance(data.get(k), str | None) for k in ("result", "error"))):
+        raise where.corrupt("outcome", "is not an update's outcome")
+    return UpdateOutcome(data.get("result"), data.get("error"))
 
 
 async def dead_letters(q: Txn, etype: str | None, key: str | None, limit: int,
@@ -169,7 +226,13 @@ async def dead_letters(q: Txn, etype: str | None, key: str | None, limit: int,
     rows = await q.fetchall(
         f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE {where} "
         "ORDER BY id LIMIT ?", after, *(v for _, v in filters if v is not None), limit)
-    return [DeadLetter(*r) for r in rows]
+    return [_dead_letter(r) for r in rows]
+
+
+def _dead_letter(r: Sequence[Any]) -> DeadLetter:
+    row = Row("dead_letters", r[1], r[2], r[3], what=f"dead letter {r[0]}")
+    return DeadLetter(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
+                      r[11], row.seconds("failed_at", r[12]))
 
 
 async def dead_letter_seqs(q: Txn, etype: str, key: str, run_id: int) -> frozenset[int]:
@@ -191,10 +254,11 @@ def after_within(etype: str | None, after: tuple[str, str] | None
 
 async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, limit: int,
                         after: tuple[str, str] | None, key_prefix: str | None = None
-                        ) -> list[EntityRecord]:
+                        ) -> list[EntityRecord | UnreadableRow]:
     """A page of entities in (etype, key) order after `after`, optionally only those
     whose key starts with `key_prefix` (a seek for one type: SQLite's key range, or
-    PostgreSQL's `entities_key_prefix`; across types a filter on the walk)."""
+    PostgreSQL's `entities_key_prefix`; across types a filter on the walk). A row that
+    does not decode is an `UnreadableRow` in its place."""
     start = after_within(etype, after)
     if start is False:
         return []
@@ -226,8 +290,22 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     rows = await fetch(
         f"SELECT {_ENTITY_COLUMNS}, {_progress_columns(q)} FROM {progress_from(page)} "
         "ORDER BY entities.etype, entities.key", *args, limit)
-    return [EntityRecord(r[0], r[1], r[2], r[3], RunStatus(r[4]), r[5], r[6], r[7],
-                         bool(r[8]), _progress(r[9:])) for r in rows]
+    return [_listed(r) for r in rows]
+
+
+def _listed(r: Sequence[Any]) -> EntityRecord | UnreadableRow:
+    """A listing row as a record, or as unreadable (never an error: one bad row must not
+    break a deployment-wide listing)."""
+    try:
+        row = Row("entities", r[0], r[1])
+        return EntityRecord(r[0], r[1], row.integer("shard", r[2]),
+                            row.integer("run_id", r[3]), row.enum("status", RunStatus, r[4]),
+                            row.integer("next_seq", r[5]),
+                            row.maybe_integer("passivated_seq", r[6]),
+                            row.maybe_seconds("updated_at", r[7]), bool(r[8]),
+                            _progress(r[0], r[1], r[9:]))
+    except CorruptRowError as err:
+        return UnreadableRow(r[0], r[1], str(err))
 
 
 async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDetails:
@@ -247,16 +325,25 @@ async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDet
         f"SELECT {_progress_columns(q)} FROM {progress_from()} "
         "WHERE entities.etype = ? AND entities.key = ?", etype, key)
     assert dead is not None
-    return EntityDetails(None if snap is None else snap[0], None if snap is None else snap[1],
-                         tuple(t[0] for t in timers), tuple(wait_from_row(w) for w in waits),
-                         int(dead[0]),
+    row = Row("snapshots", etype, key, run_id)
+    return EntityDetails(None if snap is None else row.integer("applied_seq", snap[0]),
+                         None if snap is None else row.seconds("created_at", snap[1]),
+                         tuple(Row("timers", etype, key).seconds("due_at", t[0])
+                               for t in timers),
+                         tuple(wait_from_row(w) for w in waits), int(dead[0]),
                          None if suspended is None else suspension_from_row(suspended),
-                         None if progress is None else _progress(progress))
+                         None if progress is None else _progress(etype, key, progress))
 
 
 async def shard_suspensions(q: Txn, shard: int) -> list[Suspension]:
     """The suspended running runs of `shard` (a host taking the shard reads them)."""
-    return [suspension_from_row(r) for r in await q.fetchall(OF_SHARD, shard)]
+    found = []
+    for r in await q.fetchall(OF_SHARD, shard):
+        try:
+            found.append(suspension_from_row(r))
+        except CorruptRowError as err:  # one bad row must not stop a host taking the shard
+            log.warning("shard %d: suspension left out: %s", shard, err)
+    return found
 
 
 async def open_waits(q: Txn, etype: str | None, limit: int, after: WaitPosition | None
@@ -275,4 +362,10 @@ async def open_waits(q: Txn, etype: str | None, limit: int, after: WaitPosition 
     rows = await q.fetchall(
         f"SELECT {WAIT_COLUMNS} FROM signal_waits WHERE {' AND '.join(where)} "
         "ORDER BY opened_at, etype, key, run_id, name LIMIT ?", *args, limit)
-    return [wait_from_row(r) for r in rows]
+    found = []
+    for r in rows:
+        try:
+            found.append(wait_from_row(r))
+        except CorruptRowError as err:  # one bad row must not break the listing
+            log.warning("open waits: a wait left out of the listing: %s", err)
+    return found

@@ -32,6 +32,7 @@ __all__ = [
     "RunRecord",
     "Suspension",
     "TimerRecord",
+    "UnreadableRow",
     "UpdateOutcome",
     "WaitRecord",
 ]
@@ -163,11 +164,6 @@ class UpdateOutcome:
 
     def to_json(self) -> str:
         return json.dumps({"result": self.result, "error": self.error})
-
-    @classmethod
-    def from_json(cls, text: str) -> UpdateOutcome:
-        data = json.loads(text)
-        return cls(data["result"], data["error"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +322,23 @@ class EntityRecord:
     """Its running run is suspended (see `Suspension`)."""
     progress: Progress | None = None
     """How far its host applied, as recorded in the store (see `Progress`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableRow:
+    """An entity's row in a listing that does not decode (see `CorruptRowError`): a
+    listing keeps its place (the next page's cursor may be past it) and leaves it out
+    of its items, naming it (`Page.unreadable`), so one bad row never breaks a
+    deployment-wide view.
+
+    Attributes:
+        entity_type, key: whose row.
+        error: the `CorruptRowError`'s message: the column and why it does not decode.
+    """
+
+    entity_type: str
+    key: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from ._locks import LeaseLocks
 from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._own_commits import OwnCommits
-from ._reads import ENTRY_COLUMNS, entry_from_row
+from ._reads import ENTRY_COLUMNS, tail_entries
 from ._records import JournalEntry
 from ._schema import MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
 from ._sqlite_thread import SqliteThread
@@ -323,7 +323,7 @@ async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int
     rows = await q.fetchall(f"SELECT {ENTRY_COLUMNS} FROM journal WHERE pos > ? AND pos <= ? "
                             f"AND shard IN ({wanted}){skipped} ORDER BY pos", after_pos, end,
                             *(p for r in own for p in r))
-    return end, [entry_from_row(r) for r in rows]
+    return end, tail_entries(rows)
 
 
 async def _end(q: SqliteTxn) -> int:

@@ -31,6 +31,7 @@ from ._records import (
     RunRecord,
     Suspension,
     TimerRecord,
+    UnreadableRow,
     UpdateOutcome,
     WaitRecord,
 )
@@ -330,7 +331,7 @@ class ReadStore(Protocol):
 
     async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
                        after: tuple[str, str] | None = None, key_prefix: str | None = None
-                       ) -> list[EntityRecord]:
+                       ) -> list[EntityRecord | UnreadableRow]:
         """Entities in (type, key) order after `after`, optionally of one type and/or
         status; indexed, so a page costs the same in a store of any size. `key_prefix`
         keeps only keys that start with it (a filter on that walk)."""

@@ -56,6 +56,7 @@ from ._records import (
     RunRecord,
     Suspension,
     TimerRecord,
+    UnreadableRow,
     UpdateOutcome,
     WaitRecord,
 )
@@ -255,7 +256,7 @@ class StoreCore:
 
     async def entities(self, etype: str | None, status: RunStatus | None, *, limit: int,
                        after: tuple[str, str] | None = None, key_prefix: str | None = None
-                       ) -> list[EntityRecord]:
+                       ) -> list[EntityRecord | UnreadableRow]:
         return await self.query(reads.list_entities, etype, status, limit, after, key_prefix)
 
     async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:

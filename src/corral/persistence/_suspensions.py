@@ -16,6 +16,7 @@ from typing import Any
 
 from ._codec import storable_text
 from ._records import Suspension
+from ._rows import Row
 from ._txn import Fence, Fenced, Txn
 
 __all__ = ["CLEAR", "OF_ENTITY", "OF_SHARD", "SUSPEND", "SUSPENDED_COLUMN",
@@ -49,7 +50,10 @@ SUSPENDED_COLUMN = (
 
 
 def suspension_from_row(r: Any) -> Suspension:
-    return Suspension(r[0], r[1], int(r[2]), r[3], int(r[4]), float(r[5]), float(r[6]))
+    row = Row("suspensions", r[0], r[1], r[2])
+    return Suspension(r[0], r[1], row.integer("run_id", r[2]), r[3],
+                      row.integer("attempts", r[4]), row.seconds("since", r[5]),
+                      row.seconds("next_at", r[6]))
 
 
 @dataclass(frozen=True, slots=True)

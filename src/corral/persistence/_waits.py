@@ -51,6 +51,7 @@ from corral._common import RunStatus, WaitStatus
 from corral._errors import EntityNotRunningError, IdempotencyConflictError
 
 from ._records import DeliveryRequest, WaitRecord
+from ._rows import Row
 from ._txn import EntityRow
 
 __all__ = [
@@ -77,9 +78,13 @@ WAIT_COLUMNS = ("etype, key, run_id, name, status, opened_at, deadline, delivery
 
 
 def wait_from_row(r: Sequence[Any]) -> WaitRecord:
-    """A `WaitRecord` from a row of `WAIT_COLUMNS`."""
-    return WaitRecord(r[0], r[1], r[2], r[3], WaitStatus(r[4]), r[5], r[6], r[7], r[8], r[9],
-                      r[10])
+    """A `WaitRecord` from a row of `WAIT_COLUMNS` (`CorruptRowError` if it does not
+    decode)."""
+    row = Row("signal_waits", r[0], r[1], r[2], what=f"wait {r[3]!r}")
+    return WaitRecord(r[0], r[1], r[2], r[3], row.enum("status", WaitStatus, r[4]),
+                      row.maybe_seconds("opened_at", r[5]),
+                      row.maybe_seconds("deadline", r[6]), r[7], r[8], r[9],
+                      row.maybe_seconds("delivered_at", r[10]))
 
 
 def timer_id(name: str) -> str:

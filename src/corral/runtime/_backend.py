@@ -35,6 +35,7 @@ from corral.persistence import (
     Progress,
     RunRecord,
     Store,
+    UnreadableRow,
     UpdateOutcome,
     WaitRecord,
 )
@@ -232,10 +233,10 @@ class LocalBackend:
     async def signal_waits(self, op: SignalWaits) -> list[WaitRecord]:
         return await self.store.signal_waits(op.entity_type, limit=op.limit, after=op.after)
 
-    async def entities(self, op: Entities) -> list[EntitySummary]:
+    async def entities(self, op: Entities) -> list[EntitySummary | UnreadableRow]:
         rows = await self.store.entities(op.entity_type, op.status, limit=op.limit,
                                          after=op.after, key_prefix=op.key_prefix)
-        return [self._summary(r) for r in rows]
+        return [r if isinstance(r, UnreadableRow) else self._summary(r) for r in rows]
 
     def _summary(self, r: EntityRecord) -> EntitySummary:
         live = self._live(r.entity_type, r.key, r.run_id)

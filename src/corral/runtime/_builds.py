@@ -16,7 +16,10 @@ compared (`actors._compat`) with the newest build of the type the store holds:
 The facts the comparison needs about removed handlers and waits are read at that
 moment: messages of them in the journal or the dead letters, and live processes whose
 build has them (their senders). Any incompatible difference refuses the open with
-`IncompatibleBuildError`, before this process registers or hosts anything. Two builds
+`IncompatibleBuildError`, before this process registers or hosts anything. A
+registered build whose manifest does not decode (a row damaged or written by hand) is
+no build any process can run: every check ignores it, with a warning naming it
+(`readable`), and `build_infos` lists it as incompatible with the `CorruptRowError`. Two builds
 opened at the same instant are each checked against what was registered before: the
 check and the registration are two transactions.
 
@@ -37,12 +40,13 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from corral._errors import IncompatibleBuildError, StoreError
+from corral._errors import CorruptRowError, IncompatibleBuildError, StoreError
 from corral.actors import EntityDefinition
 from corral.actors._compat import Difference, compare, incompatible, removed
 from corral.actors._manifest import Manifest, manifest, manifest_json
-from corral.persistence import BuildProcess, BuildRecord, Store, newest_build
+from corral.persistence import BuildProcess, BuildRecord, Row, Store, newest_build
 
 __all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
            "refused_client", "refused_successor"]
@@ -104,7 +108,7 @@ class BuildRegistration:
         """
         if not self._builds:
             return
-        registered = await self.store.builds()
+        registered = readable(await self.store.builds())
         older: set[str] = set()
         refused: list[IncompatibleBuildError] = []
         for name, definition in sorted(self._definitions.items()):
@@ -154,7 +158,7 @@ class BuildRegistration:
         if newest is None or newest.fingerprint == mine["fingerprint"]:
             return None
         others = [b for b in registered if b.entity_type == etype]
-        theirs: Manifest = json.loads(newest.manifest)
+        theirs = manifest_of(newest)
         known = any(b.fingerprint == mine["fingerprint"] for b in others)
         # This process sends what it has: that matters while the newest build hosts.
         me = [(f"this process ({self.process}) sends it", mine)] if newest.processes else []
@@ -174,6 +178,57 @@ class BuildRegistration:
             f"{newest.fingerprint} in the store: " + "; ".join(str(d) for d in bad),
             entity_type=etype, differences=tuple(str(d) for d in bad),
             fingerprint=mine["fingerprint"], newest_fingerprint=newest.fingerprint)
+
+
+def manifest_of(build: BuildRecord) -> Manifest:
+    """A registered build's manifest, checked to have the fields the comparison reads.
+
+    Raises:
+        CorruptRowError: the stored manifest is not JSON, or not a manifest.
+    """
+    row = Row("builds", build.entity_type, what=f"build {build.fingerprint}")
+    found = row.json("manifest", build.manifest)
+    if not _is_manifest(found):
+        raise row.corrupt("manifest", "is not a build manifest (its handlers, waits, "
+                                      "state_version or upgrades_from are missing)")
+    return cast("Manifest", found)
+
+
+def _is_manifest(m: object) -> bool:
+    if not (isinstance(m, dict) and isinstance(m.get("state_version"), int)
+            and isinstance(m.get("upgrades_from"), list)
+            and all(isinstance(v, int) for v in m["upgrades_from"])):
+        return False
+    sections = [m.get("handlers"), m.get("waits")]
+    return all(isinstance(items, dict) and all(
+        isinstance(item, dict) and isinstance(item.get("renamed_from"), list)
+        and isinstance(item.get("payload"), dict | None) for item in items.values())
+        for items in sections) and all(
+        isinstance(item.get("kind"), str) for item in m["handlers"].values())
+
+
+def readable(builds: Sequence[BuildRecord], *, warn: bool = True) -> list[BuildRecord]:
+    """`builds` without those whose manifest does not decode (a row damaged or written
+    by hand): no process can run such a build, so it is no build to be compatible
+    with, and it must not stop a deployment from opening. Each is logged (`warn`)."""
+    good = []
+    for b in builds:
+        try:
+            manifest_of(b)
+        except CorruptRowError as err:
+            if warn:
+                log.warning("build registry: %s; it is ignored", err)
+            continue
+        good.append(b)
+    return good
+
+
+def _unreadable(build: BuildRecord) -> str:
+    try:
+        manifest_of(build)
+    except CorruptRowError as err:
+        return str(err)
+    return ""  # pragma: no cover (only asked of an unreadable build)
 
 
 def _succeeds(newer: Manifest, older: Manifest) -> bool:
@@ -197,7 +252,7 @@ async def assess(store: Store, etype: str, older: Manifest, newer: Manifest,
     gone = removed(older, newer)
     in_use = dict(await store.names_in_use(etype, gone)) if gone else {}
     live = [*((f"process {p.process} of build {b.fingerprint} sends it",
-               json.loads(b.manifest)) for b in builds for p in b.processes), *senders]
+               manifest_of(b)) for b in readable(builds) for p in b.processes), *senders]
     for name in gone:
         users = [who for who, m in live if _knows(m, name)]
         if users:
@@ -212,19 +267,25 @@ def _knows(m: Manifest, name: str) -> bool:
 
 async def build_infos(store: Store, etype: str | None = None) -> list[BuildInfo]:
     """Every registered build (of one type, or all) with its compatibility with the
-    newest build of its type (`Runtime.builds()`, `corral builds`)."""
+    newest build of its type (`Runtime.builds()`, `corral builds`). A build whose
+    manifest does not decode is listed as incompatible, with why (state version -1)."""
     registered = await store.builds(etype)
+    good = readable(registered, warn=False)
     infos: list[BuildInfo] = []
     for b in registered:
-        of_type = [o for o in registered if o.entity_type == b.entity_type]
+        if b not in good:
+            why = _unreadable(b)
+            infos.append(BuildInfo(b.entity_type, b.fingerprint, -1, b.first_seen,
+                                   b.last_seen, b.processes, False, False, why))
+            continue
+        of_type = [o for o in good if o.entity_type == b.entity_type]
         newest = newest_build(of_type, b.entity_type)
         assert newest is not None
-        mine = json.loads(b.manifest)
+        mine = manifest_of(b)
         if newest is b:
             bad, why = [], "newest"
         else:
-            found = await assess(store, b.entity_type, mine, json.loads(newest.manifest),
-                                 of_type)
+            found = await assess(store, b.entity_type, mine, manifest_of(newest), of_type)
             bad = incompatible(found)
             why = "; ".join(str(d) for d in (bad or found)) or "same handlers"
         infos.append(BuildInfo(b.entity_type, b.fingerprint, mine["state_version"],
@@ -238,10 +299,10 @@ async def build_knowing(store: Store, definition: EntityDefinition, name: str
     """A live build of `definition`'s type, other than this code's, that has a signal
     or update handler called `name` (today or as a `renamed_from=` name): a description
     of it, or None when no live build knows the name."""
-    for b in reversed(await store.builds(definition.name)):
+    for b in reversed(readable(await store.builds(definition.name))):
         if b.fingerprint == definition.fingerprint or not b.processes:
             continue
-        handlers = json.loads(b.manifest)["handlers"]
+        handlers = manifest_of(b)["handlers"]
         if any(item["kind"] != "query" and (n == name or name in item["renamed_from"])
                for n, item in handlers.items()):
             return (f"build {b.fingerprint} (live: "
@@ -280,5 +341,5 @@ async def refused_successor(store: Store, definition: EntityDefinition,
     if newer["fingerprint"] == definition.fingerprint:
         return []
     found = await assess(store, definition.name, manifest(definition), newer,
-                         await store.builds(definition.name))
+                         readable(await store.builds(definition.name)))
     return [str(d) for d in incompatible(found)]

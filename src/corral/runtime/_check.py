@@ -15,8 +15,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from corral._errors import CorruptRowError
 from corral.actors import EntityDefinition, HandlerKind
-from corral.persistence import EntityRecord, EntryKind, Store
+from corral.persistence import EntityRecord, EntryKind, Store, UnreadableRow
 
 from ._apply import ReplicaContext
 from ._codec import decode_model
@@ -93,9 +94,10 @@ async def check_store(store: Store, definitions: Sequence[EntityDefinition], *,
 
 
 async def _entities(store: Store, etype: str, sample: int | None,
-                    rng: random.Random) -> list[EntityRecord]:
-    """The entities of `etype`, or a uniform sample of them (reservoir)."""
-    chosen: list[EntityRecord] = []
+                    rng: random.Random) -> list[EntityRecord | UnreadableRow]:
+    """The entities of `etype`, or a uniform sample of them (reservoir); a row that
+    does not decode is checked too (it fails)."""
+    chosen: list[EntityRecord | UnreadableRow] = []
     seen, after = 0, None
     while True:
         page = await store.entities(etype, None, limit=_PAGE, after=after)
@@ -110,10 +112,13 @@ async def _entities(store: Store, etype: str, sample: int | None,
         after = (page[-1].entity_type, page[-1].key)
 
 
-async def _check_one(store: Store, definition: EntityDefinition, record: EntityRecord
-                     ) -> SnapshotFailure | None:
+async def _check_one(store: Store, definition: EntityDefinition,
+                     record: EntityRecord | UnreadableRow) -> SnapshotFailure | None:
     etype, key = definition.name, record.key
-    found = await store.latest_run(etype, key)
+    try:
+        found = await store.latest_run(etype, key)
+    except CorruptRowError as err:
+        return SnapshotFailure(etype, key, err.run_id or 0, f"{type(err).__name__}: {err}")
     if found is None:
         return None  # purged meanwhile
     run = found[0]

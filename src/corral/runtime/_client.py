@@ -18,6 +18,7 @@ from corral.persistence import (
     Census,
     DeadLetter,
     Store,
+    UnreadableRow,
     open_store,
 )
 
@@ -176,6 +177,9 @@ class Runtime:
             page = await rt.entities(TicketAgent, status="running")
             for e in page.items:
                 print(e.key, e.run_id, e.accepted_seq, e.updated_at)
+
+        An entity whose row does not decode (damaged, or written by hand) is left out of
+        `items` and named in `page.unreadable`, with why.
         """
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         wanted = None if status is None else check_status(status)
@@ -186,8 +190,9 @@ class Runtime:
         rows = await self.backend.run(Entities(etype, wanted, limit + 1, position,
                                                key_prefix=prefix))
         last = rows[limit - 1] if len(rows) > limit else None
-        return Page(rows[:limit], None if last is None else
-                    encode_cursor((last.entity_type, last.key)))
+        return Page([r for r in rows[:limit] if isinstance(r, EntitySummary)],
+                    None if last is None else encode_cursor((last.entity_type, last.key)),
+                    tuple(r.error for r in rows[:limit] if isinstance(r, UnreadableRow)))
 
     async def signal_waits(self, entity_type: type[Entity] | str | None = None, *,
                            limit: int = 100, after: str | None = None

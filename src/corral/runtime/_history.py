@@ -15,12 +15,11 @@ answering process hosts the entity, else the progress its host records in the st
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from corral._common import RunStatus, WaitStatus
-from corral.persistence import MessageRecord, RunRecord, Store, WaitRecord
+from corral.persistence import MessageRecord, Row, RunRecord, Store, WaitRecord
 
 from ._results import Page, RunSummary
 
@@ -140,14 +139,22 @@ def _status(m: MessageRecord, run: RunRecord, applied: int | None) -> MessageSta
     return "applied" if applied is not None and m.seq <= applied else "accepted"
 
 
-def _data(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _info(m: MessageRecord, status: MessageStatus) -> MessageInfo:
+def _info(etype: str, key: str, m: MessageRecord, status: MessageStatus) -> MessageInfo:
+    row = Row("journal", etype, key, m.run_id, what=f"seq {m.seq}") \
+        if m.dead_letter_id is None else \
+        Row("dead_letters", etype, key, m.run_id, what=f"dead letter {m.dead_letter_id}")
     return MessageInfo(m.seq, m.run_id, m.message_id, m.sender, m.accepted_at, status,
-                       None if m.kind is None else m.kind.value, m.name, _data(m.payload),
-                       m.dead_letter_id, m.error)
+                       None if m.kind is None else m.kind.value, m.name,
+                       row.json("payload", m.payload), m.dead_letter_id, m.error)
+
+
+def _payload(where: Row, text: object) -> Any:
+    """A snapshot's mailbox payload (JSON text) as data."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise where.corrupt("state", "holds a mailbox payload that is not JSON text")
+    return where.json("state", text)
 
 
 def _cursor(items: list[MessageInfo], limit: int, more: bool) -> str | None:
@@ -164,7 +171,7 @@ async def read_history(store: Store, run: RunRecord, applied_seq: int | None, *,
              if seq is not None]
     applied = max(known) if known else None
     rows = await store.messages(etype, key, after_seq=after, limit=limit + 1)
-    items = [_info(m, _status(m, run, applied)) for m in rows]
+    items = [_info(etype, key, m, _status(m, run, applied)) for m in rows]
     runs = tuple(RunSummary.of(r) for r in await store.runs(etype, key))
     waits = tuple(WaitSummary.of(w) for w in await store.waits(etype, key))
     timers = tuple(TimerInfo(t.run_id, t.timer_id, t.due_at)
@@ -183,12 +190,16 @@ async def read_state(store: Store, run: RunRecord, envelope: dict[str, Any] | No
                                   after_seq=start, limit=limit + 1)
     status: MessageStatus = "accepted" if run.status is RunStatus.RUNNING else "applied"
     items = [MessageInfo(e.seq, e.run_id, e.message_id, e.sender, e.accepted_at, status,
-                         e.kind.value, e.name, _data(e.payload)) for e in entries]
+                         e.kind.value, e.name,
+                         Row("journal", e.entity_type, e.key, e.run_id, what=f"seq {e.seq}")
+                         .json("payload", e.payload)) for e in entries]
     page = Page(items[:limit], _cursor(items, limit, len(items) > limit))
     if envelope is None:
         return EntityState(run.entity_type, run.key, run.status, run.run_id, None, None,
                            None, (), page)
-    mailbox = tuple({**m, "payload": _data(m.get("payload"))} if isinstance(m, dict) else m
-                    for m in envelope.get("mailbox") or ())
+    where = Row("snapshots", run.entity_type, run.key, run.run_id,
+                what=f"snapshot at seq {snapshot_seq}")
+    mailbox = tuple({**m, "payload": _payload(where, m.get("payload"))}
+                    if isinstance(m, dict) else m for m in envelope.get("mailbox") or ())
     return EntityState(run.entity_type, run.key, run.status, run.run_id, snapshot_seq,
                        envelope.get("state_version"), envelope.get("state"), mailbox, page)

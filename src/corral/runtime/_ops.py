@@ -27,6 +27,7 @@ from corral.persistence import (
     DeadLetter,
     DeliveryRequest,
     RunRecord,
+    UnreadableRow,
     UpdateOutcome,
     WaitPosition,
     WaitRecord,
@@ -206,7 +207,7 @@ class SignalWaits(Op[list[WaitRecord]]):
 
 
 @dataclass(frozen=True, slots=True)
-class Entities(Op[list[EntitySummary]]):
+class Entities(Op[list[EntitySummary | UnreadableRow]]):
     """Entities in (type, key) order after `after`, with what the answering host knows
     live of those it hosts."""
 

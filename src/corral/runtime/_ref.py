@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 import corral.metrics as metrics
 from corral._common import RunStatus
@@ -25,6 +25,7 @@ from corral._errors import (
     EntityNotRunningError,
     EntityTerminatedError,
     InvalidArgumentError,
+    QueryResultError,
     UpdateFailedError,
     WaitTimeoutError,
 )
@@ -400,7 +401,15 @@ class EntityRef(Generic[E_co, S]):
             await b.sender(sender, self.definition, self.key, "query", h.name)
             text = await self._backend.run(Query(self.definition.name, self.key, self.shard,
                                                  h.name, text, activate))
-            return decode_value(text, h.output_type)
+            try:
+                return decode_value(text, h.output_type)
+            except ValidationError as err:
+                raise QueryResultError(
+                    f"{self!r}: query {h.name!r} answered a value that does not match its "
+                    f"return annotation ({err.error_count()} error(s), the first: "
+                    f"{err.errors()[0]['msg']} at {err.errors()[0]['loc']}); annotate the "
+                    "state attribute it reads on the class, or return what the annotation "
+                    "says", entity_type=self.definition.name, key=self.key) from None
 
     async def describe(self) -> EntityDescription:
         """Status, current run, accepted and applied sequence, mailbox depth, run chain."""

@@ -17,7 +17,7 @@ from pydantic_core import to_jsonable_python
 
 from corral._common import RunStatus
 from corral._errors import InvalidArgumentError
-from corral.persistence import RunRecord, Suspension, WaitRecord, canonical_json
+from corral.persistence import Row, RunRecord, Suspension, WaitRecord, canonical_json
 
 __all__ = [
     "Ack",
@@ -119,10 +119,16 @@ class SignalWaitInfo:
 @dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     """One page of a listing. Pass `next_cursor` as `after=` for the next page; it is
-    None on the last page."""
+    None on the last page.
+
+    `unreadable` names each row of this page's stretch that does not decode (a row
+    damaged or written by hand into the store: see `CorruptRowError`), by its entity and
+    why; such a row is left out of `items`, so one bad row never breaks a listing.
+    """
 
     items: list[T]
     next_cursor: str | None
+    unreadable: tuple[str, ...] = ()
 
 
 def encode_cursor(position: Sequence[object]) -> str:
@@ -227,12 +233,11 @@ class RunSummary:
 
     @classmethod
     def of(cls, r: RunRecord) -> RunSummary:
+        """The summary of a stored run (`CorruptRowError` if its start input or result
+        is not JSON)."""
+        row = Row("runs", r.entity_type, r.key, r.run_id)
         return cls(r.run_id, r.status, r.started_at, r.closed_at, r.error, r.continued_from,
-                   _json(r.start_input), _json(r.result))
-
-
-def _json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+                   row.json("start_input", r.start_input), row.json("result", r.result))
 
 
 @dataclass(frozen=True, slots=True)

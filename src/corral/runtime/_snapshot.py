@@ -29,13 +29,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from corral._errors import (
+    CorruptRowError,
     PickledSnapshotError,
     SnapshotCaptureError,
     SnapshotRestoreError,
     SnapshotVersionError,
 )
 from corral.actors import Entity, EntityContext, EntityDefinition, Mailbox
-from corral.persistence import EntryKind, JournalEntry, RunRecord, Store
+from corral.persistence import EntryKind, JournalEntry, Row, RunRecord, Store, stored_json
 
 from ._apply import instantiate
 from ._codec import decode_model
@@ -90,9 +91,9 @@ def decode(definition: EntityDefinition, key: str, applied_seq: int, blob: bytes
             "store on the release that wrote it until its snapshots are converted",
             **where)
     try:
-        envelope = json.loads(bytes(blob))
-    except ValueError as err:
-        raise SnapshotRestoreError(f"{what} is not JSON ({err})", **where) from err
+        envelope = stored_json(bytes(blob), Row("snapshots", definition.name, key), "state")
+    except CorruptRowError as err:  # not JSON, or nested too deeply to read
+        raise SnapshotRestoreError(f"{what} does not decode: {err}", **where) from err
     if (not isinstance(envelope, dict) or envelope.get("format") != FORMAT
             or not isinstance(envelope.get("state_version"), int)
             or not isinstance(envelope.get("mailbox"), list)):
