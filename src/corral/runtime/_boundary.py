@@ -32,6 +32,7 @@ from corral.actors import (
     SignalWait,
     WaitDefinition,
 )
+from corral.persistence import DERIVED_ID_PREFIXES
 
 from ._apply import encode_start
 from ._codec import encode_model
@@ -158,10 +159,20 @@ class Boundary:
         return key
 
     def check_message_id(self, message_id: object, what: str = "message id") -> str:
-        """The caller's idempotency key, or a fresh one for None."""
+        """The caller's idempotency key, or a fresh one for None.
+
+        An id beginning as the ones corral derives (`DERIVED_ID_PREFIXES`: `send:`,
+        `replay:`) is refused, so no caller can take the id of an entity's send or of
+        a dead letter's replay before it is made."""
         if message_id is None:
             return new_message_id()
-        return self.check_identifier(message_id, what)
+        checked = self.check_identifier(message_id, what)
+        if checked.startswith(DERIVED_ID_PREFIXES):
+            prefix = next(p for p in DERIVED_ID_PREFIXES if checked.startswith(p))
+            raise InvalidKeyError(
+                f"{what} {checked!r:.80} begins with {prefix!r}, which corral keeps for the "
+                "ids it derives (entity sends, dead-letter replays); choose another")
+        return checked
 
     def check_identifier(self, value: object, what: str) -> str:
         """A key, id or sender: a non-empty str of at most `max_key_length` characters,

@@ -208,7 +208,7 @@ class EntityRef(Generic[E_co, S]):
         if message_id is None:  # made here, so no earlier acceptance can hold it
             mid, fresh = new_message_id(), self._backend.calls_once
         else:
-            mid, fresh = b.check_identifier(message_id, "message id"), False
+            mid, fresh = b.check_message_id(message_id), False
         who = await b.sender(sender, d, self.key, "signal", h.name) \
             if sender is not None or b.authorizes else None
         return Acceptance(
