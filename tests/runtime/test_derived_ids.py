@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import corral
 from corral.persistence import DERIVED_ID_PREFIXES, handler_send_id, send_message_id
 from corral.persistence._ops_dead_letters import replay_message_id
+from corral.runtime._steps import step_key_of
 from procs import wait_until
 from stores import row_counts, sql
 
@@ -55,6 +57,25 @@ class Inbox(corral.Entity):
     @corral.query
     def seen(self) -> list[int]:
         return self.got
+
+
+class Named(BaseModel):
+    step: str
+
+
+def own_key() -> str:
+    return corral.step_key()
+
+
+class Stepper(corral.Entity):
+    """Makes one step, named by its start input, that answers its own step key."""
+
+    def __init__(self, init: Named) -> None:
+        self.step_name = init.step
+
+    async def run(self) -> str:
+        key: str = await self.step(own_key, name=self.step_name)
+        return key
 
 
 class Courier(corral.Entity):
@@ -199,3 +220,42 @@ def test_two_different_sends_never_share_a_message_id(
             else handler_send_id(t, key, run, n, index)
     if one != other:
         assert derived(*one) != derived(*other)
+
+
+async def test_steps_of_two_entities_never_share_a_step_key_though_their_parts_join_alike(
+        db_path: str) -> None:
+    percent = corral.Limits(key_pattern=r"[A-Za-z0-9%/]+")  # "%" is not in the default's
+    async with corral.open_runtime(db_path, entities=[Stepper], limits=percent) as rt:
+        for key, step in (("a/1", "x"), ("a", "1/x"), ("b%2F", "y"), ("b/", "y")):
+            await rt.ref(Stepper, key).start(start=Named(step=step))
+        keys = [await rt.ref(Stepper, key).result(timeout=30)
+                for key in ("a/1", "a", "b%2F", "b/")]
+    assert keys == ["Stepper/a%2F1/1/x", "Stepper/a/1/1%2Fx", "Stepper/b%252F/1/y",
+                    "Stepper/b%2F/1/y"]
+
+
+def test_a_step_key_without_a_slash_or_a_percent_reads_as_before() -> None:
+    assert step_key_of("RayAgent", "r-1", 1, "model:7") == "RayAgent/r-1/1/model:7"
+
+
+# Few characters and runs, so that parts which join alike come up often.
+_PARTS = st.text(st.sampled_from("a1/%2F"), min_size=1, max_size=6)
+_STEP = st.tuples(st.sampled_from(["A", "Ab"]), _PARTS, st.integers(1, 2), _PARTS)
+
+
+@example(("Stepper", "a/1", 1, "x"), ("Stepper", "a", 1, "1/x"))
+@given(_STEP, _STEP)
+def test_two_different_steps_never_share_a_step_key(
+        one: tuple[str, str, int, str], other: tuple[str, str, int, str]) -> None:
+    if one != other:
+        assert step_key_of(*one) != step_key_of(*other)
+
+
+@given(_STEP)
+def test_a_step_key_gives_back_its_type_key_run_and_name(step: tuple[str, str, int, str]) -> None:
+    """Each step key is read back into the parts it was made of, so no two steps share
+    one (the random search rarely makes two colliding steps; this finds any `/` kept)."""
+    parts = step_key_of(*step).split("/")
+    assert len(parts) == 4
+    etype, key, run, name = (unquote(p) for p in parts)
+    assert (etype, key, int(run), name) == step
