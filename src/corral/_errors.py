@@ -101,7 +101,8 @@ class InvalidKeyError(CorralError, ValueError):
     """An entity key, message id, update id or sender is not a usable identifier.
 
     Empty, too long, not a str, or holding control characters, lone surrogates or (for
-    entity keys) characters outside `Limits.key_pattern`. Nothing was written.
+    entity keys) characters outside `Limits.key_pattern`; or a message, update or start
+    id beginning as the ids corral derives do (`send:`, `replay:`). Nothing was written.
     """
 
 

@@ -446,6 +446,8 @@ MORE_BAD_INPUT: list[tuple[tuple[str, ...], str, int]] = [
     ((*_SIGNAL, "--payload", "[" * 100_000, "--message-id", "x-1"), "InvalidPayloadError", 2),
     ((*_SIGNAL, *_NOTE, "--message-id", "x\x07"), "InvalidKeyError", 2),
     ((*_SIGNAL, *_NOTE, "--message-id", "x-1", "--sender", ""), "InvalidKeyError", 2),
+    ((*_SIGNAL, *_NOTE, "--message-id", "send:Board/b-2/1/1"), "InvalidKeyError", 2),
+    ((*_SIGNAL, *_NOTE, "--message-id", "replay:1:n-1"), "InvalidKeyError", 2),
     (("signal", "Board", "b-9", "post", *_NOTE, "--message-id", "x-1", "--start", "{"),
      "InvalidPayloadError", 2),
     (("signal", "Approval", "a-9", "post", *_NOTE, "--message-id", "x-1", "--start", "{}"),

@@ -6,6 +6,7 @@ the application's (`tests/support/retention_app.py`), so its hosts purge nothing
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,10 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import corral
+from corral.cli import main
 from entities import Inbox, Note
 from procs import wait_until
-from retention_app import app
+from retention_app import ASKED, app
 from stores import row_counts
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
@@ -40,9 +44,9 @@ def _json(done: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(done.stdout)
 
 
-async def test_corral_purge_dry_run_counts_and_stores_nothing_then_purges_in_batches(
-    db_path: str,
-) -> None:
+async def _seed(db_path: str) -> None:
+    """N closed runs of `Brief` and of `Kept`, and one open `Brief`; `Brief`'s
+    retention passed."""
     async with corral.open_runtime(db_path, entities=[Unretained, app[1]]) as rt:
         for etype in (Unretained, app[1]):
             for i in range(N):
@@ -53,6 +57,12 @@ async def test_corral_purge_dry_run_counts_and_stores_nothing_then_purges_in_bat
                                                            start=None)
     closed = time.time()
     await wait_until(lambda: time.time() > closed + 0.5, "Brief's retention passed")
+
+
+async def test_corral_purge_dry_run_counts_and_stores_nothing_then_purges_in_batches(
+    db_path: str,
+) -> None:
+    await _seed(db_path)
     before = row_counts(db_path)
 
     dry = _json(_purge(db_path, "--dry-run", "--json"))
@@ -71,3 +81,20 @@ async def test_corral_purge_dry_run_counts_and_stores_nothing_then_purges_in_bat
     assert kept.returncode == 2, kept.stderr
     assert "declares no retention" in kept.stderr
     assert row_counts(db_path) == after
+
+
+def test_corral_purge_asks_the_authorize_hook_and_a_refusal_deletes_nothing(
+    db_path: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    asyncio.run(_seed(db_path))
+    before = row_counts(db_path)
+    for extra, kind, name in ((["--dry-run"], "read", "purgeable"), ([], "purge", "purge")):
+        ASKED.clear()
+        status = main(["purge", "--store", db_path, "--app", "retention_app:refusing",
+                       "--sender", "ops", *extra])
+        out, err = capsys.readouterr()
+        assert (status, out) == (1, ""), err
+        assert err.startswith(f"error: UnauthorizedError: {kind} {name!r} to Brief"), err
+        assert [(r.sender, r.kind, r.name, r.entity_type, r.key) for r in ASKED] == [
+            ("ops", kind, name, "Brief", "")]
+        assert row_counts(db_path) == before

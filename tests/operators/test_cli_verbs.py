@@ -160,6 +160,26 @@ def test_start_query_terminate_result_and_resume_take_good_input(
         "error: WaitTimeoutError: EntityRef(Desk, 'd-1'): run 1 is still running (--wait ")
 
 
+READS = [("ls",), ("ls", "Desk"), ("show", "Desk", "d-1"), ("show", "Desk", "d-1", "--state"),
+         ("history", "Desk", "d-1"), ("dead-letters",), ("dead-letters", "list", "Desk"),
+         ("waits",), ("result", "Desk", "d-1", "--wait", "0")]
+
+
+def test_every_read_command_goes_through_the_authorize_hook(
+    seeded: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = row_counts(seeded)
+    for args in READS:
+        assert main([*args, "--app", "cli_app:guarded", "--sender", "intruder"]) == 1, args
+        out, err = capsys.readouterr()
+        assert out == "", args
+        assert err.startswith("error: UnauthorizedError: read "), (args, err)
+        allowed = main([*args, "--app", "cli_app:guarded", "--sender", "ops", "--json"])
+        assert allowed in (0, 1), args  # `result` of a running run is an error of its own
+        assert "UnauthorizedError" not in capsys.readouterr().err, args
+    assert row_counts(seeded) == before
+
+
 def test_the_old_payload_spelling_still_works_with_a_deprecation_line(
     seeded: str, capsys: pytest.CaptureFixture[str],
 ) -> None:

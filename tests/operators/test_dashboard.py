@@ -657,3 +657,26 @@ async def test_a_query_runs_from_the_entity_page_through_the_authorize_hook(
                         (dict(payload='{"x": 1}'), 400), (dict(csrf=""), 403)):
         page = await web.post("/entities/query", data={**form, **bad})
         assert page.status_code == status, (bad, page.text)
+
+
+async def test_a_read_the_authorize_hook_refuses_is_a_403_page(
+    rt: corral.Runtime, web: httpx.AsyncClient, tmp_path: Path,
+) -> None:
+    hidden = rt.ref(Tally, fresh("hidden"))
+    await hidden.signal_with_start(Tally.bump, start=None)
+    for path in (entity_path("Tally", hidden.key), entity_path("Tally", hidden.key) +
+                 "?view=history"):
+        page = await web.get(path)
+        assert page.status_code == 403, (path, page.text)
+        assert "UnauthorizedError: read" in page.text, path
+        assert 'class="entity"' not in page.text
+    store = str(tmp_path / "corral.db")
+    with start(store, tmp_path, app="header") as dashboard:  # ops-bob may read nothing
+        async with httpx.AsyncClient(base_url=dashboard.url) as client:
+            for path in ("/", "/?type=Tally", "/waits", "/dead-letters",
+                         entity_path("Tally", "t-1")):
+                bob = await client.get(path, headers={"X-Operator": "ops-bob"})
+                assert bob.status_code == 403, (path, bob.text)
+                assert "UnauthorizedError: read" in bob.text, path
+                ana = await client.get(path, headers={"X-Operator": "ops-ana"})
+                assert ana.status_code == 200, (path, ana.text)

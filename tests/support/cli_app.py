@@ -5,7 +5,8 @@
 (one attempt: a dead letter at once); `Approval` waits, durably, for one decision.
 `Flare` fails its run with its start input as the error. `Desk` keeps notes and waits an
 hour for a decision (a wait and its timer, for `corral history`). `limited` is the same
-application with limits of its own (`--app cli_app:limited`).
+application with limits of its own (`--app cli_app:limited`); `guarded` the same with an
+`authorize` hook that lets the sender "intruder" read nothing (`--app cli_app:guarded`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import BaseModel, Field
 import corral
 
 __all__ = ["LIMITS", "Approval", "Board", "BoardInput", "Decision", "Desk", "Flare", "Note",
-           "app", "limited"]
+           "app", "guarded", "limited"]
 
 
 class BoardInput(BaseModel):
@@ -150,3 +151,12 @@ LIMITS = corral.Limits(max_payload_bytes=1024, key_pattern=r"[a-z0-9-]+(~[a-z0-9
 """Payloads up to 1 KiB, and keys that may hold one `~` (the default pattern refuses it)."""
 
 limited = corral.App(entities=[Board, Approval, Flare], limits=LIMITS)
+
+
+def no_intruder_reads(request: corral.AuthRequest) -> str | bool | None:
+    """Every call as claimed, but no read (kind "read") by "intruder"."""
+    return not (request.kind == "read" and request.sender == "intruder") and request.sender
+
+
+guarded = corral.App(entities=[Board, Approval, Flare, Stuck, Desk],
+                     authorize=no_intruder_reads)

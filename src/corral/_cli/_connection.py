@@ -59,7 +59,8 @@ KeyArgument = Annotated[str, typer.Argument(
     metavar="KEY", help="The entity's key.", show_default=False)]
 SenderOption = Annotated[str | None, typer.Option(
     "--sender", metavar="SENDER",
-    help="The sender to claim; the application's authorize hook decides what is recorded.")]
+    help="The sender to claim; the application's authorize hook decides whether the command "
+         "may run and, for a write, what is recorded.")]
 
 
 @dataclass(frozen=True)

@@ -85,12 +85,14 @@ def list_dead_letters(
     after: Annotated[int | None, typer.Option(
         "--after", metavar="ID", help="Only ids above this one: the last id of the "
         "previous page.", show_default=False)] = None,
+    sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
     """List dead letters, oldest first (`corral dead-letters TYPE` is the same)."""
     found = Connection(store, app, shards).run(
-        ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit, after=after))
+        ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit, after=after,
+                                        sender=sender))
     if as_json:
         # The payload is stored as canonical JSON text: shown as the JSON it is.
         print_json([{**jsonable(d), **_payload(d)} for d in found])
@@ -131,7 +133,7 @@ def replay(
         ref = rt.ref(entity_class(rt, letter.entity_type), letter.key)
         return await ref.replay_dead_letter(letter.id, sender=sender)
 
-    choice = _Choice(ids or [], everything, entity_type, key, replays=True)
+    choice = _Choice(ids or [], everything, entity_type, key, sender, replays=True)
     _work_through(ctx, Connection(store, app, shards), choice, one, verb="replayed",
                   doing="replaying", as_json=as_json,
                   describe=lambda letter, ack: f"replayed {letter}: {ack_line(ack)}")
@@ -163,8 +165,8 @@ def discard(
         return True
 
     _work_through(ctx, Connection(store, app, shards), _Choice(ids or [], everything,
-                  entity_type, key), one, verb="discarded", doing="discarding", as_json=as_json,
-                  describe=lambda letter, _: f"discarded {letter}")
+                  entity_type, key, sender), one, verb="discarded", doing="discarding",
+                  as_json=as_json, describe=lambda letter, _: f"discarded {letter}")
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class _Choice:
     everything: bool
     entity_type: str | None
     key: str | None
+    sender: str | None  # claimed for the reads that find the letters, as for the writes
     replays: bool = False
     """A replay: an id replayed before is found through its replay (a CLI client is
     always on the local backend, so it reads the store itself)."""
@@ -196,7 +199,8 @@ class _Choice:
         wanted = set(self.ids)
         by_id: dict[int, _Letter] = {}
         after = 0
-        while page := await rt.dead_letters(etype, key, limit=_PAGE, after=after):
+        while page := await rt.dead_letters(etype, key, limit=_PAGE, after=after,
+                                            sender=self.sender):
             by_id.update((d.id, _Letter(d.id, d.entity_type, d.key)) for d in page
                          if self.everything or d.id in wanted)
             if not self.everything and wanted <= by_id.keys():

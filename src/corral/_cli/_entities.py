@@ -54,12 +54,14 @@ def list_entities(
     after: Annotated[str | None, typer.Option(
         "--after", metavar="CURSOR", help="The next page: the cursor the last page printed.")
         ] = None,
+    sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
     """List entities in (type, key) order, a page at a time."""
     page = Connection(store, app, shards).run(
-        ctx, lambda rt: rt.entities(entity_type, status=status, limit=limit, after=after))
+        ctx, lambda rt: rt.entities(entity_type, status=status, limit=limit, after=after,
+                                    sender=sender))
     if as_json:
         print_json(page)
         return
@@ -95,6 +97,7 @@ def show_entity(
         "after it, with their payloads (--json: only that).")] = False,
     limit: Limit = 100,
     after: After = None,
+    sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
@@ -107,10 +110,10 @@ def show_entity(
     async def read(rt: corral.Runtime) -> tuple[corral.EntityDescription,
                                                  corral.EntityState | None]:
         ref = rt.ref(entity_class(rt, entity_type), key)
-        described = await ref.describe()
+        described = await ref.describe(sender=sender)
         if not state or described.status is corral.RunStatus.NEVER_STARTED:
             return described, None
-        return described, await ref.state(limit=limit, after=after)
+        return described, await ref.state(limit=limit, after=after, sender=sender)
 
     found, contents = Connection(store, app, shards).run(ctx, read)
     if as_json:

@@ -16,6 +16,7 @@ from ._connection import (
     Connection,
     JsonFlag,
     KeyArgument,
+    SenderOption,
     ShardsOption,
     StoreOption,
     TypeArgument,
@@ -45,6 +46,7 @@ def entity_history(
     key: KeyArgument,
     limit: Limit = 100,
     after: After = None,
+    sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
@@ -57,7 +59,7 @@ def entity_history(
     """
     found = Connection(store, app, shards).run(
         ctx, lambda rt: rt.ref(entity_class(rt, entity_type), key).history(
-            limit=limit, after=after))
+            limit=limit, after=after, sender=sender))
     if as_json:
         print_json(found)
         return

@@ -6,6 +6,10 @@ the command starts, in batches of `--batch` runs (one transaction each, deleting
 most the type's `Retention.rows` rows: a run with more goes over several), oldest
 first, with a progress line per batch on stderr. The hosts purge the same runs in the
 background; purging here too is safe (each batch re-reads what is still there).
+
+The application's `authorize` hook is asked about every type first, with `--sender`
+as the claim: kind "purge" (`key` ""), or for `--dry-run` kind "read" named
+"purgeable"; one refusal (`UnauthorizedError`, exit 1) purges nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from corral._errors import InvalidArgumentError
 from corral.actors import EntityDefinition
 from corral.persistence import Purged
 
-from ._connection import AppOption, Connection, JsonFlag, ShardsOption, StoreOption
+from ._connection import (
+    AppOption,
+    Connection,
+    JsonFlag,
+    SenderOption,
+    ShardsOption,
+    StoreOption,
+)
 from ._output import cells, err_console, out, print_json, table
 
 __all__ = ["purge"]
@@ -51,6 +62,7 @@ def purge(
     batch: Annotated[int, typer.Option(
         "--batch", metavar="N", min=1, max=100_000,
         help="Runs purged per transaction.")] = 500,
+    sender: SenderOption = None,
     shards: ShardsOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -58,8 +70,11 @@ def purge(
     closed_for=...)`) with all their rows, as the hosts do in the background; with
     --dry-run, count them per type instead."""
     async def work(rt: corral.Runtime) -> list[PurgeLine]:
-        return [await _purge(rt, d, dry_run=dry_run, batch=batch)
-                for d in _retained(rt, entity_type)]
+        retained = _retained(rt, entity_type)
+        kind, name = ("read", "purgeable") if dry_run else ("purge", "purge")
+        for d in retained:  # every type allowed before any is purged
+            await rt.boundary.permit(sender, d.name, "", kind, name)
+        return [await _purge(rt, d, dry_run=dry_run, batch=batch) for d in retained]
 
     lines = Connection(store, app, shards).run(ctx, work)
     if as_json:

@@ -209,6 +209,7 @@ def result_of(
         "--wait", metavar="SECONDS", min=0,
         help="If the run is still running, wait this long for it to close.",
         show_default=False)] = None,
+    sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
@@ -218,12 +219,12 @@ def result_of(
     async def work(rt: corral.Runtime) -> Any:
         ref: Any = rt.ref(entity_class(rt, entity_type), key)
         if wait is None:
-            now = await ref.describe()
+            now = await ref.describe(sender=sender)
             if now.status is corral.RunStatus.RUNNING:
                 raise WaitTimeoutError(
                     f"{ref!r}: run {now.run_id} is still running (--wait SECONDS waits for "
                     "it to close)", entity_type=now.entity_type, key=now.key,
                     run_id=now.run_id)
-        return await ref.result(timeout=wait)
+        return await ref.result(timeout=wait, sender=sender)
 
     _print_value(as_json, Connection(store, app, shards).run(ctx, work))

@@ -38,12 +38,13 @@ def list_waits(
     after: Annotated[str | None, typer.Option(
         "--after", metavar="CURSOR", help="The next page: the cursor the last page printed.")
         ] = None,
+    sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
     """List open durable signal waits, oldest first (never their payloads)."""
     page = Connection(store, app, shards).run(
-        ctx, lambda rt: rt.signal_waits(entity_type, limit=limit, after=after))
+        ctx, lambda rt: rt.signal_waits(entity_type, limit=limit, after=after, sender=sender))
     if as_json:
         print_json(page)
         return

@@ -19,7 +19,8 @@ def step_key() -> str:
     """The idempotency key of the step whose function is running now.
 
     Stable for the step: the same on every attempt and after every restart of `run()`
-    (`"<entity type>/<key>/<run id>/<step name>"`), and different for every other step.
+    (`"<entity type>/<key>/<run id>/<step name>"`, with `%` and `/` in the key and the
+    name written `%25` and `%2F`), and different for every other step of every entity.
     Pass it to the outside system (an `Idempotency-Key` header, a request id) so that
     an attempt repeated after a crash, or a retry after a timeout, is not applied twice
     there.

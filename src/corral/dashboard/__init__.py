@@ -10,10 +10,10 @@ Layering: the dashboard sits on top and uses only the public client API, exactly
 application would (`Runtime.entities`, `signal_waits`, `dead_letters`,
 `EntityRef.describe`, `state`, `history`, `query`, `deliver`, `terminate`,
 `replay_dead_letter`, `discard_dead_letter`); it never reaches the host or the store.
-Every write (and query) carries the authenticated operator as its `sender` (never what
-a form claims), so the application's `authorize` hook decides on it as on any other
-caller, and each form post must carry the operator's CSRF token and come from this
-site.
+Every read, write and query carries the authenticated operator as its `sender` (never
+what a form claims), so the application's `authorize` hook decides on it as on any
+other caller (a read as kind "read": refused, the page is a 403), and each form post
+must carry the operator's CSRF token and come from this site.
 
 Example:
     import corral, corral.dashboard

@@ -1,10 +1,11 @@
 """The dashboard's Starlette app: its routes, the operator on every page, errors as pages.
 
 Reads go through `Runtime.entities`, `signal_waits`, `dead_letters` and
-`EntityRef.describe`, `state`, `history`; writes (and queries) through
+`EntityRef.describe`, `state`, `history`, `dead_letters`; writes (and queries) through
 `EntityRef.deliver`, `terminate`, `query`, `replay_dead_letter` and
 `discard_dead_letter`, always with `sender=` the authenticated operator (whatever a
-form says), so the application's `authorize` hook decides on them as on any caller's.
+form says), so the application's `authorize` hook decides on them as on any caller's
+(a read as kind "read"; a refusal is a 403 page).
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ class _Dashboard:
         prefix = q.get("key") or None
         limit = _limit(q.get("limit"), 50)
         page = await self.rt.entities(etype, status=status, limit=limit,
-                                      after=q.get("after") or None, key_prefix=prefix)
+                                      after=q.get("after") or None, key_prefix=prefix,
+                                      sender=visit.operator)
         body = views.entity_list(page, self.types, etype, status, limit, prefix,
                                  refresh_period(q.get("refresh")))
         return self._page("Entities", body, visit)
@@ -260,14 +262,17 @@ class _Dashboard:
         refresh, after = refresh_period(q.get("refresh")), q.get("after") or None
         title = f"{ref.definition.name} {ref.key}"
         if q.get("view") == "history":
-            found = await ref.history(limit=_limit(q.get("limit"), 100), after=after)
+            found = await ref.history(limit=_limit(q.get("limit"), 100), after=after,
+                                      sender=visit.operator)
             body = join([entity.tabs(ref.definition.name, ref.key, "history"),
                          live(entity.history_view(found), refresh)])
             return self._page(f"{title} \u00b7 history", body, visit)
-        described = await ref.describe()
-        letters = await ref.dead_letters() if described.dead_letters else []
+        described = await ref.describe(sender=visit.operator)
+        letters = await ref.dead_letters(sender=visit.operator) \
+            if described.dead_letters else []
         state = None if described.status is RunStatus.NEVER_STARTED else \
-            await ref.state(limit=_limit(q.get("limit"), 20), after=after)
+            await ref.state(limit=_limit(q.get("limit"), 20), after=after,
+                            sender=visit.operator)
         body = views.entity_detail(visit, described, self.models, letters, state,
                                    self.queries.get(ref.definition.name, []), refresh)
         return self._page(title, body, visit)
@@ -275,7 +280,8 @@ class _Dashboard:
     async def wait_list(self, request: Request, visit: Visit) -> Response:
         q = request.query_params
         etype = q.get("type") or None
-        page = await self.rt.signal_waits(etype, limit=100, after=q.get("after") or None)
+        page = await self.rt.signal_waits(etype, limit=100, after=q.get("after") or None,
+                                          sender=visit.operator)
         waiting = sorted({t for t, _ in self.waits})
         body = views.waits_page(visit, page, waiting, etype, self.models,
                                 refresh_period(q.get("refresh")))
@@ -287,7 +293,8 @@ class _Dashboard:
         limit = _limit(q.get("limit"), 100)
         # One more than a page says whether there is a next one; ids are the cursor.
         letters = await self.rt.dead_letters(etype, limit=limit + 1,
-                                             after=_int(q.get("after"), "after"))
+                                             after=_int(q.get("after"), "after"),
+                                             sender=visit.operator)
         cursor = str(letters[limit - 1].id) if len(letters) > limit else None
         body = views.dead_letters_page(visit, letters[:limit], self.types, etype, limit, cursor,
                                        refresh_period(q.get("refresh")))
@@ -432,9 +439,10 @@ def create_app(runtime: Runtime, *, authenticate: Authenticate | None = None,
         token: the bearer token operators sign in with (`Authorization: Bearer`, or the
             sign-in form, which sets an HttpOnly cookie); their sender is `"dashboard"`.
 
-    Every write is made with `sender=` the operator, so the runtime's `authorize` hook
-    sees who it was. `/healthz` and `/metrics` (Prometheus: the deployment's census from
-    the store, then this process's own series) answer without signing in.
+    Every read and write is made with `sender=` the operator, so the runtime's
+    `authorize` hook sees who it was (reads as kind "read"). `/healthz` and `/metrics`
+    (Prometheus: the deployment's census from the store, then this process's own
+    series) answer without signing in.
 
     Example:
         async with corral.open_runtime("corral.db", entities=[Order], host=False) as rt:

@@ -22,6 +22,7 @@ from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
 from ._ops_steps import StepRecord
 from ._records import (
+    DERIVED_ID_PREFIXES,
     Acceptance,
     AcceptResult,
     DeadLetter,
@@ -47,6 +48,7 @@ from ._txn import Fence
 from ._waits import WaitPosition, delivery_run, timer_id
 
 __all__ = [
+    "DERIVED_ID_PREFIXES",
     "AcceptResult",
     "AcceptStore",
     "Acceptance",

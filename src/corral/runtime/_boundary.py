@@ -32,6 +32,7 @@ from corral.actors import (
     SignalWait,
     WaitDefinition,
 )
+from corral.persistence import DERIVED_ID_PREFIXES
 
 from ._apply import encode_start
 from ._codec import encode_model
@@ -72,7 +73,23 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class AuthRequest:
-    """What the `authorize` hook sees. `sender` is what the caller *claims*."""
+    """What the `authorize` hook sees. `sender` is what the caller *claims*.
+
+    `kind` says what the call does, `name` which handler, wait or read:
+
+    - writes to one entity: "start", "signal", "update", "deliver" (`name`: the
+      wait), "terminate", "resume", "replay", "discard" (a dead letter);
+    - "query": a query handler;
+    - "read": a read of what is stored, `name` saying which: "describe", "history",
+      "state", "result" and "dead_letters" of one entity; "entities", "signal_waits",
+      "dead_letters" and "purgeable" (`corral purge --dry-run`) across entities, with
+      `key` "" (and `entity_type` "" when not given one type);
+    - "purge": deleting a type's closed runs past its retention (`corral purge`;
+      `key` is "").
+
+    A read or a purge records nothing, so only a refusal (False, or
+    `UnauthorizedError`) matters there: a returned sender is checked and dropped.
+    """
 
     sender: str | None
     entity_type: str
@@ -158,10 +175,20 @@ class Boundary:
         return key
 
     def check_message_id(self, message_id: object, what: str = "message id") -> str:
-        """The caller's idempotency key, or a fresh one for None."""
+        """The caller's idempotency key, or a fresh one for None.
+
+        An id beginning as the ones corral derives (`DERIVED_ID_PREFIXES`: `send:`,
+        `replay:`) is refused, so no caller can take the id of an entity's send or of
+        a dead letter's replay before it is made."""
         if message_id is None:
             return new_message_id()
-        return self.check_identifier(message_id, what)
+        checked = self.check_identifier(message_id, what)
+        if checked.startswith(DERIVED_ID_PREFIXES):
+            prefix = next(p for p in DERIVED_ID_PREFIXES if checked.startswith(p))
+            raise InvalidKeyError(
+                f"{what} {checked!r:.80} begins with {prefix!r}, which corral keeps for the "
+                "ids it derives (entity sends, dead-letter replays); choose another")
+        return checked
 
     def check_identifier(self, value: object, what: str) -> str:
         """A key, id or sender: a non-empty str of at most `max_key_length` characters,
@@ -268,15 +295,28 @@ class Boundary:
         The claim is checked like an id (`check_identifier`), and so is the hook's
         answer: both are recorded and compared for deduplication.
         """
+        return await self._authorized(claimed, definition.name, key, kind, name)
+
+    async def permit(self, claimed: object, entity_type: str, key: str, kind: str,
+                     name: str) -> None:
+        """Ask the hook about an operator read (kind "read") or a purge ("purge") of
+        `entity_type` `key` ("": all of them); `UnauthorizedError` if it refuses.
+        Without a hook only the claim is checked."""
+        await self._authorized(claimed, entity_type, key, kind, name)
+
+    async def _authorized(self, claimed: object, entity_type: str, key: str, kind: str,
+                          name: str) -> str | None:
         if claimed is not None:
             claimed = self.check_identifier(claimed, "sender")
         if self._authorize is None:
             return claimed
-        decision: Any = self._authorize(AuthRequest(claimed, definition.name, key, kind, name))
+        decision: Any = self._authorize(AuthRequest(claimed, entity_type, key, kind, name))
         if inspect.isawaitable(decision):
             decision = await decision
         if decision is False:
-            raise UnauthorizedError(f"{kind} {name!r} to {definition.name} {key!r} rejected")
+            target = f"{entity_type} {key!r}" if key else entity_type or "every entity type"
+            raise UnauthorizedError(f"{kind} {name!r} to {target} rejected",
+                                    entity_type=entity_type or None, key=key or None)
         if decision is not None and not isinstance(decision, str):
             raise TypeError(
                 f"authorize must return the sender (str or None) or False, got {decision!r}"

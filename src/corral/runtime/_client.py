@@ -136,7 +136,8 @@ class Runtime:
 
     async def dead_letters(self, entity_type: type[Entity] | str | None = None,
                            key: str | None = None, *, limit: int = 100,
-                           after: int | None = None) -> list[DeadLetter]:
+                           after: int | None = None, sender: str | None = None
+                           ) -> list[DeadLetter]:
         """Dead letters across entities, oldest first: signals whose handler still raised
         after their type's `RetryPolicy` ran out.
 
@@ -146,6 +147,8 @@ class Runtime:
             limit: at most this many.
             after: only ids above this one. Ids grow and are never reused, so the last
                 id of a page is the cursor of the next.
+            sender: the caller's claim, for the `authorize` hook (kind "read", name
+                "dead_letters"; `key` "" for no key, `entity_type` "" for no type).
 
         Example:
             for dead in await rt.dead_letters(TicketAgent):
@@ -154,14 +157,15 @@ class Runtime:
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         checked = None if key is None else self.boundary.check_key(key)
         owner = None if etype is None or checked is None else self.router.shard_of(etype, checked)
-        return await self.backend.run(DeadLetters(etype, checked, check_limit(limit),
-                                                  check_after_id(after), owner))
+        limit, start = check_limit(limit), check_after_id(after)
+        await self.boundary.permit(sender, etype or "", checked or "", "read", "dead_letters")
+        return await self.backend.run(DeadLetters(etype, checked, limit, start, owner))
 
 
     async def entities(self, entity_type: type[Entity] | str | None = None, *,
                        status: RunStatus | str | None = None, limit: int = 100,
-                       after: str | None = None, key_prefix: str | None = None
-                       ) -> Page[EntitySummary]:
+                       after: str | None = None, key_prefix: str | None = None,
+                       sender: str | None = None) -> Page[EntitySummary]:
         """Entities in (type, key) order, paged; indexed, so a page costs the same
         however many entities the store holds.
 
@@ -172,6 +176,8 @@ class Runtime:
             after: the `next_cursor` of the previous page.
             key_prefix: only entities whose key starts with it (the walk filters on
                 it: a page costs as many entities as the walk passes over).
+            sender: the caller's claim, for the `authorize` hook (kind "read", name
+                "entities", `key` "", `entity_type` "" for no type).
 
         Example:
             page = await rt.entities(TicketAgent, status="running")
@@ -187,6 +193,7 @@ class Runtime:
         position = decode_cursor(after, (str, str))
         prefix = None if key_prefix in (None, "") else \
             self.boundary.check_identifier(key_prefix, "key prefix")
+        await self.boundary.permit(sender, etype or "", "", "read", "entities")
         rows = await self.backend.run(Entities(etype, wanted, limit + 1, position,
                                                key_prefix=prefix))
         last = rows[limit - 1] if len(rows) > limit else None
@@ -195,14 +202,16 @@ class Runtime:
                     tuple(r.error for r in rows[:limit] if isinstance(r, UnreadableRow)))
 
     async def signal_waits(self, entity_type: type[Entity] | str | None = None, *,
-                           limit: int = 100, after: str | None = None
-                           ) -> Page[SignalWaitInfo]:
+                           limit: int = 100, after: str | None = None,
+                           sender: str | None = None) -> Page[SignalWaitInfo]:
         """Open durable signal waits, oldest first, paged (payloads are never shown).
 
         Args:
             entity_type: only this type (a registered class or its name).
             limit: at most this many per page.
             after: the `next_cursor` of the previous page.
+            sender: the caller's claim, for the `authorize` hook (kind "read", name
+                "signal_waits", `key` "", `entity_type` "" for no type).
 
         Example:
             page = await rt.signal_waits(Order)
@@ -212,6 +221,7 @@ class Runtime:
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         limit = check_limit(limit)
         position = decode_cursor(after, (float, str, str, int, str))
+        await self.boundary.permit(sender, etype or "", "", "read", "signal_waits")
         rows = await self.backend.run(SignalWaits(etype, limit + 1, position))
         items = [SignalWaitInfo.of(w) for w in rows[:limit]]
         last = rows[limit - 1] if len(rows) > limit else None

@@ -209,7 +209,7 @@ class EntityRef(Generic[E_co, S]):
         if message_id is None:  # made here, so no earlier acceptance can hold it
             mid, fresh = new_message_id(), self._backend.calls_once
         else:
-            mid, fresh = b.check_identifier(message_id, "message id"), False
+            mid, fresh = b.check_message_id(message_id), False
         who = await b.sender(sender, d, self.key, "signal", h.name) \
             if sender is not None or b.authorizes else None
         return Acceptance(
@@ -411,11 +411,22 @@ class EntityRef(Generic[E_co, S]):
                     "state attribute it reads on the class, or return what the annotation "
                     "says", entity_type=self.definition.name, key=self.key) from None
 
-    async def describe(self) -> EntityDescription:
-        """Status, current run, accepted and applied sequence, mailbox depth, run chain."""
+    async def describe(self, *, sender: str | None = None) -> EntityDescription:
+        """Status, current run, accepted and applied sequence, mailbox depth, run chain.
+
+        The `authorize` hook sees it (as every read of this entity) as kind "read",
+        with the read's name ("describe"); `sender` is the caller's claim.
+        """
+        await self._read(sender, "describe")
         return await self._backend.run(Describe(self.definition.name, self.key, self.shard))
 
-    async def history(self, *, limit: int = 100, after: str | None = None) -> EntityHistory:
+    async def _read(self, sender: str | None, name: str) -> None:
+        """Ask the `authorize` hook about the read `name` of this entity (kind "read")."""
+        with self._about(send=False):
+            await self._boundary.permit(sender, self.definition.name, self.key, "read", name)
+
+    async def history(self, *, limit: int = 100, after: str | None = None,
+                      sender: str | None = None) -> EntityHistory:
         """The entity's runs (with start inputs and results), one page of its messages
         oldest first (each accepted, applied or dead-lettered, with its id, sender and
         time), its signal waits and its pending timers, read from the store without
@@ -425,17 +436,20 @@ class EntityRef(Generic[E_co, S]):
 
         Raises:
             EntityNotRunningError: the entity was never started.
+            UnauthorizedError: the `authorize` hook refused (kind "read").
 
         Example:
             h = await ref.history(limit=20)
             for m in h.messages.items:
                 print(m.seq, m.name, m.status, m.sender)
         """
+        limit, position = check_limit(limit), _seq_cursor(after)
+        await self._read(sender, "history")
         return await self._backend.run(History(
-            self.definition.name, self.key, self.shard, check_limit(limit),
-            _seq_cursor(after)))
+            self.definition.name, self.key, self.shard, limit, position))
 
-    async def state(self, *, limit: int = 100, after: str | None = None) -> EntityState:
+    async def state(self, *, limit: int = 100, after: str | None = None,
+                    sender: str | None = None) -> EntityState:
         """The latest snapshot's state of the current run, as JSON data, and one page of
         the run's messages accepted after it, with their payloads (`after`: the
         previous page's `pending.next_cursor`). Read from the store, without activating
@@ -443,19 +457,24 @@ class EntityRef(Generic[E_co, S]):
 
         Raises:
             EntityNotRunningError: the entity was never started.
+            UnauthorizedError: the `authorize` hook refused (kind "read").
         """
+        limit, position = check_limit(limit), _seq_cursor(after)
+        await self._read(sender, "state")
         return await self._backend.run(State(
-            self.definition.name, self.key, self.shard, check_limit(limit),
-            _seq_cursor(after)))
+            self.definition.name, self.key, self.shard, limit, position))
 
-    async def result(self: EntityRef[_Runs[R], Any], *, timeout: float | None = None) -> R:
+    async def result(self: EntityRef[_Runs[R], Any], *, timeout: float | None = None,
+                     sender: str | None = None) -> R:
         """Wait for the latest run to close and return `run()`'s result.
 
         Raises:
             EntityFailedError: `run()` raised. EntityTerminatedError: it was terminated.
             TimeoutError: `timeout` seconds passed first.
+            UnauthorizedError: the `authorize` hook refused (kind "read").
         """
         waited = check_timeout(timeout)
+        await self._read(sender, "result")
         seen: list[int] = []
         try:
             return await asyncio.wait_for(self._wait_result(seen), waited)
@@ -528,8 +547,8 @@ class EntityRef(Generic[E_co, S]):
 
     # -- dead letters (operators) ------------------------------------------------------
 
-    async def dead_letters(self, *, limit: int = 100, after: int | None = None
-                           ) -> list[DeadLetter]:
+    async def dead_letters(self, *, limit: int = 100, after: int | None = None,
+                           sender: str | None = None) -> list[DeadLetter]:
         """This entity's dead letters, oldest first (`after`: only ids above it, the
         cursor of the next page).
 
@@ -537,9 +556,10 @@ class EntityRef(Generic[E_co, S]):
         `RetryPolicy` ran out; the entity went on with its next message. Updates are
         never dead-lettered (their caller gets `UpdateFailedError`).
         """
+        limit, after = check_limit(limit), check_after_id(after)
+        await self._read(sender, "dead_letters")
         return await self._backend.run(DeadLetters(
-            self.definition.name, self.key, check_limit(limit), check_after_id(after),
-            self.shard))
+            self.definition.name, self.key, limit, after, self.shard))
 
     async def replay_dead_letter(self, dead_letter_id: int, *,
                                  sender: str | None = None) -> Ack:

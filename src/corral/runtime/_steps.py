@@ -33,10 +33,24 @@ from corral.persistence import Send, StepRecord
 from ._residence import Residence, retrying
 from ._results import decode_value, encode_value
 
-__all__ = ["RunSteps"]
+__all__ = ["RunSteps", "step_key_of"]
 
 _DEFAULT_RETRY = RetryPolicy()
 _MAX_NAME = 200
+
+
+def step_key_of(entity_type: str, key: str, run_id: int, name: str) -> str:
+    """`corral.step_key()` of step `name` of run `run_id` of `entity_type` `key`:
+    `<type>/<key>/<run>/<name>`, with `%` and `/` in the key and the name written `%25`
+    and `%2F`, so that each part is found again and no two steps share a key (key `a/1`
+    step `x` and key `a` step `1/x` would both be `T/a/1/1/x`). A key and a name with
+    neither, most of them, read as before the escaping (so a step in flight when that
+    release came keeps its key); the type is an identifier, the run a number."""
+    return f"{entity_type}/{_escaped(key)}/{run_id}/{_escaped(name)}"
+
+
+def _escaped(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F")
 
 
 class SteppingRun(Protocol):
@@ -78,7 +92,7 @@ class RunSteps:
                 home.entity_type, home.key, run_id))
         record, cause = self._recorded.get(name), None
         if record is None:
-            key = f"{home.entity_type}/{home.key}/{run_id}/{name}"
+            key = step_key_of(home.entity_type, home.key, run_id, name)
             record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
                                             timeout, ray_options, home.clock.time)
             await self._run.ready_to_send()
