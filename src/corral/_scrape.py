@@ -9,8 +9,13 @@ named `corral_store_*`, apart from the per-process series of `corral.metrics` (c
 of what one process did), so the two never collide in one scrape. Scrape one census
 server per deployment, not one per process: every process would report the same store.
 
-Series (each type-labelled one is reported for every entity type the store holds, 0
-when there is nothing to count, so a series does not vanish when it goes to zero):
+Series (each type-labelled one is reported for every entity type it labels, 0 when there
+is nothing to count, so a series does not vanish when it goes to zero). The types that
+label them are bounded, whatever the store holds (a store is input: 2,000 forged types
+would make 14,000 series): the `CENSUS_TYPES` (100) types with the most entities, by
+name among equals; every other type (and any name that is not an identifier, so never
+an entity type's) is summed into `entity_type="(other)"` (its builds into
+`build="(other)"`; the oldest unapplied age is their oldest), so totals stay whole:
     corral_store_up                                   1: the census was read; 0: not
     corral_store_census_seconds                       how long the census read took
     corral_store_entities{entity_type,status}         entities by their latest run's status
@@ -30,6 +35,7 @@ when there is nothing to count, so a series does not vanish when it goes to zero
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
@@ -39,9 +45,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from corral.metrics import exposition
-from corral.persistence import Census
+from corral.persistence import Census, TypeBacklog
 
-__all__ = ["CENSUS_SERIES", "HostSeries", "census_families", "census_text", "serve_census"]
+__all__ = ["CENSUS_SERIES", "CENSUS_TYPES", "OTHER_TYPES", "HostSeries", "bounded",
+           "census_families", "census_text", "serve_census"]
+
+CENSUS_TYPES = 100
+"""At most this many entity types label the census series; the rest are `OTHER_TYPES`."""
+OTHER_TYPES = "(other)"
+"""The `entity_type` (and `build`) label of the types past `CENSUS_TYPES`, summed: not an
+identifier, so no entity type is named so."""
 
 CENSUS_SERIES = (
     "corral_store_up", "corral_store_census_seconds", "corral_store_entities",
@@ -65,16 +78,64 @@ def _by_type(name: str, doc: str, types: Iterable[str],
     return family
 
 
-def census_families(census: Census | None, seconds: float = 0.0
-                    ) -> list[GaugeMetricFamily]:
-    """The census as metric families (None: it could not be read, `corral_store_up` 0)."""
+def _summed(rows: Iterable[tuple[tuple[str, ...], int]]) -> tuple[Any, ...]:
+    """(labels..., count) of `rows` ((labels, count)), the counts of equal labels summed."""
+    totals: dict[tuple[str, ...], int] = {}
+    for labels, count in rows:
+        totals[labels] = totals.get(labels, 0) + count
+    return tuple((*labels, count) for labels, count in sorted(totals.items()))
+
+
+def bounded(c: Census, types: int = CENSUS_TYPES) -> Census:
+    """`c` with at most `types` entity types named: those with the most entities (by
+    name among equals), and every other one's numbers summed under `OTHER_TYPES`."""
+    counts: dict[str, int] = {}
+    for etype, _, count in c.entities:
+        counts[etype] = counts.get(etype, 0) + count
+    for rows in (c.dead_letters, c.open_waits, c.suspended_runs):
+        for etype, _ in rows:
+            counts.setdefault(etype, 0)
+    for etype in [b.entity_type for b in c.backlog] + [p[0] for p in c.processes]:
+        counts.setdefault(etype, 0)
+    ranked = sorted((t for t in counts if t.isidentifier()), key=lambda t: (-counts[t], t))
+    kept = frozenset(ranked[:types])
+    if len(kept) == len(counts):
+        return c
+
+    def name(etype: str) -> str:
+        return etype if etype in kept else OTHER_TYPES
+
+    backlog: dict[str, TypeBacklog] = {}
+    for b in c.backlog:
+        t = name(b.entity_type)
+        was = backlog.get(t)
+        oldest = [x for x in (b.oldest_unapplied_at,
+                              None if was is None else was.oldest_unapplied_at)
+                  if x is not None]
+        backlog[t] = TypeBacklog(t, b.messages + (was.messages if was else 0),
+                                 b.entities + (was.entities if was else 0),
+                                 min(oldest) if oldest else None)
+    return dataclasses.replace(
+        c, entities=_summed(((name(t), s), n) for t, s, n in c.entities),
+        backlog=tuple(backlog[t] for t in sorted(backlog)),
+        dead_letters=_summed(((name(t),), n) for t, n in c.dead_letters),
+        open_waits=_summed(((name(t),), n) for t, n in c.open_waits),
+        suspended_runs=_summed(((name(t),), n) for t, n in c.suspended_runs),
+        processes=_summed(((name(t), b if t in kept else OTHER_TYPES, r), n)
+                          for t, b, r, n in c.processes))
+
+
+def census_families(census: Census | None, seconds: float = 0.0, *,
+                    type_limit: int = CENSUS_TYPES) -> list[GaugeMetricFamily]:
+    """The census as metric families (None: it could not be read, `corral_store_up` 0),
+    at most `type_limit` entity types named (`bounded`)."""
     up = GaugeMetricFamily("corral_store_up", "1 if the store's census was read.")
     up.add_metric([], 0 if census is None else 1)
     took = GaugeMetricFamily("corral_store_census_seconds", "Seconds the census read took.")
     took.add_metric([], seconds)
     if census is None:
         return [up, took]
-    c = census
+    c = bounded(census, type_limit)
     types = {etype for etype, _, _ in c.entities}
     entities = GaugeMetricFamily("corral_store_entities", "Entities by their latest run's "
                                  "status.", labels=["entity_type", "status"])

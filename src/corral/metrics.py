@@ -30,8 +30,13 @@ Series (each labelled by `entity_type`, where it has one):
     corral_group_commit_ops{store}            write ops per group commit (histogram)
     corral_resident_entities                  entities in memory (gauge, at scrape)
     corral_mailbox_depth                      mailbox payloads waiting (gauge, at scrape)
-On Ray, pulled from the host actors, each also labelled `host`, and
-    corral_host_up{host}                      1: the host actor answered the pull; 0: not
+    corral_host_up{host}                      1 for each host whose series are in this
+                                              scrape: locally, each host this process
+                                              runs (`host` its owner id, at scrape)
+On Ray, pulled from the host actors, each also labelled `host` (the actor's name), and
+`corral_host_up{host}` set by the pull instead: 1 the host actor answered, 0 it did not
+(its series are missing from that scrape). Locally a process that does not answer is
+missing as a whole: Prometheus's own `up` of its job is 0.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "HOST_UP",
     "REGISTRY",
     "accepted",
     "activated",
@@ -70,6 +76,7 @@ __all__ = [
     "suspended",
     "timer_fired",
     "track_residents",
+    "untrack_residents",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -215,12 +222,20 @@ ResidentSource = Callable[[], Iterator[tuple[str, int, int]]]
 
 _sources: weakref.WeakSet[Any] = weakref.WeakSet()
 
+HOST_UP = "corral_host_up"
+"""The series saying which hosts' series a scrape holds (see the module docstring)."""
+
 
 def track_residents(host: Any) -> None:
-    """Count `host`'s resident entities at every scrape while it lives (`host` has a
-    `residents()` method yielding (entity_type, entities, mailbox depth), and a
-    `suspended()` method yielding (entity_type, suspended runs))."""
+    """Count `host`'s resident entities at every scrape while it lives, and report it up
+    (`host` has an `owner` id, a `residents()` method yielding (entity_type, entities,
+    mailbox depth), and a `suspended()` method yielding (entity_type, suspended runs))."""
     _sources.add(host)
+
+
+def untrack_residents(host: Any) -> None:
+    """Stop counting `host` (it is closing: no longer up)."""
+    _sources.discard(host)
 
 
 class _Residents(Collector):
@@ -232,9 +247,13 @@ class _Residents(Collector):
         held = GaugeMetricFamily("corral_suspended_entities", "Runs suspended (run() raised, "
                                  "or the activation failed to build) held by this process.",
                                  labels=["entity_type"])
+        up = GaugeMetricFamily(HOST_UP, "1 for each host whose series are in this scrape "
+                               "(on Ray 0 for a host actor that did not answer the pull).",
+                               labels=["host"])
         totals: dict[str, list[int]] = {}
         suspended: dict[str, int] = {}
-        for host in list(_sources):
+        for host in sorted(_sources, key=lambda h: str(h.owner)):
+            up.add_metric([str(host.owner)], 1)
             for etype, count, waiting in host.residents():
                 t = totals.setdefault(etype, [0, 0])
                 t[0] += count
@@ -249,6 +268,7 @@ class _Residents(Collector):
         yield entities
         yield depth
         yield held
+        yield up
 
 
 REGISTRY.register(_Residents())

@@ -147,6 +147,19 @@ def _second_run(ref: corral.EntityRef[Meter, Roll]) -> Any:
     return check
 
 
+async def test_a_local_host_reports_itself_up_while_open_and_not_after_close(
+        db_path: str, metrics_port: int) -> None:
+    """`corral_host_up{host}` is on both backends: locally 1 for each host the process
+    runs (its owner id), while it runs."""
+    async with corral.open_runtime(db_path, entities=[Meter]) as rt:
+        assert rt.host is not None
+        owner = rt.host.owner
+        during = scrape(metrics_port)
+    after = scrape(metrics_port)
+    assert during["corral_host_up"][(("host", owner),)] == 1.0
+    assert (("host", owner),) not in after.get("corral_host_up", {})
+
+
 async def test_a_due_durable_timer_is_counted_when_it_wakes_an_entity(
         tmp_path: Any, metrics_port: int) -> None:
     class Sleeper(corral.Entity):

@@ -204,6 +204,9 @@ async def test_env_vars_reach_the_handlers_of_shared_and_dedicated_actors(
     (None, {"runtime_env": {"env_vars": {"A": 2}}}, "must be a str"),
     (None, {"runtime_env": "pip"}, "must be a dict"),
     ({"A": "1"}, {"runtime_env": {"env_vars": {"A": "2"}}}, "give the variable once"),
+    ({"CORRAL_LIFECYCLE_EVENTS": "yes"}, None, "CORRAL_LIFECYCLE_EVENTS turns"),
+    (None, {"runtime_env": {"env_vars": {"CORRAL_LIFECYCLE_EVENTS": "INFO"}}},
+     "CORRAL_LIFECYCLE_EVENTS turns"),
 ])
 async def test_bad_env_vars_are_refused_before_ray_is_touched(
         tmp_path: Path, env_vars: object, ray_options: object, says: str) -> None:
@@ -316,6 +319,69 @@ async def test_a_poison_message_on_ray_is_logged_on_the_driver_with_its_tracebac
     assert [r.levelno for r in retries] == [logging.WARNING]  # attempt 1 of 2
     assert any(r.name == "corral.ray" and "holds shard" in r.getMessage()
                for r in caplog.records)
+
+
+async def test_lifecycle_events_of_host_actors_reach_the_driver_when_their_env_turns_them_on(
+        tmp_path: Path, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A host actor's process cannot see the driver's logging configuration: with
+    `CORRAL_LIFECYCLE_EVENTS=1` in `env_vars` it logs `corral.lifecycle` at INFO, and the
+    events reach the driver (configured as locally) with their structured fields."""
+    from procs import wait_until
+
+    caplog.set_level(logging.INFO, logger="corral.lifecycle")
+    async with corral.open_runtime(
+            str(tmp_path / "s.db"), entities=[Counter], backend="ray", shards=1,
+            namespace=namespace,
+            env_vars={**RUNTIME_ENV["env_vars"], "CORRAL_LIFECYCLE_EVENTS": "1"}) as rt:
+        ref = rt.ref(Counter, "life")
+        await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
+        await ref.terminate("done")
+
+        def events() -> dict[str, logging.LogRecord]:
+            return {getattr(r, "event", ""): r for r in caplog.records
+                    if r.name == "corral.lifecycle" and getattr(r, "corral_relayed", False)}
+        await wait_until(lambda: {"lease taken", "run started", "run closed"} <= set(events()),
+                         "the host actor's lifecycle events on the driver", timeout=60)
+    started = events()["run started"]
+    assert (started.entity_type, started.key, started.run_id) == ("Counter", "life", 1)  # type: ignore[attr-defined]
+    assert started.processName.startswith(f"corral/{namespace}/host-")
+    assert events()["run closed"].status == "terminated"  # type: ignore[attr-defined]
+
+
+def _worker_stderr(pid: int) -> str:
+    """What the Ray worker process `pid` of this session wrote on its stderr."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # type: ignore[attr-defined]
+    files = list(logs.glob(f"worker-*-{pid}.err"))
+    assert files, f"no stderr file of worker {pid} in {logs}"
+    return "".join(f.read_text(errors="replace") for f in files)
+
+
+async def test_a_host_actor_ships_its_logs_without_a_blocking_ray_get(
+        tmp_path: Path, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Ray warns "Using blocking ray.get inside async actor" (on the actor's stderr, which
+    Ray streams to drivers that keep `log_to_driver`) for a `ray.get` from any thread of
+    an async actor's process: the log shipper waits on its call's future instead. Once a
+    host's records reached the driver (the shipper's call returned), its stderr has no
+    such warning."""
+    from procs import wait_until
+
+    caplog.set_level(logging.INFO, logger="corral")
+    async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
+                                   backend="ray", shards=1, namespace=namespace,
+                                   env_vars=RUNTIME_ENV["env_vars"]) as rt:
+        await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
+                                                     start=Start(tenant="t"))
+
+        def held() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if getattr(r, "corral_relayed", False)
+                    and "holds shards" in r.getMessage()]
+        await wait_until(lambda: bool(held()), "the host actor's records on the driver",
+                         timeout=60)
+        pids = {r.process for r in held()}
+        for pid in pids:
+            assert "blocking ray.get" not in _worker_stderr(pid)
 
 
 async def test_stopping_the_last_deployment_stops_the_log_relay_and_the_next_starts_it(

@@ -70,6 +70,8 @@ async def test_corral_metrics_serves_what_ray_host_actors_counted_under_the_corr
     assert all(h.startswith(f"corral/{namespace}/host-") for h in hosts), hosts  # host actors
     up = {labels[HOST_LABEL]: v for n, labels, v in got if n == "corral_host_up"}
     assert set(up) == hosts
+    # One each: the pull's verdict, not also the actor's own report of its hosts.
+    assert len([n for n, _, _ in got if n == "corral_host_up"]) == len(hosts)
     assert set(up.values()) == {1.0}
     assert ("corral_store_up", {}, 1.0) in got  # the census, in the same scrape
     assert unknown_series(text) == []  # the shipped alerts and Grafana panels work on Ray

@@ -28,7 +28,11 @@ from pydantic import BaseModel
 import corral
 
 TESTS_DIR = str(Path(__file__).resolve().parent)
-RUNTIME_ENV: dict[str, Any] = {"env_vars": {"PYTHONPATH": TESTS_DIR, "RAY_AUTH_MODE": "disabled"}}
+CORRAL_DIR = str(Path(corral.__file__).resolve().parents[1])
+"""Where the corral under test is imported from: the workers import the same one (a
+checkout run with `PYTHONPATH=src` beside an installed corral, say)."""
+RUNTIME_ENV: dict[str, Any] = {"env_vars": {
+    "PYTHONPATH": os.pathsep.join([TESTS_DIR, CORRAL_DIR]), "RAY_AUTH_MODE": "disabled"}}
 """How the tests ship this module to Ray workers (an application may use `py_modules`)."""
 
 

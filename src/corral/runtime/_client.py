@@ -331,7 +331,9 @@ async def open_runtime(
             is a local host (`host=True`) beside a Ray deployment, or a Ray deployment
             beside local hosts. The host
             actors' `corral.*` log records (INFO and above, tracebacks included) reach
-            this process's `logging` under the same logger names, while it is open.
+            this process's `logging` under the same logger names, while it is open;
+            their lifecycle events (`corral.lifecycle`) only with
+            `env_vars={"CORRAL_LIFECYCLE_EVENTS": "1"}`.
         address: Ray backend: `None` (local instance, or `RAY_ADDRESS`), `"auto"`, or
             `"ray://host:10001"`.
         namespace: Ray backend: the deployment's name (1-64 letters, digits, '.', '_'

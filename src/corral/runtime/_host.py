@@ -156,6 +156,7 @@ class LocalHost:
         stopped), then its leases. The store is closed only after this returns, so
         nothing of the host reaches a closed store; a task that had died of a bug is
         logged here, never raised out of the runtime's close."""
+        metrics.untrack_residents(self)  # a closing host is not up
         for task in self._tasks:
             task.cancel()
         ended = await asyncio.gather(*self._tasks, return_exceptions=True)

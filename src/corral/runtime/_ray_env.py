@@ -23,6 +23,7 @@ from corral._errors import InvalidArgumentError
 from corral.persistence import Store, is_postgres_url, open_store
 
 from ._hosting import RAY_HOLDER, HostingKeeper, check_hosting
+from ._ray_logs import LIFECYCLE_EVENTS
 
 __all__ = ["check_ray_hosting", "env_vars_of", "ray_cluster", "ray_hosting", "with_env_vars"]
 
@@ -79,7 +80,8 @@ def with_env_vars(options: Mapping[str, Any], env_vars: Mapping[str, str] | None
 
     `env_vars` and any `runtime_env["env_vars"]` already in `options` are merged; a
     name given in both with two values is refused, as is anything but str -> str, an
-    empty name, a name with "=" or NUL, or a value with NUL.
+    empty name, a name with "=" or NUL, a value with NUL, or a `CORRAL_LIFECYCLE_EVENTS`
+    (`_ray_logs.LIFECYCLE_EVENTS`) other than "0" or "1".
 
     Raises:
         InvalidArgumentError: naming the variable.
@@ -95,6 +97,10 @@ def with_env_vars(options: Mapping[str, Any], env_vars: Mapping[str, str] | None
             raise InvalidArgumentError(
                 f"env_vars[{name!r}] and {named}['runtime_env']['env_vars'][{name!r}] "
                 f"differ: give the variable once")
+    if merged.get(LIFECYCLE_EVENTS, "0") not in ("0", "1"):
+        raise InvalidArgumentError(
+            f"{LIFECYCLE_EVENTS} turns the host actors' lifecycle events on ('1') or off "
+            f"('0'), got {merged[LIFECYCLE_EVENTS]!r:.80}")
     if not merged:
         return dict(options)
     return {**options, "runtime_env": {**runtime_env, "env_vars": merged}}

@@ -24,7 +24,10 @@ actor (a detached actor outlives it; the next drivers never see its lines). So:
 
 What is shipped: `corral.*` at INFO and above, the level a host actor sets on `corral`
 (a Ray worker's loggers are at WARNING); `corral.lifecycle` (one event per run started
-or closed) stays off there, as it is by default in any process.
+or closed) stays off there, as it is by default in any process, unless the deployment's
+actors are given `CORRAL_LIFECYCLE_EVENTS=1` (`open_runtime(..., env_vars=...)`, or a
+roll's): a host actor's process cannot see its drivers' logging configuration, so the
+switch travels in the environment it is created with.
 """
 
 from __future__ import annotations
@@ -33,12 +36,18 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
 from typing import Any
 
-__all__ = ["RELAY_CAPACITY", "LogFollower", "LogRelay", "relay", "retire_relay", "ship_logs"]
+__all__ = ["LIFECYCLE_EVENTS", "RELAY_CAPACITY", "LogFollower", "LogRelay", "relay",
+           "retire_relay", "ship_logs"]
+
+LIFECYCLE_EVENTS = "CORRAL_LIFECYCLE_EVENTS"
+"""The environment variable that turns the lifecycle events (`corral.lifecycle`, INFO)
+on in host actors: "1" on, "0" off (the default); checked by `_ray_env.with_env_vars`."""
 
 RELAY_CAPACITY = 5_000
 """Records the relay keeps (a driver further behind is told how many it missed)."""
@@ -181,9 +190,10 @@ class _Shipper(logging.Handler):
             self.handleError(record)
 
     def _send(self) -> None:
-        # Logs nothing itself under `corral`: a failure would ship another record.
-        import ray
-
+        # Logs nothing itself under `corral`: a failure would ship another record. Waits
+        # on the call's future, never `ray.get`: Ray warns of a "blocking ray.get inside
+        # async actor" for a `ray.get` from any thread of a host actor's process, this
+        # one included, though it blocks only this thread.
         handle: Any = None
         while True:
             batch = [self._queue.get()]
@@ -192,7 +202,7 @@ class _Shipper(logging.Handler):
                     batch.append(self._queue.get_nowait())
             try:
                 handle = handle or relay()
-                ray.get(handle.append.remote(batch), timeout=30)
+                handle.append.remote(batch).future().result(timeout=30)
             except Exception:  # the relay restarting or gone: this batch is lost
                 handle = None
                 time.sleep(1.0)
@@ -212,11 +222,13 @@ def ship_logs(namespace: str, actor: str) -> None:
     corral_log.addHandler(_shipper)
     if corral_log.getEffectiveLevel() > SHIP_LEVEL:  # a worker's root logger: WARNING
         corral_log.setLevel(SHIP_LEVEL)
-        # Lifecycle events are one per run started or closed: off unless turned on, as
-        # in any process (`_events`); the shard-level news has its own INFO records.
-        lifecycle = logging.getLogger("corral.lifecycle")
-        if lifecycle.level == logging.NOTSET:
-            lifecycle.setLevel(logging.WARNING)
+    # Lifecycle events are one per run started or closed: off unless turned on, as in
+    # any process (`_events`); the shard-level news has its own INFO records.
+    lifecycle = logging.getLogger("corral.lifecycle")
+    if os.environ.get(LIFECYCLE_EVENTS) == "1":
+        lifecycle.setLevel(logging.INFO)
+    elif lifecycle.level == logging.NOTSET:
+        lifecycle.setLevel(logging.WARNING)
 
 
 # -- the drivers' side -----------------------------------------------------------------

@@ -62,9 +62,13 @@ def _handles(namespace: str) -> list[tuple[str, Any]]:
 
 
 def labelled(text: str, host: str) -> list[Metric]:
-    """The metric families of one host's exposition, each sample labelled `host`."""
+    """The metric families of one host's exposition, each sample labelled `host`; but
+    the host's own `corral_host_up` (its process's hosts, by owner id), which the pull's
+    verdict on the actor replaces."""
     families = []
     for family in text_string_to_metric_families(text):
+        if family.name == metrics.HOST_UP:
+            continue
         family.samples = [Sample(s.name, {**s.labels, HOST_LABEL: host}, s.value,
                                  s.timestamp, s.exemplar) for s in family.samples]
         families.append(family)
@@ -80,7 +84,7 @@ async def pull_hosts(namespace: str, *, timeout: float = PULL_TIMEOUT) -> list[M
     except Exception as err:
         log.warning("could not list the host actors of %s: %r", namespace, err)
         return []
-    up = GaugeMetricFamily("corral_host_up", "1 if the host actor answered the metrics "
+    up = GaugeMetricFamily(metrics.HOST_UP, "1 if the host actor answered the metrics "
                            "pull of this scrape, 0 if not.", labels=[HOST_LABEL])
     pulled: list[list[Metric]] = []
 
