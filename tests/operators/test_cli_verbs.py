@@ -139,7 +139,7 @@ def test_start_query_terminate_result_and_resume_take_good_input(
     Path("start.json").write_text('{"title": "two"}', encoding="utf-8")
     assert _ok(capsys, "start", "Desk", "d-2", "-p", "@start.json",
                "--start-id", "s-1").strip() == "accepted run 1 seq 1 (started)"
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"title": "two"}'))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"title": "two"}')))
     assert _json(capsys, "start", "Desk", "d-2", "--payload", "-", "--start-id", "s-1") == {
         "status": "duplicate", "run_id": 1, "seq": 1, "started": False, "dead_letter_id": None}
 

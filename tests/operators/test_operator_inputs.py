@@ -33,6 +33,7 @@ import corral
 from cli_app import LIMITS, Board, BoardInput, Flare, Note, app
 from corral.cli import main
 from procs import wait_until
+from stores import row_counts
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 CORRAL = Path(sys.executable).with_name("corral")  # the console script of this venv
@@ -440,3 +441,47 @@ def test_a_forged_listing_cursor_is_bad_input_on_the_command_line(
         ran = in_process(command, "--after", cursor, "--store", db_path, "--app",
                          "cli_app:app")
         assert "not a cursor of this listing" in ran.refused("InvalidArgumentError"), cursor
+
+
+# -- issue 39, item 16: a payload file or stdin is read up to max_payload_bytes ---------------
+
+
+def test_a_payload_from_an_endless_file_is_refused_at_the_applications_limit_for_every_option(
+    db_path: str, tmp_path: Path, in_process: Callable[..., Ran],
+) -> None:
+    asyncio.run(seed(db_path))
+    before = row_counts(db_path)
+    (tmp_path / "padded.json").write_text('{"text": "x"}' + " " * 2000)  # 2 KiB of JSON
+
+    for args in (("signal", "Board", "b-1", "post", "-p", "@/dev/zero", "--message-id", "z"),
+                 ("signal", "Board", "b-2", "post", "-p", '{"text": "x"}', "--message-id", "z",
+                  "--start", "@/dev/zero"),
+                 ("start", "Board", "b-2", "-p", "@/dev/zero"),
+                 ("update", "Board", "b-1", "count", "-p", "@/dev/zero"),
+                 ("update", "Board", "b-2", "count", "--start", "@/dev/zero"),
+                 ("query", "Board", "b-1", "read", "-p", "@/dev/zero"),
+                 ("deliver", "Approval", "a-1", "decision", "-p", "@/dev/zero", "--key", "k")):
+        line = in_process(*args, "--store", db_path, "--app", "cli_app:app").refused(
+            "PayloadTooLargeError")
+        assert "@/dev/zero: more than 262144 bytes" in line, (args, line)
+    limited = in_process("query", "Board", "b-1", "read", "-p", "@padded.json", "--store",
+                         db_path, "--app", "cli_app:limited")
+    assert "more than 1024 bytes" in limited.refused("PayloadTooLargeError")  # the app's own
+    assert row_counts(db_path) == before
+
+
+def test_an_endless_stdin_is_refused_at_the_limit_from_the_console_script(
+    db_path: str, tmp_path: Path,
+) -> None:
+    asyncio.run(seed(db_path))
+    before = row_counts(db_path)
+
+    with Path("/dev/zero").open("rb") as zeros:
+        done = subprocess.run(
+            [str(CORRAL), "signal", "Board", "b-1", "post", "-p", "-", "--message-id", "z",
+             "--store", db_path, "--app", "cli_app:app"], cwd=tmp_path, env=_env(),
+            stdin=zeros, capture_output=True, text=True, timeout=90, check=False)
+
+    line = Ran(done.returncode, done.stdout, done.stderr).refused("PayloadTooLargeError")
+    assert "--payload - (stdin): more than 262144 bytes" in line
+    assert row_counts(db_path) == before

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, TypeVar, cast
+from functools import cached_property
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
 import corral
-from corral._app import load_app, open_operator_runtime
+from corral._app import App, load_app, open_operator_runtime
 from corral._errors import UnknownEntityTypeError
 from corral.actors import Entity
 
 from ._errors import execute
+from ._input import read_payload
 
 __all__ = ["AppOption", "Connection", "JsonFlag", "KeyArgument", "RayAddressOption",
            "RayNamespaceOption", "SenderOption", "ShardsOption", "StoreOption", "TypeArgument",
@@ -70,13 +72,28 @@ class Connection:
     app: str
     shards: int | None = None
 
+    @cached_property
+    def application(self) -> App:
+        """The `--app`, loaded once (its payload limit is needed before the runtime opens).
+
+        Raises:
+            InvalidArgumentError: it does not load or build (`load_app`).
+        """
+        return load_app(self.app)
+
+    def payload(self, text: str | None, option: str = "--payload") -> Any:
+        """The JSON value of a payload option (`_input.read_payload`), a file or stdin
+        read up to the application's `Limits.max_payload_bytes`."""
+        limits = self.application.limits or corral.Limits()
+        return read_payload(text, option, max_bytes=limits.max_payload_bytes)
+
     def run(self, ctx: typer.Context, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
         """Open the runtime, run `work` on it and close it; errors as `execute` says."""
         return execute(ctx, self._run(work))
 
     async def _run(self, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
-        app = load_app(self.app)
-        async with open_operator_runtime(self.store, app, shards=self.shards) as rt:
+        async with open_operator_runtime(self.store, self.application,
+                                         shards=self.shards) as rt:
             return await work(rt)
 
 

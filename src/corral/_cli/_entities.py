@@ -25,7 +25,7 @@ from ._connection import (
 )
 from ._errors import guard
 from ._history import After, Limit, print_state
-from ._input import PayloadOption, read_payload
+from ._input import PayloadOption
 from ._output import (
     age,
     cells,
@@ -214,8 +214,9 @@ def send_signal(
     the acknowledgement, e.g. "accepted run 1 seq 3 (started)"; a message id sent
     before is answered "duplicate" with the original position.
     """
+    connection = Connection(store, app, shards)
     with guard(ctx):  # bad JSON never reaches the store
-        data, start_input = read_payload(payload), read_payload(start, "--start")
+        data, start_input = connection.payload(payload), connection.payload(start, "--start")
 
     async def send(rt: corral.Runtime) -> corral.Ack:
         ref = rt.ref(entity_class(rt, entity_type), key)
@@ -230,7 +231,7 @@ def send_signal(
         return await ref.signal_with_start(signal, data, start=start_input,
                                            message_id=message_id, sender=sender)
 
-    ack = Connection(store, app, shards).run(ctx, send)
+    ack = connection.run(ctx, send)
     print_result(as_json, ack, ack_line(ack))
 
 

@@ -32,7 +32,7 @@ from ._connection import (
 )
 from ._entities import ack_line, handler_named
 from ._errors import guard
-from ._input import PayloadOption, read_payload
+from ._input import PayloadOption
 from ._output import jsonable, print_json, print_result
 
 __all__ = ["query_entity", "result_of", "resume_entity", "start_entity", "terminate_entity",
@@ -87,10 +87,11 @@ def start_entity(
     """Start a run if none is running, with --payload as its start input, without sending
     a message (a running entity is left as it is). Prints e.g. "accepted run 1 seq 1
     (started)"."""
+    connection = Connection(store, app, shards)
     with guard(ctx):
-        data = read_payload(payload)
+        data = connection.payload(payload)
 
-    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
+    _acknowledge(ctx, connection, entity_type, key, as_json,
                  lambda ref: ref.start(start=data, start_id=start_id, sender=sender))
 
 
@@ -118,8 +119,9 @@ def update_entity(
     """Send an update and print its result as JSON (with --start: starting a run first
     if none is running, atomically). The application's hosts apply it: with none
     running, the command waits (see --timeout)."""
+    connection = Connection(store, app, shards)
     with guard(ctx):
-        data, start_input = read_payload(payload), read_payload(start, "--start")
+        data, start_input = connection.payload(payload), connection.payload(start, "--start")
 
     async def work(rt: corral.Runtime) -> Any:
         ref = rt.ref(entity_class(rt, entity_type), key)
@@ -131,7 +133,7 @@ def update_entity(
                                            update_id=update_id, sender=sender,
                                            timeout=timeout)
 
-    _print_value(as_json, Connection(store, app, shards).run(ctx, work))
+    _print_value(as_json, connection.run(ctx, work))
 
 
 def query_entity(
@@ -152,15 +154,16 @@ def query_entity(
 ) -> None:
     """Run a query handler and print its result as JSON (it changes nothing). The
     application's authorize hook sees it as kind "query"."""
+    connection = Connection(store, app, shards)
     with guard(ctx):
-        data = read_payload(payload)
+        data = connection.payload(payload)
 
     async def work(rt: corral.Runtime) -> Any:
         ref = rt.ref(entity_class(rt, entity_type), key)
         method = handler_named(ref.definition, handler, HandlerKind.QUERY)
         return await ref.query(method, data, sender=sender, activate=activate)
 
-    _print_value(as_json, Connection(store, app, shards).run(ctx, work))
+    _print_value(as_json, connection.run(ctx, work))
 
 
 def terminate_entity(
