@@ -9,6 +9,7 @@ is the store's own.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,7 +19,7 @@ import typer
 
 import corral
 from corral._app import App, load_app, open_operator_runtime
-from corral._errors import UnknownEntityTypeError
+from corral._errors import InvalidArgumentError, UnknownEntityTypeError
 from corral.actors import Entity
 
 from ._errors import execute
@@ -26,7 +27,7 @@ from ._input import read_payload
 
 __all__ = ["AppOption", "Connection", "JsonFlag", "KeyArgument", "RayAddressOption",
            "RayNamespaceOption", "SenderOption", "ShardsOption", "StoreOption", "TypeArgument",
-           "entity_class"]
+           "check_listen_host", "entity_class"]
 
 T = TypeVar("T")
 
@@ -111,3 +112,23 @@ def entity_class(rt: corral.Runtime, name: str) -> type[Entity]:
             f"the --app has no entity type {name!r} (its types: "
             f"{sorted(rt.boundary.definitions)}); pass --app module:attribute naming the "
             "application that declares it (or set CORRAL_APP)") from err
+
+
+def check_listen_host(host: str) -> None:
+    """Check `--host` of a command that serves (`ui`, `metrics`) before it opens anything.
+
+    Raises:
+        InvalidArgumentError: `host` is no address at all (`256.0.0.1`, a name that does
+            not resolve). A resolver that cannot answer now (`EAI_AGAIN`) is left to the
+            bind, a failure rather than bad input.
+    """
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        if err.errno == socket.EAI_AGAIN:
+            return
+        raise InvalidArgumentError(f"--host {host}: not an address to listen on ({err})"
+                                   ) from None
+    except UnicodeError as err:  # a label of over 63 characters
+        raise InvalidArgumentError(f"--host {host}: not an address to listen on ({err})"
+                                   ) from None

@@ -25,7 +25,7 @@ from . import (
     _verbs,
     _waits,
 )
-from ._connection import AppOption, ShardsOption, StoreOption
+from ._connection import AppOption, ShardsOption, StoreOption, check_listen_host
 from ._errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -135,6 +135,7 @@ def ui(
 ) -> None:
     """Serve the web dashboard (needs the ui extra: pip install 'corral[ui]')."""
     with guard(ctx):
+        check_listen_host(host)
         loaded = load_app(app_spec)
     try:
         from corral.dashboard import run
