@@ -89,7 +89,8 @@ def show_entity(
     key: KeyArgument,
     state: Annotated[bool, typer.Option(
         "--state", help="Also the latest snapshot's state as JSON and the messages accepted "
-        "after it, with their payloads (--json: only that).")] = False,
+        "after it, with their payloads (--json: only that, whole; the table cuts the state "
+        "at 20,000 characters and each payload at 200).")] = False,
     limit: Limit = 100,
     after: After = None,
     as_json: JsonFlag = False,
