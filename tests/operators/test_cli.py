@@ -191,6 +191,14 @@ async def test_ls_and_show_say_a_run_is_suspended_and_show_prints_its_error(
     assert _row(show.stdout, "suspended", "1", "failed", "attempt", "since")
     assert "KeyError: 'no template for s-1'" in show.stdout
     assert "Traceback" in show.stdout
+    assert "suspended by:" in show.stdout.splitlines()  # piped: plain text, no markup
+    assert "[bold]" not in show.stdout
+    proc = await asyncio.create_subprocess_exec(
+        str(CORRAL), "show", "Stuck", "s-1", cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+        env=_env(db_path) | {"FORCE_COLOR": "1"})  # rich takes it for a terminal
+    styled, _ = await asyncio.wait_for(proc.communicate(), 90)
+    assert "\x1b[1msuspended by:\x1b[0m" in styled.decode()  # bold, rendered
+    assert "[bold]" not in styled.decode()
     found = show_json.json()["suspension"]
     assert (found["attempts"], found["run_id"]) == (1, 1)
     assert "KeyError" in found["error"]

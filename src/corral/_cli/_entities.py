@@ -118,7 +118,7 @@ def show_entity(
     console.print(_facts(found))
     if found.suspension is not None:  # the bug to fix: its whole traceback
         console.print()
-        console.print("[bold]suspended by:[/bold]")
+        console.print("suspended by:", style="bold")  # the console reads no markup
         for line in found.suspension.error.rstrip().splitlines():
             console.print(printable(line), markup=False, highlight=False)
     if found.runs:
