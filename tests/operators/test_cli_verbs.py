@@ -146,8 +146,11 @@ def test_start_query_terminate_result_and_resume_take_good_input(
     assert json.loads(_ok(capsys, "query", "Desk", "d-1", "read")) == ["a", "b", "c"]
     assert _json(capsys, "query", "Desk", "d-1", "read", "--sender", "ops") == ["a", "b", "c"]
 
-    assert _ok(capsys, "resume", "Desk", "d-1", "--message-id", "r-1").strip() == \
-        "accepted run 1 seq 5"
+    before = row_counts(seeded)
+    assert _ok(capsys, "resume", "Desk", "d-1", "--message-id", "r-1").strip() == (
+        "not suspended: Desk 'd-1' run 1 is running; nothing to resume, nothing written")
+    assert _json(capsys, "resume", "Desk", "d-1") == {"status": "not_suspended", "run_id": 1}
+    assert row_counts(seeded) == before  # a healthy run: no resume mark journaled
     assert _ok(capsys, "terminate", "Desk", "d-2", "--reason", "not needed").strip() == \
         "accepted run 1 seq 2"
 

@@ -33,7 +33,7 @@ from ._connection import (
 from ._entities import ack_line, handler_named
 from ._errors import guard
 from ._input import PayloadOption
-from ._output import jsonable, print_json, print_result
+from ._output import jsonable, print_json, print_result, printable
 
 __all__ = ["query_entity", "result_of", "resume_entity", "start_entity", "terminate_entity",
            "update_entity"]
@@ -196,10 +196,24 @@ def resume_entity(
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
-    """Retry a suspended run now (after deploying a fix) rather than at its next attempt;
-    on a run that is not suspended it changes nothing. Prints the acknowledgement."""
-    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
-                 lambda ref: ref.resume(message_id=message_id, sender=sender))
+    """Retry a suspended run now (after deploying a fix) rather than at its next attempt.
+    Prints the acknowledgement. A run that is not suspended is left alone, with nothing
+    written: the command says so and exits 0 (--json: {"status": "not_suspended",
+    "run_id": N}); an entity with no running run is an error (exit 1)."""
+    async def work(rt: corral.Runtime) -> tuple[corral.Ack | None, corral.EntityDescription]:
+        ref = rt.ref(entity_class(rt, entity_type), key)
+        now = await ref.describe()
+        if now.status is corral.RunStatus.RUNNING and now.suspension is None:
+            return None, now  # the mark would change nothing: it is not journaled
+        return await ref.resume(message_id=message_id, sender=sender), now
+
+    ack, now = Connection(store, app, shards).run(ctx, work)
+    if ack is not None:
+        print_result(as_json, ack, ack_line(ack))
+    else:
+        print_result(as_json, {"status": "not_suspended", "run_id": now.run_id},
+                     printable(f"not suspended: {now.entity_type} {now.key!r} run "
+                               f"{now.run_id} is running; nothing to resume, nothing written"))
 
 
 def result_of(
