@@ -108,8 +108,9 @@ class InvalidKeyError(CorralError, ValueError):
 
 class InvalidArgumentError(CorralError, ValueError):
     """An argument that is neither a payload nor an identifier is of the wrong type or
-    out of range: a `limit`, a dead letter id, a `timeout`, a termination reason, or an
-    option of `open_runtime` that does not fit (`backend`, `shards`, `entities`)."""
+    out of range: a `limit`, a dead letter id, a `timeout`, a termination reason, an
+    option of `open_runtime` that does not fit (`backend`, `shards`, `entities`), or a
+    malformed PostgreSQL URL (`open_store`)."""
 
 
 class UnknownEntityTypeError(CorralError, LookupError):

@@ -5,6 +5,7 @@ written (issue 22)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -94,4 +95,14 @@ async def test_corral_check_snapshots_exits_non_zero_on_a_broken_hook_and_zero_o
     code, out, err = await _cli("--app", "test_check_snapshots:GOOD", "--type", "Doc",
                                 store=db_path)
     assert (code, out) == (0, "Doc: 3 of 3 restore\n"), err
+    code, out, err = await _cli("--app", "test_check_snapshots:BROKEN", "--json", store=db_path)
+    found = json.loads(out)
+    assert (code, found["ok"]) == (1, False), err
+    assert [(t["entity_type"], t["checked"], t["restored"]) for t in found["types"]] == [
+        ("Doc", 3, 0)]
+    assert sorted(f["key"] for f in found["types"][0]["failures"]) == ["a", "b", "c"]
+    assert all("from_version=2" in f["error"] for f in found["types"][0]["failures"])
+    code, out, err = await _cli("--app", "test_check_snapshots:GOOD", "--json", store=db_path)
+    assert (code, json.loads(out)) == (0, {"ok": True, "types": [
+        {"entity_type": "Doc", "checked": 3, "restored": 3, "failures": []}]}), err
     assert store_rows(db_path) == before

@@ -82,7 +82,7 @@ def test_corral_help_and_version_work_and_a_missing_command_is_a_usage_error(
         assert re.search(rf"^\W*{command}\s", helped.stdout, re.MULTILINE), command
     assert version.stdout.strip() == f"corral {corral.__version__}"
     assert bare.returncode == 2
-    assert "usage: corral" in bare.stderr.lower()
+    assert bare.stderr == "error: UsageError: corral: Missing command. (corral -h for help)\n"
 
 
 def test_python_dash_m_corral_is_the_same_command(tmp_path: Path) -> None:
@@ -191,6 +191,14 @@ async def test_ls_and_show_say_a_run_is_suspended_and_show_prints_its_error(
     assert _row(show.stdout, "suspended", "1", "failed", "attempt", "since")
     assert "KeyError: 'no template for s-1'" in show.stdout
     assert "Traceback" in show.stdout
+    assert "suspended by:" in show.stdout.splitlines()  # piped: plain text, no markup
+    assert "[bold]" not in show.stdout
+    proc = await asyncio.create_subprocess_exec(
+        str(CORRAL), "show", "Stuck", "s-1", cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+        env=_env(db_path) | {"FORCE_COLOR": "1"})  # rich takes it for a terminal
+    styled, _ = await asyncio.wait_for(proc.communicate(), 90)
+    assert "\x1b[1msuspended by:\x1b[0m" in styled.decode()  # bold, rendered
+    assert "[bold]" not in styled.decode()
     found = show_json.json()["suspension"]
     assert (found["attempts"], found["run_id"]) == (1, 1)
     assert "KeyError" in found["error"]
@@ -457,6 +465,10 @@ MORE_BAD_INPUT: list[tuple[tuple[str, ...], str, int]] = [
     (("dead-letters", "replay", "--all", "--type", "Nope"), "UnknownEntityTypeError", 2),
     (("dead-letters", "discard"), "InvalidArgumentError", 2),
     (("dead-letters", "discard", "1", "--all"), "InvalidArgumentError", 2),
+    (("dead-letters", "replay", str(2**70)), "InvalidArgumentError", 2),
+    (("dead-letters", "replay", "1", str(2**63), "--type", "Board", "--key", "b-1"),
+     "InvalidArgumentError", 2),
+    (("dead-letters", "discard", "0"), "BadParameter", 2),  # click checks min=1
     (("ls", "--status", "asleep"), "InvalidArgumentError", 2),
     (("ls", "--after", "not-a-cursor"), "InvalidArgumentError", 2),
     (("waits", "--limit", "0"), "InvalidArgumentError", 2),
@@ -488,10 +500,24 @@ def test_bad_input_to_every_write_command_is_one_typed_line_and_stores_nothing(
 def test_usage_errors_exit_2_and_only_debug_shows_a_traceback(
     in_process: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main([*_SIGNAL, *_NOTE]) == 2
-    assert "Missing option '--message-id'" in capsys.readouterr().err
-    assert main(["dead-letters", "replay", "x"]) == 2
-    assert "Invalid value" in capsys.readouterr().err
+    for args, line in [
+        ([*_SIGNAL, *_NOTE], "MissingParameter: corral signal: Missing option '--message-id'. "
+                             "(corral signal -h for help)"),
+        (["dead-letters", "replay", "x"], "BadParameter: corral dead-letters replay: Invalid "
+                                          "value for 'ID...': Input should be a valid integer"),
+        (["dead-letters", "discard", "-5"], "NoSuchOption: corral dead-letters discard: No such "
+                                            "option: -5 (corral dead-letters discard -h for help)"),
+        (["ls", "--limit", "many"], "BadParameter: corral ls: Invalid value for '--limit'"),
+        (["show"], "MissingParameter: corral show: Missing argument 'TYPE'."),
+        (["nodes", "--bogus"], "NoSuchOption: corral nodes list: No such option: --bogus"),
+        (["metrics", "--port", "70000"], "BadParameter: corral metrics: Invalid value for"),
+        (["lss"], "UsageError: corral: No such command 'lss'."),
+    ]:
+        assert main(args) == 2, args
+        out, err = capsys.readouterr()
+        assert out == "", args
+        assert err.count("\n") == 1, err  # one line, not click's boxed panel
+        assert err.startswith(f"error: {line}"), err
 
     with pytest.raises(corral.UnknownEntityTypeError):
         main(["--debug", "show", "Nope", "k"])

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import corral
-from cli_app import Approval, BoardInput, Decision, Desk, Note, Stuck, app
+from cli_app import Approval, Blob, BoardInput, Bulk, Decision, Desk, Hoard, Note, Stuck, app
 from corral.cli import main
 from procs import wait_until
 from stores import row_counts
@@ -139,15 +139,18 @@ def test_start_query_terminate_result_and_resume_take_good_input(
     Path("start.json").write_text('{"title": "two"}', encoding="utf-8")
     assert _ok(capsys, "start", "Desk", "d-2", "-p", "@start.json",
                "--start-id", "s-1").strip() == "accepted run 1 seq 1 (started)"
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"title": "two"}'))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"title": "two"}')))
     assert _json(capsys, "start", "Desk", "d-2", "--payload", "-", "--start-id", "s-1") == {
         "status": "duplicate", "run_id": 1, "seq": 1, "started": False, "dead_letter_id": None}
 
     assert json.loads(_ok(capsys, "query", "Desk", "d-1", "read")) == ["a", "b", "c"]
     assert _json(capsys, "query", "Desk", "d-1", "read", "--sender", "ops") == ["a", "b", "c"]
 
-    assert _ok(capsys, "resume", "Desk", "d-1", "--message-id", "r-1").strip() == \
-        "accepted run 1 seq 5"
+    before = row_counts(seeded)
+    assert _ok(capsys, "resume", "Desk", "d-1", "--message-id", "r-1").strip() == (
+        "not suspended: Desk 'd-1' run 1 is running; nothing to resume, nothing written")
+    assert _json(capsys, "resume", "Desk", "d-1") == {"status": "not_suspended", "run_id": 1}
+    assert row_counts(seeded) == before  # a healthy run: no resume mark journaled
     assert _ok(capsys, "terminate", "Desk", "d-2", "--reason", "not needed").strip() == \
         "accepted run 1 seq 2"
 
@@ -303,3 +306,43 @@ async def test_update_result_and_resume_reach_a_host_that_applies_them(
         history = await desk.history()
         assert [(m.kind, m.name, m.message_id) for m in history.messages.items][-1] == (
             "update", "rename", "u-1")
+
+
+# -- issue 39, item 18f: a large state as a table is cut, not laid out whole ------------------
+
+
+async def _hoard(db_path: str) -> None:
+    """Hoard h-1: a state of about 2 MB (a snapshot of it), then 5 messages of 100 KB."""
+    async with corral.open_runtime(db_path, entities=[Hoard]) as rt:
+        ref = rt.ref(Hoard, "h-1")
+        await ref.signal_with_start(Hoard.fill, Bulk(items=20_000, size=90), start=None,
+                                    message_id="f-1")
+
+        async def snapshotted() -> bool:
+            return (await ref.describe()).snapshot_seq == 1
+        await wait_until(snapshotted, "the 2 MB state snapshotted")
+    async with corral.open_runtime(db_path, entities=[Hoard], host=False) as rt:
+        for i in range(5):
+            await rt.ref(Hoard, "h-1").signal(Hoard.keep, Blob(text=f"{i}" * 100_000),
+                                              message_id=f"k-{i}")
+
+
+def test_show_state_of_a_large_state_prints_its_head_and_says_json_prints_it_whole(
+    db_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    asyncio.run(_hoard(db_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    where = ("--store", db_path, "--app", "cli_app:Hoard")
+
+    table = _ok(capsys, "show", "Hoard", "h-1", "--state", *where)
+    whole = _json(capsys, "show", "Hoard", "h-1", "--state", *where)
+
+    assert len(table) < 50_000  # of a state of 2 MB and 500 KB of payloads
+    assert '"00000000xxxxxxxxxx' in table  # the head of the state, as JSON
+    assert "(the first 20,000 characters: --state --json prints the whole state)" in table
+    assert table.count("(100,011 characters: --json prints it whole)") == 5
+    assert len(whole["state"]["items"]) == 20_000
+    assert [m["payload"]["text"] for m in whole["pending"]["items"]] == [
+        f"{i}" * 100_000 for i in range(5)]

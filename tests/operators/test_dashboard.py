@@ -252,6 +252,27 @@ async def test_metrics_and_health_answer_without_signing_in(dashboard: Dashboard
         assert re.search(r"^corral_store_shards 16\.0$", metrics.text, re.MULTILINE)
 
 
+async def test_every_response_carries_the_security_headers_starlettes_own_errors_too(
+    dashboard: Dashboard, web: httpx.AsyncClient,
+) -> None:
+    async with httpx.AsyncClient(base_url=dashboard.url) as anon:
+        answers = [await web.get("/no/such/page"), await web.post("/healthz"),
+                   await web.delete("/"), await web.get("/waits"), await anon.get("/"),
+                   await anon.get("/healthz"), await anon.get("/metrics"),
+                   await anon.post("/login", data={"token": "x"})]
+    assert [a.status_code for a in answers] == [404, 405, 405, 200, 401, 200, 200, 401]
+    for answer in answers:
+        headers = answer.headers
+        assert headers["content-security-policy"].startswith("default-src 'none'"), answer
+        assert headers["x-content-type-options"] == "nosniff", answer
+        assert headers["x-frame-options"] == "DENY", answer
+        assert headers["referrer-policy"] == "same-origin", answer
+        assert headers["cache-control"] == "no-store", answer
+    style = await web.get("/style.css")
+    assert style.headers["cache-control"] == "max-age=3600"  # a route's own header stays
+    assert style.headers["x-content-type-options"] == "nosniff"
+
+
 # -- what its writes record ------------------------------------------------------------
 
 

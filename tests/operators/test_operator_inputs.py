@@ -33,6 +33,7 @@ import corral
 from cli_app import LIMITS, Board, BoardInput, Flare, Note, app
 from corral.cli import main
 from procs import wait_until
+from stores import row_counts
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 CORRAL = Path(sys.executable).with_name("corral")  # the console script of this venv
@@ -440,3 +441,128 @@ def test_a_forged_listing_cursor_is_bad_input_on_the_command_line(
         ran = in_process(command, "--after", cursor, "--store", db_path, "--app",
                          "cli_app:app")
         assert "not a cursor of this listing" in ran.refused("InvalidArgumentError"), cursor
+
+
+# -- issue 39, item 16: a payload file or stdin is read up to max_payload_bytes ---------------
+
+
+def test_a_payload_from_an_endless_file_is_refused_at_the_applications_limit_for_every_option(
+    db_path: str, tmp_path: Path, in_process: Callable[..., Ran],
+) -> None:
+    asyncio.run(seed(db_path))
+    before = row_counts(db_path)
+    (tmp_path / "padded.json").write_text('{"text": "x"}' + " " * 2000)  # 2 KiB of JSON
+
+    for args in (("signal", "Board", "b-1", "post", "-p", "@/dev/zero", "--message-id", "z"),
+                 ("signal", "Board", "b-2", "post", "-p", '{"text": "x"}', "--message-id", "z",
+                  "--start", "@/dev/zero"),
+                 ("start", "Board", "b-2", "-p", "@/dev/zero"),
+                 ("update", "Board", "b-1", "count", "-p", "@/dev/zero"),
+                 ("update", "Board", "b-2", "count", "--start", "@/dev/zero"),
+                 ("query", "Board", "b-1", "read", "-p", "@/dev/zero"),
+                 ("deliver", "Approval", "a-1", "decision", "-p", "@/dev/zero", "--key", "k")):
+        line = in_process(*args, "--store", db_path, "--app", "cli_app:app").refused(
+            "PayloadTooLargeError")
+        assert "@/dev/zero: more than 262144 bytes" in line, (args, line)
+    limited = in_process("query", "Board", "b-1", "read", "-p", "@padded.json", "--store",
+                         db_path, "--app", "cli_app:limited")
+    assert "more than 1024 bytes" in limited.refused("PayloadTooLargeError")  # the app's own
+    assert row_counts(db_path) == before
+
+
+def test_an_endless_stdin_is_refused_at_the_limit_from_the_console_script(
+    db_path: str, tmp_path: Path,
+) -> None:
+    asyncio.run(seed(db_path))
+    before = row_counts(db_path)
+
+    with Path("/dev/zero").open("rb") as zeros:
+        done = subprocess.run(
+            [str(CORRAL), "signal", "Board", "b-1", "post", "-p", "-", "--message-id", "z",
+             "--store", db_path, "--app", "cli_app:app"], cwd=tmp_path, env=_env(),
+            stdin=zeros, capture_output=True, text=True, timeout=90, check=False)
+
+    line = Ran(done.returncode, done.stdout, done.stderr).refused("PayloadTooLargeError")
+    assert "--payload - (stdin): more than 262144 bytes" in line
+    assert row_counts(db_path) == before
+
+
+# -- issue 39, items 17 and 18e: a PostgreSQL URL's secrets never reach the output -----------
+
+_SECRET = "s3cr3t"  # every secret below holds it; no output may
+UNREACHABLE = [  # nothing listens on port 1: each command fails to connect (exit 1)
+    f"postgresql://ana:{_SECRET}-netloc@127.0.0.1:1/db",
+    f"postgresql://ana:{_SECRET}@at@127.0.0.1:1/db",  # an '@' in the password
+    f"postgresql://ana@127.0.0.1:1/db?password={_SECRET}-query",
+    f"postgresql://ana@127.0.0.1:1/db?sslmode=disable&sslpassword={_SECRET}-ssl",
+    f"postgres://ana@127.0.0.1:1/db?passfile=/tmp/{_SECRET}-passfile",
+    f"postgresql://ana@127.0.0.1:1/db?application_name=a@b&password={_SECRET}-after-at",
+]
+MALFORMED = [  # asyncpg cannot parse them, and quotes pieces of them (exit 2)
+    f"postgresql://ana:{_SECRET}-netloc@127.0.0.1:port/db",
+    f"postgresql://ana:pa55/{_SECRET}-slash@127.0.0.1/db",  # asyncpg reads port 'pa55'
+    f"postgresql://ana:{_SECRET}-qmark?x=1@127.0.0.1/db",
+    f"postgresql://ana@127.0.0.1/db?password={_SECRET}-query&sslmode=bogus",
+    f"postgresql://ana:{_SECRET}-v6@[::1/db",
+]
+_APP = ("--app", "cli_app:app")
+_EVERY_STORE_COMMAND = [("ls", *_APP), ("show", "Board", "b-1", *_APP), ("waits", *_APP),
+                        ("history", "Board", "b-1", *_APP), ("dead-letters", *_APP),
+                        (*_SIGNAL, *_START, *_APP), ("check-snapshots", *_APP),
+                        ("purge", "--dry-run", *_APP), ("builds",), ("metrics", "--port", "0"),
+                        ("ui", "--port", "0", "--token", TOKEN, *_APP)]
+
+
+def test_no_command_prints_a_secret_of_a_postgresql_url_and_a_malformed_one_is_bad_input(
+    tmp_path: Path, in_process: Callable[..., Ran],
+) -> None:
+    for stores, error, status in ((UNREACHABLE, "StoreUnavailableError", 1),
+                                  (MALFORMED, "InvalidArgumentError", 2)):
+        for store in stores:
+            for args in _EVERY_STORE_COMMAND:
+                line = in_process(*args, "--store", store).refused(error, status)
+                assert _SECRET not in line, (args, line)
+                assert "pa55" not in line, (args, line)
+                assert "127.0.0.1" in line or "::1" in line, line  # which store it was
+
+
+def test_the_traceback_of_debug_holds_no_secret_either(tmp_path: Path) -> None:
+    for store in (UNREACHABLE[2], MALFORMED[1]):
+        done = subprocess.run([str(CORRAL), "--debug", "ls", "--store", store, "--app",
+                               "cli_app:app"], cwd=tmp_path, env=_env(), capture_output=True,
+                              text=True, timeout=90, check=False)
+        assert done.returncode == 1, done
+        assert "Traceback" in done.stderr, done
+        assert _SECRET not in done.stderr + done.stdout
+        assert "pa55" not in done.stderr
+
+
+async def test_a_store_opened_with_a_password_in_its_url_never_shows_it(
+    db_path: str, tmp_path: Path,
+) -> None:
+    if not db_path.startswith("postgresql://"):
+        pytest.skip("a SQLite path holds no secret")
+    url = f"{db_path}?password={_SECRET}-trusted"  # the test server trusts: it is ignored
+    await seed(url)
+
+    store = await corral.persistence.open_store(url, shards=16)
+    try:
+        assert _SECRET not in repr(store)
+        assert "password=***" in repr(store)
+    finally:
+        await store.close()
+    listed = await corral_command("ls", "--store", url, *_APP, cwd=tmp_path)
+    assert listed.returncode == 0, listed
+    assert "b-1" in listed.stdout, listed
+    assert _SECRET not in listed.stdout + listed.stderr
+
+
+def test_metrics_and_ui_refuse_a_host_that_is_no_address_as_bad_input(
+    tmp_path: Path, in_process: Callable[..., Ran],
+) -> None:
+    store = sqlite_store(tmp_path)
+
+    for command in (("metrics",), ("ui", "--token", TOKEN, *_APP)):
+        for host in ("256.0.0.1", "no-such-host.invalid", "a" * 64):
+            ran = in_process(*command, "--host", host, "--port", "0", "--store", store)
+            assert "not an address to listen on" in ran.refused("InvalidArgumentError"), host

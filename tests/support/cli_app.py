@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 
 import corral
 
-__all__ = ["LIMITS", "Approval", "Board", "BoardInput", "Decision", "Desk", "Flare", "Note",
-           "app", "guarded", "limited"]
+__all__ = ["LIMITS", "Approval", "Blob", "Board", "BoardInput", "Bulk", "Decision", "Desk",
+           "Flare", "Hoard", "Note", "app", "guarded", "limited"]
 
 
 class BoardInput(BaseModel):
@@ -143,6 +143,37 @@ class Desk(corral.Entity):
     async def run(self) -> int:
         await self.wait_for_signal(Desk.decision, timeout=3600)
         return len(self.notes)
+
+
+class Bulk(BaseModel):
+    """The payload of `Hoard.fill`: how many items, each of how many characters more."""
+
+    items: int = Field(ge=0, le=1_000_000)
+    size: int = Field(ge=0, le=10_000)
+
+
+class Blob(BaseModel):
+    """The payload of `Hoard.keep`: one large text."""
+
+    text: str
+
+
+class Hoard(corral.Entity):
+    """A state as large as asked (`fill`), and messages as large as allowed (`keep`): for
+    `show --state` of a big entity (`--app cli_app:Hoard`). A snapshot after each message."""
+
+    snapshots = corral.SnapshotPolicy(every=1)
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    @corral.signal
+    def fill(self, bulk: Bulk) -> None:
+        self.items += [f"{i:08d}" + "x" * bulk.size for i in range(bulk.items)]
+
+    @corral.signal
+    def keep(self, blob: Blob) -> None:
+        self.items.append(blob.text)
 
 
 app = corral.App(entities=[Board, Approval, Flare, Stuck, Desk])

@@ -9,22 +9,25 @@ is the store's own.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, TypeVar, cast
+from functools import cached_property
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 
 import corral
-from corral._app import load_app, open_operator_runtime
-from corral._errors import UnknownEntityTypeError
+from corral._app import App, load_app, open_operator_runtime
+from corral._errors import InvalidArgumentError, UnknownEntityTypeError
 from corral.actors import Entity
 
 from ._errors import execute
+from ._input import read_payload
 
 __all__ = ["AppOption", "Connection", "JsonFlag", "KeyArgument", "RayAddressOption",
            "RayNamespaceOption", "SenderOption", "ShardsOption", "StoreOption", "TypeArgument",
-           "entity_class"]
+           "check_listen_host", "entity_class"]
 
 T = TypeVar("T")
 
@@ -71,13 +74,28 @@ class Connection:
     app: str
     shards: int | None = None
 
+    @cached_property
+    def application(self) -> App:
+        """The `--app`, loaded once (its payload limit is needed before the runtime opens).
+
+        Raises:
+            InvalidArgumentError: it does not load or build (`load_app`).
+        """
+        return load_app(self.app)
+
+    def payload(self, text: str | None, option: str = "--payload") -> Any:
+        """The JSON value of a payload option (`_input.read_payload`), a file or stdin
+        read up to the application's `Limits.max_payload_bytes`."""
+        limits = self.application.limits or corral.Limits()
+        return read_payload(text, option, max_bytes=limits.max_payload_bytes)
+
     def run(self, ctx: typer.Context, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
         """Open the runtime, run `work` on it and close it; errors as `execute` says."""
         return execute(ctx, self._run(work))
 
     async def _run(self, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
-        app = load_app(self.app)
-        async with open_operator_runtime(self.store, app, shards=self.shards) as rt:
+        async with open_operator_runtime(self.store, self.application,
+                                         shards=self.shards) as rt:
             return await work(rt)
 
 
@@ -95,3 +113,23 @@ def entity_class(rt: corral.Runtime, name: str) -> type[Entity]:
             f"the --app has no entity type {name!r} (its types: "
             f"{sorted(rt.boundary.definitions)}); pass --app module:attribute naming the "
             "application that declares it (or set CORRAL_APP)") from err
+
+
+def check_listen_host(host: str) -> None:
+    """Check `--host` of a command that serves (`ui`, `metrics`) before it opens anything.
+
+    Raises:
+        InvalidArgumentError: `host` is no address at all (`256.0.0.1`, a name that does
+            not resolve). A resolver that cannot answer now (`EAI_AGAIN`) is left to the
+            bind, a failure rather than bad input.
+    """
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        if err.errno == socket.EAI_AGAIN:
+            return
+        raise InvalidArgumentError(f"--host {host}: not an address to listen on ({err})"
+                                   ) from None
+    except UnicodeError as err:  # a label of over 63 characters
+        raise InvalidArgumentError(f"--host {host}: not an address to listen on ({err})"
+                                   ) from None

@@ -25,6 +25,7 @@ from corral._errors import (
     StoreError,
 )
 from corral.persistence import Row
+from corral.runtime._boundary import check_dead_letter_id
 
 from ._connection import (
     AppOption,
@@ -186,12 +187,15 @@ class _Choice:
         """The chosen dead letters, checked before any is touched.
 
         Raises:
-            InvalidArgumentError: neither ids nor --all, or both.
+            InvalidArgumentError: neither ids nor --all, or both, or an id that no dead
+                letter can have (0, or 2^63 and over): bad input, not one failed item.
             DeadLetterNotFoundError: an id that is not in the store (none is touched).
         """
         if self.everything == bool(self.ids):
             raise InvalidArgumentError(
                 "name the dead letters: their ids, or --all (narrowed by --type and --key)")
+        for i in self.ids:
+            check_dead_letter_id(i)
         etype, key = self.entity_type, self.key
         if self.ids and etype is not None and key is not None:
             rt.ref(entity_class(rt, etype), key)  # checks both before anything is sent

@@ -25,7 +25,7 @@ from ._connection import (
 )
 from ._errors import guard
 from ._history import After, Limit, print_state
-from ._input import PayloadOption, read_payload
+from ._input import PayloadOption
 from ._output import (
     age,
     cells,
@@ -94,7 +94,8 @@ def show_entity(
     key: KeyArgument,
     state: Annotated[bool, typer.Option(
         "--state", help="Also the latest snapshot's state as JSON and the messages accepted "
-        "after it, with their payloads (--json: only that).")] = False,
+        "after it, with their payloads (--json: only that, whole; the table cuts the state "
+        "at 20,000 characters and each payload at 200).")] = False,
     limit: Limit = 100,
     after: After = None,
     sender: SenderOption = None,
@@ -123,7 +124,7 @@ def show_entity(
     console.print(_facts(found))
     if found.suspension is not None:  # the bug to fix: its whole traceback
         console.print()
-        console.print("[bold]suspended by:[/bold]")
+        console.print("suspended by:", style="bold")  # the console reads no markup
         for line in found.suspension.error.rstrip().splitlines():
             console.print(printable(line), markup=False, highlight=False)
     if found.runs:
@@ -220,8 +221,9 @@ def send_signal(
     the acknowledgement, e.g. "accepted run 1 seq 3 (started)"; a message id sent
     before is answered "duplicate" with the original position.
     """
+    connection = Connection(store, app, shards)
     with guard(ctx):  # bad JSON never reaches the store
-        data, start_input = read_payload(payload), read_payload(start, "--start")
+        data, start_input = connection.payload(payload), connection.payload(start, "--start")
 
     async def send(rt: corral.Runtime) -> corral.Ack:
         ref = rt.ref(entity_class(rt, entity_type), key)
@@ -236,7 +238,7 @@ def send_signal(
         return await ref.signal_with_start(signal, data, start=start_input,
                                            message_id=message_id, sender=sender)
 
-    ack = Connection(store, app, shards).run(ctx, send)
+    ack = connection.run(ctx, send)
     print_result(as_json, ack, ack_line(ack))
 
 

@@ -1,7 +1,8 @@
 """How a command fails: one line on stderr and an exit status, or a traceback with
 `--debug`.
 
-Exit statuses: 0 done; 1 the runtime refused or failed (not running, no such dead
+Exit statuses (every error one line on stderr, a usage error too: `report_usage`): 0
+done; 1 the runtime refused or failed (not running, no such dead
 letter, an idempotency conflict, unauthorized, the store failed, or some items of a
 bulk command failed); 2 bad input, which no retry fixes (a usage error, an unknown
 type, handler or wait, a bad key, payload, JSON or argument, an `--app` that does not
@@ -32,8 +33,20 @@ from corral._errors import (
 
 from ._output import printable
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "Settings", "debugging", "execute", "exit_status",
-           "guard", "one_line", "parse_json", "report"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILED",
+    "Settings",
+    "debugging",
+    "execute",
+    "exit_status",
+    "guard",
+    "is_usage_error",
+    "one_line",
+    "parse_json",
+    "report",
+    "report_usage",
+]
 
 T = TypeVar("T")
 
@@ -73,6 +86,29 @@ def report(err: BaseException, *, about: str = "") -> None:
     name, _, text = one_line(err).partition(": ")
     line = f"error: {name}: {about}{': ' if about else ''}{text}"
     print(printable(line), file=sys.stderr)
+
+
+def is_usage_error(err: BaseException) -> bool:
+    """Whether `err` is one of click's own errors (a missing, unknown or out-of-range
+    option or argument). Told by module: typer 0.12 raises `click`'s, later releases
+    those of the copy of click they carry (`typer._click`), with no public base class."""
+    return type(err).__module__.endswith("click.exceptions") and hasattr(err, "exit_code")
+
+
+def report_usage(err: Any) -> int:
+    """Print a usage error of click's (`is_usage_error`) like any other error, one line
+    (`error: NoSuchOption: corral ls: No such option: --bogus (corral ls -h for help)`)
+    rather than click's boxed panel; its exit status (2). A bare group (`corral`) prints
+    its help instead."""
+    if type(err).__name__ == "NoArgsIsHelpError":
+        err.show()
+        return int(err.exit_code)
+    ctx = getattr(err, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" ({ctx.command_path} -h for help)" if ctx is not None else ""
+    text = " ".join(err.format_message().split())  # one line, whatever click wrapped
+    print(printable(f"error: {type(err).__name__}: {where}{text}{hint}"), file=sys.stderr)
+    return int(err.exit_code)
 
 
 def execute(ctx: typer.Context, work: Coroutine[Any, Any, T]) -> T:

@@ -1,5 +1,11 @@
 """`corral history` and `corral show --state`: what an entity went through, and what is
-in it now (`EntityRef.history`, `EntityRef.state`), read from the store."""
+in it now (`EntityRef.history`, `EntityRef.state`), read from the store.
+
+A table is for people: a payload, start input or result in a cell is cut at
+`_CELL_CHARS` characters and the state at `_STATE_CHARS` (each with a note saying so),
+so rich never lays out megabytes (a 20 MB state took 47 s as a table); `--json` prints
+everything whole.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +32,10 @@ from ._output import cells, out, print_json, printable, table, when
 
 __all__ = ["After", "Limit", "entity_history", "print_state"]
 
+_CELL_CHARS = 200  # of a value's JSON in a table cell
+_STATE_CHARS = 20_000  # of the state's indented JSON under `show --state`
+_MAILBOX_SHOWN = 20  # mailbox payloads listed under `show --state`
+
 Limit = Annotated[int, typer.Option("--limit", help="At most this many messages.")]
 After = Annotated[str | None, typer.Option(
     "--after", metavar="CURSOR", help="The next page of messages: the cursor the last page "
@@ -33,9 +43,13 @@ After = Annotated[str | None, typer.Option(
 
 
 def _compact(value: Any) -> str:
-    """JSON data on one line (None: '-')."""
-    return "-" if value is None else json.dumps(value, ensure_ascii=False,
-                                                separators=(",", ":"))
+    """JSON data on one line (None: '-'), cut at `_CELL_CHARS` characters."""
+    if value is None:
+        return "-"
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if len(text) <= _CELL_CHARS:
+        return text
+    return f"{text[:_CELL_CHARS]}... ({len(text):,} characters: --json prints it whole)"
 
 
 def entity_history(
@@ -126,14 +140,32 @@ def print_state(state: corral.EntityState, *, as_json: bool) -> None:
     else:
         console.print(f"state at seq {state.snapshot_seq} (state version "
                       f"{state.state_version}):")
-        text = json.dumps(state.state, indent=2, ensure_ascii=False)
-        for line in text.splitlines():
-            console.print(printable(line))
+        text, whole = _head(state.state)
+        console.print("\n".join(printable(line) for line in text.splitlines()))
+        if not whole:
+            console.print(f"... (the first {_STATE_CHARS:,} characters: --state --json "
+                          "prints the whole state)")
     if state.mailbox:
         console.print(f"mailbox: {len(state.mailbox)} payload(s) not taken by run() yet")
-        for item in state.mailbox:
+        for item in state.mailbox[:_MAILBOX_SHOWN]:
             console.print(printable(_compact(item)))
+        if len(state.mailbox) > _MAILBOX_SHOWN:
+            console.print(f"... ({len(state.mailbox) - _MAILBOX_SHOWN} more: --state --json "
+                          "lists them all)")
     console.print()
     _messages(state.pending.items, "messages after the snapshot", dead=False)
     if state.pending.next_cursor is not None:
         console.print(f"more: --state --after {state.pending.next_cursor}")
+
+
+def _head(value: Any) -> tuple[str, bool]:
+    """The first `_STATE_CHARS` characters of `value` as indented JSON, and whether that
+    is all of it: encoded lazily, so a 20 MB state costs what its head does."""
+    chunks: list[str] = []
+    size = 0
+    for chunk in json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(value):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _STATE_CHARS:
+            return "".join(chunks)[:_STATE_CHARS], False
+    return "".join(chunks), True

@@ -1,6 +1,10 @@
 """What the write commands read from their caller: the payload (`--payload`/`-p`, as
 JSON, from `@file` or `-` for stdin) and the old spelling `--json PAYLOAD`.
 
+A file or stdin is read up to the application's `Limits.max_payload_bytes` and no
+further (`-p @/dev/zero` or an endless pipe is refused after that many bytes, never read
+until memory runs out): a payload that large could never be accepted anyway.
+
 One flag grammar: `--json` means JSON output on every command; the payload, start input
 or query argument is `--payload` (`-p`). `signal` and `deliver` took their payload as
 `--json PAYLOAD` before; `legacy_payload` still reads that spelling (a JSON object or
@@ -12,11 +16,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from corral._errors import InvalidArgumentError
+from corral._errors import InvalidArgumentError, PayloadTooLargeError
 
 from ._errors import parse_json
 
@@ -30,26 +34,47 @@ PayloadOption = Annotated[str | None, typer.Option(
 _OLD_PAYLOAD = ("signal", "deliver")
 
 
-def read_payload(text: str | None, option: str = "--payload") -> Any:
-    """The JSON value of a payload option: inline, `@path` (a file) or `-` (stdin);
-    None if the option was not given.
+def read_payload(text: str | None, option: str = "--payload", *, max_bytes: int) -> Any:
+    """The JSON value of a payload option: inline, `@path` (a file) or `-` (stdin), of
+    at most `max_bytes` bytes read; None if the option was not given.
 
     Raises:
-        InvalidArgumentError: the file cannot be read.
+        InvalidArgumentError: the file cannot be read, or is not UTF-8.
+        PayloadTooLargeError: the file or stdin holds more than `max_bytes` bytes.
         InvalidPayloadError: not JSON (`parse_json`).
     """
     if text is None:
         return None
     if text == "-":
-        return parse_json(sys.stdin.read(), f"{option} - (stdin)")
+        where = f"{option} - (stdin)"
+        return parse_json(_decoded(_bounded(sys.stdin.buffer, max_bytes, where), where), where)
     if text.startswith("@"):
-        path = Path(text[1:])
+        where = f"{option} {text}"
         try:
-            content = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise InvalidArgumentError(f"{option} {text}: cannot read it: {err}") from None
-        return parse_json(content, f"{option} {text}")
+            with Path(text[1:]).open("rb") as file:
+                content = _bounded(file, max_bytes, where)
+        except OSError as err:
+            raise InvalidArgumentError(f"{where}: cannot read it: {err}") from None
+        return parse_json(_decoded(content, where), where)
     return parse_json(text, option)
+
+
+def _bounded(stream: BinaryIO, max_bytes: int, where: str) -> bytes:
+    """At most `max_bytes` bytes of `stream`, read to its end (one byte more is read, to
+    tell a stream of exactly `max_bytes` from a longer one)."""
+    content = stream.read(max_bytes + 1)
+    if len(content) > max_bytes:
+        raise PayloadTooLargeError(
+            f"{where}: more than {max_bytes} bytes (the application's "
+            "Limits.max_payload_bytes); stopped reading there")
+    return content
+
+
+def _decoded(content: bytes, where: str) -> str:
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidArgumentError(f"{where}: cannot read it: {err}") from None
 
 
 def legacy_payload(args: Sequence[str]) -> list[str]:

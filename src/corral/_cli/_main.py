@@ -25,14 +25,16 @@ from . import (
     _verbs,
     _waits,
 )
-from ._connection import AppOption, ShardsOption, StoreOption
+from ._connection import AppOption, ShardsOption, StoreOption, check_listen_host
 from ._errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     Settings,
     debugging,
     guard,
+    is_usage_error,
     report,
+    report_usage,
 )
 from ._input import legacy_payload
 
@@ -135,6 +137,7 @@ def ui(
 ) -> None:
     """Serve the web dashboard (needs the ui extra: pip install 'corral[ui]')."""
     with guard(ctx):
+        check_listen_host(host)
         loaded = load_app(app_spec)
     try:
         from corral.dashboard import run
@@ -150,12 +153,19 @@ def ui(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `corral` console script; returns the exit status."""
     args = legacy_payload(sys.argv[1:] if argv is None else argv)
-    try:
-        app(args=args, prog_name="corral")
+    try:  # not standalone: click's usage errors come here, to be one line like the rest
+        code = app(args=args, prog_name="corral", standalone_mode=False)
+    except typer.Abort:  # end of input at a prompt
+        print("error: Aborted", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:
+        if not is_usage_error(err):
+            raise
+        return report_usage(err)
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_FAILED)
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,7 +16,7 @@ from corral._scrape import HostSeries, serve_census
 from corral.persistence import open_store, stored_shards
 from corral.runtime._options import check_namespace
 
-from ._connection import StoreOption
+from ._connection import StoreOption, check_listen_host
 from ._errors import guard
 
 __all__ = ["serve_metrics"]
@@ -49,7 +49,8 @@ def serve_metrics(
     series a local host serves itself, under the same names, labelled host with the
     actor's name. Needs no --app. Runs until interrupted.
     """
-    with guard(ctx, OSError):  # a bad namespace, no store there, a port taken
+    with guard(ctx, OSError):  # a bad namespace or host, no store there, a port taken
+        check_listen_host(host)
         if namespace is not None:
             check_namespace(namespace)
         asyncio.run(_serve(store, host, port, namespace, address))

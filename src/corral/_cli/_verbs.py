@@ -32,8 +32,8 @@ from ._connection import (
 )
 from ._entities import ack_line, handler_named
 from ._errors import guard
-from ._input import PayloadOption, read_payload
-from ._output import jsonable, print_json, print_result
+from ._input import PayloadOption
+from ._output import jsonable, print_json, print_result, printable
 
 __all__ = ["query_entity", "result_of", "resume_entity", "start_entity", "terminate_entity",
            "update_entity"]
@@ -87,10 +87,11 @@ def start_entity(
     """Start a run if none is running, with --payload as its start input, without sending
     a message (a running entity is left as it is). Prints e.g. "accepted run 1 seq 1
     (started)"."""
+    connection = Connection(store, app, shards)
     with guard(ctx):
-        data = read_payload(payload)
+        data = connection.payload(payload)
 
-    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
+    _acknowledge(ctx, connection, entity_type, key, as_json,
                  lambda ref: ref.start(start=data, start_id=start_id, sender=sender))
 
 
@@ -118,8 +119,9 @@ def update_entity(
     """Send an update and print its result as JSON (with --start: starting a run first
     if none is running, atomically). The application's hosts apply it: with none
     running, the command waits (see --timeout)."""
+    connection = Connection(store, app, shards)
     with guard(ctx):
-        data, start_input = read_payload(payload), read_payload(start, "--start")
+        data, start_input = connection.payload(payload), connection.payload(start, "--start")
 
     async def work(rt: corral.Runtime) -> Any:
         ref = rt.ref(entity_class(rt, entity_type), key)
@@ -131,7 +133,7 @@ def update_entity(
                                            update_id=update_id, sender=sender,
                                            timeout=timeout)
 
-    _print_value(as_json, Connection(store, app, shards).run(ctx, work))
+    _print_value(as_json, connection.run(ctx, work))
 
 
 def query_entity(
@@ -152,15 +154,16 @@ def query_entity(
 ) -> None:
     """Run a query handler and print its result as JSON (it changes nothing). The
     application's authorize hook sees it as kind "query"."""
+    connection = Connection(store, app, shards)
     with guard(ctx):
-        data = read_payload(payload)
+        data = connection.payload(payload)
 
     async def work(rt: corral.Runtime) -> Any:
         ref = rt.ref(entity_class(rt, entity_type), key)
         method = handler_named(ref.definition, handler, HandlerKind.QUERY)
         return await ref.query(method, data, sender=sender, activate=activate)
 
-    _print_value(as_json, Connection(store, app, shards).run(ctx, work))
+    _print_value(as_json, connection.run(ctx, work))
 
 
 def terminate_entity(
@@ -193,10 +196,24 @@ def resume_entity(
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
 ) -> None:
-    """Retry a suspended run now (after deploying a fix) rather than at its next attempt;
-    on a run that is not suspended it changes nothing. Prints the acknowledgement."""
-    _acknowledge(ctx, Connection(store, app, shards), entity_type, key, as_json,
-                 lambda ref: ref.resume(message_id=message_id, sender=sender))
+    """Retry a suspended run now (after deploying a fix) rather than at its next attempt.
+    Prints the acknowledgement. A run that is not suspended is left alone, with nothing
+    written: the command says so and exits 0 (--json: {"status": "not_suspended",
+    "run_id": N}); an entity with no running run is an error (exit 1)."""
+    async def work(rt: corral.Runtime) -> tuple[corral.Ack | None, corral.EntityDescription]:
+        ref = rt.ref(entity_class(rt, entity_type), key)
+        now = await ref.describe()
+        if now.status is corral.RunStatus.RUNNING and now.suspension is None:
+            return None, now  # the mark would change nothing: it is not journaled
+        return await ref.resume(message_id=message_id, sender=sender), now
+
+    ack, now = Connection(store, app, shards).run(ctx, work)
+    if ack is not None:
+        print_result(as_json, ack, ack_line(ack))
+    else:
+        print_result(as_json, {"status": "not_suspended", "run_id": now.run_id},
+                     printable(f"not suspended: {now.entity_type} {now.key!r} run "
+                               f"{now.run_id} is running; nothing to resume, nothing written"))
 
 
 def result_of(

@@ -22,7 +22,6 @@ from ._connection import (
     entity_class,
 )
 from ._errors import guard
-from ._input import read_payload
 from ._output import cells, out, print_json, print_result, table, when
 
 __all__ = ["deliver", "delivery_line", "list_waits", "signal_wait"]
@@ -92,15 +91,16 @@ def deliver(
     has not reached the wait; this delivery wins when it does) or not_waiting. Each is
     an answer, not an error: the exit status is 0.
     """
+    connection = Connection(store, app, shards)
     with guard(ctx):  # bad JSON never reaches the store
-        data = read_payload(payload)
+        data = connection.payload(payload)
 
     async def send(rt: corral.Runtime) -> corral.Delivery[Any]:
         ref = rt.ref(entity_class(rt, entity_type), key)
         wait = signal_wait(ref.definition, name)
         return await ref.deliver(wait, data, key=delivery_key, sender=sender, run_id=run_id)
 
-    outcome = Connection(store, app, shards).run(ctx, send)
+    outcome = connection.run(ctx, send)
     print_result(as_json, outcome, delivery_line(outcome))
 
 

@@ -19,9 +19,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
 from corral import (
@@ -58,7 +61,7 @@ MAX_FORM_BYTES = 1 << 20
 MAX_PAGE = 1000
 """The most rows one page lists."""
 
-_HEADERS = {
+_HEADERS = {  # on every response (`_SecurityHeaders`), unless the route set its own
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; "
                                "connect-src 'self'; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
@@ -182,7 +185,7 @@ class _Dashboard:
     def _page(self, title: str, body: Html, visit: Visit | None, status: int = 200,
               headers: dict[str, str] | None = None) -> HTMLResponse:
         return HTMLResponse(layout(title, body, who(visit)), status_code=status,
-                            headers={**_HEADERS, **(headers or {})})
+                            headers=headers)
 
     def _error(self, visit: Visit | None, err: Exception, extra: Html = EMPTY) -> Response:
         if isinstance(err, Refused):
@@ -402,8 +405,7 @@ class _Dashboard:
             body = join([views.message("That is not the dashboard's token.", error=True),
                          login_form(target)])
             return self._page("Sign in", body, None, 401)
-        response = RedirectResponse(target, 303, headers={**_HEADERS,
-                                                          "Referrer-Policy": "no-referrer"})
+        response = RedirectResponse(target, 303, headers={"Referrer-Policy": "no-referrer"})
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
                             secure=request.url.scheme == "https")
         return response
@@ -420,12 +422,11 @@ async def _healthz(request: Request) -> Response:
 
 async def _live_js(request: Request) -> Response:
     return Response(LIVE_JS, media_type="text/javascript",
-                    headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
+                    headers={"Cache-Control": "max-age=3600"})
 
 
 async def _style(request: Request) -> Response:
-    return Response(STYLE, media_type="text/css",
-                    headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
+    return Response(STYLE, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
 
 def create_app(runtime: Runtime, *, authenticate: Authenticate | None = None,
@@ -452,4 +453,37 @@ def create_app(runtime: Runtime, *, authenticate: Authenticate | None = None,
     dashboard = _Dashboard(runtime, Gate(authenticate, token))
     routes = dashboard.routes()
     routes.append(_metrics_route(runtime))
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)])
+
+
+class _SecurityHeaders:
+    """ASGI middleware: every response carries `_HEADERS` (a header the route set stays),
+    Starlette's own 404 and 405 included, and a 500 of its own for an exception no
+    route caught (Starlette's error middleware, outside this one, would send a bare one;
+    it still logs the exception)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_headed(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                for name, value in _HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_headed)
+        except Exception:
+            if not started:
+                await PlainTextResponse("Internal Server Error", 500)(scope, receive,
+                                                                      send_headed)
+            raise

@@ -102,10 +102,13 @@ async def _postgres_meta(url: str, where: str) -> dict[str, str]:
     """The `meta` rows of a PostgreSQL database ({} when it has no such table)."""
     import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
+    from ._open import url_refused
     from ._pg_txn import store_error
 
     try:
         conn = await asyncpg.connect(url, timeout=30, command_timeout=30)
+    except ValueError as err:  # the URL is malformed: no retry fixes it
+        raise url_refused(url, err) from None  # its message quotes the URL's secrets
     except Exception as err:
         raise store_error(f"cannot open {where}", err) from err
     try:

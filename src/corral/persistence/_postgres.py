@@ -30,7 +30,7 @@ from corral._errors import CorralError, StoreError
 
 from . import _pg_tail as tail
 from ._batch import CommitQueue
-from ._open import redacted
+from ._open import redacted, url_refused
 from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
@@ -96,6 +96,9 @@ class PostgresStore(StoreCore):
         except CorralError:
             await self.close()
             raise
+        except ValueError as err:  # a malformed URL (asyncpg's message quotes its secrets)
+            await self.close()
+            raise url_refused(self.url, err) from None
         except Exception as err:
             await self.close()
             raise store_error(f"cannot open store {where}", err) from err
@@ -245,6 +248,7 @@ async def open_postgres_store(url: str, *, shards: int, pool_size: int = 10,
         StoreUnavailableError: the server cannot be reached (retryable).
         StoreError: the schema is newer than this corral, or the store was created with
             another shard count.
+        InvalidArgumentError: `url` is malformed (asyncpg cannot parse it).
 
     Example:
         store = await open_postgres_store("postgresql://corral@db/corral", shards=16)
