@@ -33,7 +33,7 @@ import corral
 from cli_app import LIMITS, Board, BoardInput, Flare, Note, app
 from corral.cli import main
 from procs import wait_until
-from stores import row_counts
+from stores import reset_postgres, row_counts
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 CORRAL = Path(sys.executable).with_name("corral")  # the console script of this venv
@@ -538,11 +538,11 @@ def test_the_traceback_of_debug_holds_no_secret_either(tmp_path: Path) -> None:
 
 
 async def test_a_store_opened_with_a_password_in_its_url_never_shows_it(
-    db_path: str, tmp_path: Path,
+    postgres_store_url: str, tmp_path: Path,
 ) -> None:
-    if not db_path.startswith("postgresql://"):
-        pytest.skip("a SQLite path holds no secret")
-    url = f"{db_path}?password={_SECRET}-trusted"  # the test server trusts: it is ignored
+    # PostgreSQL only: a SQLite path holds no secret.
+    reset_postgres(postgres_store_url)
+    url = f"{postgres_store_url}?password={_SECRET}-trusted"  # the test server trusts: ignored
     await seed(url)
 
     store = await corral.persistence.open_store(url, shards=16)
