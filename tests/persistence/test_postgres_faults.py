@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -16,12 +17,14 @@ import asyncpg
 import pytest
 
 import corral
+from corral.persistence._postgres import open_postgres_store
 from entities import Reply, Start, Ticket
 from pg import _CLUSTERS, find_bindir, run_as_postgres
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
 from procs import wait_until
 from stores import sql
+from tcp_proxy import TcpProxy
 
 SENDERS, KEYS = 8, 8
 CALL_TIMEOUT = 30.0  # a call that takes longer counts as a hang
@@ -179,3 +182,54 @@ async def test_a_send_right_after_the_idle_writer_connection_was_killed_is_ackno
         await wait_until(all_applied(ref), "every acknowledged message is applied")
         inbox = (await ref.query(Ticket.status)).inbox
     assert inbox == ["acme:first", "acme:second"]
+
+
+async def test_a_read_right_after_every_idle_connection_was_killed_is_answered(
+    pg_url: str,
+) -> None:
+    """The server ends the pooled read connections while the event loop is busy: the
+    next reads meet connections whose goodbye is not read yet (asyncpg then refuses to
+    start a statement, "cannot switch to state 11; another operation (2) is in
+    progress", or the statement meets the closed socket). A read changes nothing, so
+    it runs once more on a fresh connection instead of failing its caller."""
+    key = "ticket-read-kill-unread"
+    async with corral.open_runtime(pg_url, entities=[Ticket], shards=2) as rt:
+        ref = rt.ref(Ticket, key)
+        await ref.signal_with_start(Ticket.reply, Reply(text="first"),
+                                    start=Start(tenant="acme"), message_id="first")
+        await wait_until(all_applied(ref), "the first message is applied")
+        for _ in range(3):
+            # Blocking the event loop (a synchronous call) until every other session
+            # has ended: nothing here reads the goodbyes before the reads begin.
+            sql(pg_url, "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            infos = await asyncio.gather(*(ref.describe() for _ in range(4)))
+            assert {i.accepted_seq for i in infos} == {1}
+
+
+async def test_reads_across_a_partition_fail_retryable_and_the_pool_serves_after_it(
+    pg_url: str,
+) -> None:
+    """Issue 39, item 3: a read whose statement times out across a partition ends in
+    `StoreUnavailableError`, never asyncpg's bare `TimeoutError` (giving the
+    connection back waited for a cancel request that cannot cross the partition, and
+    raised over the read's own error); once the link heals, the pool serves reads."""
+    async with TcpProxy(pg_url) as proxy:
+        store = await open_postgres_store(proxy.url, shards=2, timeout=0.5)
+        async with corral.open_runtime(store, entities=[Ticket], host=False) as rt:
+            ref = rt.ref(Ticket, "ticket-partitioned-read")
+            await ref.signal_with_start(Ticket.reply, Reply(text="one"),
+                                        start=Start(tenant="acme"), message_id="one")
+            await asyncio.gather(*(ref.describe() for _ in range(3)))  # pooled: 3 idle
+            proxy.partition()
+            for _ in range(4):
+                with pytest.raises(corral.StoreUnavailableError):
+                    await asyncio.wait_for(ref.describe(), CALL_TIMEOUT)
+            proxy.heal()
+
+            async def served() -> bool:
+                with contextlib.suppress(corral.StoreUnavailableError):
+                    return (await ref.describe()).accepted_seq == 1
+                return False
+            await wait_until(served, "reads are served once the partition heals")
+        await store.close()
