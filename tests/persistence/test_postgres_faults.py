@@ -18,7 +18,7 @@ import pytest
 
 import corral
 from corral.persistence._postgres import open_postgres_store
-from entities import Reply, Start, Ticket
+from entities import Assign, Reply, Start, Ticket
 from pg import _CLUSTERS, find_bindir, run_as_postgres
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
@@ -232,4 +232,32 @@ async def test_reads_across_a_partition_fail_retryable_and_the_pool_serves_after
                     return (await ref.describe()).accepted_seq == 1
                 return False
             await wait_until(served, "reads are served once the partition heals")
+        await store.close()
+
+
+async def test_an_accepted_update_partitioned_from_its_store_times_out_only_at_its_deadline(
+    pg_url: str,
+) -> None:
+    """Issue 39, item 3: an update accepted with a timeout, whose caller's store is
+    partitioned while it waits for the outcome, keeps waiting until its own deadline.
+    (A read timing out across the partition raised a bare `TimeoutError`, which the
+    caller's wait took for its own deadline: `WaitTimeoutError("... not applied within
+    30 s")` about a second after the update was accepted.)"""
+    deadline = 3.0
+    async with TcpProxy(pg_url) as proxy:
+        store = await open_postgres_store(proxy.url, shards=2, timeout=0.5)
+        async with corral.open_runtime(store, entities=[Ticket], host=False) as client:
+            ref = client.ref(Ticket, "ticket-partitioned-update")
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            waiting = asyncio.ensure_future(ref.update_with_start(
+                Ticket.assign, Assign(agent="ann"), start=Start(tenant="acme"),
+                update_id="u-1", timeout=deadline))
+            await wait_until(lambda: sql(pg_url, "SELECT count(*) FROM journal")[0][0] == 1,
+                             "the update is accepted")
+            proxy.partition()  # every poll for the outcome now times out (0.5 s)
+            with pytest.raises(corral.WaitTimeoutError, match="within 3 s"):
+                await asyncio.wait_for(waiting, CALL_TIMEOUT)
+            assert loop.time() - began >= deadline  # it did wait that long
+            proxy.heal()
         await store.close()
