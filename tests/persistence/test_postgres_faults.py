@@ -261,3 +261,43 @@ async def test_an_accepted_update_partitioned_from_its_store_times_out_only_at_i
             assert loop.time() - began >= deadline  # it did wait that long
             proxy.heal()
         await store.close()
+
+
+async def test_a_host_cut_off_inside_a_transaction_holds_up_sends_and_a_takeover_less_than_a_lease(
+    pg_url: str,
+) -> None:
+    """Issue 39, item 8c: host A's link stops right before it commits (the proxy holds
+    its COMMIT), leaving its session idle in a transaction that holds locks (a shard's
+    tick row, or its lease row). The server ends that session within the lease term
+    (`idle_in_transaction_session_timeout` from it; it was twice the store timeout, 60
+    s), so a send into the shard from another process and a takeover by host B both go
+    through within a few lease terms, and B applies what was sent."""
+    lease, bound = 2.0, 8.0  # the bound: a few lease terms (it was 60 s)
+    key = "ticket-cut-in-txn"
+    async with TcpProxy(pg_url) as proxy:
+        store_a = await open_postgres_store(proxy.url, shards=1)
+        async with corral.open_runtime(store_a, entities=[Ticket], lease_ttl=lease) as a:
+            ref_a = a.ref(Ticket, key)
+            await ref_a.signal_with_start(Ticket.reply, Reply(text="m1"),
+                                          start=Start(tenant="acme"), message_id="m1")
+            await wait_until(all_applied(ref_a), "host A applies m1")
+            proxy.partition_before(b"COMMIT\0")
+            cut = asyncio.ensure_future(ref_a.signal(Ticket.reply, Reply(text="m2"),
+                                                     message_id="m2"))
+            await wait_until(lambda: proxy.partitioned, "host A is cut off before a COMMIT")
+            async with corral.open_runtime(pg_url, entities=[Ticket], shards=1,
+                                           host=False) as c:
+                await asyncio.wait_for(c.ref(Ticket, key).signal(
+                    Ticket.reply, Reply(text="m3"), message_id="m3"), bound)
+            async with corral.open_runtime(pg_url, entities=[Ticket], shards=1,
+                                           lease_ttl=lease) as b:
+                ref_b = b.ref(Ticket, key)
+
+                async def m3_applied() -> bool:
+                    inbox = (await ref_b.query(Ticket.status)).inbox
+                    return "acme:m3" in inbox
+                await asyncio.wait_for(wait_until(m3_applied, "host B took over and "
+                                                  "applied m3", timeout=bound), bound)
+            proxy.heal()
+            await asyncio.gather(cut, return_exceptions=True)
+        await store_a.close()

@@ -36,6 +36,7 @@ class TcpProxy:
         self._healed.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._trap: bytes | None = None
         self.url = ""
 
     async def __aenter__(self) -> TcpProxy:
@@ -55,13 +56,24 @@ class TcpProxy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    @property
+    def partitioned(self) -> bool:
+        return not self._healed.is_set()
+
     def partition(self) -> None:
         """Stop forwarding, both ways, on every connection and for new ones."""
         self._healed.clear()
 
     def heal(self) -> None:
         """Forward again, held bytes first."""
+        self._trap = None
         self._healed.set()
+
+    def partition_before(self, marker: bytes) -> None:
+        """Partition the moment a client sends bytes containing `marker`, before they
+        pass: `partition_before(b"COMMIT\\0")` cuts a client off inside the transaction
+        it is about to commit (the server holds its locks, idle in transaction)."""
+        self._trap = marker
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -74,7 +86,8 @@ class TcpProxy:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
             ends.append(up_writer)
             self._writers.add(up_writer)
-            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+            await asyncio.gather(self._pump(reader, up_writer, upstream=True),
+                                 self._pump(up_reader, writer, upstream=False))
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -83,11 +96,14 @@ class TcpProxy:
                 self._writers.discard(end)
                 end.close()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                    upstream: bool) -> None:
         """Copy until the end of the stream, the end too held while partitioned."""
         try:
             while True:
                 data = await reader.read(_CHUNK)
+                if upstream and self._trap is not None and self._trap in data:
+                    self.partition()
                 await self._healed.wait()
                 if not data:
                     break

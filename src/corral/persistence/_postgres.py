@@ -38,7 +38,7 @@ from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
 from ._pg_txn import PgTxn, is_connection_error, store_error
-from ._pg_writer import GroupCommit
+from ._pg_writer import GroupCommit, txn_limits
 from ._records import JournalEntry
 from ._store_core import StoreCore
 from ._txn import Fence, WriteOp
@@ -54,6 +54,20 @@ async def _reset(conn: Any) -> None:
     other session state), instead of asyncpg's default reset query on every release."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
+
+
+_DEFAULT_LEASE_TERM = 10.0  # the runtime's default `lease_ttl`: until a lease is taken here
+
+
+def _session_settings(timeout: float) -> dict[str, str]:
+    """The pooled sessions' server settings: no statement runs past `timeout` (the
+    client gave up on it by then), and the transaction limits of the default lease term
+    until this store takes a lease (its writer then sets its own term's, per
+    transaction: `GroupCommit.hold_locks_within`). Without them a session cut off
+    inside a transaction held its locks for minutes, and a takeover with them."""
+    limits = {name: str(ms) for name, ms in txn_limits(_DEFAULT_LEASE_TERM).items()}
+    return {"application_name": "corral", "statement_timeout": str(int(timeout * 1000)),
+            **limits}
 
 
 def _was_dead(err: Exception) -> bool:
@@ -97,9 +111,7 @@ class PostgresStore(StoreCore):
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self._pool_size, reset=_reset,
                 command_timeout=self._timeout, timeout=self._timeout,
-                server_settings={"application_name": "corral",
-                                 "idle_in_transaction_session_timeout":
-                                     str(int(self._timeout * 2000))})
+                server_settings=_session_settings(self._timeout))
             async with self._pool.acquire() as conn:
                 await ensure_schema(conn, self.shards, where=where)
             await self._session.start()
@@ -126,6 +138,7 @@ class PostgresStore(StoreCore):
                              force: bool = False) -> dict[int, int]:
         """Take the free or expired `shards`, and at once those whose advisory lock this
         store obtains (their holder's session ended: see `_pg_session`)."""
+        self._lease_term(ttl)
         asked = set(shards)
         new = asked - self._held
         self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
@@ -142,6 +155,7 @@ class PostgresStore(StoreCore):
         return taken
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]:
+        self._lease_term(ttl)
         kept: set[int] = await self.write(RenewLeasesOp(owner, tuple(held.items()), ttl))
         self._held.difference_update(set(held) - kept)
         await self._session.unlock(set(held) - kept)
@@ -161,6 +175,10 @@ class PostgresStore(StoreCore):
         self._held.difference_update(shards)
         await self._session.unlock(shards)  # the heir takes the lock with the lease
         return {f.shard for f, ok in zip(heirs, handed, strict=True) if ok is True}
+
+    def _lease_term(self, ttl: float) -> None:
+        if self._writer is not None:
+            self._writer.hold_locks_within(ttl)
 
     # -- reads --------------------------------------------------------------------
 
