@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -16,12 +17,14 @@ import asyncpg
 import pytest
 
 import corral
-from entities import Reply, Start, Ticket
+from corral.persistence._postgres import open_postgres_store
+from entities import Assign, Reply, Start, Ticket
 from pg import _CLUSTERS, find_bindir, run_as_postgres
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
 from procs import wait_until
 from stores import sql
+from tcp_proxy import TcpProxy
 
 SENDERS, KEYS = 8, 8
 CALL_TIMEOUT = 30.0  # a call that takes longer counts as a hang
@@ -179,3 +182,122 @@ async def test_a_send_right_after_the_idle_writer_connection_was_killed_is_ackno
         await wait_until(all_applied(ref), "every acknowledged message is applied")
         inbox = (await ref.query(Ticket.status)).inbox
     assert inbox == ["acme:first", "acme:second"]
+
+
+async def test_a_read_right_after_every_idle_connection_was_killed_is_answered(
+    pg_url: str,
+) -> None:
+    """The server ends the pooled read connections while the event loop is busy: the
+    next reads meet connections whose goodbye is not read yet (asyncpg then refuses to
+    start a statement, "cannot switch to state 11; another operation (2) is in
+    progress", or the statement meets the closed socket). A read changes nothing, so
+    it runs once more on a fresh connection instead of failing its caller."""
+    key = "ticket-read-kill-unread"
+    async with corral.open_runtime(pg_url, entities=[Ticket], shards=2) as rt:
+        ref = rt.ref(Ticket, key)
+        await ref.signal_with_start(Ticket.reply, Reply(text="first"),
+                                    start=Start(tenant="acme"), message_id="first")
+        await wait_until(all_applied(ref), "the first message is applied")
+        for _ in range(3):
+            # Blocking the event loop (a synchronous call) until every other session
+            # has ended: nothing here reads the goodbyes before the reads begin.
+            sql(pg_url, "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            infos = await asyncio.gather(*(ref.describe() for _ in range(4)))
+            assert {i.accepted_seq for i in infos} == {1}
+
+
+async def test_reads_across_a_partition_fail_retryable_and_the_pool_serves_after_it(
+    pg_url: str,
+) -> None:
+    """Issue 39, item 3: a read whose statement times out across a partition ends in
+    `StoreUnavailableError`, never asyncpg's bare `TimeoutError` (giving the
+    connection back waited for a cancel request that cannot cross the partition, and
+    raised over the read's own error); once the link heals, the pool serves reads."""
+    async with TcpProxy(pg_url) as proxy:
+        store = await open_postgres_store(proxy.url, shards=2, timeout=0.5)
+        async with corral.open_runtime(store, entities=[Ticket], host=False) as rt:
+            ref = rt.ref(Ticket, "ticket-partitioned-read")
+            await ref.signal_with_start(Ticket.reply, Reply(text="one"),
+                                        start=Start(tenant="acme"), message_id="one")
+            await asyncio.gather(*(ref.describe() for _ in range(3)))  # pooled: 3 idle
+            proxy.partition()
+            for _ in range(4):
+                with pytest.raises(corral.StoreUnavailableError):
+                    await asyncio.wait_for(ref.describe(), CALL_TIMEOUT)
+            proxy.heal()
+
+            async def served() -> bool:
+                with contextlib.suppress(corral.StoreUnavailableError):
+                    return (await ref.describe()).accepted_seq == 1
+                return False
+            await wait_until(served, "reads are served once the partition heals")
+        await store.close()
+
+
+async def test_an_accepted_update_partitioned_from_its_store_times_out_only_at_its_deadline(
+    pg_url: str,
+) -> None:
+    """Issue 39, item 3: an update accepted with a timeout, whose caller's store is
+    partitioned while it waits for the outcome, keeps waiting until its own deadline.
+    (A read timing out across the partition raised a bare `TimeoutError`, which the
+    caller's wait took for its own deadline: `WaitTimeoutError("... not applied within
+    30 s")` about a second after the update was accepted.)"""
+    deadline = 3.0
+    async with TcpProxy(pg_url) as proxy:
+        store = await open_postgres_store(proxy.url, shards=2, timeout=0.5)
+        async with corral.open_runtime(store, entities=[Ticket], host=False) as client:
+            ref = client.ref(Ticket, "ticket-partitioned-update")
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            waiting = asyncio.ensure_future(ref.update_with_start(
+                Ticket.assign, Assign(agent="ann"), start=Start(tenant="acme"),
+                update_id="u-1", timeout=deadline))
+            await wait_until(lambda: sql(pg_url, "SELECT count(*) FROM journal")[0][0] == 1,
+                             "the update is accepted")
+            proxy.partition()  # every poll for the outcome now times out (0.5 s)
+            with pytest.raises(corral.WaitTimeoutError, match="within 3 s"):
+                await asyncio.wait_for(waiting, CALL_TIMEOUT)
+            assert loop.time() - began >= deadline  # it did wait that long
+            proxy.heal()
+        await store.close()
+
+
+async def test_a_host_cut_off_inside_a_transaction_holds_up_sends_and_a_takeover_less_than_a_lease(
+    pg_url: str,
+) -> None:
+    """Issue 39, item 8c: host A's link stops right before it commits (the proxy holds
+    its COMMIT), leaving its session idle in a transaction that holds locks (a shard's
+    tick row, or its lease row). The server ends that session within the lease term
+    (`idle_in_transaction_session_timeout` from it; it was twice the store timeout, 60
+    s), so a send into the shard from another process and a takeover by host B both go
+    through within a few lease terms, and B applies what was sent."""
+    lease, bound = 2.0, 8.0  # the bound: a few lease terms (it was 60 s)
+    key = "ticket-cut-in-txn"
+    async with TcpProxy(pg_url) as proxy:
+        store_a = await open_postgres_store(proxy.url, shards=1)
+        async with corral.open_runtime(store_a, entities=[Ticket], lease_ttl=lease) as a:
+            ref_a = a.ref(Ticket, key)
+            await ref_a.signal_with_start(Ticket.reply, Reply(text="m1"),
+                                          start=Start(tenant="acme"), message_id="m1")
+            await wait_until(all_applied(ref_a), "host A applies m1")
+            proxy.partition_before(b"COMMIT\0")
+            cut = asyncio.ensure_future(ref_a.signal(Ticket.reply, Reply(text="m2"),
+                                                     message_id="m2"))
+            await wait_until(lambda: proxy.partitioned, "host A is cut off before a COMMIT")
+            async with corral.open_runtime(pg_url, entities=[Ticket], shards=1,
+                                           host=False) as c:
+                await asyncio.wait_for(c.ref(Ticket, key).signal(
+                    Ticket.reply, Reply(text="m3"), message_id="m3"), bound)
+            async with corral.open_runtime(pg_url, entities=[Ticket], shards=1,
+                                           lease_ttl=lease) as b:
+                ref_b = b.ref(Ticket, key)
+
+                async def m3_applied() -> bool:
+                    inbox = (await ref_b.query(Ticket.status)).inbox
+                    return "acme:m3" in inbox
+                await asyncio.wait_for(wait_until(m3_applied, "host B took over and "
+                                                  "applied m3", timeout=bound), bound)
+            proxy.heal()
+            await asyncio.gather(cut, return_exceptions=True)
+        await store_a.close()

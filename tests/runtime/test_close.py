@@ -11,8 +11,10 @@ exception unretrieved, and every store method called after close raises `StoreEr
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -114,3 +116,26 @@ async def test_closing_at_random_moments_under_a_slowed_loop_raises_nothing_and_
         stop.set()
         await slow
     assert loop_errors == []
+
+
+async def test_an_activation_stopped_before_its_worker_ran_leaves_no_coroutine_unawaited(
+    db_path: str,
+) -> None:
+    """A worker task cancelled before its first step (an entry enqueued, then the host
+    closing in the same moment: a CI run under load met it) never made its job's
+    coroutine, so none is collected un-awaited."""
+    key = fresh_key()
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        assert rt.host is not None
+        ref = rt.ref(Ticket, key)
+        await ref.signal_with_start(Ticket.reply, Reply(text="1"), start=Start(tenant="acme"))
+        act = rt.host.shards[ref.shard].get("Ticket", key)
+        assert act is not None
+        await asyncio.wait_for(act.wait_applied(1), CALL_TIMEOUT)
+        [entry] = await rt.store.journal("Ticket", key, run_id=1, after_seq=0)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            act.enqueue(entry._replace(seq=entry.seq + 2))  # out of order: a worker task
+            await act.stop()  # cancels it before it ever ran
+            gc.collect()
+    assert [str(w.message) for w in seen] == []

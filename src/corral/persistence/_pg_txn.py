@@ -53,11 +53,13 @@ def numbered(sql: str) -> str:
 
 def is_connection_error(err: BaseException) -> bool:
     """Whether `err` means the connection (not the op) failed: lost, closed, timed out,
-    or caught mid-reconnect (asyncpg's "another operation is in progress" while a
-    server restarts)."""
+    caught mid-reconnect (asyncpg's "another operation is in progress" while a server
+    restarts), or the server gave up waiting for a lock (`lock_timeout`: a session cut
+    off inside a transaction holds it until the server ends it)."""
     return isinstance(err, OSError | asyncio.TimeoutError | asyncpg.PostgresConnectionError
                       | asyncpg.InterfaceError | asyncpg.exceptions.OperatorInterventionError
-                      | asyncpg.exceptions.InternalClientError)
+                      | asyncpg.exceptions.InternalClientError
+                      | asyncpg.exceptions.LockNotAvailableError)
 
 
 def store_error(what: str, cause: BaseException, *, committed: bool | None = False,

@@ -25,7 +25,7 @@ from corral._errors import StoreError
 from ._pg_txn import PgTxn, is_connection_error, store_error
 from ._txn import LockPlan, WriteOp, apply_ops
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "txn_limits"]
 
 
 class GroupCommit:
@@ -41,6 +41,15 @@ class GroupCommit:
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
         self._conn: Any = None  # held across batches
+        self._begin = "BEGIN"  # with the lease term's limits once known (`hold_locks_within`)
+
+    def hold_locks_within(self, lease_term: float) -> None:
+        """Bound what a transaction of this writer may hold by `lease_term`: cut off
+        inside one (its process paused, its link down), the server ends the session
+        and frees its locks (lease rows, shard ticks) within the lease term, so a
+        takeover and sends into its shards are not held up longer (`txn_limits`)."""
+        self._begin = "BEGIN; " + "; ".join(
+            f"SET LOCAL {name} = {ms}" for name, ms in txn_limits(lease_term).items())
 
     @property
     def conn(self) -> Any:
@@ -87,7 +96,7 @@ class GroupCommit:
             plan = LockPlan()
             for op in ops:
                 op.plan(plan)
-            await conn.execute("BEGIN")
+            await conn.execute(self._begin)
             began = True
             await txn.lock(plan)
             results = await apply_ops(txn, ops)
@@ -126,6 +135,16 @@ class GroupCommit:
             conn.terminate()
         with contextlib.suppress(Exception):  # a connection already handed back: a no-op
             await self._pool.release(conn)
+
+
+def txn_limits(lease_term: float) -> dict[str, int]:
+    """PostgreSQL's limits (ms) for a transaction of a store whose leases last
+    `lease_term` seconds: a session idle inside a transaction is ended after a third of
+    it, and a lock is waited for at most half of it (the holder, if cut off, is gone
+    first; if not, the caller retries a `StoreUnavailableError`). At least 1 s each: a
+    busy client may pause that long between the statements of a batch."""
+    return {"idle_in_transaction_session_timeout": max(1000, int(lease_term * 1000 / 3)),
+            "lock_timeout": max(1000, int(lease_term * 1000 / 2))}
 
 
 def _usable(conn: Any) -> bool:

@@ -19,6 +19,8 @@ Any number of processes, on any number of machines, share one database. The piec
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,8 +37,8 @@ from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
-from ._pg_txn import PgTxn, store_error
-from ._pg_writer import GroupCommit
+from ._pg_txn import PgTxn, is_connection_error, store_error
+from ._pg_writer import GroupCommit, txn_limits
 from ._records import JournalEntry
 from ._store_core import StoreCore
 from ._txn import Fence, WriteOp
@@ -44,6 +46,7 @@ from ._txn import Fence, WriteOp
 __all__ = ["PostgresStore", "open_postgres_store"]
 
 T = TypeVar("T")
+log = logging.getLogger("corral.store.postgres")
 
 
 async def _reset(conn: Any) -> None:
@@ -51,6 +54,27 @@ async def _reset(conn: Any) -> None:
     other session state), instead of asyncpg's default reset query on every release."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
+
+
+_DEFAULT_LEASE_TERM = 10.0  # the runtime's default `lease_ttl`: until a lease is taken here
+
+
+def _session_settings(timeout: float) -> dict[str, str]:
+    """The pooled sessions' server settings: no statement runs past `timeout` (the
+    client gave up on it by then), and the transaction limits of the default lease term
+    until this store takes a lease (its writer then sets its own term's, per
+    transaction: `GroupCommit.hold_locks_within`). Without them a session cut off
+    inside a transaction held its locks for minutes, and a takeover with them."""
+    limits = {name: str(ms) for name, ms in txn_limits(_DEFAULT_LEASE_TERM).items()}
+    return {"application_name": "corral", "statement_timeout": str(int(timeout * 1000)),
+            **limits}
+
+
+def _was_dead(err: Exception) -> bool:
+    """Whether a read failed because its connection was dead before it ran (not a
+    timeout nor a statement the server cancelled: running those again doubles a wait)."""
+    return is_connection_error(err) and not isinstance(
+        err, asyncio.TimeoutError | asyncpg.QueryCanceledError)
 
 
 class PostgresStore(StoreCore):
@@ -87,9 +111,7 @@ class PostgresStore(StoreCore):
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self._pool_size, reset=_reset,
                 command_timeout=self._timeout, timeout=self._timeout,
-                server_settings={"application_name": "corral",
-                                 "idle_in_transaction_session_timeout":
-                                     str(int(self._timeout * 2000))})
+                server_settings=_session_settings(self._timeout))
             async with self._pool.acquire() as conn:
                 await ensure_schema(conn, self.shards, where=where)
             await self._session.start()
@@ -119,6 +141,7 @@ class PostgresStore(StoreCore):
                              force: bool = False) -> dict[int, int]:
         """Take the free or expired `shards`, and at once those whose advisory lock this
         store obtains (their holder's session ended: see `_pg_session`)."""
+        self._lease_term(ttl)
         asked = set(shards)
         new = asked - self._held
         self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
@@ -135,6 +158,7 @@ class PostgresStore(StoreCore):
         return taken
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]:
+        self._lease_term(ttl)
         kept: set[int] = await self.write(RenewLeasesOp(owner, tuple(held.items()), ttl))
         self._held.difference_update(set(held) - kept)
         await self._session.unlock(set(held) - kept)
@@ -155,6 +179,10 @@ class PostgresStore(StoreCore):
         await self._session.unlock(shards)  # the heir takes the lock with the lease
         return {f.shard for f, ok in zip(heirs, handed, strict=True) if ok is True}
 
+    def _lease_term(self, ttl: float) -> None:
+        if self._writer is not None:
+            self._writer.hold_locks_within(ttl)
+
     # -- reads --------------------------------------------------------------------
 
     async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -163,22 +191,58 @@ class PostgresStore(StoreCore):
         return await self.read(lambda conn: fn(PgTxn(conn=conn, token=""), *args))
 
     async def read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run `fn(connection, *args)` on a pooled connection; driver errors wrapped."""
+        """Run `fn(connection, *args)` on a pooled connection; driver errors wrapped.
+
+        A read changes nothing, so one that met a dead connection (the server ended it
+        while it sat in the pool, its goodbye not read yet: asyncpg then refuses the
+        statement, "cannot switch to state 11; another operation (2) is in progress")
+        runs again on another. Each dead one is terminated as it is found, so that
+        happens at most once per pooled connection. Every path gives the connection back
+        (`_give_back`) without ever raising over the read's own outcome.
+        """
         if self._closed or self._pool is None:
             raise StoreError("store is closed")
+        attempts = self._pool_size + 1
+        for attempt in range(1, attempts + 1):
+            conn = await self._acquire()
+            failed: Exception | None = None
+            try:
+                return await fn(conn, *args)
+            except CorralError:
+                raise
+            except Exception as err:  # a driver error, a lost connection, an unbindable value
+                failed = err
+                if attempt < attempts and _was_dead(err):
+                    continue
+                raise store_error("store read failed", err) from err
+            finally:
+                await self._give_back(conn, failed)
+        raise AssertionError("unreachable")
+
+    async def _acquire(self) -> Any:
         try:
-            conn = await self._pool.acquire(timeout=self._timeout)
+            return await self._pool.acquire(timeout=self._timeout)
         except Exception as err:  # refused at connect ("not accepting connections"...)
             raise store_error("store read failed: no connection", err, unavailable=True
                               ) from err
-        try:
-            return await fn(conn, *args)
-        except CorralError:
-            raise
-        except Exception as err:  # a driver error, a lost connection, a value it cannot bind
-            raise store_error("store read failed", err) from err
-        finally:
-            await self._pool.release(conn)
+
+    async def _give_back(self, conn: Any, failed: Exception | None) -> None:
+        """Return a read's connection to the pool, or terminate it; never raises.
+
+        One whose read failed on the connection (timed out, lost) is terminated at once:
+        asyncpg would otherwise send a cancel request on a new connection and wait for
+        it, which across a partition never comes (and its wait raised a bare
+        `TimeoutError` over the read's error). One that cannot be reset within
+        `timeout` is terminated too."""
+        if failed is None or not is_connection_error(failed):
+            try:
+                await self._pool.release(conn, timeout=self._timeout)
+                return
+            except Exception as err:
+                log.info("store read connection not reusable (%s: %s); terminated",
+                         type(err).__name__, err)
+        with contextlib.suppress(asyncpg.InterfaceError):  # released already: nothing to do
+            conn.terminate()
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for another process's commit for a shard held

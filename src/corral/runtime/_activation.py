@@ -158,7 +158,7 @@ class Activation(RunContext):
             self._inbox = deque()
         self._inbox.append(entry)
         if self._worker is None and self._state is _State.READY:
-            self._worker = asyncio.create_task(self._work(self._drain()))
+            self._worker = self._spawn_worker(self._drain)
 
     async def stop(self) -> None:
         """Evict without writing anything (lease lost, host closing)."""
@@ -210,7 +210,7 @@ class Activation(RunContext):
                                 failures, type(err).__name__, err, delay)
                     await asyncio.sleep(delay)
             await self._serve()
-        await self._work(load())
+        await self._work(load)
 
     def _start_fresh(self, fresh: JournalEntry, start_input: str | None) -> None:
         self._run_id = fresh.run_id
@@ -267,10 +267,16 @@ class Activation(RunContext):
             await self._forget_inherited()
         await self._drain()
 
-    async def _work(self, job: object) -> None:
+    def _spawn_worker(self, job: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """A worker task running `job()`. The job's coroutine is made inside the task: a
+        task cancelled before its first step (the activation stopped at once) never
+        makes it, so no coroutine is left un-awaited."""
+        return asyncio.create_task(self._work(job))
+
+    async def _work(self, job: Callable[[], Awaitable[None]]) -> None:
         """Run a worker job; any failure evicts the activation (the journal keeps all)."""
         try:
-            await job  # type: ignore[misc]
+            await job()
         except asyncio.CancelledError:
             raise
         except LeaseLostError:
@@ -357,11 +363,11 @@ class Activation(RunContext):
         failed = apply_now(self.entity, entry, handler)
         self._handler_ends(applied=failed is None)
         if failed is not None:
-            self._worker = asyncio.create_task(self._work(self._retry(entry, failed)))
+            self._worker = self._spawn_worker(lambda: self._retry(entry, failed))
             return True
         self._applied(entry)
         if self._sends_due():  # a handler sent: the worker writes it (and covers it) soon
-            self._worker = asyncio.create_task(self._work(self._drain()))
+            self._worker = self._spawn_worker(self._drain)
         return True
 
     async def _retry(self, entry: JournalEntry, failed: Exception) -> None:
@@ -556,7 +562,7 @@ class Activation(RunContext):
             log.exception("%s %r: passivation failed; staying resident", self.entity_type,
                           self.key)
             if self._inbox and self._worker is None:
-                self._worker = asyncio.create_task(self._work(self._drain()))
+                self._worker = self._spawn_worker(self._drain)
             return
         if self._run_task is not None:
             self._run_task.cancel()  # its durable timers stay and will bring it back

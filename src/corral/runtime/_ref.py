@@ -26,6 +26,7 @@ from corral._errors import (
     EntityTerminatedError,
     InvalidArgumentError,
     QueryResultError,
+    StoreUnavailableError,
     UpdateFailedError,
     WaitTimeoutError,
 )
@@ -53,6 +54,7 @@ from ._boundary import (
     new_message_id,
 )
 from ._clock import Clock
+from ._deadline import Expired, within
 from ._history import EntityHistory, EntityState
 from ._ops import (
     DeadLetters,
@@ -274,16 +276,24 @@ class EntityRef(Generic[E_co, S]):
         timeout = check_timeout(timeout)
         ack, h, mid = await self._send_update(handler, payload, start, with_start, update_id,
                                               sender)
+        fields: dict[str, Any] = {"entity_type": self.definition.name, "key": self.key,
+                                  "run_id": ack.run_id, "message_id": mid}
         try:
-            outcome = await asyncio.wait_for(
+            outcome = await within(
                 self._backend.run(WaitUpdate(self.definition.name, self.key, self.shard, mid)),
                 timeout)
-        except asyncio.TimeoutError:
+        except Expired:
             raise WaitTimeoutError(
                 f"update {h.name!r} {mid!r} of {self!r} was accepted but not applied within "
                 f"{timeout:g} s; it stays accepted: ask again with the same update id",
-                entity_type=self.definition.name, key=self.key, run_id=ack.run_id,
-                message_id=mid) from None
+                **fields) from None
+        except TimeoutError as err:  # inside the wait (a driver's), not the caller's deadline
+            if isinstance(err, CorralError):
+                raise
+            raise StoreUnavailableError(
+                f"update {h.name!r} {mid!r} of {self!r} was accepted, but waiting for its "
+                f"outcome failed ({type(err).__name__}: {err}); it stays accepted: ask "
+                "again with the same update id", committed=True, **fields) from err
         if outcome.error is not None:
             raise UpdateFailedError(f"update {h.name!r} of {self!r} failed: {outcome.error}",
                                     entity_type=self.definition.name, key=self.key,
