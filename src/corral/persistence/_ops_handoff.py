@@ -39,12 +39,15 @@ _SET_HANDOFF = (
 )
 
 
-async def reserved_heirs(txn: Txn, shards: Sequence[int], now: float) -> dict[int, str]:
-    """{shard: heir} of `shards` released to a host that has not taken them yet."""
-    rows = await txn.fetchall("SELECT shard, requester FROM lease_handoffs "
-                              "WHERE released = ? AND until > ?", True, now)
+async def reserved_heirs(txn: Txn, shards: Sequence[int], now: float | None
+                         ) -> dict[int, str]:
+    """{shard: heir} of `shards` released to a host that has not taken them yet, and
+    whose reservation lasts past `now` (None: whenever it ends; the caller judges that
+    by the lease row, see `AcquireLeasesOp`)."""
+    rows = await txn.fetchall("SELECT shard, requester, until FROM lease_handoffs "
+                              "WHERE released = ?", True)
     wanted = set(shards)
-    return {r[0]: r[1] for r in rows if r[0] in wanted}
+    return {r[0]: r[1] for r in rows if r[0] in wanted and (now is None or r[2] > now)}
 
 
 async def offered_to(q: Txn, heir: str) -> set[int]:
