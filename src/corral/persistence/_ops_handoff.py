@@ -1,7 +1,8 @@
 """Graceful shard hand-off: a host asks for a shard, its holder releases it to that host.
 
 The steps, each an op or a read here (written once for both engines, judged by
-`Txn.clock` like the leases they sit beside):
+`Txn.clock` like the leases they sit beside, but for a reservation on SQLite, which
+ends with the lease row it reserves, see `AcquireLeasesOp`):
 
 1. The receiver *requests* the shard (`RequestLeasesOp`): a `lease_handoffs` row naming
    it, valid for one lease term. A requester keeps renewing its request while it waits,
