@@ -300,8 +300,9 @@ async def test_a_zombie_host_writing_with_a_fence_from_an_older_epoch_gets_lease
 
         taken: dict[int, int] = {}
 
-        async def b_takes_over() -> bool:
-            taken.update(await owner_b.acquire_leases("owner-b", [shard], 30.0))
+        async def b_takes_over() -> bool:  # at the zombie's term: SQLite judges a lease
+            # expired when it saw the row unchanged for its own term (`_sightings`)
+            taken.update(await owner_b.acquire_leases("owner-b", [shard], 0.2))
             return shard in taken
 
         await wait_until(b_takes_over, "the zombie's lease expires and B takes the shard",

@@ -1,7 +1,8 @@
 """Graceful shard hand-off: a host asks for a shard, its holder releases it to that host.
 
 The steps, each an op or a read here (written once for both engines, judged by
-`Txn.clock` like the leases they sit beside):
+`Txn.clock` like the leases they sit beside, but for a reservation on SQLite, which
+ends with the lease row it reserves, see `AcquireLeasesOp`):
 
 1. The receiver *requests* the shard (`RequestLeasesOp`): a `lease_handoffs` row naming
    it, valid for one lease term. A requester keeps renewing its request while it waits,
@@ -39,12 +40,15 @@ _SET_HANDOFF = (
 )
 
 
-async def reserved_heirs(txn: Txn, shards: Sequence[int], now: float) -> dict[int, str]:
-    """{shard: heir} of `shards` released to a host that has not taken them yet."""
-    rows = await txn.fetchall("SELECT shard, requester FROM lease_handoffs "
-                              "WHERE released = ? AND until > ?", True, now)
+async def reserved_heirs(txn: Txn, shards: Sequence[int], now: float | None
+                         ) -> dict[int, str]:
+    """{shard: heir} of `shards` released to a host that has not taken them yet, and
+    whose reservation lasts past `now` (None: whenever it ends; the caller judges that
+    by the lease row, see `AcquireLeasesOp`)."""
+    rows = await txn.fetchall("SELECT shard, requester, until FROM lease_handoffs "
+                              "WHERE released = ?", True)
     wanted = set(shards)
-    return {r[0]: r[1] for r in rows if r[0] in wanted}
+    return {r[0]: r[1] for r in rows if r[0] in wanted and (now is None or r[2] > now)}
 
 
 async def offered_to(q: Txn, heir: str) -> set[int]:

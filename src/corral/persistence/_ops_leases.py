@@ -1,6 +1,8 @@
 """Shard leases: who hosts a shard, until when, and its fencing epoch. Written once for
-both engines; expiry is judged by `Txn.clock` (on PostgreSQL the database server's, the
-one clock every process sharing the store agrees on)."""
+both engines. On PostgreSQL expiry is judged by `Txn.clock`, the database server's, the
+one clock every process sharing the store agrees on; on SQLite, where each process has
+only its own wall clock, by the holder's renewals as the acquirer sees them
+(`_sightings`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ._ops_handoff import reserved_heirs
-from ._txn import LockPlan, Txn
+from ._txn import Lease, LockPlan, Txn
 
 __all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp"]
 
@@ -21,7 +23,7 @@ _SET_LEASE = (
 
 @dataclass(frozen=True, slots=True)
 class AcquireLeasesOp:
-    """Take every listed shard whose lease is free, expired or already ours.
+    """Take every listed shard whose lease is free, ended or already ours.
 
     Taking a shard from someone else (or afresh) bumps its epoch: the fencing token
     that makes the previous holder's writes fail. With `force`, every listed shard is
@@ -31,6 +33,12 @@ class AcquireLeasesOp:
     store obtained the shard's OS or advisory lock, see `_locks`, `_pg_session`). A
     shard its holder released to an heir (`_ops_handoff`) is the heir's at once, and
     nobody else's (unless forced) until that reservation ends.
+
+    A lease ends when its holder releases it, or when it expires: by `Txn.clock`
+    (PostgreSQL: the server's) when `stale` is None; else only if the acquirer saw the
+    row unchanged for a full lease term and it still is that row here (`stale`, the
+    (shard, row) pairs so seen: SQLite, see `_sightings`), and a reservation ends with
+    the row it reserves.
     """
 
     owner: str
@@ -38,6 +46,7 @@ class AcquireLeasesOp:
     ttl: float
     force: bool = False
     orphaned: frozenset[int] = frozenset()
+    stale: frozenset[tuple[int, Lease]] | None = None
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
@@ -46,17 +55,17 @@ class AcquireLeasesOp:
 
     async def apply(self, txn: Txn) -> dict[int, int]:
         now = await txn.clock()
-        heirs = await reserved_heirs(txn, self.shards, now)
+        heirs = await reserved_heirs(txn, self.shards, now if self.stale is None else None)
         taken: dict[int, int] = {}
         for shard in self.shards:
             row = await txn.lease(shard)
             heir = heirs.get(shard)
+            ended = row is None or self._ended(shard, row, now)
             if row is not None and row[0] == self.owner and not self.force:
                 epoch = row[1]
-            elif heir is not None and heir != self.owner and not self.force:
+            elif heir is not None and heir != self.owner and not self.force and not ended:
                 continue  # released to another host: theirs until the reservation ends
-            elif row is None or row[2] < now or self.force or shard in self.orphaned \
-                    or heir == self.owner:
+            elif ended or self.force or shard in self.orphaned or heir == self.owner:
                 epoch = (row[1] if row else 0) + 1
             else:
                 continue
@@ -67,6 +76,13 @@ class AcquireLeasesOp:
         await txn.executemany("DELETE FROM lease_handoffs WHERE shard = ?",
                               [(shard,) for shard in taken])  # met, or moot: a new holder
         return taken
+
+    def _ended(self, shard: int, row: Lease, now: float) -> bool:
+        """Whether the lease `row` of `shard` has ended: released (`ReleaseLeasesOp`
+        leaves it expiring at 0), or expired (see the class docstring)."""
+        if self.stale is None:
+            return row[2] < now
+        return row[2] <= 0 or (shard, row) in self.stale
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from ._own_commits import OwnCommits
 from ._reads import ENTRY_COLUMNS, tail_entries
 from ._records import JournalEntry
 from ._schema import MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
+from ._sightings import LeaseSightings, lease_rows
 from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
@@ -88,6 +89,7 @@ class SqliteStore(StoreCore):
         self._versions_read = self._versions_asked = 0  # data_version reads; as of last ask
         self._own = OwnCommits()  # positions of this store's commits, once _shared
         self._locks = LeaseLocks(path) if self.durable else None
+        self._sightings = LeaseSightings()  # the lease rows acquisitions saw, and when
 
     async def _open(self, *, shards: int) -> None:
         target = self.path if self.durable else ":memory:"
@@ -200,10 +202,14 @@ class SqliteStore(StoreCore):
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
                              force: bool = False) -> dict[int, int]:
         """Take the free or expired `shards`, and at once those whose OS lock this
-        store obtains (their holder died: see `_locks`)."""
+        store obtains (their holder died: see `_locks`). A lease is expired when this
+        store has seen its row unchanged for `ttl` (`_sightings`), never by comparing
+        wall clocks: a process whose clock is off takes no live holder's shard."""
+        stale = self._sightings.stale(await self.query(lease_rows, shards), ttl)
         locks = self._locks
         orphaned = frozenset(s for s in shards if locks is not None and locks.try_lock(s))
-        op = AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned)
+        op = AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned,
+                             frozenset(stale.items()))
         try:
             taken: dict[int, int] = await self.write(op)
         except BaseException:

@@ -132,7 +132,10 @@ class HostStore(Protocol):
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
                              force: bool = False) -> dict[int, int]:
-        """Take the free or expired `shards` (all of them with `force`); {shard: epoch}."""
+        """Take the free or expired `shards` (all of them with `force`); {shard: epoch}.
+
+        `ttl` is the new lease's term, and on SQLite also the term another holder's
+        lease must be seen unrenewed before it counts as expired (`_sightings`)."""
         ...
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]: ...

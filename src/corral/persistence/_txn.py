@@ -26,8 +26,8 @@ from corral._errors import CorralError, LeaseLostError
 
 from ._records import JournalEntry
 
-__all__ = ["EntityRow", "Fence", "Fenced", "LockPlan", "Seen", "Txn", "WriteOp", "apply_ops",
-           "drive"]
+__all__ = ["EntityRow", "Fence", "Fenced", "Lease", "LockPlan", "Seen", "Txn", "WriteOp",
+           "apply_ops", "drive"]
 
 T = TypeVar("T")
 Ident = tuple[str, str]
