@@ -264,10 +264,11 @@ class Placer:
     async def roll(self, entities: list[type[Entity]], actor_options: dict[str, Any]) -> str:
         """Make `entities` the build of every host from now on; its tag. The caller
         (`roll_ray_hosts`) then calls `roll_step` until it answers no move."""
-        self.entities = entities
-        self.tag = build_tag([cls._corral_definition for cls in entities])
-        self.actor_options = actor_options
-        self._held_until = time.monotonic() + 60.0
+        async with self._lock:  # a background round in progress moves by the old build
+            self.entities = entities
+            self.tag = build_tag([cls._corral_definition for cls in entities])
+            self.actor_options = actor_options
+            self._held_until = time.monotonic() + 60.0
         return self.tag
 
     async def roll_step(self) -> tuple[list[RollStep], list[str]]:
@@ -303,10 +304,12 @@ class Placer:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(PLACER_PERIOD)
-            if time.monotonic() < self._held_until:
-                continue
             try:
                 async with self._lock:
+                    # Judged under the lock: a roll that began while this round waited
+                    # for it makes its own moves (and reports them), one at a time.
+                    if time.monotonic() < self._held_until:
+                        continue
                     await self._round(limit=MOVES_PER_ROUND)
             except Exception:
                 log.exception("placer %s: a round failed", self.spec.namespace)
