@@ -237,7 +237,8 @@ class Retention:
     `closed_for` seconds ago is purged with every row it has: its runs, journal, dedupe
     ids, snapshots, waits, timers and dead letters; so are the runs an entity left
     behind by continuing as new or being restarted, once closed that long (their
-    dedupe ids stay until the dedupe window forgets them). The hosts holding the
+    dedupe ids stay until the dedupe window forgets them). A closed run with a send not
+    delivered yet (`Entity.send`) is kept until it is. The hosts holding the
     entity's shard purge in the background, one transaction per type per round, which
     takes at most `batch` closed runs and deletes at most `rows` rows (a run with more,
     such as a full dedupe window, goes over several rounds), fenced by their leases.
