@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_RUN_RETRY",
+    "MAX_SHARDS",
     "PURGE_ROWS",
     "ContinueAsNewPolicy",
     "DedupeWindow",
@@ -224,6 +225,13 @@ class DedupeWindow:
         if self.max_age is not None and self.max_age <= 0:
             raise ValueError(f"DedupeWindow.max_age must be > 0 or None, got {self.max_age}")
 
+
+MAX_SHARDS = 4096
+"""The most shards a store may have: shards are what moves between hosts, so a few per
+host is enough (the Ray default of 256 serves ~25 hosts at 10 each); each is a lease, a
+lock file on SQLite and a round of the housekeeping loop, so more only costs. A Ray
+dedicated entity's pseudo-shard lies at least this far past the store's count, so a
+lease asked for in between can only come from a router of another shard count."""
 
 PURGE_ROWS = 10_000
 """Rows one retention transaction deletes at most, by default (`Retention.rows`)."""

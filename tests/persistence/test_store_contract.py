@@ -671,7 +671,7 @@ async def test_a_store_written_by_a_newer_corral_or_with_other_shards_is_refused
 ) -> None:
     store = await open_store(db_path, shards=SHARDS)
     await store.close()
-    with pytest.raises(corral.StoreError, match="shards=16, this runtime uses 8"):
+    with pytest.raises(corral.ShardCountError, match="shards=16, this runtime uses 8"):
         await open_store(db_path, shards=8)
     version = int(sql(db_path, "SELECT v FROM meta WHERE k = 'schema_version'")[0][0])
     sql(db_path, "UPDATE meta SET v = '99' WHERE k = 'schema_version'")

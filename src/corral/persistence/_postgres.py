@@ -32,7 +32,7 @@ from . import _pg_tail as tail
 from ._batch import CommitQueue
 from ._open import redacted
 from ._ops_handoff import HandOffLeaseOp
-from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
 from ._pg_txn import PgTxn, store_error
@@ -116,13 +116,14 @@ class PostgresStore(StoreCore):
                              force: bool = False) -> dict[int, int]:
         """Take the free or expired `shards`, and at once those whose advisory lock this
         store obtains (their holder's session ended: see `_pg_session`)."""
+        check_lease_shards(shards, self.shards)
         asked = set(shards)
         new = asked - self._held
         self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
         try:
             orphaned = await self._session.try_lock(asked)
             taken: dict[int, int] = await self.write(
-                AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned))
+                AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned))
         except BaseException:
             self._held.difference_update(new)
             await self._session.unlock(new)

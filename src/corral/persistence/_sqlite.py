@@ -24,11 +24,17 @@ from corral._errors import CorralError, StoreError
 from ._batch import CommitQueue
 from ._locks import LeaseLocks
 from ._ops_handoff import HandOffLeaseOp
-from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
 from ._own_commits import OwnCommits
 from ._reads import ENTRY_COLUMNS, entry_from_row
 from ._records import JournalEntry
-from ._schema import MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
+from ._schema import (
+    MIGRATIONS,
+    PRAGMAS,
+    SCHEMA_VERSION,
+    parse_schema_version,
+    shard_count_error,
+)
 from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
@@ -74,6 +80,8 @@ class SqliteStore(StoreCore):
     machine's (every process sharing the file reads it alike), never a caller's.
     """
 
+    shards: int  # set when opened
+
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.clock = clock
@@ -89,7 +97,11 @@ class SqliteStore(StoreCore):
         self._own = OwnCommits()  # positions of this store's commits, once _shared
         self._locks = LeaseLocks(path) if self.durable else None
 
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r}, shards={getattr(self, 'shards', None)})"
+
     async def _open(self, *, shards: int) -> None:
+        self.shards = shards  # pinned: `_prepare` refuses a store of another count
         target = self.path if self.durable else ":memory:"
         try:
             self._writer = SqliteThread("corral-sqlite-writer")
@@ -132,9 +144,7 @@ class SqliteStore(StoreCore):
                     f"corral; this corral knows versions up to {SCHEMA_VERSION}: upgrade "
                     "corral to open it")
             if meta.get("shards", str(shards)) != str(shards):
-                raise StoreError(
-                    f"store {self.path!r} was created with shards={meta['shards']}, this "
-                    f"runtime uses {shards}; the shard count is fixed when a store is created")
+                raise shard_count_error(f"store {self.path!r}", meta["shards"], shards)
             for version in range(found + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version]:
                     db.execute(statement)
@@ -201,9 +211,10 @@ class SqliteStore(StoreCore):
                              force: bool = False) -> dict[int, int]:
         """Take the free or expired `shards`, and at once those whose OS lock this
         store obtains (their holder died: see `_locks`)."""
+        check_lease_shards(shards, self.shards)
         locks = self._locks
         orphaned = frozenset(s for s in shards if locks is not None and locks.try_lock(s))
-        op = AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned)
+        op = AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned)
         try:
             taken: dict[int, int] = await self.write(op)
         except BaseException:

@@ -129,7 +129,9 @@ class HostStore(Protocol):
 
     async def acquire_leases(self, owner: str, shards: Sequence[int], ttl: float, *,
                              force: bool = False) -> dict[int, int]:
-        """Take the free or expired `shards` (all of them with `force`); {shard: epoch}."""
+        """Take the free or expired `shards` (all of them with `force`); {shard: epoch}.
+        A shard past the store's count (`shards`, but for Ray's dedicated pseudo-shards)
+        is refused, `ShardCountError`, nothing taken and no lease row made."""
         ...
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]: ...
@@ -374,6 +376,7 @@ class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, HostingRegistry, P
     """
 
     durable: bool
+    shards: int  # the shard count the store was created with (checked at open)
 
     @property
     def idle(self) -> bool:
