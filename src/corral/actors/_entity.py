@@ -78,8 +78,9 @@ class Entity:
     is suspended (still running, messages still accepted and journaled, not applied
     until the next attempt), and retried from its latest snapshot after this policy's
     backoff, until it gets past the point. Each attempt applies the kept signals and
-    updates (an update is answered then) before calling `run()` again. Default: forever, 1 s doubling up to 60 s. `ref.resume()` or a host
-    started with fixed code retries at once."""
+    updates (an update is answered then) before calling `run()` again. Default:
+    forever, 1 s doubling up to 60 s. `ref.resume()` or a host started with fixed code
+    retries at once."""
 
     fail_on: ClassVar[tuple[type[Exception], ...]] = ()
     """Exception types that fail the run (closed as failed, for good) instead of
