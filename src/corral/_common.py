@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_RUN_RETRY",
+    "MAX_SHARDS",
     "PURGE_ROWS",
     "ContinueAsNewPolicy",
     "DedupeWindow",
@@ -225,6 +226,13 @@ class DedupeWindow:
             raise ValueError(f"DedupeWindow.max_age must be > 0 or None, got {self.max_age}")
 
 
+MAX_SHARDS = 4096
+"""The most shards a store may have: shards are what moves between hosts, so a few per
+host is enough (the Ray default of 256 serves ~25 hosts at 10 each); each is a lease, a
+lock file on SQLite and a round of the housekeeping loop, so more only costs. A Ray
+dedicated entity's pseudo-shard lies at least this far past the store's count, so a
+lease asked for in between can only come from a router of another shard count."""
+
 PURGE_ROWS = 10_000
 """Rows one retention transaction deletes at most, by default (`Retention.rows`)."""
 
@@ -237,7 +245,8 @@ class Retention:
     `closed_for` seconds ago is purged with every row it has: its runs, journal, dedupe
     ids, snapshots, waits, timers and dead letters; so are the runs an entity left
     behind by continuing as new or being restarted, once closed that long (their
-    dedupe ids stay until the dedupe window forgets them). The hosts holding the
+    dedupe ids stay until the dedupe window forgets them). A closed run with a send not
+    delivered yet (`Entity.send`) is kept until it is. The hosts holding the
     entity's shard purge in the background, one transaction per type per round, which
     takes at most `batch` closed runs and deletes at most `rows` rows (a run with more,
     such as a full dedupe window, goes over several rounds), fenced by their leases.

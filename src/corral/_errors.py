@@ -32,6 +32,8 @@ __all__ = [
     "PayloadTooLargeError",
     "PickledSnapshotError",
     "QueryResultError",
+    "QueryTimeoutError",
+    "ShardCountError",
     "ShardMovedError",
     "SignalTimeoutError",
     "SnapshotCaptureError",
@@ -111,6 +113,23 @@ class InvalidArgumentError(CorralError, ValueError):
     out of range: a `limit`, a dead letter id, a `timeout`, a termination reason, an
     option of `open_runtime` that does not fit (`backend`, `shards`, `entities`), or a
     malformed PostgreSQL URL (`open_store`)."""
+
+
+class ShardCountError(InvalidArgumentError):
+    """A shard count that is not the store's: `open_runtime(..., shards=)` or
+    `open_store(..., shards=)` naming another count than the one the store was created
+    with (whether the store is given as a path, a URL or a `Store` object), or, as a
+    last line of defence, a host asking a store for the lease of a shard past its count.
+    Routing by another count would put one key on two shards, run by two hosts at once;
+    nothing was opened, taken or stored. Pass the store's count (`store_shards`), or
+    none with a `Store` object (the store's is used).
+    """
+
+    def __init__(self, message: str = "", *, store_shards: int = 0,
+                 shards: int | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.store_shards = store_shards
+        self.shards = shards  # the count asked for (None: a lease op saw only a shard)
 
 
 class UnknownEntityTypeError(CorralError, LookupError):
@@ -253,6 +272,22 @@ class WaitTimeoutError(CorralError, TimeoutError):
     Nothing was lost: an update stays accepted and is applied; ask again (the same
     update id returns its recorded result) or wait longer. A `TimeoutError`, too.
     """
+
+
+class QueryTimeoutError(WaitTimeoutError):
+    """`query(..., timeout=...)` ran out of time before the entity had applied the
+    messages this process had accepted for it (a query reads its own writes), or before
+    its host answered: a handler is blocked, the entity is suspended, or its host is
+    slow. Nothing changed; `waited` says how long it waited (seconds).
+
+    Retryable: ask again (later, or with a longer timeout).
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, waited: float = 0.0, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.waited = waited
 
 
 class SignalTimeoutError(CorralError, TimeoutError):

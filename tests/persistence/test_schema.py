@@ -166,7 +166,7 @@ async def test_a_store_with_an_unreadable_schema_version_is_refused_with_a_store
 async def test_a_store_is_refused_with_another_shard_count(tmp_path: Path) -> None:
     path = str(tmp_path / "old.db")
     shutil.copy(SCHEMA_1, path)
-    with pytest.raises(corral.StoreError, match="shards=16, this runtime uses 4"):
+    with pytest.raises(corral.ShardCountError, match="shards=16, this runtime uses 4"):
         await open_sqlite_store(path, shards=4)
 
 

@@ -673,7 +673,7 @@ async def test_a_store_written_by_a_newer_corral_or_with_other_shards_is_refused
 ) -> None:
     store = await open_store(db_path, shards=SHARDS)
     await store.close()
-    with pytest.raises(corral.StoreError, match="shards=16, this runtime uses 8"):
+    with pytest.raises(corral.ShardCountError, match="shards=16, this runtime uses 8"):
         await open_store(db_path, shards=8)
     version = int(sql(db_path, "SELECT v FROM meta WHERE k = 'schema_version'")[0][0])
     sql(db_path, "UPDATE meta SET v = '99' WHERE k = 'schema_version'")
@@ -1109,6 +1109,7 @@ async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -
     await store.suspend_run(fence, Suspension("E", key, 1, "boom", 1, 1.0, 2.0))
     await store.record_step(fence, "E", key, 1, StepRecord("s", True, "1", None, 1, 1.0),
                             sends=[Send("E", "other", "m", "{}", None, "allow_duplicate", seq=1)])
+    await store.mark_sent(fence, "E", key, 1, upto=1)  # delivered (an unsent one is kept)
     await store.record_progress(fence, [("E", key, 1, 0)], at=1.0)
     await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))
 
@@ -1156,6 +1157,34 @@ async def test_a_signal_to_a_purged_key_starts_run_1_and_its_old_ids_are_new_aga
     assert (fresh.duplicate, fresh.started, fresh.entry.run_id, fresh.entry.seq) == (
         False, True, 1, 1)
     assert [r.run_id for r in await store.runs("E", "k")] == [1]
+
+
+async def test_retention_keeps_a_closed_run_until_its_sends_are_delivered(
+    store: Store, db_path: str,
+) -> None:
+    fence = await fence_for(store, 1)
+    unsent = [Send("E", "t", "note", "{}", None, "allow_duplicate", seq=1)]
+    await store.accept(acc("whole", "m1"))  # its latest run closes with a send unsent
+    assert await store.close_run(fence, "E", "whole", 1, applied_seq=1, sends=unsent,
+                                 status=corral.RunStatus.COMPLETED, result=None, error=None)
+    await store.accept(acc("chain", "m1"))  # a run left behind with a send unsent
+    assert await store.continue_as_new(fence, "E", "chain", 1, applied_seq=1,
+                                       next_input="{}", carried=[], sends=unsent) == 2
+    await store.accept(acc("chain", "end", kind=EntryKind.TERMINATE, start=None))
+    late = time.time() + 1
+
+    assert await store.purgeable("E", late) == Purged()
+    assert await store.purge_closed("E", late, limit=10, fences=[fence]) == Purged()
+    assert sql(db_path, "SELECT key, run_id FROM outbox ORDER BY key") == [
+        ("chain", 1), ("whole", 1)]
+    await store.mark_sent(fence, "E", "chain", 1, upto=1)
+    purged = await store.purge_closed("E", late, limit=10, fences=[fence])
+    assert (purged.runs, purged.entities) == (2, 1)  # "chain" whole, its two runs
+    assert await store.purgeable("E", late) == Purged()  # "whole" still waits
+    await store.mark_sent(fence, "E", "whole", 1, upto=1)
+    purged = await store.purge_closed("E", late, limit=10, fences=[fence])
+    assert (purged.runs, purged.entities) == (1, 1)
+    assert sql(db_path, "SELECT count(*) FROM outbox") == [(0,)]
 
 
 async def test_retention_purges_oldest_first_in_bounded_batches_and_runs_left_behind(

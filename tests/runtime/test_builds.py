@@ -8,10 +8,12 @@ field, a new signal and state version 2 with its hook; release 3 removes that si
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 import corral
 from build_entities import CaseR1, CaseR2, CaseR3, Escalation, Note, NoteV2
@@ -144,3 +146,56 @@ async def test_a_rollback_to_a_build_with_a_handler_the_newest_removed_waits_for
     async with corral.open_runtime(db_path, entities=[CaseR2], shards=2, host=False) as rt:
         newest = [b for b in await rt.builds(CaseR2) if b.newest]
         assert [b.fingerprint for b in newest] == [_fp(CaseR3)]  # rolled back, not newer
+
+
+class Count(BaseModel):
+    n: int
+
+
+def _clashing(etype: str) -> tuple[type[corral.Entity], type[corral.Entity]]:
+    """Two releases of type `etype` neither may run beside: `note` takes a `Note` in
+    one, a `Count` in the other (each one's payloads fail the other's model)."""
+
+    class Texts(corral.Entity):
+        name = etype
+
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        @corral.signal
+        def note(self, n: Note) -> None:
+            self.seen.append(n.text)
+
+    class Numbers(corral.Entity):
+        name = etype
+
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        @corral.signal
+        def note(self, c: Count) -> None:
+            self.seen.append(c.n)
+
+    return Texts, Numbers
+
+
+ROUNDS = 6
+
+
+async def test_of_two_incompatible_releases_opened_at_once_one_is_refused(
+        db_path: str) -> None:
+    for i in range(ROUNDS):
+        texts, numbers = _clashing(f"Clash{i}")
+
+        async def open_one(release: type[corral.Entity]) -> str:
+            try:
+                async with corral.open_runtime(db_path, entities=[release], shards=2,
+                                               host=False):
+                    return "opened"
+            except corral.IncompatibleBuildError:
+                return "refused"
+
+        outcomes = await asyncio.gather(open_one(texts), open_one(numbers))
+        assert sorted(outcomes) == ["opened", "refused"], (i, outcomes)
+        async with corral.open_runtime(db_path, entities=[], shards=2, host=False) as rt:
+            assert len(await rt.builds(f"Clash{i}")) == 1  # only the one that opened

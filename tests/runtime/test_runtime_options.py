@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 
 import corral
+from acceptances import opened
+from corral.persistence import open_store
 from entities import Reply, Start, Ticket, fresh_key
+from stores import sql
 
 START = Start(tenant="acme")
 
@@ -94,3 +97,50 @@ def test_hosts_are_at_most_one_per_shard() -> None:
     for hosts in (9, {"a": 5, "b": 4}):
         with pytest.raises(corral.InvalidArgumentError, match="at most one per shard"):
             check(hosts, 8)
+
+
+# -- the shard count is the store's, whatever the store is given as -------------------
+
+
+def _leases(db_path: str) -> list[int]:
+    return [r[0] for r in sql(db_path, "SELECT shard FROM leases ORDER BY shard")]
+
+
+async def test_a_store_object_is_routed_by_its_own_shard_count_and_another_is_refused(
+        db_path: str) -> None:
+    store = await open_store(db_path, shards=4)
+    try:
+        with pytest.raises(corral.ShardCountError, match=r"shards=16.*shards=4") as refused:
+            async with corral.open_runtime(store, entities=[Ticket], shards=16):
+                pass
+        assert (refused.value.store_shards, refused.value.shards) == (4, 16)
+        assert all(shard < 4 for shard in _leases(db_path))  # nothing taken
+
+        async with corral.open_runtime(store, entities=[Ticket]) as rt:  # no shards=: 4
+            for _ in range(8):
+                ref = rt.ref(Ticket, fresh_key())
+                await ref.signal_with_start(Ticket.reply, Reply(text="hi"), start=START)
+                assert (await ref.query(Ticket.status)).inbox == ["acme:hi"]
+            assert rt.host is not None
+            assert sorted(rt.host.shards) == [0, 1, 2, 3]
+        assert _leases(db_path) in ([], [0, 1, 2, 3])  # PostgreSQL makes the 4 rows
+        assert {r[0] for r in sql(db_path, "SELECT shard FROM entities")} <= {0, 1, 2, 3}
+    finally:
+        await store.close()
+    with pytest.raises(corral.ShardCountError) as refused:  # a path: the same refusal
+        async with corral.open_runtime(db_path, entities=[Ticket], shards=8):
+            pass
+    assert (refused.value.store_shards, refused.value.shards) == (4, 8)
+
+
+async def test_a_store_refuses_a_lease_past_its_shard_count_and_makes_no_row(
+        db_path: str) -> None:
+    async with opened(db_path, 4) as store:
+        for asked in ([4], [3, 15], [-1]):
+            with pytest.raises(corral.ShardCountError, match="past this store's 4 shards"):
+                await store.acquire_leases("wrong", asked, 60.0)
+        assert all(shard < 4 for shard in _leases(db_path))
+        assert sql(db_path, "SELECT count(*) FROM leases WHERE owner = 'wrong'") == [(0,)]
+        # a Ray dedicated entity's pseudo-shard, MAX_SHARDS past the count or more
+        dedicated = 4 + corral.runtime.MAX_SHARDS
+        assert await store.acquire_leases("ray", [dedicated], 60.0) == {dedicated: 1}

@@ -225,6 +225,55 @@ async def test_signals_to_a_suspended_run_are_kept_and_resume_applies_them_at_on
         BUG["on"] = True
 
 
+class Bumped(Toggled):
+    """`Toggled` with an update: its handler does not depend on `run()`."""
+
+    def __init__(self, init: Begin) -> None:
+        super().__init__(init)
+        self.bumps = 0
+
+    @corral.update
+    def bump(self) -> int:
+        self.bumps += 1
+        return self.bumps
+
+    @corral.query
+    def bumped(self) -> int:
+        return self.bumps
+
+
+async def test_an_update_to_a_suspended_run_is_applied_at_its_next_attempt_once(
+    db_path: str,
+) -> None:
+    BUG["on"] = True
+    try:
+        async with corral.open_runtime(db_path, entities=[Bumped]) as rt:
+            ref = rt.ref(Bumped, fresh_key())
+            await ref.signal_with_start(Bumped.reply, Reply(text="r0"),
+                                        start=Begin(tenant="acme"))
+            await _suspended(ref)
+            # Held until its next attempt (an hour away): accepted, not applied.
+            with pytest.raises(corral.WaitTimeoutError, match="not applied"):
+                await ref.update(Bumped.bump, update_id="u1", timeout=0.2)
+            # The next attempt rebuilds the entity from its snapshot and journal and
+            # applies what was kept, the update among it (answered), before run(),
+            # which raises again: still suspended.
+            await ref.resume()
+            assert await ref.update(Bumped.bump, update_id="u1", timeout=30) == 1
+            await _suspended(ref, attempts=2)
+            await ref.resume()  # another attempt, another rebuild: the same answer
+            await _suspended(ref, attempts=3)
+            assert await ref.update(Bumped.bump, update_id="u1", timeout=30) == 1
+            BUG["on"] = False  # the fix
+            await ref.resume()
+            await _resumed(ref)
+            assert await ref.update(Bumped.bump, update_id="u2", timeout=30) == 2
+            assert await ref.query(Bumped.bumped) == 2  # each update applied once
+            assert await ref.query(Bumped.seen) == ["r0"]
+    finally:
+        BUG["on"] = True
+
+
 async def test_fail_run_and_a_fail_on_type_still_fail_the_run(db_path: str) -> None:
     async with corral.open_runtime(db_path, entities=[Quitter]) as rt:
         quit_ref = rt.ref(Quitter, fresh_key())

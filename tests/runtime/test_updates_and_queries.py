@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+from typing import ClassVar
 
 import pytest
 
@@ -211,3 +213,56 @@ async def test_each_memory_store_is_private_and_starts_empty() -> None:
     async with corral.open_runtime(":memory:", entities=ALL_ENTITIES) as rt:
         with pytest.raises(corral.EntityNotRunningError):
             await rt.ref(Ticket, key).query(Ticket.status)
+
+
+class Stuck(corral.Entity):
+    """A signal handler that blocks until `gate` opens."""
+
+    gate: ClassVar[asyncio.Event | None] = None
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @corral.signal
+    async def hold(self, reply: Reply) -> None:
+        if Stuck.gate is not None:
+            await Stuck.gate.wait()
+        self.seen.append(reply.text)
+
+    @corral.query
+    def texts(self) -> list[str]:
+        return self.seen
+
+
+async def test_a_query_waiting_for_a_blocked_handler_times_out_retryably(
+        db_path: str) -> None:
+    Stuck.gate = asyncio.Event()
+    try:
+        async with corral.open_runtime(db_path, entities=[Stuck]) as rt:
+            ref = rt.ref(Stuck, fresh_key())
+            await ref.signal_with_start(Stuck.hold, Reply(text="a"), start=None)
+            with pytest.raises(corral.QueryTimeoutError, match=r"within 0\.2 s") as late:
+                await ref.query(Stuck.texts, timeout=0.2)  # "a" is not applied yet
+            err = late.value
+            assert isinstance(err, corral.WaitTimeoutError)
+            assert (err.retryable, err.entity_type, err.key, err.waited) == (
+                True, "Stuck", ref.key, 0.2)
+            assert f"query 'texts' of EntityRef(Stuck, {ref.key!r})" in str(err)
+            Stuck.gate.set()
+            assert await ref.query(Stuck.texts, timeout=30) == ["a"]  # asked again
+    finally:
+        Stuck.gate = None
+
+
+def test_a_query_waits_at_most_30_seconds_by_default() -> None:
+    default = inspect.signature(corral.EntityRef.query).parameters["timeout"].default
+    assert default == corral.runtime.QUERY_TIMEOUT == 30.0
+
+
+async def test_a_query_timeout_must_be_seconds(db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=[Stuck]) as rt:
+        ref = rt.ref(Stuck, fresh_key())
+        await ref.signal_with_start(Stuck.hold, Reply(text="a"), start=None)
+        for bad in (-1, "5", float("inf"), True):
+            with pytest.raises(corral.InvalidArgumentError, match="timeout"):
+                await ref.query(Stuck.texts, timeout=bad)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ import typer
 import corral
 from corral._errors import WaitTimeoutError
 from corral.actors import HandlerKind
+from corral.runtime import QUERY_TIMEOUT
 
 from ._connection import (
     AppOption,
@@ -148,6 +149,10 @@ def query_entity(
         "--activate",
         help="Bring a passivated entity back into memory (in a host) to answer from live "
              "state, instead of answering from its latest snapshot and journal.")] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", metavar="SECONDS", min=0,
+        help="Wait at most this long for the answer (QueryTimeoutError after).")
+    ] = QUERY_TIMEOUT,
     sender: SenderOption = None,
     as_json: JsonFlag = False,
     shards: ShardsOption = None,
@@ -161,7 +166,8 @@ def query_entity(
     async def work(rt: corral.Runtime) -> Any:
         ref = rt.ref(entity_class(rt, entity_type), key)
         method = handler_named(ref.definition, handler, HandlerKind.QUERY)
-        return await ref.query(method, data, sender=sender, activate=activate)
+        return await ref.query(method, data, sender=sender, activate=activate,
+                               timeout=timeout)
 
     _print_value(as_json, connection.run(ctx, work))
 

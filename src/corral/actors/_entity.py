@@ -75,10 +75,12 @@ class Entity:
     run_retry: ClassVar[RetryPolicy] = DEFAULT_RUN_RETRY
     """How a suspended run is retried. An exception escaping `run()` (or the building of
     an activation: the start input, `__init__`, the snapshot) does not fail the run: it
-    is suspended (still running, messages still accepted and journaled, not applied),
-    and retried from its latest snapshot after this policy's backoff, until it gets
-    past the point. Default: forever, 1 s doubling up to 60 s. `ref.resume()` or a host
-    started with fixed code retries at once."""
+    is suspended (still running, messages still accepted and journaled, not applied
+    until the next attempt), and retried from its latest snapshot after this policy's
+    backoff, until it gets past the point. Each attempt applies the kept signals and
+    updates (an update is answered then) before calling `run()` again. Default:
+    forever, 1 s doubling up to 60 s. `ref.resume()` or a host started with fixed code
+    retries at once."""
 
     fail_on: ClassVar[tuple[type[Exception], ...]] = ()
     """Exception types that fail the run (closed as failed, for good) instead of

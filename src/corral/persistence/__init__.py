@@ -12,7 +12,7 @@ ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyn
 the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
 """
 
-from ._builds import BuildProcess, BuildRecord, BuildRegistry, newest_build
+from ._builds import BuildCheck, BuildFacts, BuildProcess, BuildRecord, BuildRegistry, newest_build
 from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
@@ -52,6 +52,8 @@ __all__ = [
     "AcceptResult",
     "AcceptStore",
     "Acceptance",
+    "BuildCheck",
+    "BuildFacts",
     "BuildProcess",
     "BuildRecord",
     "BuildRegistry",

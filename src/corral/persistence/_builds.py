@@ -10,14 +10,14 @@ the store answers the facts it needs (`names_in_use`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ._txn import Txn
 
-__all__ = ["BuildProcess", "BuildRecord", "BuildRegistry", "builds", "names_in_use",
-           "newest_build"]
+__all__ = ["BuildCheck", "BuildFacts", "BuildProcess", "BuildRecord", "BuildRegistry",
+           "TxnBuildFacts", "builds", "names_in_use", "newest_build"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +44,60 @@ class BuildRecord:
     processes: tuple[BuildProcess, ...] = ()
 
 
+class BuildFacts(Protocol):
+    """What deciding whether a build may run reads of the registry (a `Store`, or one
+    transaction: `TxnBuildFacts`)."""
+
+    async def builds(self, etype: str | None = None) -> list[BuildRecord]:
+        """Registered builds (of one type, or all), oldest first, with live processes."""
+        ...
+
+    async def names_in_use(self, etype: str, names: Sequence[str]) -> dict[str, str]:
+        """Of `names`, those the store still holds journal entries or dead letters of,
+        each with a description of what it holds."""
+        ...
+
+
+BuildCheck = Callable[[BuildFacts], Awaitable[frozenset[str]]]
+"""The decision on a process's builds, over the registry as it stands: the types whose
+build is older than the newest, or a `CorralError` raised to refuse them all. It only
+reads through the facts it is given (and never waits on anything else: on SQLite it
+runs in the writer's thread)."""
+
+
+class TxnBuildFacts:
+    """`BuildFacts` read inside one transaction."""
+
+    __slots__ = ("_txn",)
+
+    def __init__(self, txn: Txn) -> None:
+        self._txn = txn
+
+    async def builds(self, etype: str | None = None) -> list[BuildRecord]:
+        return await builds(self._txn, etype)
+
+    async def names_in_use(self, etype: str, names: Sequence[str]) -> dict[str, str]:
+        return await names_in_use(self._txn, etype, tuple(names))
+
+
 class BuildRegistry(Protocol):
     """The store's role for the registry of builds: any process registers its own and
     reads every one."""
 
     async def register_builds(self, process: str, role: str,
                               builds: Sequence[tuple[str, str, str]], *, ttl: float,
-                              older: frozenset[str] = frozenset()) -> float:
+                              older: frozenset[str] = frozenset(),
+                              check: BuildCheck | None = None) -> float:
         """Record or refresh `process` (role `host` or `client`) on these builds
         ((entity type, fingerprint, manifest JSON) each), live for `ttl` seconds from
         the store's clock, whose reading it returns. A new build of a type in `older`
-        arrives after a newer one: it is recorded as older, never the newest."""
+        arrives after a newer one: it is recorded as older, never the newest.
+
+        With `check` (a process opening), the decision and the registration are one:
+        in the same transaction, serialised with every other checked registration
+        (SQLite's write lock; PostgreSQL an advisory lock), `check` reads the registry
+        and answers `older` or refuses (its error raised, nothing registered), so of
+        two incompatible builds opened at once the second sees the first."""
         ...
 
     async def forget_process(self, process: str) -> None:

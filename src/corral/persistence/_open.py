@@ -91,8 +91,8 @@ async def open_store(location: str, *, shards: int) -> Store:
     `sqlite:///path` or `":memory:"`.
 
     Raises:
-        StoreError: the store cannot be opened, was written by a newer corral, or has
-            another shard count.
+        StoreError: the store cannot be opened, or was written by a newer corral.
+        ShardCountError: the store was created with another shard count (both named).
         InvalidArgumentError: a malformed PostgreSQL URL.
     """
     if is_postgres_url(location):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ._builds import BuildCheck, TxnBuildFacts
 from ._txn import LockPlan, Txn
 
 __all__ = ["ForgetProcessOp", "RegisterBuildsOp"]
@@ -33,6 +34,11 @@ class RegisterBuildsOp:
     after a newer one: it never becomes the newest). Expired registrations are swept
     here, so the table holds about one row per live process and type. Returns the
     clock's now.
+
+    With `check`, the registry lock is taken first (`LockPlan.registry`) and `check`
+    decides over the registry as this transaction reads it which builds are `older`,
+    or refuses (raises) before anything is written: the decision and the registration
+    are one (see `BuildRegistry.register_builds`).
     """
 
     process: str
@@ -40,15 +46,17 @@ class RegisterBuildsOp:
     builds: tuple[tuple[str, str, str], ...]
     ttl: float
     older: frozenset[str] = frozenset()
+    check: BuildCheck | None = None
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
-        pass
+        plan.registry = plan.registry or self.check is not None
 
     async def apply(self, txn: Txn) -> float:
+        older = self.older if self.check is None else await self.check(TxnBuildFacts(txn))
         now = await txn.clock()
         ordered = sorted(self.builds)  # one row order for every process: no deadlock
-        await txn.executemany(_BUILD, [(t, f, m, now, now, t in self.older)
+        await txn.executemany(_BUILD, [(t, f, m, now, now, t in older)
                                       for t, f, m in ordered])
         await txn.executemany(_PROCESS, [(self.process, t, f, self.role, now, now + self.ttl)
                                          for t, f, _ in ordered])

@@ -6,13 +6,35 @@ only its own wall clock, by the holder's renewals as the acquirer sees them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
+
+from corral._common import MAX_SHARDS
+from corral._errors import ShardCountError
 
 from ._ops_handoff import reserved_heirs
 from ._txn import Lease, LockPlan, Txn
 
-__all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp"]
+__all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp", "check_lease_shards"]
+
+
+def _outside(shard: int, count: int) -> bool:
+    """Whether no host of a store of `count` shards asks for `shard`: below 0, or past
+    the count but short of where Ray's dedicated pseudo-shards begin (`MAX_SHARDS` past
+    it), where only a router of another shard count lands."""
+    return shard < 0 or count <= shard < count + MAX_SHARDS
+
+
+def check_lease_shards(shards: Iterable[int], count: int) -> None:
+    """Refuse (`ShardCountError`) a lease of a shard a store of `count` shards lacks: a
+    host routing by another count would run the same keys as this store's hosts."""
+    wrong = sorted(s for s in shards if _outside(s, count))
+    if wrong:
+        raise ShardCountError(
+            f"shard {wrong[0]} is past this store's {count} shards: the host asking for "
+            f"it routes by another shard count (open the runtime with shards={count})",
+            store_shards=count)
 
 _SET_LEASE = (
     "INSERT INTO leases (shard, owner, epoch, expires_at) VALUES (?, ?, ?, ?) "
@@ -44,16 +66,18 @@ class AcquireLeasesOp:
     owner: str
     shards: tuple[int, ...]
     ttl: float
+    count: int  # the store's shard count: a shard it lacks is refused, no row made
     force: bool = False
     orphaned: frozenset[int] = frozenset()
     stale: frozenset[tuple[int, Lease]] | None = None
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
-        plan.leases.update(self.shards)
+        plan.leases.update(s for s in self.shards if not _outside(s, self.count))
         plan.lease_update = plan.new_leases = True
 
     async def apply(self, txn: Txn) -> dict[int, int]:
+        check_lease_shards(self.shards, self.count)
         now = await txn.clock()
         heirs = await reserved_heirs(txn, self.shards, now if self.stale is None else None)
         taken: dict[int, int] = {}

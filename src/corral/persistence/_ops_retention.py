@@ -6,7 +6,9 @@ its type and key, so a later signal-with-start finds a key never seen. A run the
 entity left behind (continued as new, or closed before a restart) goes with its own
 rows (snapshots, waits, dead letters); its journal rows were carried or are covered,
 and its dedupe ids stay for the dedupe window to forget (a carried entry's id must
-keep answering duplicate).
+keep answering duplicate). A closed run waits for its sends: one with a send not
+delivered yet is not purged until it is (the entity's latest run, until every send of
+the entity is).
 
 Bounded: one purge is one transaction that takes at most `limit` runs as candidates
 and deletes at most `rows` rows. A run may own any number of rows (the dedupe window's
@@ -71,11 +73,23 @@ class Purged:
 
 def _candidates(shards: Sequence[int] | None) -> str:
     """The query of (key, run_id, the entity's run_id, its status) of the oldest runs
-    of a type closed before a cutoff (on the shards named)."""
+    of a type closed before a cutoff (on the shards named), but for those that still
+    have sends to deliver (`_UNSENT`)."""
     where = "" if shards is None else f" AND e.shard IN ({', '.join('?' * len(shards))})"
     return ("SELECT r.key, r.run_id, e.run_id, e.status FROM runs r JOIN entities e "
             "ON e.etype = r.etype AND e.key = r.key "
-            f"WHERE r.etype = ? AND r.closed_at < ?{where} ORDER BY r.closed_at LIMIT ?")
+            f"WHERE r.etype = ? AND r.closed_at < ?{where} AND NOT {_UNSENT} "
+            "ORDER BY r.closed_at LIMIT ?")
+
+
+# A closed run with a send not delivered yet (its target over its `max_backlog`, or
+# the sender's host gone before delivering) is kept until the send is delivered: a send
+# written with its sender's progress is delivered whatever becomes of the sender, and
+# delivering it reads only its outbox row. The entity's latest run (purged with every
+# row of the entity) waits for the sends of all its runs; a run left behind, for its own.
+# No run takes new sends once closed, so a run found without one stays without.
+_UNSENT = ("EXISTS (SELECT 1 FROM outbox o WHERE o.etype = r.etype AND o.key = r.key "
+           "AND NOT o.delivered AND (o.run_id = r.run_id OR r.run_id = e.run_id))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +241,7 @@ async def purgeable(q: Txn, entity_type: str, closed_before: float) -> Purged:
     row = await q.fetchone(
         "SELECT count(*), coalesce(sum(CASE WHEN r.run_id = e.run_id "
         "AND e.status <> 'running' THEN 1 ELSE 0 END), 0) FROM runs r JOIN entities e "
-        "ON e.etype = r.etype AND e.key = r.key WHERE r.etype = ? AND r.closed_at < ?",
-        entity_type, closed_before)
+        "ON e.etype = r.etype AND e.key = r.key WHERE r.etype = ? AND r.closed_at < ? "
+        f"AND NOT {_UNSENT}", entity_type, closed_before)
     assert row is not None
     return Purged(int(row[0]), int(row[1]))

@@ -24,7 +24,7 @@ from typing import Any
 
 from corral._errors import StoreError
 
-from ._schema import parse_schema_version
+from ._schema import parse_schema_version, shard_count_error
 from ._tables import create, create_all
 
 __all__ = ["NOTIFY_CHANNEL", "SCHEMA_VERSION", "ensure_schema"]
@@ -73,8 +73,8 @@ async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
     """Create or migrate the schema and check the shard count, in one transaction.
 
     Raises:
-        StoreError: the store was written by a newer corral (both versions named), or
-            created with another shard count.
+        StoreError: the store was written by a newer corral (both versions named).
+        ShardCountError: the store was created with another shard count.
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
@@ -101,10 +101,7 @@ async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
         )
         pinned = await conn.fetchval("SELECT v FROM meta WHERE k = 'shards'")
         if pinned != str(shards):
-            raise StoreError(
-                f"store {where} was created with shards={pinned}, this runtime uses "
-                f"{shards}; the shard count is fixed when a store is created"
-            )
+            raise shard_count_error(f"store {where}", pinned, shards)
         await conn.execute(
             "INSERT INTO leases (shard, owner, epoch, expires_at) "
             "SELECT s, '', 0, 0 FROM generate_series(0, $1 - 1) s ON CONFLICT DO NOTHING",

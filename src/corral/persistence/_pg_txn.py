@@ -3,7 +3,8 @@ the SQL written once numbered `$n`), the batch's locks, and the set-based flush.
 
 Locking (READ COMMITTED): before any op of a batch runs, the transaction locks what
 the batch's ops declared (`LockPlan`), always in one global order so two processes'
-batches never deadlock on each other: lease rows (sorted by shard), then the shard tick
+batches never deadlock on each other: the registry of builds' advisory lock (a checked
+registration, `_ops_builds`), then lease rows (sorted by shard), then the shard tick
 rows of every shard the batch accepts into (sorted), then the entity rows (sorted).
 Each step is its own statement, so what a later step reads is read after the earlier
 locks were granted: an acceptance reads the entity and the dedupe window only once it
@@ -38,6 +39,8 @@ __all__ = ["LockPlan", "PgTxn", "is_connection_error", "numbered", "store_error"
 
 _Ident = tuple[str, str]
 _NUMBERED: dict[str, str] = {}
+_REGISTRY_LOCK = 0x636F7272616C + 1  # "corral" + 1: one checked registration of builds
+# at a time (the schema's lock is "corral" itself, `_pg_schema`)
 
 
 def numbered(sql: str) -> str:
@@ -244,6 +247,8 @@ class PgTxn(Txn):
 
     async def lock(self, plan: LockPlan) -> None:
         """Take the plan's locks in the global order (see the module docstring)."""
+        if plan.registry:  # first: a registration's batch may hold anything after it
+            await self.conn.execute("SELECT pg_advisory_xact_lock($1)", _REGISTRY_LOCK)
         if plan.leases:
             await self._lock_leases(sorted(plan.leases), plan)
         if plan.ticks:

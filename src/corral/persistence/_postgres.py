@@ -34,7 +34,7 @@ from . import _pg_tail as tail
 from ._batch import CommitQueue
 from ._open import redacted, url_refused
 from ._ops_handoff import HandOffLeaseOp
-from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
 from ._pg_txn import PgTxn, is_connection_error, store_error
@@ -142,13 +142,14 @@ class PostgresStore(StoreCore):
         """Take the free or expired `shards`, and at once those whose advisory lock this
         store obtains (their holder's session ended: see `_pg_session`)."""
         self._lease_term(ttl)
+        check_lease_shards(shards, self.shards)
         asked = set(shards)
         new = asked - self._held
         self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
         try:
             orphaned = await self._session.try_lock(asked)
             taken: dict[int, int] = await self.write(
-                AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned))
+                AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned))
         except BaseException:
             self._held.difference_update(new)
             await self._session.unlock(new)

@@ -14,7 +14,7 @@ a newer corral (see `SqliteStore`).
 
 from __future__ import annotations
 
-from corral._errors import StoreError
+from corral._errors import ShardCountError, StoreError
 
 from ._tables import create, table_sql
 
@@ -79,6 +79,16 @@ def parse_schema_version(found: str, where: str) -> int:
             "'schema_version' row of its meta table, where corral writes an integer): "
             "restore the store from a backup, or set that row back to the version of "
             "the corral that wrote the store") from None
+
+
+def shard_count_error(where: str, pinned: str, shards: int) -> ShardCountError:
+    """The refusal of a store created with `pinned` shards (its `meta` row) opened with
+    `shards`, as both engines word it."""
+    count = int(pinned) if pinned.isascii() and pinned.isdecimal() else 0
+    return ShardCountError(
+        f"{where} was created with shards={pinned}, this runtime uses {shards}; the "
+        f"shard count is fixed when a store is created (open it with shards={pinned})",
+        store_shards=count, shards=shards)
 
 
 PRAGMAS = (

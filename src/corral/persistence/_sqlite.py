@@ -24,11 +24,17 @@ from corral._errors import CorralError, StoreError
 from ._batch import CommitQueue
 from ._locks import LeaseLocks
 from ._ops_handoff import HandOffLeaseOp
-from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp
+from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
 from ._own_commits import OwnCommits
 from ._reads import ENTRY_COLUMNS, tail_entries
 from ._records import JournalEntry
-from ._schema import MIGRATIONS, PRAGMAS, SCHEMA_VERSION, parse_schema_version
+from ._schema import (
+    MIGRATIONS,
+    PRAGMAS,
+    SCHEMA_VERSION,
+    parse_schema_version,
+    shard_count_error,
+)
 from ._sightings import LeaseSightings, lease_rows
 from ._sqlite_thread import SqliteThread
 from ._sqlite_txn import SqliteTxn
@@ -75,6 +81,8 @@ class SqliteStore(StoreCore):
     machine's (every process sharing the file reads it alike), never a caller's.
     """
 
+    shards: int  # set when opened
+
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.clock = clock
@@ -91,7 +99,11 @@ class SqliteStore(StoreCore):
         self._locks = LeaseLocks(path) if self.durable else None
         self._sightings = LeaseSightings()  # the lease rows acquisitions saw, and when
 
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r}, shards={getattr(self, 'shards', None)})"
+
     async def _open(self, *, shards: int) -> None:
+        self.shards = shards  # pinned: `_prepare` refuses a store of another count
         target = self.path if self.durable else ":memory:"
         try:
             self._writer = SqliteThread("corral-sqlite-writer")
@@ -134,9 +146,7 @@ class SqliteStore(StoreCore):
                     f"corral; this corral knows versions up to {SCHEMA_VERSION}: upgrade "
                     "corral to open it")
             if meta.get("shards", str(shards)) != str(shards):
-                raise StoreError(
-                    f"store {self.path!r} was created with shards={meta['shards']}, this "
-                    f"runtime uses {shards}; the shard count is fixed when a store is created")
+                raise shard_count_error(f"store {self.path!r}", meta["shards"], shards)
             for version in range(found + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version]:
                     db.execute(statement)
@@ -205,10 +215,11 @@ class SqliteStore(StoreCore):
         store obtains (their holder died: see `_locks`). A lease is expired when this
         store has seen its row unchanged for `ttl` (`_sightings`), never by comparing
         wall clocks: a process whose clock is off takes no live holder's shard."""
+        check_lease_shards(shards, self.shards)
         stale = self._sightings.stale(await self.query(lease_rows, shards), ttl)
         locks = self._locks
         orphaned = frozenset(s for s in shards if locks is not None and locks.try_lock(s))
-        op = AcquireLeasesOp(owner, tuple(shards), ttl, force, orphaned,
+        op = AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned,
                              frozenset(stale.items()))
         try:
             taken: dict[int, int] = await self.write(op)

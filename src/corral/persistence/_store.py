@@ -135,7 +135,9 @@ class HostStore(Protocol):
         """Take the free or expired `shards` (all of them with `force`); {shard: epoch}.
 
         `ttl` is the new lease's term, and on SQLite also the term another holder's
-        lease must be seen unrenewed before it counts as expired (`_sightings`)."""
+        lease must be seen unrenewed before it counts as expired (`_sightings`). A shard
+        past the store's count (`shards`, but for Ray's dedicated pseudo-shards) is
+        refused, `ShardCountError`, nothing taken and no lease row made."""
         ...
 
     async def renew_leases(self, owner: str, held: dict[int, int], ttl: float) -> set[int]: ...
@@ -387,6 +389,7 @@ class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, HostingRegistry, P
     """
 
     durable: bool
+    shards: int  # the shard count the store was created with (checked at open)
 
     @property
     def idle(self) -> bool:

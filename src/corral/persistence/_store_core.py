@@ -17,7 +17,7 @@ from . import _builds as registry
 from . import _history as history
 from . import _reads as reads
 from ._batch import CommitQueue
-from ._builds import BuildRecord
+from ._builds import BuildCheck, BuildRecord
 from ._census import Census, census
 from ._hosting import ClaimHostingOp, HostingClaim, ReleaseHostingOp, hosting_claims
 from ._ops_accept import AcceptAllOp, AcceptOp
@@ -322,8 +322,9 @@ class StoreCore:
 
     async def register_builds(self, process: str, role: str,
                               builds: Sequence[tuple[str, str, str]], *, ttl: float,
-                              older: frozenset[str] = frozenset()) -> float:
-        op = RegisterBuildsOp(process, role, tuple(builds), ttl, older)
+                              older: frozenset[str] = frozenset(),
+                              check: BuildCheck | None = None) -> float:
+        op = RegisterBuildsOp(process, role, tuple(builds), ttl, older, check)
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def forget_process(self, process: str) -> None:

@@ -58,6 +58,7 @@ class LockPlan:
     """What a batch's ops need locked (or read) before the first of them runs (only
     PostgreSQL locks rows; SQLite's `BEGIN IMMEDIATE` locks the whole file)."""
 
+    registry: bool = False  # serialise with every checked registration of builds
     leases: set[int] = field(default_factory=set)
     lease_update: bool = False  # lock the lease rows FOR UPDATE, not FOR SHARE
     new_leases: bool = False  # create missing lease rows first (an acquisition)

@@ -51,7 +51,7 @@ from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSu
 from ._options import MAX_SHARDS
 from ._ray_deploy import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
 from ._ray_nodes import DrainReport, RayNode, drain_node, ray_nodes, undrain_node
-from ._ref import EntityRef
+from ._ref import QUERY_TIMEOUT, EntityRef
 from ._results import (
     Ack,
     Delivery,
@@ -66,6 +66,7 @@ from ._signal_many import SignalItem
 
 __all__ = [
     "MAX_SHARDS",
+    "QUERY_TIMEOUT",
     "Ack",
     "AuthRequest",
     "Authorize",

@@ -19,9 +19,11 @@ build has them (their senders). Any incompatible difference refuses the open wit
 `IncompatibleBuildError`, before this process registers or hosts anything. A
 registered build whose manifest does not decode (a row damaged or written by hand) is
 no build any process can run: every check ignores it, with a warning naming it
-(`readable`), and `build_infos` lists it as incompatible with the `CorruptRowError`. Two builds
-opened at the same instant are each checked against what was registered before: the
-check and the registration are two transactions.
+(`readable`), and `build_infos` lists it as incompatible with the `CorruptRowError`.
+The check and the registration are one decision: they run in one store transaction,
+serialised with every other process's (`Store.register_builds(check=...)`), so of two
+incompatible builds opened at the same instant the second is checked against the
+first and refused.
 
 Liveness: every process (host or pure client) refreshes its registration on its own
 timer, every quarter of its `ttl` (twice the lease ttl: 20 s by default), and drops it
@@ -46,7 +48,7 @@ from corral._errors import CorruptRowError, IncompatibleBuildError, StoreError
 from corral.actors import EntityDefinition
 from corral.actors._compat import Difference, compare, incompatible, removed
 from corral.actors._manifest import Manifest, manifest, manifest_json
-from corral.persistence import BuildProcess, BuildRecord, Row, Store, newest_build
+from corral.persistence import BuildFacts, BuildProcess, BuildRecord, Row, Store, newest_build
 
 __all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
            "refused_client", "refused_successor"]
@@ -108,11 +110,18 @@ class BuildRegistration:
         """
         if not self._builds:
             return
-        registered = readable(await self.store.builds())
+        await self.store.register_builds(self.process, self._role, self._builds,
+                                         ttl=self._ttl, check=self._decide)
+        self._task = asyncio.create_task(self._keep_live(), name="corral-builds")
+
+    async def _decide(self, facts: BuildFacts) -> frozenset[str]:
+        """Inside the registering transaction: the types whose build is older than the
+        newest, or `IncompatibleBuildError` refusing the open."""
+        registered = readable(await facts.builds())
         older: set[str] = set()
         refused: list[IncompatibleBuildError] = []
         for name, definition in sorted(self._definitions.items()):
-            verdict = await self._check(definition, registered)
+            verdict = await self._check(facts, definition, registered)
             if isinstance(verdict, IncompatibleBuildError):
                 refused.append(verdict)
             elif verdict == "older":
@@ -124,8 +133,7 @@ class BuildRegistration:
                 fingerprint=refused[0].fingerprint,
                 newest_fingerprint=refused[0].newest_fingerprint)
         self._older = frozenset(older)
-        await self._register()
-        self._task = asyncio.create_task(self._keep_live(), name="corral-builds")
+        return self._older
 
     async def close(self) -> None:
         if self._task is None:
@@ -148,7 +156,7 @@ class BuildRegistration:
                 log.warning("process %s: build registration not refreshed (%s)",
                             self.process, err)
 
-    async def _check(self, definition: EntityDefinition,
+    async def _check(self, facts: BuildFacts, definition: EntityDefinition,
                      registered: Sequence[BuildRecord]
                      ) -> IncompatibleBuildError | str | None:
         """None (the newest, or a known build the newest may run beside), "older" (a
@@ -163,12 +171,12 @@ class BuildRegistration:
         # This process sends what it has: that matters while the newest build hosts.
         me = [(f"this process ({self.process}) sends it", mine)] if newest.processes else []
         if known:  # an older build than the newest: the newest must succeed it
-            bad = incompatible(await assess(self.store, etype, mine, theirs, others, me))
+            bad = incompatible(await assess(facts, etype, mine, theirs, others, me))
             role = "an older build than"
         else:  # a new release; or an old one started late, which the newest shows
-            bad = incompatible(await assess(self.store, etype, theirs, mine, others))
+            bad = incompatible(await assess(facts, etype, theirs, mine, others))
             if bad and _succeeds(theirs, mine) and not incompatible(
-                    await assess(self.store, etype, mine, theirs, others, me)):
+                    await assess(facts, etype, mine, theirs, others, me)):
                 return "older"
             role = "a new build, not compatible with"
         if not bad:
@@ -243,7 +251,7 @@ def _succeeds(newer: Manifest, older: Manifest) -> bool:
     return renamed or ahead
 
 
-async def assess(store: Store, etype: str, older: Manifest, newer: Manifest,
+async def assess(store: BuildFacts, etype: str, older: Manifest, newer: Manifest,
                  builds: Sequence[BuildRecord],
                  senders: Sequence[tuple[str, Manifest]] = ()) -> list[Difference]:
     """`compare(older, newer)` with the facts about what the newer build removed: its

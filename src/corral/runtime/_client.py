@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 from prometheus_client.core import Metric
 
 from corral._common import RunStatus
-from corral._errors import CorralError, InvalidArgumentError
+from corral._errors import CorralError, InvalidArgumentError, ShardCountError
 from corral.actors import (
     Entity,
     EntityDefinition,
@@ -303,8 +303,9 @@ async def open_runtime(
             PostgreSQL URL `"postgresql://user:pw@host:port/db"` (the `postgres` extra;
             for deployments on several machines), or a `Store`.
         entities: every entity type this process may address or host.
-        shards: fixed for the life of a store (checked against it). None: 16 with the
-            local backend; with `backend="ray"` the store's own count if it exists,
+        shards: fixed for the life of a store (checked against it: another count is
+            refused, `ShardCountError`). None: the store's own with a `Store`, else 16
+            with the local backend; with `backend="ray"` the store's own count if it exists,
             else the running deployment's, else 256 (shards are what moves between
             nodes, so many more shards than host actors). At most `MAX_SHARDS` (4096).
         host: whether this process takes shard leases and runs entities. Pure clients
@@ -405,12 +406,14 @@ async def open_runtime(
             await follower.close()
             await ray_backend.close()
         return
-    shards = LOCAL_SHARDS if shards is None else shards
+    if isinstance(store, str):
+        shards = LOCAL_SHARDS if shards is None else shards
+        the_store: Store = await open_store(store, shards=shards)  # checks the count
+    else:
+        the_store, shards = store, _store_shards(store, shards)
+    owned_store = isinstance(store, str)
     router = Router(shards)
     clock = clock or SystemClock()
-    owned_store = isinstance(store, str)
-    the_store: Store = await open_store(store, shards=shards) if isinstance(store, str) \
-        else store
     local: LocalHost | None = None
     local_backend: LocalBackend | None = None
     registration: BuildRegistration | None = None
@@ -445,3 +448,15 @@ async def open_runtime(
             await hosting.close()
         if owned_store:
             await the_store.close()
+
+
+def _store_shards(store: Store, shards: int | None) -> int:
+    """The shard count to route by over an opened `store`: its own (`shards`, if given,
+    must be it). A host routing by another would run the same keys as the store's."""
+    if shards is not None and shards != store.shards:
+        raise ShardCountError(
+            f"shards={shards}, but {store!r} was created with shards="
+            f"{store.shards}; the shard count is fixed when a store is created (pass "
+            f"shards={store.shards}, or none: a Store's own count is used)",
+            store_shards=store.shards, shards=shards)
+    return store.shards

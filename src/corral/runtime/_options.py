@@ -10,17 +10,13 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
+from corral._common import MAX_SHARDS
 from corral._errors import InvalidArgumentError
 
 from ._boundary import _FORBIDDEN, Limits
 
 __all__ = ["MAX_SHARDS", "check_address", "check_hosts", "check_namespace", "check_node_id",
            "check_runtime_options", "check_shards"]
-
-MAX_SHARDS = 4096
-"""The most shards a store may have: shards are what moves between hosts, so a few per
-host is enough (the Ray default of 256 serves ~25 hosts at 10 each); each is a lease, a
-lock file on SQLite and a round of the housekeeping loop, so more only costs."""
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import corral.metrics as metrics
+from corral._common import MAX_SHARDS
 from corral._errors import (
     BatchRefusedError,
     CorralError,
@@ -105,7 +106,10 @@ class PlacementRouter(Router):
             return super().shard_of(entity_type, key)
         digest = hashlib.blake2b(f"{entity_type}\0{key}".encode(), digest_size=8,
                                  person=b"corral-dedicated").digest()
-        return self.shards + int.from_bytes(digest, "big") % _DEDICATED_SPACE
+        # At least MAX_SHARDS past the count: a store refuses a lease in between, where
+        # only a router of another shard count lands (`check_lease_shards`). Moves only
+        # the keys whose hash fell below it (a chance of 2**-50 each).
+        return self.shards + max(int.from_bytes(digest, "big") % _DEDICATED_SPACE, MAX_SHARDS)
 
     def is_dedicated(self, index: int) -> bool:
         return index >= self.shards

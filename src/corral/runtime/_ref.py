@@ -26,6 +26,7 @@ from corral._errors import (
     EntityTerminatedError,
     InvalidArgumentError,
     QueryResultError,
+    QueryTimeoutError,
     StoreUnavailableError,
     UpdateFailedError,
     WaitTimeoutError,
@@ -69,10 +70,15 @@ from ._ops import (
 )
 from ._results import Ack, Delivery, EntityDescription, decode_value
 
-__all__ = ["EntityRef"]
+__all__ = ["QUERY_TIMEOUT", "EntityRef"]
 
 _SIGNAL = (HandlerKind.SIGNAL,)
 _UPDATE = (HandlerKind.UPDATE,)
+
+QUERY_TIMEOUT = 30.0
+"""Seconds `EntityRef.query` waits for its answer by default (`timeout=`): a query
+reads the caller's own writes, so it waits for them to be applied, and a blocked
+handler must not hang every query of the process (`QueryTimeoutError`)."""
 
 E_co = TypeVar("E_co", covariant=True)
 """The entity class a ref addresses."""
@@ -387,12 +393,14 @@ class EntityRef(Generic[E_co, S]):
 
     @overload
     async def query(self, handler: Callable[[E_co], R], payload: None = None, *,
-                    sender: str | None = None, activate: bool = False) -> R: ...
+                    sender: str | None = None, activate: bool = False,
+                    timeout: float | None = QUERY_TIMEOUT) -> R: ...
     @overload
     async def query(self, handler: Callable[[E_co, P], R], payload: P | dict[str, Any], *,
-                    sender: str | None = None, activate: bool = False) -> R: ...
+                    sender: str | None = None, activate: bool = False,
+                    timeout: float | None = QUERY_TIMEOUT) -> R: ...
     async def query(self, handler: Any, payload: Any = None, *, sender: str | None = None,
-                    activate: bool = False) -> Any:
+                    activate: bool = False, timeout: float | None = QUERY_TIMEOUT) -> Any:
         """Read state through a query handler.
 
         Answered by the live activation once everything accepted before the query is
@@ -402,15 +410,30 @@ class EntityRef(Generic[E_co, S]):
         that only `run()` changed since that snapshot is not visible there (a finished
         entity's latest snapshot is its state as of the close: nothing is missing). Pass
         `activate=True` to bring a passivated entity back and answer from live state.
+
+        Raises:
+            QueryTimeoutError: no answer within `timeout` seconds (`QUERY_TIMEOUT`, 30,
+                by default; None: no bound): a handler still applying what was
+                accepted before the query is blocked, or the host is slow. Nothing
+                changed; retryable.
         """
+        waited = check_timeout(timeout)
         with self._about(send=False):
             b = self._boundary
             h = b.handler(self.definition, handler, (HandlerKind.QUERY,))
             # A query without a model answers to no payload; one given is refused.
             text = None if h.input_type is None and payload is None else b.payload(h, payload)
             await b.sender(sender, self.definition, self.key, "query", h.name)
-            text = await self._backend.run(Query(self.definition.name, self.key, self.shard,
-                                                 h.name, text, activate))
+            op = Query(self.definition.name, self.key, self.shard, h.name, text, activate)
+            try:
+                text = await within(self._backend.run(op), waited)
+            except Expired:
+                raise QueryTimeoutError(
+                    f"query {h.name!r} of {self!r} got no answer within {waited:g} s: what "
+                    "was accepted for it before the query is not applied yet (a handler "
+                    "blocked, the entity suspended, or its host slow); ask again later",
+                    waited=waited or 0.0, entity_type=self.definition.name,
+                    key=self.key) from None
             try:
                 return decode_value(text, h.output_type)
             except ValidationError as err:

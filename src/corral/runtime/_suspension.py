@@ -6,7 +6,9 @@ half-changed it), records the suspension in the store (error with traceback, att
 since, next attempt) and holds the entity in its shard until the next attempt under
 the type's `run_retry`: messages go on being accepted and journaled, but do not bring
 it back early. The next attempt rebuilds the entity from its latest snapshot and
-journal and calls `run()` again; a host that takes the shard (a restart with fixed
+journal (applying every kept signal and update through its handler: an update is
+answered then, its outcome recorded once, and applied again only to rebuild the state
+at a later attempt) and calls `run()` again; a host that takes the shard (a restart with fixed
 code) and `EntityRef.resume()` (a `RESUME` journal entry) try at once.
 
 The suspension is over (the record is dropped) when the retried `run()` first parks in

@@ -20,6 +20,7 @@ async def uses(rt: corral.Runtime) -> None:
     assert_type(await ref.update(Ticket.assign, Reply(text="ann")), Assigned)
     assert_type(await ref.update_with_start(Ticket.count, start=Start(tenant="a")), int)
     assert_type(await ref.query(Ticket.replies_so_far), list[str])
+    assert_type(await ref.query(Ticket.replies_so_far, timeout=5), list[str])
     assert_type(await ref.query(Ticket.starts_with, Reply(text="h")), bool)
     assert_type(await ref.result(timeout=1.0), int)
     delivery = await ref.deliver(Ticket.approval, Reply(text="ok"), key="k-1", sender="ana")

@@ -24,6 +24,7 @@ async def misuses(rt: corral.Runtime) -> None:
     flag: str = await ref.query(Ticket.starts_with, Reply(text="x"))  # error: a bool
     result: str = await ref.result()  # error: run() returns an int
     await ref.query(Ticket.starts_with)  # error: the query takes a payload
+    await ref.query(Ticket.replies_so_far, timeout="5")  # error: seconds, not text
     job = rt.ref(Job, "job-1")
     await job.signal(Ticket.inbox, Reply(text="x"))  # error: Ticket's mailbox on a Job
     await job.signal_with_start(Job.poke, Reply(text="x"), start=Start(tenant="a"))  # error
