@@ -301,3 +301,44 @@ async def test_a_host_cut_off_inside_a_transaction_holds_up_sends_and_a_takeover
             proxy.heal()
             await asyncio.gather(cut, return_exceptions=True)
         await store_a.close()
+
+
+async def test_a_pure_clients_start_cut_off_before_its_commit_is_applied_by_a_host_that_took_its_shard_meanwhile(  # noqa: E501
+    pg_url: str,
+) -> None:
+    """A pure client given a `Store` (through the proxy) starts an entity; its link
+    stops the moment it sends the COMMIT. A new host on the direct URL takes the shard
+    meanwhile (recovering none: the run is not committed yet), then the link heals and
+    the client is acknowledged (or, if the server had ended its session, retries with
+    the same message id). The host applies it: its row carries the store's shard (the
+    client routed by 16, leaving it on a shard no host takes: issue 39, item 5), and the
+    host's tail catches an entry committed after its recovery read."""
+    key = "ticket-cut-client"
+    async with TcpProxy(pg_url) as proxy:
+        store_c = await open_postgres_store(proxy.url, shards=1)
+        async with corral.open_runtime(store_c, entities=[Ticket], host=False) as client:
+
+            async def start() -> corral.Ack:
+                while True:  # a caller retrying a retryable failure, same message id
+                    try:
+                        return await asyncio.wait_for(client.ref(Ticket, key).signal_with_start(
+                            Ticket.reply, Reply(text="m1"), start=Start(tenant="acme"),
+                            message_id="m1"), CALL_TIMEOUT)
+                    except corral.StoreUnavailableError:
+                        await asyncio.sleep(0.05)
+
+            proxy.partition_before(b"COMMIT\0")
+            starting = asyncio.ensure_future(start())
+            await wait_until(lambda: proxy.partitioned, "the client is cut off before a COMMIT")
+            async with corral.open_runtime(pg_url, entities=[Ticket], shards=1) as host:
+                hosting = host.host
+                assert hosting is not None
+                await wait_until(lambda: 0 in hosting.shards, "the host takes the shard")
+                proxy.heal()
+                ack = await asyncio.wait_for(starting, CALL_TIMEOUT)
+                assert (ack.run_id, ack.seq) == (1, 1)
+                ref = host.ref(Ticket, key)
+                # describe(), not query(): a query would activate the entity here itself
+                await wait_until(all_applied(ref), "the host applies the acknowledged start")
+                assert (await ref.query(Ticket.status)).inbox == ["acme:m1"]
+        await store_c.close()
