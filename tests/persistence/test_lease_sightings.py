@@ -43,7 +43,7 @@ async def test_a_lease_seen_unchanged_is_taken_only_if_its_row_is_still_the_one_
     assert seen[1][:2] == ("a", 1)
     assert await holder.renew_leases("a", {1: 1}, 600.0) == {1}  # renewed since seen
     stale = frozenset((s, row) for s, row in seen.items() if row is not None)  # 3 unleased
-    taken = await acquirer.write(AcquireLeasesOp("b", (1, 2, 3), 600.0, stale=stale))
+    taken = await acquirer.write(AcquireLeasesOp("b", (1, 2, 3), 600.0, SHARDS, stale=stale))
     assert taken == {2: 2, 3: 1}
 
 
