@@ -243,24 +243,30 @@ async def test_an_accepted_update_partitioned_from_its_store_times_out_only_at_i
     (A read timing out across the partition raised a bare `TimeoutError`, which the
     caller's wait took for its own deadline: `WaitTimeoutError("... not applied within
     30 s")` about a second after the update was accepted.)"""
-    deadline = 3.0
+    # The store's timeout is well under the deadline (each poll across the partition
+    # times out several times before it) and well over a commit on a loaded machine
+    # (at 0.5 s the accept itself timed out under a load of ~10).
+    timeout, deadline = 2.0, 6.0
     async with TcpProxy(pg_url) as proxy:
-        store = await open_postgres_store(proxy.url, shards=2, timeout=0.5)
-        async with corral.open_runtime(store, entities=[Ticket], host=False) as client:
-            ref = client.ref(Ticket, "ticket-partitioned-update")
-            loop = asyncio.get_running_loop()
-            began = loop.time()
-            waiting = asyncio.ensure_future(ref.update_with_start(
-                Ticket.assign, Assign(agent="ann"), start=Start(tenant="acme"),
-                update_id="u-1", timeout=deadline))
-            await wait_until(lambda: sql(pg_url, "SELECT count(*) FROM journal")[0][0] == 1,
-                             "the update is accepted")
-            proxy.partition()  # every poll for the outcome now times out (0.5 s)
-            with pytest.raises(corral.WaitTimeoutError, match="within 3 s"):
-                await asyncio.wait_for(waiting, CALL_TIMEOUT)
-            assert loop.time() - began >= deadline  # it did wait that long
-            proxy.heal()
-        await store.close()
+        store = await open_postgres_store(proxy.url, shards=2, timeout=timeout)
+        try:
+            async with corral.open_runtime(store, entities=[Ticket], host=False) as client:
+                ref = client.ref(Ticket, "ticket-partitioned-update")
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                waiting = asyncio.ensure_future(ref.update_with_start(
+                    Ticket.assign, Assign(agent="ann"), start=Start(tenant="acme"),
+                    update_id="u-1", timeout=deadline))
+                await wait_until(
+                    lambda: sql(pg_url, "SELECT count(*) FROM journal")[0][0] == 1,
+                    "the update is accepted")
+                proxy.partition()  # every poll for the outcome now times out
+                with pytest.raises(corral.WaitTimeoutError, match="within 6 s"):
+                    await asyncio.wait_for(waiting, CALL_TIMEOUT)
+                assert loop.time() - began >= deadline  # it did wait that long
+                proxy.heal()
+        finally:
+            await store.close()
 
 
 async def test_a_host_cut_off_inside_a_transaction_holds_up_sends_and_a_takeover_less_than_a_lease(
