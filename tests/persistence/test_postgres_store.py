@@ -619,3 +619,36 @@ async def test_a_host_killed_mid_stream_is_taken_over_and_every_ack_is_applied_o
             await survivor.close()
     finally:
         await client.close()
+
+
+async def test_a_wait_for_a_foreign_commit_cancelled_as_the_commit_is_heard_ends_cancelled(
+    pg_url: str, other: PostgresStore,
+) -> None:
+    """A host's journal tail waits here; closing, the host cancels it and awaits it. On
+    Python < 3.12 `asyncio.wait_for` returned the event's result instead, the
+    cancellation lost, when it came just after the notification woke the wait: the tail
+    went on looping and the host's close waited for it forever (a host closed by SIGTERM
+    never exited, `test_handoff.py`). Each round cancels one loop turn later after the
+    notification was received, across that window."""
+    store = await open_postgres_store(pg_url, shards=SHARDS, poll_fallback=3600.0)
+    try:
+        await store.acquire_leases("h", [5], 60.0)
+        inside = 0  # rounds whose cancellation came while the wait had not returned yet
+        for turns in range(8):
+            waiting = asyncio.create_task(store.wait_foreign_commit(60.0))
+            await asyncio.sleep(0)  # it waits
+            heard = store._session.received
+            await other.accept(acc(f"k{turns}", "theirs", shard=5))
+            while store._session.received == heard:
+                await asyncio.sleep(0)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if waiting.done():
+                continue  # it returned first: no cancellation to lose
+            inside += 1
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        assert inside  # some cancellation came while it waited: the window was not missed
+    finally:
+        await store.close()

@@ -103,7 +103,7 @@ def loaded_by(package: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
-@pytest.mark.parametrize("leaf", ["corral._errors", "corral._common"])
+@pytest.mark.parametrize("leaf", ["corral._errors", "corral._common", "corral._deadline"])
 def test_a_leaf_loads_nothing_else_of_corral(leaf: str) -> None:
     assert loaded_by(leaf) == {leaf}
 

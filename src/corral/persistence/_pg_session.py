@@ -29,6 +29,8 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
+from corral._deadline import Expired, within
+
 from ._pg_schema import NOTIFY_CHANNEL
 
 __all__ = ["HostSession"]
@@ -81,10 +83,12 @@ class HostSession:
     # -- commits ------------------------------------------------------------------
 
     async def wait(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for a foreign commit; then answer as `seen`."""
+        """Wait up to `timeout` seconds for a foreign commit; then answer as `seen`.
+        A cancellation is never lost (`within`): a host closing cancels its journal
+        tail here, and awaits it."""
         if not self._hit and self._up():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._heard.wait(), timeout)
+            with contextlib.suppress(Expired):
+                await within(self._heard.wait(), timeout)
         elif not self._hit:
             await asyncio.sleep(timeout)  # reconnecting: `seen` polls meanwhile
         self._heard.clear()

@@ -14,6 +14,8 @@ import itertools
 import time
 from typing import Any, Protocol
 
+from corral._deadline import Expired, within
+
 __all__ = ["Clock", "SystemClock", "VirtualClock"]
 
 
@@ -43,9 +45,9 @@ class SystemClock:
         return time.monotonic()
 
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
+        try:  # never loses a cancellation: the host stopping an entity awaits its run()
+            await within(event.wait(), timeout)
+        except Expired:
             return False
         return True
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 import corral.metrics as metrics
 from corral._common import RunStatus
+from corral._deadline import Expired, within
 from corral._errors import (
     CorralError,
     EntityFailedError,
@@ -55,7 +56,6 @@ from ._boundary import (
     new_message_id,
 )
 from ._clock import Clock
-from ._deadline import Expired, within
 from ._history import EntityHistory, EntityState
 from ._ops import (
     DeadLetters,
@@ -510,8 +510,8 @@ class EntityRef(Generic[E_co, S]):
         await self._read(sender, "result")
         seen: list[int] = []
         try:
-            return await asyncio.wait_for(self._wait_result(seen), waited)
-        except asyncio.TimeoutError:
+            return await within(self._wait_result(seen), waited)
+        except Expired:
             run = f"run {seen[-1]}" if seen else "its run"
             raise WaitTimeoutError(
                 f"{self!r}: {run} did not close within {waited:g} s",

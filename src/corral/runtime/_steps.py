@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from corral._common import RetryPolicy
+from corral._deadline import Expired, within
 from corral._errors import DuplicateStepError, InvalidArgumentError, StepFailedError
 from corral.actors import current_step_key
 from corral.persistence import Send, StepRecord
@@ -162,10 +163,15 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
         return await call_as_task(fn, args, key, timeout, ray_options)
     token = current_step_key.set(key)
     try:
-        if inspect.iscoroutinefunction(fn):
-            return await asyncio.wait_for(fn(*args), timeout)
-        # to_thread copies this context, so the thread sees the key too.
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
+        # `within`, never `asyncio.wait_for`: before Python 3.12 that lost the
+        # cancellation of a host stopping the entity as the attempt finished, and run()
+        # went on while the stop waited for it.
+        call = fn(*args) if inspect.iscoroutinefunction(fn) else \
+            asyncio.to_thread(fn, *args)  # copies this context: the thread sees the key
+        try:
+            return await within(call, timeout)
+        except Expired:
+            raise TimeoutError(f"the attempt did not finish within {timeout:g} s") from None
     finally:
         current_step_key.reset(token)
 

@@ -1,10 +1,18 @@
-"""`within`: a caller's deadline that is told apart from a `TimeoutError` raised inside.
+"""`within`: a bounded wait that is told apart from a `TimeoutError` raised inside, and
+that never loses its caller's cancellation. A leaf of the package (it imports nothing
+of corral): the store's waits and the runtime's use it alike.
 
 On Python 3.11+ `asyncio.TimeoutError` is the builtin `TimeoutError`, so the one
 `asyncio.wait_for` raises at its deadline and one a driver raised inside the awaited
 call (a statement timed out) are the same type: catching it to say "not done within N
 s" then said so of a call that failed after 3 s. `within` raises its own `Expired`,
 only when the deadline passed.
+
+Before Python 3.12, `asyncio.wait_for` also lost a cancellation that came while the
+awaited call had just finished (it returned the call's result instead): a loop waiting
+on an event with a timeout went on looping after its task was cancelled, and whatever
+awaited that task waited forever (a host's close, on its journal tail). `within`
+waits with `asyncio.wait`, which never swallows it.
 """
 
 from __future__ import annotations
