@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from corral._deadline import Expired, within
 from corral._errors import InvalidArgumentError
 from corral.actors import current_step_key
 
@@ -53,9 +54,14 @@ async def call_as_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
     except (TypeError, ValueError) as err:
         raise InvalidArgumentError(f"step ray_options {ray_options!r:.200} refused by Ray: "
                                    f"{err}") from err
+    # `within`, never `asyncio.wait_for` (before Python 3.12 that lost a stop's
+    # cancellation that came as the task finished: `_steps._call` says more).
     try:
-        return await asyncio.wait_for(_await(ref), timeout)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
+        return await within(_await(ref), timeout)
+    except Expired:
+        ray.cancel(ref, force=True)
+        raise TimeoutError(f"the attempt did not finish within {timeout:g} s") from None
+    except asyncio.CancelledError:
         ray.cancel(ref, force=True)
         raise
 
