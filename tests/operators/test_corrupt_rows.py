@@ -108,6 +108,10 @@ JSON_CASES = {
                             "dead_letters", "payload", "history"),
     "deep journal payload": (f"UPDATE journal SET payload = '{nested(3000)}' "
                              "WHERE key = 'b-1'", "journal", "payload", "state"),
+    # deeper than corral writes, though every Python's parser reads it (pydantic would
+    # refuse to encode it again, untyped): corral's own bound, on every version
+    "journal payload past the bound": (f"UPDATE journal SET payload = '{nested(300)}' "
+                                       "WHERE key = 'b-1'", "journal", "payload", "state"),
     # not JSON, read the same way: a value outside its column's domain
     "run status": ("UPDATE runs SET status = 'bogus' WHERE key = 'b-1'", "runs", "status",
                    "describe"),

@@ -94,21 +94,50 @@ class Row:
         raise self.corrupt(column, f"is {type(value).__name__}, not bytes")
 
 
+STORED_MAX_DEPTH = 255  # pydantic serializes no deeper: corral never stored more
+
+
 def stored_json(text: str | bytes, row: Row, column: str) -> Any:
     """The JSON value of stored text: what every read of stored JSON goes through (a
     run's start input and result, a payload, a snapshot, a build's manifest).
 
     The standard library's parser reads it (any integer, as written); what it cannot
-    read is `CorruptRowError`: not JSON, not UTF-8, or nested deeper than the parser
-    goes (about a thousand levels, less Python's stack in use: a bound the stored form
-    never comes near, as a payload is refused past `MAX_DEPTH` levels at the boundary).
+    read is `CorruptRowError`: not JSON, not UTF-8, or nested deeper than
+    `STORED_MAX_DEPTH` levels. No corral wrote that (a payload is refused past
+    `MAX_DEPTH` levels at the boundary, and pydantic encodes no state deeper), and
+    nothing downstream could use it: pydantic refuses to encode it again. The bound is
+    corral's own, not the parser's (which gives up near a thousand levels before Python
+    3.12 and goes deeper after).
     """
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except RecursionError:
         raise row.corrupt(column, "is JSON nested too deeply to read") from None
     except (ValueError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError
         raise row.corrupt(column, f"is not JSON ({err})") from None
+    if _deeper_than(value, text, STORED_MAX_DEPTH):
+        raise row.corrupt(column, "is JSON nested too deeply to read "
+                                  f"(more than {STORED_MAX_DEPTH} levels)")
+    return value
+
+
+def _deeper_than(value: Any, text: str | bytes, limit: int) -> bool:
+    """Whether `value` (parsed from `text`) nests containers more than `limit` deep.
+    A text with no more brackets than `limit` cannot (counted at C speed: the walk is
+    paid only by large structured values)."""
+    opening = ("[", "{") if isinstance(text, str) else (b"[", b"{")
+    if text.count(opening[0]) + text.count(opening[1]) <= limit:  # type: ignore[arg-type]
+        return False
+    if not isinstance(value, dict | list):
+        return False  # the brackets were inside a string
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def _shown(value: object) -> str:
