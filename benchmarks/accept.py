@@ -28,7 +28,7 @@ Workloads (see benchmarks/README.md for the columns):
    (`pickup.py`: polling on SQLite, LISTEN/NOTIFY on PostgreSQL).
 
 8. `--progress` (on its own): the cost of hosts recording their progress in the store
-   (`corral.runtime._progress`, once a second per shard): corral `host=True` with the
+   (`corral.runtime.host._progress`, once a second per shard): corral `host=True` with the
    recording on (as shipped) and off, rounds interleaved, on both stores; writes
    benchmarks/results/accept-progress.json.
 
@@ -66,11 +66,11 @@ from pydantic import BaseModel
 
 import corral
 import corral.persistence
-import corral.runtime._progress as progress_module
+import corral.runtime.host._progress as progress_module
 from corral.persistence import canonical_json, is_postgres_url, open_sqlite_store, payload_hash
 from corral.persistence._schema import PRAGMAS
-from corral.runtime._boundary import new_message_id
-from corral.runtime._router import Router
+from corral.runtime.client._boundary import new_message_id
+from corral.runtime.client._router import Router
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "accept.json"

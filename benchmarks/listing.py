@@ -36,7 +36,7 @@ from pydantic import BaseModel
 
 import corral
 from corral.persistence import open_store
-from corral.runtime._results import encode_cursor
+from corral.runtime.client._results import encode_cursor
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "listing.json"

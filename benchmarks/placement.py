@@ -57,7 +57,7 @@ from _roll_release1 import Item, Start, Tally  # importable by the host actors
 
 import corral
 from corral.runtime import stop_ray_hosts
-from corral.runtime._ray_directory import assignment
+from corral.runtime.ray._directory import assignment
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -1,4 +1,4 @@
-"""What shipping the host actors' logs to the drivers costs (`runtime/_ray_logs`).
+"""What shipping the host actors' logs to the drivers costs (`runtime/ray/_logs`).
 
 Run from the repository root:
 

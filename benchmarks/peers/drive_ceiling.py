@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: 
 import accept
 
 from corral.persistence import canonical_json, payload_hash
-from corral.runtime._boundary import new_message_id
-from corral.runtime._router import Router
+from corral.runtime.client._boundary import new_message_id
+from corral.runtime.client._router import Router
 
 
 class CeilingAdapter(_wl.Adapter):

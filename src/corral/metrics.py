@@ -7,7 +7,7 @@ cluttered): scrape it with `corral.metrics.serve(port)`, from the dashboard's
 hosts are actors with no port of their own: a deployment's scrape (`corral metrics
 --namespace NS`, the dashboard's `/metrics`) pulls each host actor's `REGISTRY` through
 one Ray call and serves its series under the same names, with a `host` label naming the
-actor (`Runtime.host_metrics`, `corral.runtime._ray_metrics`).
+actor (`Runtime.host_metrics`, `corral.runtime.ray._host_metrics`).
 
 A leaf of the package: it imports nothing of corral, so every layer may count.
 

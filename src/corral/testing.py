@@ -28,9 +28,10 @@ from corral._errors import InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 from corral.persistence import SqliteStore, Store, open_sqlite_store, open_store, stored_shards
 from corral.runtime import Runtime, open_runtime
-from corral.runtime._check import SnapshotCheck, SnapshotFailure, TypeCheck, check_store
 from corral.runtime._clock import VirtualClock
-from corral.runtime._host import LocalHost
+from corral.runtime.host._check import SnapshotCheck, SnapshotFailure, TypeCheck, check_store
+from corral.runtime.host._host import LocalHost
+from corral.runtime.host._local_backend import LocalBackend
 
 __all__ = ["SnapshotCheck", "SnapshotFailure", "TestRuntime", "TypeCheck", "check_snapshots",
            "open_test_runtime"]
@@ -135,7 +136,8 @@ async def open_test_runtime(*, entities: Sequence[type[Entity]], store: str = ":
     try:
         async with open_runtime(the_store, entities=entities, shards=shards, clock=clock,
                                 **options) as rt:
-            host = rt.host
+            assert isinstance(rt.backend, LocalBackend)
+            host = rt.backend.host
             assert host is not None
             env = TestRuntime(rt, clock, the_store, host)
             await env.settle()

@@ -17,8 +17,8 @@ import pytest
 from pydantic import BaseModel
 
 import corral
-from corral.runtime._apply import ReplicaContext, instantiate
-from corral.runtime._snapshot import capture
+from corral.runtime.host._apply import ReplicaContext, instantiate
+from corral.runtime.host._snapshot import capture
 from stores import sql
 
 

@@ -220,8 +220,8 @@ def test_a_batch_of_accepts_counts_each_message_at_its_commits_latency() -> None
 
 def test_the_series_of_several_hosts_merge_into_one_family_per_name() -> None:
     """A scrape must not repeat a family: two hosts' samples of a name become one family
-    (the Ray deployment's scrape, `corral.runtime._ray_metrics`), told apart by label."""
-    from corral.runtime._ray_metrics import labelled
+    (the Ray deployment's scrape, `corral.runtime.ray._host_metrics`), told apart by label."""
+    from corral.runtime.ray._host_metrics import labelled
 
     corral.metrics.accepted("Merged", "signal", 0.001)
     text = corral.metrics.exposition().decode()

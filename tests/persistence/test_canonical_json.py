@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from corral import InvalidPayloadError
 from corral.persistence import canonical_encoder, payload_hash, plain_canonical_json
-from corral.runtime._codec import encode_model
+from corral.runtime._payloads import encode_model
 
 STDLIB = canonical_encoder().encode  # the reference: the stored form as first defined
 

@@ -156,7 +156,7 @@ async def test_accept_many_answers_each_acceptance_and_a_refusal_stays_its_own(
     payload, a plain signal to an entity never started) gets its own error as its
     result, the others are accepted and applied."""
     from corral.persistence import Acceptance, EntryKind, canonical_json, payload_hash
-    from corral.runtime._backend import LocalBackend
+    from corral.runtime.host._local_backend import LocalBackend
 
     async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
         backend = rt.backend

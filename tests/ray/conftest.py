@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from corral.runtime._ray import stop_hosts
+from corral.runtime.ray._connection import stop_hosts
 
 
 @pytest.fixture

@@ -45,17 +45,17 @@ from corral.persistence import (
     open_sqlite_store,
     payload_hash,
 )
-from corral.runtime._backend import LocalBackend
-from corral.runtime._host import LocalHost
-from corral.runtime._ops import AcceptBatch, Query
-from corral.runtime._ray import RayBackend, shard_actor_class, stop_hosts
-from corral.runtime._ray_host import (
+from corral.runtime.client._requests import AcceptBatch, Query
+from corral.runtime.client._router import Router
+from corral.runtime.host._host import LocalHost
+from corral.runtime.host._local_backend import LocalBackend
+from corral.runtime.ray._connection import RayBackend, shard_actor_class, stop_hosts
+from corral.runtime.ray._shard_host import (
     HOST_PROTOCOL,
     YOUNG_OBJECTS_PER_COLLECTION,
     actor_name,
     host_fingerprint,
 )
-from corral.runtime._router import Router
 from procs import sql, wait_until
 from ray_workers import (
     ENTITIES,
@@ -670,7 +670,7 @@ async def test_a_restarted_host_takes_a_new_epoch_at_once_and_fences_out_its_pre
 
 
 def _boundary(definitions: dict[str, Any]) -> Any:
-    from corral.runtime._boundary import Boundary
+    from corral.runtime.client._boundary import Boundary
 
     return Boundary(definitions, corral.Limits(), None)
 

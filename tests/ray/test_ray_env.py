@@ -1,5 +1,5 @@
 """The traps of running one deployment from several processes (issue 25, item 4):
-one store is hosted by one cluster (`runtime/_hosting`), the actors' environment
+one store is hosted by one cluster (`runtime/host/_hosting`), the actors' environment
 (`env_vars`), and the host actors' logs on the driver."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import corral
-from corral.runtime._ray import stop_hosts
+from corral.runtime.ray._connection import stop_hosts
 from flow_entities import BOUND, Bounded, Brief
 from procs import sql, wait_until
 from ray_workers import Counter, Item, Seen, Start, Tally

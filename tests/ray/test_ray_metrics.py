@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import corral
 import corral.metrics
 from corral.dashboard import create_app
-from corral.runtime._ray_metrics import HOST_LABEL, pull_hosts
+from corral.runtime.ray._host_metrics import HOST_LABEL, pull_hosts
 from metrics_cli import scrape, scrape_corral_metrics, unknown_series
 from ray_workers import Item, Metered, Seen
 from webhook_traffic import load_example

@@ -14,7 +14,7 @@ import ray
 import corral
 from corral._cli import main
 from corral.runtime import ray_nodes
-from corral.runtime._ray_directory import assignment
+from corral.runtime.ray._directory import assignment
 from ray_workers import Counter, Item, Start
 
 SHARDS = 4

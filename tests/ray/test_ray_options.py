@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import corral
-from corral.runtime._ray_directory import assignment
+from corral.runtime.ray._directory import assignment
 from ray_workers import Counter, Item, Start
 
 SHARDS = 4

@@ -21,9 +21,9 @@ import ray
 
 import corral
 from cluster_driver import run_driver
-from corral.runtime._ops import Query
-from corral.runtime._ray_directory import assignment
-from corral.runtime._ray_host import host_fingerprint
+from corral.runtime.client._requests import Query
+from corral.runtime.ray._directory import assignment
+from corral.runtime.ray._shard_host import host_fingerprint
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
 from pg import postgres_url as cluster_fixture  # noqa: F401
 from procs import wait_until

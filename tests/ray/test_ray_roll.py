@@ -26,7 +26,7 @@ import ray_roll_entities as release2
 import ray_workers as release1
 from corral._cli import main
 from corral.runtime import roll_ray_hosts
-from corral.runtime._ray import stop_hosts
+from corral.runtime.ray._connection import stop_hosts
 from procs import sql
 from ray_roll_stream import (
     Deployment,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.runtime._ray import stop_hosts
+from corral.runtime.ray._connection import stop_hosts
 from procs import wait_until
 from ray_workers import RUNTIME_ENV
 from step_entities import AgentInput, Escalation, EscalationInput, RayAgent, Reason

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 import corral
-from corral.runtime._ray import stop_hosts
+from corral.runtime.ray._connection import stop_hosts
 from procs import wait_until
 from rename_entities import Reply, TicketV1, TicketV2
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import corral
-from corral.runtime._boundary import new_message_id
+from corral.runtime.client._boundary import new_message_id
 from entities import (
     ALL_ENTITIES,
     Assign,

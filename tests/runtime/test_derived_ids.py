@@ -22,7 +22,7 @@ from pydantic import BaseModel
 import corral
 from corral.persistence import DERIVED_ID_PREFIXES, handler_send_id, send_message_id
 from corral.persistence._ops_dead_letters import replay_message_id
-from corral.runtime._steps import step_key_of
+from corral.runtime.host._steps import step_key_of
 from procs import wait_until
 from stores import row_counts, sql
 

@@ -16,7 +16,7 @@ import pytest
 
 import corral
 from corral.persistence import Fence, StepRecord, handler_send_id, open_store
-from corral.runtime._outbox import outgoing
+from corral.runtime.host._outbox import outgoing
 from procs import TESTS, Worker, spawner, wait_until
 from step_entities import Escalation, EscalationInput, Forward, Relay
 from stores import sql

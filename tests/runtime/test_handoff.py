@@ -1,4 +1,4 @@
-"""Graceful shard hand-off between two real processes, on both stores (`runtime/_handoff`).
+"""Graceful shard hand-off between two real processes, on both stores (`runtime/host/_handoff`).
 
 One host runs in a worker process (`handoff_worker.py`), the other in the test process,
 which also streams signals and updates to entities on every shard and checks, per

@@ -1,4 +1,4 @@
-"""The newest build hosts (issue 24 item 4, `runtime/_newest`): a rolling deploy on the
+"""The newest build hosts (issue 24 item 4, `runtime/host/_newest`): a rolling deploy on the
 local backend, both stores, real processes.
 
 Release 1 of `Case` (`build_entities.py`) hosts every shard in a worker process
@@ -26,7 +26,7 @@ import corral
 from build_entities import CaseR1, CaseR2, Escalation, NoteV2
 from corral.persistence import BuildProcess, BuildRecord
 from corral.runtime import Runtime
-from corral.runtime._newest import Plan, moves_per_round, plan
+from corral.runtime.host._newest import Plan, moves_per_round, plan
 from procs import TESTS, Worker, spawner, sql, wait_until
 from senders import Senders
 

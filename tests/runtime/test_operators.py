@@ -7,8 +7,8 @@ import pytest
 from pydantic import BaseModel
 
 import corral
-import corral.runtime._progress as progress
-from corral.runtime._progress import share
+import corral.runtime.host._progress as progress
+from corral.runtime.host._progress import share
 from entities import Job, Start, fresh_key
 from procs import wait_until
 from test_signal_waits import ENTITIES as WAITING

@@ -3,7 +3,7 @@ observed: least-shard allocation, a limit per round, lost shards all at once."""
 
 from __future__ import annotations
 
-from corral.runtime._ray_placer import host_name, plan_moves
+from corral.runtime.ray._placer import host_name, plan_moves
 
 
 def host(node: str, n: int = 0, tag: str = "t1") -> str:

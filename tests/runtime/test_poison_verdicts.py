@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 import corral
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
-from corral.runtime._apply import ReplicaContext, instantiate
-from corral.runtime._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
+from corral.runtime.host._apply import ReplicaContext, instantiate
+from corral.runtime.host._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
 
 
 class Item(BaseModel):

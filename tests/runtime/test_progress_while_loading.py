@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import corral
-import corral.runtime._progress as progress
+import corral.runtime.host._progress as progress
 from entities import fresh_key
 from procs import wait_until
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import types
+from collections.abc import Set
 from pathlib import Path
 
 import pytest
@@ -121,9 +122,10 @@ def test_importing_corral_persistence_loads_neither_the_runtime_nor_the_programm
     assert not {m for m in loaded if m.startswith(("corral.runtime", "corral.actors"))}
 
 
-def imported_corral_modules(path: Path) -> set[str]:
+def imported_corral_modules(path: Path, modules: Set[str] = frozenset()) -> set[str]:
     """Every corral module a source file imports anywhere (including inside functions and
-    `TYPE_CHECKING` blocks), resolving relative imports."""
+    `TYPE_CHECKING` blocks), resolving relative imports; with `modules` (every corral
+    module's name), `from package import name` also counts `package.name` if it is one."""
     package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts[:-1])
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -133,9 +135,13 @@ def imported_corral_modules(path: Path) -> set[str]:
             if node.level:
                 base = package.split(".")
                 base = base[: len(base) - node.level + 1]
-                found.add(".".join([*base, node.module] if node.module else base))
+                source = ".".join([*base, node.module] if node.module else base)
             elif node.module:
-                found.add(node.module)
+                source = node.module
+            else:
+                continue
+            found.add(source)
+            found |= {f"{source}.{a.name}" for a in node.names} & modules
     return {m for m in found if m == "corral" or m.startswith("corral.")}
 
 
@@ -158,14 +164,21 @@ def test_fail_run_is_a_public_corral_error_that_user_code_raises() -> None:
     assert corral.Entity.run_retry.max_attempts is None  # suspended runs retry forever
 
 
-def runtime_import_graph() -> dict[str, set[str]]:
-    """corral.runtime's modules and the runtime modules each imports, `TYPE_CHECKING`
-    and function-level imports included."""
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(under: str = "") -> dict[str, set[str]]:
+    """Every corral module (below `under`, e.g. "runtime") and the corral modules it
+    imports, `TYPE_CHECKING` and function-level imports included; `from package import
+    module` counts as importing the module."""
+    paths = sorted((SRC / under).rglob("*.py"))
+    names = {module_name(p) for p in sorted(SRC.rglob("*.py"))}
     graph: dict[str, set[str]] = {}
-    for path in sorted((SRC / "runtime").glob("*.py")):
-        name = "corral.runtime" if path.stem == "__init__" else f"corral.runtime.{path.stem}"
-        graph[name] = {m for m in imported_corral_modules(path)
-                       if m.startswith("corral.runtime.") and m != name}
+    for path in paths:
+        name = module_name(path)
+        graph[name] = {m for m in imported_corral_modules(path, names) if m != name}
     return graph
 
 
@@ -198,14 +211,44 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
 
 
 def test_no_module_of_the_runtime_imports_itself_back_through_others() -> None:
-    graph = runtime_import_graph()
-    assert "corral.runtime._activation" in graph
+    graph = import_graph("runtime")
+    assert "corral.runtime.host._activation" in graph
     assert import_cycle(graph) is None, " -> ".join(import_cycle(graph) or [])
 
 
+ROLES = "corral.runtime.client", "corral.runtime.host", "corral.runtime.ray"
+
+
+@pytest.mark.parametrize(("role", "forbidden"), [
+    # The client knows its backend only through the seam (`client._backend.Backend`).
+    ("corral.runtime.client", ("corral.runtime.host", "corral.runtime.ray",
+                               "corral.runtime._open")),
+    # A host runs the same in a plain process and in a Ray actor.
+    ("corral.runtime.host", ("corral.runtime.ray", "corral.runtime._open")),
+    ("corral.runtime.ray", ("corral.runtime._open",)),
+])
+def test_a_runtime_role_imports_no_role_above_it(role: str, forbidden: tuple[str, ...]
+                                                 ) -> None:
+    graph = import_graph("runtime")
+    modules = [m for m in graph if m == role or m.startswith(role + ".")]
+    assert len(modules) > 3, role
+    bad = {m: sorted(i for i in graph[m] if i.startswith(forbidden)) for m in modules}
+    assert not {m: b for m, b in bad.items() if b}
+
+
+def test_the_modules_shared_by_every_role_import_none_of_them() -> None:
+    graph = import_graph("runtime")
+    shared = [m for m in graph if m.count(".") == 2 and not m.startswith(ROLES)
+              and m != "corral.runtime._open"]
+    assert "corral.runtime._clock" in shared
+    for module in shared:
+        assert not {i for i in graph[module] if i.startswith(ROLES)}, module
+
+
 def test_an_activation_sees_its_shard_only_through_its_residence() -> None:
-    graph = runtime_import_graph()
-    assert "corral.runtime._shard" not in graph["corral.runtime._activation"]
+    graph = import_graph("runtime")
+    host = "corral.runtime.host."
+    assert host + "_shard" not in graph[host + "_activation"]
     for module in ("_poison", "_signal_waits", "_suspension", "_residence"):
-        reached = graph[f"corral.runtime.{module}"]
-        assert not {"corral.runtime._activation", "corral.runtime._shard"} & reached, module
+        reached = graph[host + module]
+        assert not {host + "_activation", host + "_shard"} & reached, module

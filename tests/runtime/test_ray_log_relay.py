@@ -1,4 +1,4 @@
-"""The pieces of the host actors' log relay that need no Ray (`runtime/_ray_logs`): a
+"""The pieces of the host actors' log relay that need no Ray (`runtime/ray/_logs`): a
 record's trip as data, and the relay's ring. On Ray end to end: tests/ray/test_ray_env.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from corral.runtime._ray_logs import LogRelay, _emit, _entry
+from corral.runtime.ray._logs import LogRelay, _emit, _entry
 
 
 def _record(msg: str, *, created: float = 1.0) -> dict[str, object]:

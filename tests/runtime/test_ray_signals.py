@@ -10,7 +10,7 @@ from types import FrameType
 
 import pytest
 
-from corral.runtime._ray_signals import keeping_sigterm
+from corral.runtime.ray._sigterm import keeping_sigterm
 
 
 def _server(signum: int, frame: FrameType | None) -> None:  # uvicorn's handle_exit, say

@@ -17,7 +17,7 @@ import corral
 from corral._cli._entities import handler_named
 from corral._cli._waits import signal_wait
 from corral.actors import HandlerKind
-from corral.runtime._ray_host import accepted_fingerprints, host_fingerprint
+from corral.runtime.ray._shard_host import accepted_fingerprints, host_fingerprint
 from entities import fresh_key
 from procs import TESTS, Worker, spawner, wait_until
 from rename_entities import (

@@ -77,7 +77,7 @@ NAMESPACES = ["", "a/b", "a\x00b", "a\ud800", "-lead", "x" * 65, "a b", "ns\n", 
 @pytest.mark.parametrize("namespace", NAMESPACES, ids=[repr(n)[:20] for n in NAMESPACES])
 def test_a_namespace_is_a_plain_name(namespace: Any) -> None:
     with pytest.raises(corral.InvalidArgumentError, match="namespace"):
-        corral.runtime._options.check_namespace(namespace)
+        corral.runtime.client._options.check_namespace(namespace)
 
 
 HOSTS = [0, -2, "2", 2.5, True, 10**9, {}, {"node": 0}, {"node": -1}, {"node": "1"},
@@ -87,11 +87,11 @@ HOSTS = [0, -2, "2", 2.5, True, 10**9, {}, {"node": 0}, {"node": -1}, {"node": "
 @pytest.mark.parametrize("hosts", HOSTS, ids=[repr(h)[:20] for h in HOSTS])
 def test_hosts_is_a_positive_count_or_a_map_of_counts(hosts: Any) -> None:
     with pytest.raises(corral.InvalidArgumentError, match="hosts"):
-        corral.runtime._options.check_hosts(hosts)
+        corral.runtime.client._options.check_hosts(hosts)
 
 
 def test_hosts_are_at_most_one_per_shard() -> None:
-    check = corral.runtime._options.check_hosts
+    check = corral.runtime.client._options.check_hosts
     assert check(8, 8) == 8
     assert check({"a": 3, "b": 0}, 8) == {"a": 3, "b": 0}
     for hosts in (9, {"a": 5, "b": 4}):

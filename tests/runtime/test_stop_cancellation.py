@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from corral.runtime._clock import SystemClock, VirtualClock
-from corral.runtime._steps import _call
+from corral.runtime.host._steps import _call
 
 
 async def cancelled_across_the_window(wait: Callable[[asyncio.Event], Awaitable[object]]

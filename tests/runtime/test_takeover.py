@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.runtime._host import LocalHost
+from corral.runtime.host._host import LocalHost
 from procs import TESTS, Worker, spawner, wait_until
 from stores import leased_owners, sql
 from takeover_entities import Alarm

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import corral
-from corral.runtime._ray_directory import assignment
+from corral.runtime.ray._directory import assignment
 from ray_clusters import on_cluster
 from ray_workers import (
     RUNTIME_ENV,

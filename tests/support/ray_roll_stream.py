@@ -23,7 +23,7 @@ import corral
 import ray_roll_entities as release2
 import ray_workers as release1
 from corral.runtime import RollStep, roll_ray_hosts
-from corral.runtime._ray_directory import assignment, host_of
+from corral.runtime.ray._directory import assignment, host_of
 from ray_workers import RUNTIME_ENV, Item, Seen, Start
 
 

@@ -218,7 +218,7 @@ async def host_info(namespace: str, shard: int) -> dict[str, Any] | None:
     while it cannot answer (its node just died, or it is moving)."""
     import ray
 
-    from corral.runtime._ray_directory import host_of
+    from corral.runtime.ray._directory import host_of
 
     name = await asyncio.to_thread(host_of, namespace, shard, "")
     try:

@@ -25,7 +25,7 @@ from corral._errors import (
     StoreError,
 )
 from corral.persistence import Row
-from corral.runtime._boundary import check_dead_letter_id
+from corral.runtime.client._boundary import check_dead_letter_id
 
 from ._connection import (
     AppOption,

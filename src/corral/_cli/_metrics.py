@@ -1,6 +1,6 @@
 """`corral metrics`: the store's census as Prometheus series, one scrape for the whole
 deployment (see `corral._scrape`); with `--namespace`, a Ray deployment's host actors'
-series too (`corral.runtime._ray_metrics`)."""
+series too (`corral.runtime.ray._host_metrics`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import typer
 
 from corral._scrape import HostSeries, serve_census
 from corral.persistence import open_store, stored_shards
-from corral.runtime._options import check_namespace
+from corral.runtime.client._options import check_namespace
 
 from ._connection import StoreOption, check_listen_host
 from ._errors import guard
@@ -94,8 +94,8 @@ def _ray_hosts(namespace: str, address: str | None) -> HostSeries:
     """Join the Ray cluster (a driver of its own); what pulls `namespace`'s host actors."""
     import ray  # only with --namespace: the other commands never import Ray
 
-    from corral.runtime._options import check_address
-    from corral.runtime._ray_metrics import pull_hosts
+    from corral.runtime.client._options import check_address
+    from corral.runtime.ray._host_metrics import pull_hosts
 
     if address is not None:
         check_address(address)

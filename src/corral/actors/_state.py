@@ -10,7 +10,7 @@ and str-keyed dicts of them) and must be set by `__init__`; anything else must b
 annotated. Other changes go through `state_version` and `@corral.upgrade` hooks: pure
 functions over the stored state's dict, one per version step.
 
-This module only declares; `corral.runtime._snapshot` reads and writes the JSON.
+This module only declares; `corral.runtime.host._snapshot` reads and writes the JSON.
 """
 
 from __future__ import annotations

@@ -26,23 +26,23 @@ from corral._errors import StoreError
 
 __all__ = ["Batch", "CommitQueue"]
 
-Op = TypeVar("Op")
+Item = TypeVar("Item")
 
 
-class Batch(Generic[Op]):
+class Batch(Generic[Item]):
     __slots__ = ("futures", "ops")
 
     def __init__(self) -> None:
-        self.ops: list[Op] = []
+        self.ops: list[Item] = []
         self.futures: list[asyncio.Future[Any]] = []  # one per op, same order
 
-    def add(self, op: Op) -> asyncio.Future[Any]:
+    def add(self, op: Item) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.ops.append(op)
         self.futures.append(future)
         return future
 
-    def add_many(self, ops: Sequence[Op]) -> list[asyncio.Future[Any]]:
+    def add_many(self, ops: Sequence[Item]) -> list[asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in ops]
         self.ops.extend(ops)
@@ -56,7 +56,7 @@ class Batch(Generic[Op]):
                 future.set_result(result)
 
 
-class CommitQueue(Generic[Op]):
+class CommitQueue(Generic[Item]):
     """The batch a writer commits next: callers `write`, the writer takes `batches()`
     until the queue is closed and its last batch taken.
 
@@ -70,7 +70,7 @@ class CommitQueue(Generic[Op]):
 
     def __init__(self, engine: str) -> None:
         self._engine = engine  # its name in metrics
-        self._batch: Batch[Op] | None = None
+        self._batch: Batch[Item] | None = None
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.closed = False
@@ -83,7 +83,7 @@ class CommitQueue(Generic[Op]):
         """No op is queued or committing."""
         return self._batch is None and not self.committing
 
-    def start(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+    def start(self, commit: Callable[[list[Item]], Awaitable[list[Any]]],
               failed: Callable[[Exception], StoreError], *,
               fails_all: Callable[[Exception], bool] = lambda err: False) -> None:
         """Start the writer: each batch committed by `commit` (one transaction: each
@@ -93,7 +93,7 @@ class CommitQueue(Generic[Op]):
         self._task = asyncio.create_task(self._serve(commit, failed, fails_all),
                                          name=f"corral-{self._engine}-writer")
 
-    async def _serve(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
+    async def _serve(self, commit: Callable[[list[Item]], Awaitable[list[Any]]],
                      failed: Callable[[Exception], StoreError],
                      fails_all: Callable[[Exception], bool]) -> None:
         async for batch in self.batches():
@@ -104,8 +104,8 @@ class CommitQueue(Generic[Op]):
                 self.committing = False
             batch.settle(results)
 
-    async def _commit(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
-                      ops: list[Op], failed: Callable[[Exception], StoreError],
+    async def _commit(self, commit: Callable[[list[Item]], Awaitable[list[Any]]],
+                      ops: list[Item], failed: Callable[[Exception], StoreError],
                       fails_all: Callable[[Exception], bool]) -> list[Any]:
         """One transaction for `ops`; on failure, one per op (see the module doc)."""
         try:
@@ -121,8 +121,8 @@ class CommitQueue(Generic[Op]):
                 results.append(failed(err))
         return results
 
-    async def _counted(self, commit: Callable[[list[Op]], Awaitable[list[Any]]],
-                       ops: list[Op]) -> list[Any]:
+    async def _counted(self, commit: Callable[[list[Item]], Awaitable[list[Any]]],
+                       ops: list[Item]) -> list[Any]:
         results = await commit(ops)
         self.commits += 1
         self.ops_committed += len(ops)
@@ -134,7 +134,7 @@ class CommitQueue(Generic[Op]):
         """No op is waiting for the writer (one it took may still be committing)."""
         return self._batch is None
 
-    async def write(self, op: Op) -> Any:
+    async def write(self, op: Item) -> Any:
         """Apply `op` in the next group-commit transaction; return its result once durable."""
         if self.closed:
             raise StoreError("store is closed")
@@ -143,7 +143,7 @@ class CommitQueue(Generic[Op]):
             raise result
         return result
 
-    async def write_many(self, ops: Sequence[Op]) -> list[Any]:
+    async def write_many(self, ops: Sequence[Item]) -> list[Any]:
         """`write` for each op, in one batch: each op's result, or the error refusing it."""
         if self.closed:
             raise StoreError("store is closed")
@@ -156,7 +156,7 @@ class CommitQueue(Generic[Op]):
         if self._task is not None:
             await self._task
 
-    async def batches(self) -> AsyncIterator[Batch[Op]]:
+    async def batches(self) -> AsyncIterator[Batch[Item]]:
         """Each batch, as the writer takes it (a new one starts for the next write)."""
         answered = 0  # ops in the batch the writer committed last
         while not (self.closed and self._batch is None):
@@ -173,7 +173,7 @@ class CommitQueue(Generic[Op]):
                 answered = len(batch.ops)
                 yield batch
 
-    def _next(self) -> Batch[Op]:
+    def _next(self) -> Batch[Item]:
         batch = self._batch
         if batch is None:
             batch = self._batch = Batch()

@@ -61,7 +61,7 @@ async def offered_to(q: Txn, heir: str) -> set[int]:
 
 async def held_by(q: Txn) -> dict[int, str]:
     """{shard: owner} of the leases held now (not expired, not released): a read, for a
-    host deciding which shards to request (`runtime/_newest`)."""
+    host deciding which shards to request (`runtime/host/_newest`)."""
     rows = await q.fetchall("SELECT shard, owner FROM leases WHERE owner <> '' AND "
                             "expires_at > ?", await q.clock())
     return {r[0]: r[1] for r in rows}

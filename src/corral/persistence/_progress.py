@@ -2,7 +2,7 @@
 
 A host records what it applied so that any process (an operator's CLI, the dashboard,
 a metrics scrape) sees how far behind an entity is without asking the host. The host
-batches it (`runtime/_progress`): at most once per `PROGRESS_INTERVAL` it writes one
+batches it (`runtime/host/_progress`): at most once per `PROGRESS_INTERVAL` it writes one
 `RecordProgressOp` per shard with the entities whose watermark or mailbox depth moved,
 fenced like its other writes and never on the path of a message. A watermark never
 moves back: a row is only replaced by one at the same or a higher seq (seqs number an

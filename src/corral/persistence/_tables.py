@@ -88,7 +88,7 @@ TABLES = (
         PRIMARY KEY (etype, key, message_id)""",
         ("sqlite: dedupe_seq (etype, key, seq)",
          "postgres: dedupe_sweep (etype, key, seq) WHERE seq > 0")),
-    # Entity state (a JSON envelope, see runtime/_snapshot) up to applied_seq.
+    # Entity state (a JSON envelope, see runtime/host/_snapshot) up to applied_seq.
     Table("snapshots", """
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL,
         applied_seq BIGINT NOT NULL, state BLOB NOT NULL, created_at REAL NOT NULL,

@@ -44,15 +44,13 @@ Ray backend, client process -> host actor:
 
 from corral.persistence import DeadLetter
 
-from ._boundary import Authorize, AuthRequest, Limits
 from ._builds import BuildInfo
-from ._client import Runtime, open_runtime
-from ._history import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
-from ._options import MAX_SHARDS
-from ._ray_deploy import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
-from ._ray_nodes import DrainReport, RayNode, drain_node, ray_nodes, undrain_node
-from ._ref import QUERY_TIMEOUT, EntityRef
-from ._results import (
+from ._open import open_runtime
+from .client._boundary import Authorize, AuthRequest, Limits
+from .client._inspection import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
+from .client._options import MAX_SHARDS
+from .client._ref import QUERY_TIMEOUT, EntityRef
+from .client._results import (
     Ack,
     Delivery,
     DeliveryStatus,
@@ -62,7 +60,10 @@ from ._results import (
     RunSummary,
     SignalWaitInfo,
 )
-from ._signal_many import SignalItem
+from .client._runtime import Runtime
+from .client._signal_many import SignalItem
+from .ray._cluster_nodes import DrainReport, RayNode, drain_node, ray_nodes, undrain_node
+from .ray._rolling import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
 
 __all__ = [
     "MAX_SHARDS",

@@ -1,4 +1,4 @@
-"""Backends: where the entity-facing operations of a `Runtime` are carried out.
+"""The local backend: a `Runtime`'s requests served from this process.
 
 `EntityRef` and `Runtime` validate at the boundary, then hand a `Backend` one request
 record per call (`_ops`; an `Acceptance` for a send) through `Backend.run(op)`, so the
@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, TypeVar
+
+from prometheus_client.core import Metric
 
 import corral.metrics as metrics
 from corral._common import RunStatus, WaitStatus
@@ -40,13 +42,9 @@ from corral.persistence import (
     WaitRecord,
 )
 
-from ._activation import Activation
-from ._apply import ReplicaContext, Unappliable, apply_entry, run_query
-from ._clock import Clock, SystemClock
-from ._events import lifecycle
-from ._history import EntityHistory, EntityState, read_history, read_state
-from ._host import LocalHost
-from ._ops import (
+from .._clock import Clock, SystemClock
+from ..client._inspection import EntityHistory, EntityState, read_history, read_state
+from ..client._requests import (
     AcceptBatch,
     DeadLetters,
     Describe,
@@ -54,7 +52,6 @@ from ._ops import (
     Entities,
     History,
     LatestRun,
-    Op,
     Query,
     ReplayDeadLetter,
     SignalBatch,
@@ -63,37 +60,18 @@ from ._ops import (
     TakeCensus,
     WaitUpdate,
 )
-from ._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
+from ..client._results import EntityDescription, EntitySummary, RunSummary, SignalWaitInfo
+from ._activation import Activation
+from ._apply import ReplicaContext, Unappliable, apply_entry, run_query
+from ._events import lifecycle
+from ._host import LocalHost
 from ._shard import Shard, ShardStopped
 from ._snapshot import decode, rebuild
 
-__all__ = ["Backend", "LocalBackend", "ShardOf"]
+__all__ = ["LocalBackend", "ShardOf"]
 
 ShardOf = Callable[[str, str], int]
 R = TypeVar("R")
-
-
-class Backend(Protocol):
-    """Where the operations behind `EntityRef` and `Runtime` run, after validation and
-    authorization: one request record per call (`_ops`), one entry point."""
-
-    calls_once: bool
-    """Each call reaches the store at most once (never retried with the same arguments),
-    so an id the ref made for its call is new to the store (`Acceptance.fresh_id`)."""
-
-    @overload
-    def run(self, op: Acceptance) -> Awaitable[AcceptResult]: ...
-    @overload
-    def run(self, op: DeliveryRequest) -> Awaitable[DeliveryResult]: ...
-    @overload
-    def run(self, op: Op[R]) -> Awaitable[R]: ...
-    def run(self, op: Any) -> Awaitable[Any]:
-        """Carry out `op` where its shard is hosted; its answer. An `Acceptance` is
-        accepted durably (start/dedupe/append in one transaction) and handed to its
-        host; a `DeliveryRequest` is decided and recorded, and wakes the waiting run."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 class LocalBackend:
@@ -128,6 +106,10 @@ class LocalBackend:
             return self._by_kind[type(op)](op)
         except KeyError:
             raise TypeError(f"not a backend operation: {op!r}") from None
+
+    async def host_metrics(self) -> list[Metric]:
+        """None: a process that hosts counts into its own `corral.metrics.REGISTRY`."""
+        return []
 
     async def close(self) -> None:
         if self.host is not None:

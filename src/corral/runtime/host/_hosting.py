@@ -25,7 +25,7 @@ import time
 from corral._errors import StoreError, StoreHostedElsewhereError
 from corral.persistence import HostingClaim, Store
 
-from ._builds import process_id
+from .._builds import process_id
 
 __all__ = ["LOCAL", "RAY_HOLDER", "HostingKeeper", "check_hosting", "local_holder", "refusal"]
 

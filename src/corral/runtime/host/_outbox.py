@@ -42,9 +42,9 @@ from corral.persistence import (
     payload_hash,
 )
 
-from ._boundary import Boundary, Limits
-from ._clock import Clock
-from ._router import Router
+from .._clock import Clock
+from ..client._boundary import Boundary, Limits
+from ..client._router import Router
 
 __all__ = ["Postman", "outgoing"]
 

@@ -31,8 +31,8 @@ from corral._errors import DuplicateStepError, InvalidArgumentError, StepFailedE
 from corral.actors import current_step_key
 from corral.persistence import Send, StepRecord
 
+from ..client._results import decode_value, encode_value
 from ._residence import Residence, retrying
-from ._results import decode_value, encode_value
 
 __all__ = ["RunSteps", "step_key_of"]
 
@@ -159,7 +159,7 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
                 timeout: float | None, ray_options: dict[str, Any] | None) -> Any:
     """One attempt: `fn(*args)` with `corral.step_key()` set, here or as a Ray task."""
     if ray_options is not None:
-        from ._ray_steps import call_as_task  # only a step on Ray imports Ray
+        from ._step_tasks import call_as_task  # only a step on Ray imports Ray
         return await call_as_task(fn, args, key, timeout, ray_options)
     token = current_step_key.set(key)
     try:

@@ -38,8 +38,8 @@ from corral._errors import (
 from corral.actors import Entity, EntityContext, EntityDefinition, Mailbox
 from corral.persistence import EntryKind, JournalEntry, Row, RunRecord, Store, stored_json
 
+from .._payloads import decode_model
 from ._apply import instantiate
-from ._codec import decode_model
 
 __all__ = ["FORMAT", "Envelope", "capture", "decode", "rebuild", "restore", "upgrade_state"]
 

@@ -20,7 +20,7 @@ from corral._errors import CorralError, LeaseLostError, StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, JournalEntry, Store, Suspension, UpdateOutcome
 
-from ._clock import Clock
+from .._clock import Clock
 
 __all__ = ["HeldRun", "Residence", "retrying"]
 

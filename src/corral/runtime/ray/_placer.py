@@ -57,8 +57,8 @@ from typing import Any
 from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 
-from ._ray_directory import assignment, drained_nodes, set_drained, set_host
-from ._ray_host import RayHostSpec, shard_actor_class, start_failure_hint
+from ._directory import assignment, drained_nodes, set_drained, set_host
+from ._shard_host import RayHostSpec, shard_actor_class, start_failure_hint
 
 __all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name",
            "host_node_prefix", "placer_handle", "placer_name", "plan_moves"]

@@ -53,14 +53,14 @@ from corral.actors import (
 )
 from corral.persistence import Acceptance, EntryKind, Store, is_postgres_url, open_store
 
-from ._backend import LocalBackend
-from ._builds import BuildRegistration, refused_client, refused_successor
-from ._host import LocalHost
-from ._ops import AcceptBatch, Query, Request, WaitUpdate
-from ._ray_directory import assignment, host_of
-from ._ray_env import ray_hosting
-from ._ray_logs import ship_logs
-from ._router import Router
+from .._builds import BuildRegistration, refused_client, refused_successor
+from ..client._requests import AcceptBatch, AnyRequest, Query, WaitUpdate
+from ..client._router import Router
+from ..host._host import LocalHost
+from ..host._local_backend import LocalBackend
+from ._directory import assignment, host_of
+from ._env import ray_hosting
+from ._logs import ship_logs
 
 __all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
            "shard_actor_class", "start_failure_hint"]
@@ -279,7 +279,7 @@ class ShardHost:
 
     # -- the Backend operations --------------------------------------------------------
 
-    async def handle(self, op: Request) -> Any:
+    async def handle(self, op: AnyRequest) -> Any:
         """Run one backend operation (`_ops`) here: the one entry point of the client.
 
         An `AcceptBatch` is answered item by item (`_accept_batch`); a `WaitUpdate`

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from corral._errors import InvalidArgumentError
 
-from ._options import check_namespace, check_node_id
-from ._ray_deploy import connect, placer_of, unwrapped
-from ._ray_directory import assignment, drained_nodes
-from ._ray_placer import RollStep, host_node_prefix
+from ..client._options import check_namespace, check_node_id
+from ._directory import assignment, drained_nodes
+from ._placer import RollStep, host_node_prefix
+from ._rolling import connect, placer_of, unwrapped
 
 __all__ = ["DrainReport", "RayNode", "drain_node", "ray_nodes", "undrain_node"]
 

@@ -45,6 +45,7 @@ from corral.persistence import (
     payload_hash,
 )
 
+from .._clock import Clock
 from ._backend import Backend
 from ._boundary import (
     Boundary,
@@ -55,9 +56,8 @@ from ._boundary import (
     check_timeout,
     new_message_id,
 )
-from ._clock import Clock
-from ._history import EntityHistory, EntityState
-from ._ops import (
+from ._inspection import EntityHistory, EntityState
+from ._requests import (
     DeadLetters,
     Describe,
     DiscardDeadLetter,

@@ -25,8 +25,8 @@ from corral.persistence import (
     UpdateOutcome,
 )
 
+from .._clock import Clock
 from ._activation import Activation
-from ._clock import Clock
 from ._events import lifecycle
 from ._outbox import Postman
 from ._residence import HeldRun

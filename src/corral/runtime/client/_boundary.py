@@ -34,8 +34,7 @@ from corral.actors import (
 )
 from corral.persistence import DERIVED_ID_PREFIXES
 
-from ._apply import encode_start
-from ._codec import encode_model
+from .._payloads import encode_model, encode_start
 
 __all__ = [
     "AuthRequest",

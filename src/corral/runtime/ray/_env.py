@@ -22,8 +22,8 @@ from typing import Any
 from corral._errors import InvalidArgumentError
 from corral.persistence import Store, is_postgres_url, open_store
 
-from ._hosting import RAY_HOLDER, HostingKeeper, check_hosting
-from ._ray_logs import LIFECYCLE_EVENTS
+from ..host._hosting import RAY_HOLDER, HostingKeeper, check_hosting
+from ._logs import LIFECYCLE_EVENTS
 
 __all__ = ["check_ray_hosting", "env_vars_of", "ray_cluster", "ray_hosting", "with_env_vars"]
 

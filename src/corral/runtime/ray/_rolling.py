@@ -41,12 +41,12 @@ from corral._errors import CorralError, InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
 from corral.actors._manifest import manifest_json
 
-from ._options import check_address, check_namespace
-from ._ray_directory import assignment, clear_directory
-from ._ray_env import with_env_vars
-from ._ray_host import RayHostSpec
-from ._ray_logs import retire_relay
-from ._ray_placer import RollStep, build_tag, placer_name
+from ..client._options import check_address, check_namespace
+from ._directory import assignment, clear_directory
+from ._env import with_env_vars
+from ._logs import retire_relay
+from ._placer import RollStep, build_tag, placer_name
+from ._shard_host import RayHostSpec
 
 __all__ = ["RollReport", "RollStep", "connect", "placer_of", "roll_ray_hosts",
            "stop_ray_hosts", "unwrapped"]

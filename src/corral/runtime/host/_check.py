@@ -19,8 +19,8 @@ from corral._errors import CorruptRowError
 from corral.actors import EntityDefinition, HandlerKind
 from corral.persistence import EntityRecord, EntryKind, Store, UnreadableRow
 
+from .._payloads import decode_model
 from ._apply import ReplicaContext
-from ._codec import decode_model
 from ._snapshot import rebuild
 
 __all__ = ["SnapshotCheck", "SnapshotFailure", "TypeCheck", "check_store"]

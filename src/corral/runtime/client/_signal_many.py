@@ -16,8 +16,8 @@ from corral._errors import BatchRefusedError, CorralError, InvalidArgumentError
 from corral.persistence import Acceptance
 
 from ._backend import Backend
-from ._ops import SignalBatch
 from ._ref import EntityRef, ack, annotate_refusal
+from ._requests import SignalBatch
 from ._results import Ack
 
 __all__ = ["MAX_BATCH", "SignalItem", "signal_many"]

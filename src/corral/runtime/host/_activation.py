@@ -34,13 +34,14 @@ from corral._errors import (
 from corral.actors import ContinueAsNew, Entity
 from corral.persistence import EntryKind, JournalEntry, RunRecord, Send, Suspension
 
-from ._apply import encode_start, instantiate
+from .._payloads import encode_start
+from ..client._results import decode_value, encode_value
+from ._apply import instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
 from ._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
 from ._recovery import fail_unbuilt, running_run, settle_terminated
 from ._residence import Residence
-from ._results import decode_value, encode_value
 from ._run_context import RunContext
 from ._snapshot import capture, rebuild
 from ._suspension import end_suspension, next_suspension, record_suspension

@@ -33,18 +33,18 @@ from corral.persistence import (
     WaitRecord,
 )
 
-from ._history import EntityHistory, EntityState
+from ._inspection import EntityHistory, EntityState
 from ._results import EntityDescription, EntitySummary
 
 __all__ = [
     "AcceptBatch",
+    "AnyRequest",
     "DeadLetters",
     "Describe",
     "DiscardDeadLetter",
     "Entities",
     "History",
     "LatestRun",
-    "Op",
     "Query",
     "ReplayDeadLetter",
     "Request",
@@ -58,14 +58,14 @@ __all__ = [
 R = TypeVar("R")
 
 
-class Op(Generic[R]):
+class Request(Generic[R]):
     """A backend operation answered with an `R` (the base of every record here)."""
 
     __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
-class AcceptBatch(Op[list[AcceptResult | Exception]]):
+class AcceptBatch(Request[list[AcceptResult | Exception]]):
     """Accept several messages of one shard in one group commit (how a Ray client sends
     the acceptances queued for a shard); each one's result, or the error refusing it
     alone. On Ray it travels as `Acceptance.to_wire` tuples (`__reduce__`): cloudpickle
@@ -91,7 +91,7 @@ def _batch_from_wire(shard: int, wires: Sequence[Sequence[Any]], shards: int | N
 
 
 @dataclass(frozen=True, slots=True)
-class SignalBatch(Op[list[AcceptResult]]):
+class SignalBatch(Request[list[AcceptResult]]):
     """`Runtime.signal_many`: accept every signal or none, answered in order. The local
     backend commits it in one transaction; the Ray backend splits it by shard, each part
     an atomic `AcceptBatch` to its shard's actor."""
@@ -100,7 +100,7 @@ class SignalBatch(Op[list[AcceptResult]]):
 
 
 @dataclass(frozen=True, slots=True)
-class WaitUpdate(Op[UpdateOutcome]):
+class WaitUpdate(Request[UpdateOutcome]):
     """The recorded outcome of the update `message_id`, once applied (a shard actor
     answers None after `_ray_host.WAIT_SLICE` seconds instead; its client asks again)."""
 
@@ -111,7 +111,7 @@ class WaitUpdate(Op[UpdateOutcome]):
 
 
 @dataclass(frozen=True, slots=True)
-class Query(Op[str]):
+class Query(Request[str]):
     """Run the query handler `name`; JSON of its result. `activate` brings a passivated
     entity back into memory instead of answering from its latest snapshot."""
 
@@ -124,7 +124,7 @@ class Query(Op[str]):
 
 
 @dataclass(frozen=True, slots=True)
-class Describe(Op[EntityDescription]):
+class Describe(Request[EntityDescription]):
     """What the store and the hosting shard know of one entity."""
 
     entity_type: str
@@ -133,7 +133,7 @@ class Describe(Op[EntityDescription]):
 
 
 @dataclass(frozen=True, slots=True)
-class History(Op[EntityHistory]):
+class History(Request[EntityHistory]):
     """The entity's runs, waits, timers and a page of its messages after seq `after`."""
 
     entity_type: str
@@ -144,7 +144,7 @@ class History(Op[EntityHistory]):
 
 
 @dataclass(frozen=True, slots=True)
-class State(Op[EntityState]):
+class State(Request[EntityState]):
     """The latest snapshot's state and a page of the messages after it (and `after`)."""
 
     entity_type: str
@@ -155,7 +155,7 @@ class State(Op[EntityState]):
 
 
 @dataclass(frozen=True, slots=True)
-class LatestRun(Op[RunRecord | None]):
+class LatestRun(Request[RunRecord | None]):
     """The entity's latest run, or None if it was never started."""
 
     entity_type: str
@@ -164,7 +164,7 @@ class LatestRun(Op[RunRecord | None]):
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayDeadLetter(Op[AcceptResult]):
+class ReplayDeadLetter(Request[AcceptResult]):
     """Accept the dead letter's payload again as a new signal of the running run and
     delete the dead letter (one transaction), then hand the entry to its host."""
 
@@ -175,7 +175,7 @@ class ReplayDeadLetter(Op[AcceptResult]):
 
 
 @dataclass(frozen=True, slots=True)
-class DiscardDeadLetter(Op[bool]):
+class DiscardDeadLetter(Request[bool]):
     """Delete a dead letter; whether it existed."""
 
     entity_type: str
@@ -185,7 +185,7 @@ class DiscardDeadLetter(Op[bool]):
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetters(Op[list[DeadLetter]]):
+class DeadLetters(Request[list[DeadLetter]]):
     """Dead letters with an id above `after`, oldest first, optionally of one entity
     type and/or key (`shard`: the key's owner when both are given, else None)."""
 
@@ -197,7 +197,7 @@ class DeadLetters(Op[list[DeadLetter]]):
 
 
 @dataclass(frozen=True, slots=True)
-class SignalWaits(Op[list[WaitRecord]]):
+class SignalWaits(Request[list[WaitRecord]]):
     """Open signal waits, oldest first, after position `after`."""
 
     entity_type: str | None
@@ -207,7 +207,7 @@ class SignalWaits(Op[list[WaitRecord]]):
 
 
 @dataclass(frozen=True, slots=True)
-class Entities(Op[list[EntitySummary | UnreadableRow]]):
+class Entities(Request[list[EntitySummary | UnreadableRow]]):
     """Entities in (type, key) order after `after`, with what the answering host knows
     live of those it hosts."""
 
@@ -220,14 +220,14 @@ class Entities(Op[list[EntitySummary | UnreadableRow]]):
 
 
 @dataclass(frozen=True, slots=True)
-class TakeCensus(Op[Census]):
+class TakeCensus(Request[Census]):
     """The deployment's numbers for a metrics scrape (`persistence.Census`)."""
 
     entity_type: None = None
     shard: None = None
 
 
-Request = (Acceptance | DeliveryRequest | AcceptBatch | WaitUpdate | Query | Describe
-           | History | State | LatestRun | ReplayDeadLetter | DiscardDeadLetter
-           | DeadLetters | SignalWaits | Entities | TakeCensus)
+AnyRequest = (Acceptance | DeliveryRequest | AcceptBatch | WaitUpdate | Query | Describe
+              | History | State | LatestRun | ReplayDeadLetter | DiscardDeadLetter
+              | DeadLetters | SignalWaits | Entities | TakeCensus)
 """Every record a shard host runs (a `SignalBatch` reaches it as atomic `AcceptBatch`es)."""

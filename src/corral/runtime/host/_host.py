@@ -23,14 +23,14 @@ from corral._errors import LeaseLostError, StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import Fence, Purged, Store
 
+from .._clock import Clock, SystemClock
+from ..client._router import Router
 from . import _progress
-from ._clock import Clock, SystemClock
 from ._events import lifecycle
 from ._handoff import hand_off, hand_off_all, request_shards
 from ._newest import Plan, moves_per_round, plan
 from ._outbox import Postman
 from ._progress import ProgressLog
-from ._router import Router
 from ._shard import Shard
 
 __all__ = ["LocalHost"]

@@ -14,7 +14,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from corral._common import RetryPolicy
-from corral._errors import InvalidPayloadError
 from corral.actors import (
     ContinueAsNew,
     Entity,
@@ -26,15 +25,14 @@ from corral.actors import (
 )
 from corral.persistence import JournalEntry, UpdateOutcome
 
-from ._codec import decode_model, encode_model
-from ._results import encode_value
+from .._payloads import decode_model
+from ..client._results import encode_value
 
 __all__ = [
     "ReplicaContext",
     "Unappliable",
     "apply_entry",
     "decode_arg",
-    "encode_start",
     "entry_handler",
     "instantiate",
     "run_query",
@@ -57,18 +55,6 @@ def instantiate(definition: EntityDefinition, start_input: str | None,
     # What `__init__` sets may be snapshotted unannotated (plain JSON): see `_snapshot`.
     entity._corral_init_attrs = frozenset(vars(entity))
     return entity
-
-
-def encode_start(definition: EntityDefinition, value: object, *,
-                 max_bytes: int = 2**62) -> str:
-    """Canonical JSON of a start input. The boundary passes its payload limit; the
-    runtime itself (continue-as-new) is a trusted sender and passes none."""
-    if definition.start_type is None:
-        if value is not None:
-            raise InvalidPayloadError(f"{definition.name}.__init__ takes no start input")
-        return "null"
-    return encode_model(definition.start_type, value, max_bytes=max_bytes,
-                        what=f"{definition.name} start input")
 
 
 class Unappliable(Exception):

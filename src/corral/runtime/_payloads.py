@@ -12,9 +12,10 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from corral._errors import InvalidPayloadError, PayloadTooLargeError
+from corral.actors import EntityDefinition
 from corral.persistence import canonical_encoder, canonical_json, plain_canonical_json
 
-__all__ = ["decode_model", "encode_model"]
+__all__ = ["decode_model", "encode_model", "encode_start"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -199,3 +200,15 @@ def _refuse_unknown_fields(raw: Any, data: Any, what: str, path: str) -> None:
     elif isinstance(raw, list | tuple) and isinstance(data, list) and len(raw) == len(data):
         for i, (r, d) in enumerate(zip(raw, data, strict=True)):
             _refuse_unknown_fields(r, d, what, f"{path}{i}.")
+
+
+def encode_start(definition: EntityDefinition, value: object, *,
+                 max_bytes: int = 2**62) -> str:
+    """Canonical JSON of a start input. The boundary passes its payload limit; the
+    runtime itself (continue-as-new) is a trusted sender and passes none."""
+    if definition.start_type is None:
+        if value is not None:
+            raise InvalidPayloadError(f"{definition.name}.__init__ takes no start input")
+        return "null"
+    return encode_model(definition.start_type, value, max_bytes=max_bytes,
+                        what=f"{definition.name} start input")

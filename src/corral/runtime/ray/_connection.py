@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import ray
+from prometheus_client.core import Metric
 from ray import exceptions as rex
 
 from corral._errors import (
@@ -55,17 +56,19 @@ from corral.actors._manifest import manifest_json
 from corral.persistence import (
     Acceptance,
     AcceptResult,
+    Store,
     UpdateOutcome,
     is_postgres_url,
     stored_shards,
 )
 
-from ._ops import AcceptBatch, Request, SignalBatch, WaitUpdate
-from ._options import check_hosts
-from ._ray_deploy import stop_ray_hosts as stop_hosts
-from ._ray_directory import host_of
-from ._ray_env import check_ray_hosting, env_vars_of, with_env_vars
-from ._ray_host import (
+from ..client._options import check_hosts
+from ..client._requests import AcceptBatch, AnyRequest, SignalBatch, WaitUpdate
+from ._directory import host_of
+from ._env import check_ray_hosting, env_vars_of, with_env_vars
+from ._placer import placer_handle, placer_name
+from ._rolling import stop_ray_hosts as stop_hosts
+from ._shard_host import (
     PlacementRouter,
     RayHostSpec,
     actor_name,
@@ -73,8 +76,7 @@ from ._ray_host import (
     shard_actor_class,
     start_failure_hint,
 )
-from ._ray_placer import placer_handle, placer_name
-from ._ray_signals import keeping_sigterm
+from ._sigterm import keeping_sigterm
 
 __all__ = ["RayBackend", "connect_ray", "shard_actor_class", "stop_hosts"]
 
@@ -109,6 +111,18 @@ class RayBackend:
 
     calls_once = False  # a call whose actor died is sent again (by `call`, and by Ray itself:
     # max_task_retries), and it may have committed before the actor died
+
+    host = None  # the shards are held by the host actors, never by this process
+
+    @property
+    def store(self) -> Store:
+        raise CorralError("this backend keeps its store inside the shard hosts")
+
+    async def host_metrics(self) -> list[Metric]:
+        """Every host actor's `corral.metrics` series (`_host_metrics.pull_hosts`)."""
+        from ._host_metrics import pull_hosts
+
+        return await pull_hosts(self.spec.namespace)
 
     def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
                  router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
@@ -228,7 +242,7 @@ class RayBackend:
         except _RETRYABLE:
             pass  # the call itself will find the actor unavailable and retry
 
-    async def call(self, index: int, etype: str, op: Request,
+    async def call(self, index: int, etype: str, op: AnyRequest,
                    sent: tuple[Any, Any] | None = None) -> Any:
         """`ShardHost.handle(op)` on shard `index`'s actor: get-or-create, retry, unwrap
         errors; the actor's answer.

@@ -1,0 +1,7 @@
+"""The Ray backend: the client's connection (`_connection.RayBackend`), the named host
+actors that wrap the host's shards (`_shard_host`), where shards live (`_directory`,
+`_placer`), rolls and stops (`_rolling`), nodes (`_cluster_nodes`), the actors'
+environment, logs and metrics.
+
+It may import `client` and `host`; neither imports it.
+"""
