@@ -245,10 +245,13 @@ class Placer:
                 f"draining node {node_id} would leave no node that can run the hosts of "
                 f"{self.spec.namespace!r}: add a node first (or stop the deployment with "
                 f"corral.runtime.stop_ray_hosts)")
-        await asyncio.to_thread(set_drained, self.spec.namespace, node_id, True)
         steps: list[RollStep] = []
         stopped: list[str] = []
         async with self._lock:
+            # Marked under the round lock: a background round that saw the mark first
+            # would make the moves and stop the hosts itself, and this drain would report
+            # none of them (seen under load: `stopped` empty).
+            await asyncio.to_thread(set_drained, self.spec.namespace, node_id, True)
             while True:
                 moved, gone = await self._round(limit=self.spec.shards, balance=False)
                 steps += moved
