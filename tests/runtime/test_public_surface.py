@@ -210,9 +210,10 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
     assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) is None
 
 
-def test_no_module_of_the_runtime_imports_itself_back_through_others() -> None:
-    graph = import_graph("runtime")
-    assert "corral.runtime.host._activation" in graph
+def test_no_module_of_corral_imports_itself_back_through_others() -> None:
+    graph = import_graph()
+    assert {"corral.runtime.host._activation", "corral.actors._state",
+            "corral.persistence._postgres", "corral._cli._main"} <= set(graph)
     assert import_cycle(graph) is None, " -> ".join(import_cycle(graph) or [])
 
 

@@ -17,7 +17,7 @@ from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._hosting import HostingClaim, HostingRegistry
-from ._open import is_postgres_url, open_store
+from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
 from ._ops_steps import StepRecord
@@ -45,6 +45,7 @@ from ._rows import Row, stored_json
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import AcceptStore, HostStore, ReadStore, Store
 from ._txn import Fence
+from ._urls import is_postgres_url
 from ._waits import WaitPosition, delivery_run, timer_id
 
 __all__ = [

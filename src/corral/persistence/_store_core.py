@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+import corral.persistence._builds as registry
+import corral.persistence._history as history
+import corral.persistence._reads as reads
 from corral._common import PURGE_ROWS, RunStatus
 
-from . import _builds as registry
-from . import _history as history
-from . import _reads as reads
 from ._batch import CommitQueue
 from ._builds import BuildCheck, BuildRecord
 from ._census import Census, census
