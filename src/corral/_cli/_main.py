@@ -17,7 +17,7 @@ from ._connection import AppOption, ShardsOption, StoreOption, check_listen_host
 from ._dead_letters import commands as dead_letter_commands
 from ._deploy import commands as deploy_commands
 from ._entities import list_entities, send_signal, show_entity
-from ._errors import (
+from ._failure import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     Settings,

@@ -3,7 +3,7 @@
 several machines; imported only when a `postgresql://` store is opened).
 
 One store core for both engines: every write op (`_ops_*`) and every read (`_reads`;
-an entity's history: `_history`) is written once against the shared transaction
+an entity's history: `_entity_history`) is written once against the shared transaction
 `_txn.Txn`, `_store_core.StoreCore` holds the `Store` methods both stores share,
 `_batch` their group commit and `_tables` every table (each engine keeps its own
 migrations). Each engine implements only its
@@ -12,7 +12,14 @@ ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyn
 the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
 """
 
-from ._builds import BuildCheck, BuildFacts, BuildProcess, BuildRecord, BuildRegistry, newest_build
+from ._build_registry import (
+    BuildCheck,
+    BuildFacts,
+    BuildProcess,
+    BuildRecord,
+    BuildRegistry,
+    newest_build,
+)
 from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards

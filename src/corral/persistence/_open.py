@@ -1,4 +1,8 @@
-"""Choosing the store from where it lives: a SQLite file, or a PostgreSQL URL."""
+"""Choosing the store from where it lives: a SQLite file, or a PostgreSQL URL.
+
+`open_store` is the store's one `open_*`, as `open_runtime` is the runtime's, hence the
+name this module shares with `corral.runtime._open` (which calls it).
+"""
 
 from __future__ import annotations
 

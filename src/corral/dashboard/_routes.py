@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
-import corral.dashboard._entity as entity
+import corral.dashboard._entity_page as entity
 import corral.dashboard._views as views
 from corral import (
     CorralError,
