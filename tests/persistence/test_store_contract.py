@@ -682,7 +682,7 @@ async def test_a_store_written_by_a_newer_corral_or_with_other_shards_is_refused
     assert sql(db_path, "SELECT v FROM meta WHERE k = 'schema_version'") == [("99",)]
 
 
-# -- the registry of builds (`_builds`, `_ops_builds`) -----------------------------------
+# -- the registry of builds (`_build_registry`, `_ops_builds`) -----------------------------------
 
 
 def _by_fp(found: list[BuildRecord]) -> dict[str, BuildRecord]:

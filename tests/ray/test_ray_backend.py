@@ -872,7 +872,7 @@ async def test_a_client_of_another_corral_protocol_is_refused_before_its_first_c
 
 async def test_actors_serve_clients_of_older_and_newer_compatible_builds_and_refuse_others(
         db_path: str, namespace: str) -> None:
-    """The definition check is the builds' compatibility check (`_builds`): an actor
+    """The definition check is the builds' compatibility check (`_build_registration`): an actor
     serves a client of a build it is a compatible successor of (an older release), and
     one of a compatible successor of its own (a newer release, during a roll); any
     other client is refused with the differences."""

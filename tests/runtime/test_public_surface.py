@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 import subprocess
 import sys
 import types
@@ -210,10 +211,49 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
     assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) is None
 
 
-def test_no_module_of_the_runtime_imports_itself_back_through_others() -> None:
-    graph = import_graph("runtime")
-    assert "corral.runtime.host._activation" in graph
+def test_no_module_of_corral_imports_itself_back_through_others() -> None:
+    graph = import_graph()
+    assert {"corral.runtime.host._activation", "corral.actors._state",
+            "corral.persistence._postgres", "corral._cli._main"} <= set(graph)
     assert import_cycle(graph) is None, " -> ".join(import_cycle(graph) or [])
+
+
+def names_module(text: str, module: str) -> bool:
+    """Whether `text` names `module` (e.g. "corral.persistence._waits") by its dotted path,
+    with or without the leading `corral.`, or by its file (`persistence/_waits.py`, the
+    `.py` optional)."""
+    dotted = module.removeprefix("corral.")
+    forms = (re.escape(dotted), re.escape(dotted.replace(".", "/")) + r"(?:\.py)?")
+    return any(re.search(rf"(?<![\w/.]){form}(?![\w/])", text) or
+               re.search(rf"(?<![\w/.])corral\.{form}(?![\w/])", text) for form in forms)
+
+
+def test_names_module_wants_the_whole_path_of_the_module() -> None:
+    module = "corral.persistence._waits"
+    for text in ("see corral.persistence._waits.", "(`persistence._waits`)",
+                 "`persistence/_waits.py`", "in persistence/_waits, the store's"):
+        assert names_module(text, module), text
+    for text in ("`_waits`", "actors._waits", "persistence._waits_of", "x.persistence._waits",
+                 "persistence/_waits/more"):
+        assert not names_module(text, module), text
+
+
+def test_each_module_that_shares_its_basename_names_the_others_in_its_docstring() -> None:
+    by_basename: dict[str, list[Path]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name != "__init__.py":
+            by_basename.setdefault(path.name, []).append(path)
+    assert len(by_basename) > 100
+    unexplained = [
+        f"{module_name(path)} does not say why it shares its name with {module_name(other)}"
+        for paths in by_basename.values() if len(paths) > 1
+        for path in paths
+        for other in paths
+        if other != path
+        and not names_module(ast.get_docstring(ast.parse(path.read_text())) or "",
+                             module_name(other))
+    ]
+    assert not unexplained, "\n".join(unexplained)
 
 
 ROLES = "corral.runtime.client", "corral.runtime.host", "corral.runtime.ray"

@@ -27,7 +27,7 @@ Every command but `demo` and `builds` takes `--store` and `--app` (`CORRAL_STORE
 payload, start input or query argument is `--payload`/`-p` (inline JSON, `@file`, or `-`
 for stdin; `signal`/`deliver`'s old `--json PAYLOAD` still works, with a deprecation
 line). An error is one line on stderr (`error: ErrorType: message`; `corral --debug ...`
-for the traceback) and exit status 1, or 2 for bad input (`_errors`). Ray is imported
+for the traceback) and exit status 1, or 2 for bad input (`_failure`). Ray is imported
 only by `demo --ray` and the Ray commands (`deploy`, `nodes`, `metrics --namespace`),
 which take `--namespace` and `--address` instead of `--store`.
 
@@ -35,7 +35,7 @@ Modules: `_connection` (the shared options and the client runtime), `_input` (pa
 `_entities` (ls, show, signal), `_history` (history, show --state), `_verbs` (start,
 update, query, terminate, resume, result), `_waits` (waits, deliver), `_dead_letters`,
 `_builds`, `_snapshots`, `_deploy` (deploy roll), `_nodes` (nodes, drain, undrain),
-`_groups` (a group whose bare name lists), `_output` (tables, JSON), `_errors`
+`_groups` (a group whose bare name lists), `_output` (tables, JSON), `_failure`
 (one-line errors, exit statuses), `_main` (the root, demo, ui).
 """
 

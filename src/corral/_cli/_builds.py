@@ -14,7 +14,7 @@ import corral
 from corral.persistence import stored_shards
 
 from ._connection import JsonFlag, StoreOption
-from ._errors import execute
+from ._failure import execute
 from ._output import cells, out, print_json, table, when
 
 __all__ = ["list_builds"]

@@ -5,6 +5,9 @@ application's own hosts apply what it sends. It never creates, converts or migra
 store (`corral.persistence.stored_shards`): a SQLite path that does not exist, a file
 or database without corral's tables, and `:memory:` are errors, and the shard count
 is the store's own.
+
+A client's connection to where its entities live, as `corral.runtime.ray._connection`
+is the Ray backend's to a deployment's host actors, hence the shared name.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from corral._app import App, load_app, open_operator_runtime
 from corral._errors import InvalidArgumentError, UnknownEntityTypeError
 from corral.actors import Entity
 
-from ._errors import execute
+from ._failure import execute
 from ._input import read_payload
 
 __all__ = ["AppOption", "Connection", "JsonFlag", "KeyArgument", "RayAddressOption",

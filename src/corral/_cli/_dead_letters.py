@@ -37,7 +37,7 @@ from ._connection import (
     entity_class,
 )
 from ._entities import ack_line
-from ._errors import EXIT_FAILED, debugging, one_line, report
+from ._failure import EXIT_FAILED, debugging, one_line, report
 from ._groups import ListUnlessNamed
 from ._output import cells, err_console, jsonable, out, print_json, table, when
 

@@ -18,7 +18,7 @@ from corral._errors import InvalidArgumentError
 from corral.runtime import RollReport, RollStep, roll_ray_hosts
 
 from ._connection import AppOption, JsonFlag, RayAddressOption, RayNamespaceOption
-from ._errors import execute, parse_json
+from ._failure import execute, parse_json
 from ._output import print_json, printable
 
 __all__ = ["commands", "step_line"]

@@ -23,7 +23,7 @@ from ._connection import (
     TypeArgument,
     entity_class,
 )
-from ._errors import guard
+from ._failure import guard
 from ._history import After, Limit, print_state
 from ._input import PayloadOption
 from ._output import (

@@ -22,7 +22,7 @@ import typer
 
 from corral._errors import InvalidArgumentError, PayloadTooLargeError
 
-from ._errors import parse_json
+from ._failure import parse_json
 
 __all__ = ["PayloadOption", "legacy_payload", "read_payload"]
 

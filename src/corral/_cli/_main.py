@@ -12,21 +12,12 @@ import typer
 import corral
 from corral._app import load_app
 
-from . import (
-    _builds,
-    _dead_letters,
-    _deploy,
-    _entities,
-    _history,
-    _metrics,
-    _nodes,
-    _purge,
-    _snapshots,
-    _verbs,
-    _waits,
-)
+from ._builds import list_builds
 from ._connection import AppOption, ShardsOption, StoreOption, check_listen_host
-from ._errors import (
+from ._dead_letters import commands as dead_letter_commands
+from ._deploy import commands as deploy_commands
+from ._entities import list_entities, send_signal, show_entity
+from ._failure import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     Settings,
@@ -36,7 +27,21 @@ from ._errors import (
     report,
     report_usage,
 )
+from ._history import entity_history
 from ._input import legacy_payload
+from ._metrics import serve_metrics
+from ._nodes import commands as node_commands
+from ._purge import purge
+from ._snapshots import check as check_snapshots
+from ._verbs import (
+    query_entity,
+    result_of,
+    resume_entity,
+    start_entity,
+    terminate_entity,
+    update_entity,
+)
+from ._waits import deliver, list_waits
 
 __all__ = ["DEFAULT_DEMO_STORE", "app", "main"]
 
@@ -71,25 +76,25 @@ def _root(
     ctx.obj = Settings(debug=debug)
 
 
-app.command("ls")(_entities.list_entities)
-app.command("show")(_entities.show_entity)
-app.command("history")(_history.entity_history)
-app.command("waits")(_waits.list_waits)
-app.add_typer(_dead_letters.commands, name="dead-letters")
-app.command("start")(_verbs.start_entity)
-app.command("signal")(_entities.send_signal)
-app.command("update")(_verbs.update_entity)
-app.command("query")(_verbs.query_entity)
-app.command("deliver")(_waits.deliver)
-app.command("terminate")(_verbs.terminate_entity)
-app.command("resume")(_verbs.resume_entity)
-app.command("result")(_verbs.result_of)
-app.command("check-snapshots")(_snapshots.check)
-app.command("builds")(_builds.list_builds)
-app.command("metrics")(_metrics.serve_metrics)
-app.add_typer(_deploy.commands, name="deploy")
-app.add_typer(_nodes.commands, name="nodes")
-app.command("purge")(_purge.purge)
+app.command("ls")(list_entities)
+app.command("show")(show_entity)
+app.command("history")(entity_history)
+app.command("waits")(list_waits)
+app.add_typer(dead_letter_commands, name="dead-letters")
+app.command("start")(start_entity)
+app.command("signal")(send_signal)
+app.command("update")(update_entity)
+app.command("query")(query_entity)
+app.command("deliver")(deliver)
+app.command("terminate")(terminate_entity)
+app.command("resume")(resume_entity)
+app.command("result")(result_of)
+app.command("check-snapshots")(check_snapshots)
+app.command("builds")(list_builds)
+app.command("metrics")(serve_metrics)
+app.add_typer(deploy_commands, name="deploy")
+app.add_typer(node_commands, name="nodes")
+app.command("purge")(purge)
 
 
 @app.command("demo")

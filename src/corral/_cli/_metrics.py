@@ -17,7 +17,7 @@ from corral.persistence import open_store, stored_shards
 from corral.runtime.client._options import check_namespace
 
 from ._connection import StoreOption, check_listen_host
-from ._errors import guard
+from ._failure import guard
 
 __all__ = ["serve_metrics"]
 

@@ -17,7 +17,7 @@ from corral.runtime import DrainReport, drain_node, ray_nodes, undrain_node
 
 from ._connection import JsonFlag, RayAddressOption, RayNamespaceOption
 from ._deploy import step_line
-from ._errors import guard
+from ._failure import guard
 from ._groups import ListUnlessNamed
 from ._output import cells, out, print_json, print_result, printable, table
 

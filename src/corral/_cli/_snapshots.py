@@ -10,7 +10,7 @@ from corral._app import load_app
 from corral.testing import SnapshotCheck, check_snapshots
 
 from ._connection import AppOption, JsonFlag, StoreOption
-from ._errors import EXIT_FAILED, execute
+from ._failure import EXIT_FAILED, execute
 from ._output import jsonable, print_json, printable
 
 __all__ = ["check"]

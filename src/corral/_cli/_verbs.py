@@ -32,7 +32,7 @@ from ._connection import (
     entity_class,
 )
 from ._entities import ack_line, handler_named
-from ._errors import guard
+from ._failure import guard
 from ._input import PayloadOption
 from ._output import jsonable, print_json, print_result, printable
 

@@ -1,4 +1,8 @@
-"""`corral waits` and `corral deliver`: open durable signal waits, and closing one."""
+"""`corral waits` and `corral deliver`: open durable signal waits, and closing one.
+
+Named after its verb group, as every `_cli` module is. The declaration of a wait is
+`corral.actors._waits`, the store's decisions on one `corral.persistence._waits`.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from ._connection import (
     TypeArgument,
     entity_class,
 )
-from ._errors import guard
+from ._failure import guard
 from ._output import cells, out, print_json, print_result, table, when
 
 __all__ = ["deliver", "delivery_line", "list_waits", "signal_wait"]

@@ -20,7 +20,7 @@ from ._definition import (
 )
 from ._entity import Entity
 from ._state import StateSchema, StateUpgrade, upgrade
-from ._steps import current_step_key, step_key
+from ._step_key import current_step_key, step_key
 from ._waits import SignalWait, WaitDefinition, wait
 
 __all__ = [

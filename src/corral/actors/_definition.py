@@ -31,6 +31,7 @@ from corral._common import (
 )
 from corral._errors import EntityDefinitionError, FailRun
 
+from ._issues import DefinitionIssues
 from ._state import StateSchema, build_state_schema
 from ._waits import EARLY_SIGNALS, SignalWait, WaitDefinition
 
@@ -399,27 +400,6 @@ RESERVED_NAMES = frozenset({
 """`Entity` members a handler may not be named after (they would be shadowed)."""
 
 
-class _Issues:
-    """The problems found in one class, reported together (as temporalio's definition
-    check does), so a user fixes them in one pass rather than one per import."""
-
-    def __init__(self, cls: type) -> None:
-        self.cls = cls
-        self.found: list[str] = []
-
-    def add(self, problem: str) -> None:
-        if problem not in self.found:
-            self.found.append(problem)
-
-    def raise_if_any(self) -> None:
-        if len(self.found) == 1:
-            raise EntityDefinitionError(self.found[0])
-        if self.found:
-            listed = "".join(f"\n  - {p}" for p in self.found)
-            raise EntityDefinitionError(
-                f"{self.cls.__name__} has {len(self.found)} problems:{listed}")
-
-
 def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
                   custom_state: bool = False) -> EntityDefinition:
     """Validate an entity class and build its definition (called by `__init_subclass__`).
@@ -427,7 +407,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
     Every problem of the class is collected and raised at once as one
     `EntityDefinitionError`.
     """
-    issues = _Issues(cls)
+    issues = DefinitionIssues(cls)
     name = cls.__dict__.get("name", cls.__name__)
     if not isinstance(name, str) or not name.isidentifier():
         issues.add(f"{cls.__name__}.name must be an identifier, got {name!r}")
@@ -495,7 +475,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
 OVERFLOWS = ("refuse", "dead_letter")
 
 
-def _backlog(cls: type, issues: _Issues) -> tuple[int | None, str]:
+def _backlog(cls: type, issues: DefinitionIssues) -> tuple[int | None, str]:
     """The class's `max_backlog` and `overflow`, checked."""
     bound = getattr(cls, "max_backlog", None)
     if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)
@@ -510,7 +490,7 @@ def _backlog(cls: type, issues: _Issues) -> tuple[int | None, str]:
     return bound, overflow
 
 
-def _renames(cls: type, issues: _Issues, declared: Mapping[str, tuple[str, ...]],
+def _renames(cls: type, issues: DefinitionIssues, declared: Mapping[str, tuple[str, ...]],
              what: str) -> dict[str, str]:
     """Old name -> today's name; an old name that is another handler's (or wait's) name
     today, or that two of them claim, is a problem naming both."""
@@ -529,7 +509,7 @@ def _renames(cls: type, issues: _Issues, declared: Mapping[str, tuple[str, ...]]
     return renamed
 
 
-def _fail_on(cls: type, issues: _Issues) -> tuple[type[BaseException], ...]:
+def _fail_on(cls: type, issues: DefinitionIssues) -> tuple[type[BaseException], ...]:
     """The class's `fail_on`: a tuple of exception classes."""
     value = getattr(cls, "fail_on", ())
     if isinstance(value, type):
@@ -542,7 +522,7 @@ def _fail_on(cls: type, issues: _Issues) -> tuple[type[BaseException], ...]:
     return tuple(value)
 
 
-def _waits(cls: type, issues: _Issues) -> dict[str, WaitDefinition]:
+def _waits(cls: type, issues: DefinitionIssues) -> dict[str, WaitDefinition]:
     """The waits declared on `cls` and its bases (`corral.wait`), by name."""
     waits: dict[str, WaitDefinition] = {}
     attrs: dict[str, str] = {}
@@ -564,7 +544,7 @@ def _waits(cls: type, issues: _Issues) -> dict[str, WaitDefinition]:
     return waits
 
 
-def _handlers(cls: type, localns: Mapping[str, Any], issues: _Issues
+def _handlers(cls: type, localns: Mapping[str, Any], issues: DefinitionIssues
               ) -> dict[str, HandlerDefinition]:
     """The handlers of `cls` and its bases, the most derived declaration winning.
 
@@ -606,7 +586,7 @@ def _handlers(cls: type, localns: Mapping[str, Any], issues: _Issues
 P = TypeVar("P")
 
 
-def _policy(issues: _Issues, attr: str, kind: type[P], default: P | None = None, *,
+def _policy(issues: DefinitionIssues, attr: str, kind: type[P], default: P | None = None, *,
             hint: str = "") -> P:
     """The class's policy attribute `attr`, checked to be a `kind` (default: `kind()`)."""
     value = getattr(issues.cls, attr, default if default is not None else kind())
@@ -625,7 +605,7 @@ RAY_OPTION_KEYS = frozenset(
 """The Ray actor options an entity type may set in `ray_options` (dedicated placement)."""
 
 
-def _placement(cls: type, issues: _Issues) -> tuple[str, dict[str, Any]]:
+def _placement(cls: type, issues: DefinitionIssues) -> tuple[str, dict[str, Any]]:
     try:
         return _check_placement(cls)
     except EntityDefinitionError as err:
@@ -678,7 +658,7 @@ def _check_placement(cls: type) -> tuple[str, dict[str, Any]]:
 
 
 def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any],
-             issues: _Issues) -> HandlerDefinition:
+             issues: DefinitionIssues) -> HandlerDefinition:
     if h.fn is None:  # mailbox signal: the model was given explicitly
         return h
     kind = h.kind.value
@@ -694,8 +674,8 @@ def _resolve(cls: type, h: HandlerDefinition, localns: Mapping[str, Any],
 
 
 def _single_model(
-    cls: type, fn: Callable[..., Any], name: str, localns: Mapping[str, Any], issues: _Issues,
-    *, what: str
+    cls: type, fn: Callable[..., Any], name: str, localns: Mapping[str, Any],
+    issues: DefinitionIssues, *, what: str
 ) -> type[BaseModel] | None:
     params = list(inspect.signature(fn).parameters.values())[1:]  # drop self
     if not params:
@@ -723,7 +703,7 @@ def _single_model(
 
 
 def _hints(cls: type, fn: Callable[..., Any], localns: Mapping[str, Any],
-           issues: _Issues) -> dict[str, Any] | None:
+           issues: DefinitionIssues) -> dict[str, Any] | None:
     """`fn`'s resolved annotations; None (and an issue) if one cannot be resolved."""
     ns = {**localns, cls.__name__: cls}
     try:

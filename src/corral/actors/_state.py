@@ -19,12 +19,11 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import TypeAdapter
 
-if TYPE_CHECKING:
-    from ._definition import _Issues
+from ._issues import DefinitionIssues
 
 __all__ = ["StateSchema", "StateUpgrade", "UpgradeFn", "build_state_schema", "upgrade"]
 
@@ -94,7 +93,7 @@ _NOT_STATE = frozenset({
 """Class attributes `Entity` reads as configuration: never part of the state."""
 
 
-def build_state_schema(cls: type, localns: Mapping[str, Any], issues: _Issues, *,
+def build_state_schema(cls: type, localns: Mapping[str, Any], issues: DefinitionIssues, *,
                        custom: bool) -> StateSchema:
     """The state declared by `cls`: its version, annotated attributes and upgrade hooks.
 
@@ -121,7 +120,7 @@ def _declared(cls: type) -> list[str]:
     return list(names)
 
 
-def _fields(cls: type, localns: Mapping[str, Any], issues: _Issues
+def _fields(cls: type, localns: Mapping[str, Any], issues: DefinitionIssues
             ) -> dict[str, TypeAdapter[Any]]:
     names = _declared(cls)
     if not names:
@@ -148,7 +147,7 @@ def _fields(cls: type, localns: Mapping[str, Any], issues: _Issues
     return fields
 
 
-def _upgrades(cls: type, version: int, issues: _Issues) -> dict[int, StateUpgrade]:
+def _upgrades(cls: type, version: int, issues: DefinitionIssues) -> dict[int, StateUpgrade]:
     found: dict[int, tuple[str, StateUpgrade]] = {}
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():

@@ -5,6 +5,10 @@ A wait is a named, one-shot boundary of a run: `run()` waits for it with
 `await ref.deliver(Order.approval, payload, key=...)`. It is declared on the class so
 that a delivery is validated against its model at the caller's boundary, before
 anything is stored, exactly like a signal's payload.
+
+One of three modules named for waits, one per layer: this is the programming model's
+side; the store decides deliveries and timeouts in `corral.persistence._waits`, and the
+operator's `corral waits` and `corral deliver` are `corral._cli._waits`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Example:
     corral.dashboard.run("corral.db", corral.App(entities=[Order]))   # prints URL, token
 """
 
-from ._app import create_app
+from ._routes import create_app
 from ._serve import run
 
 __all__ = ["create_app", "run"]

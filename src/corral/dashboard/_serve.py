@@ -13,8 +13,8 @@ import uvicorn
 import corral
 from corral._app import open_operator_runtime
 
-from ._app import create_app
 from ._auth import check_token
+from ._routes import create_app
 
 __all__ = ["run"]
 

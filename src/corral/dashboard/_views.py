@@ -17,7 +17,7 @@ from corral import (
     SignalWaitInfo,
 )
 
-from ._entity import actions, runs_table, state_panel, tabs
+from ._entity_page import actions, runs_table, state_panel, tabs
 from ._forms import Visit, dead_letter_buttons, deliver_form
 from ._html import EMPTY, Html, age, entity_url, join, opt, pretty_json, query_url, render, when
 from ._live import DEFAULT_REFRESH, live

@@ -3,7 +3,7 @@
 several machines; imported only when a `postgresql://` store is opened).
 
 One store core for both engines: every write op (`_ops_*`) and every read (`_reads`;
-an entity's history: `_history`) is written once against the shared transaction
+an entity's history: `_entity_history`) is written once against the shared transaction
 `_txn.Txn`, `_store_core.StoreCore` holds the `Store` methods both stores share,
 `_batch` their group commit and `_tables` every table (each engine keeps its own
 migrations). Each engine implements only its
@@ -12,12 +12,19 @@ ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyn
 the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
 """
 
-from ._builds import BuildCheck, BuildFacts, BuildProcess, BuildRecord, BuildRegistry, newest_build
+from ._build_registry import (
+    BuildCheck,
+    BuildFacts,
+    BuildProcess,
+    BuildRecord,
+    BuildRegistry,
+    newest_build,
+)
 from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._hosting import HostingClaim, HostingRegistry
-from ._open import is_postgres_url, open_store
+from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
 from ._ops_steps import StepRecord
@@ -45,6 +52,7 @@ from ._rows import Row, stored_json
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import AcceptStore, HostStore, ReadStore, Store
 from ._txn import Fence
+from ._urls import is_postgres_url
 from ._waits import WaitPosition, delivery_run, timer_id
 
 __all__ = [

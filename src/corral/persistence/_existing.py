@@ -18,7 +18,9 @@ from pathlib import Path
 
 from corral._errors import InvalidArgumentError, StoreError
 
-from . import _pg_schema, _schema
+from ._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
+from ._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
+from ._urls import is_postgres_url, redacted, url_refused
 
 __all__ = ["stored_shards"]
 
@@ -42,13 +44,12 @@ async def stored_shards(location: str, *, any_version: bool = False) -> int:
             corral), or cannot be read.
         StoreUnavailableError: the PostgreSQL server cannot be reached.
     """
-    from ._open import is_postgres_url, redacted
     from ._sqlite import MEMORY
 
     if is_postgres_url(location):
         where = f"store {redacted(location)!r}"
         meta = await _postgres_meta(location, where)
-        return _shards_of(meta, where, None if any_version else _pg_schema.SCHEMA_VERSION)
+        return _shards_of(meta, where, None if any_version else PG_SCHEMA_VERSION)
     if location in MEMORY:
         raise InvalidArgumentError(
             f"--store {location}: a ':memory:' store is new and empty, and gone with "
@@ -57,7 +58,7 @@ async def stored_shards(location: str, *, any_version: bool = False) -> int:
     path = location.removeprefix("sqlite:///")
     where = f"store {path!r}"
     meta = await asyncio.to_thread(_sqlite_meta, path, where)
-    return _shards_of(meta, where, None if any_version else _schema.SCHEMA_VERSION)
+    return _shards_of(meta, where, None if any_version else SQLITE_SCHEMA_VERSION)
 
 
 def _shards_of(meta: dict[str, str], where: str, current: int | None) -> int:
@@ -102,7 +103,6 @@ async def _postgres_meta(url: str, where: str) -> dict[str, str]:
     """The `meta` rows of a PostgreSQL database ({} when it has no such table)."""
     import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-    from ._open import url_refused
     from ._pg_txn import store_error
 
     try:

@@ -9,6 +9,10 @@ takes a lease (`ClaimHostingOp`): refused, writing nothing, while a live host of
 another cluster holds a claim. Each host renews its claim (every quarter of its ttl)
 and drops it when it closes; a host that died stops renewing and its claim lapses
 after its ttl. Judged by `Txn.clock`, like the leases (on PostgreSQL the server's).
+
+The store's half of hosting, hence the name it shares with the host's half,
+`corral.runtime.host._hosting` (which claims, renews and drops, and refuses a host of
+another cluster).
 """
 
 from __future__ import annotations

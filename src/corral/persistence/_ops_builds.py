@@ -1,4 +1,4 @@
-"""The registry of builds' writes (see `_builds`), written once for both engines; the
+"""The registry of builds' writes (see `_build_registry`), written once for both engines; the
 clock is `Txn.clock` (on PostgreSQL the database server's), so every process judges a
 registration's expiry alike."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ._builds import BuildCheck, TxnBuildFacts
+from ._build_registry import BuildCheck, TxnBuildFacts
 from ._txn import LockPlan, Txn
 
 __all__ = ["ForgetProcessOp", "RegisterBuildsOp"]

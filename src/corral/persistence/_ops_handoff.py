@@ -18,7 +18,7 @@ ends with the lease row it reserves, see `AcquireLeasesOp`):
 
 The hosts alive to receive shards (`live_hosts`, the heirs of a host that closes) are
 the processes registered as hosts in the registry of builds (`build_processes`, kept
-live by each process's registration, see `runtime/_builds`): one notion of a live
+live by each process's registration, see `runtime/_build_registration`): one notion of a live
 process, not a second table beside it.
 """
 

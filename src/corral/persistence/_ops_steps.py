@@ -1,6 +1,6 @@
 """Durable steps (`Entity.step`): the recorded outcome of each completed step of a run.
 
-A step is identified by its name within its run (see `runtime._steps`). Its outcome is
+A step is identified by its name within its run (see `runtime.host._steps`). Its outcome is
 written once, fenced, before `run()` goes on; a replay reads it back instead of calling
 the step's function again. Records are bounded: a `checkpoint()` deletes the records
 it covers (in the snapshot's transaction, `SnapshotOp.forget_steps`), and the end of a

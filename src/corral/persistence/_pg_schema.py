@@ -47,7 +47,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # senders fell from ~10,000 to 1,000 acks/s).
     3: ("CREATE INDEX IF NOT EXISTS dedupe_sweep ON dedupe (etype, key, seq) WHERE seq > 0",),
     4: create("suspensions", "postgres"),
-    # The registry of builds (`_builds`).
+    # The registry of builds (`_build_registry`).
     5: (*create("builds", "postgres"), *create("build_processes", "postgres")),
     # Graceful shard hand-off (`_ops_handoff`).
     6: create("lease_handoffs", "postgres"),

@@ -28,11 +28,10 @@ from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
+import corral.persistence._pg_tail as tail
 from corral._errors import CorralError, StoreError
 
-from . import _pg_tail as tail
 from ._batch import CommitQueue
-from ._open import redacted, url_refused
 from ._ops_handoff import HandOffLeaseOp
 from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
 from ._pg_schema import ensure_schema
@@ -42,6 +41,7 @@ from ._pg_writer import GroupCommit, txn_limits
 from ._records import JournalEntry
 from ._store_core import StoreCore
 from ._txn import Fence, WriteOp
+from ._urls import redacted, url_refused
 
 __all__ = ["PostgresStore", "open_postgres_store"]
 

@@ -218,7 +218,7 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class MessageRecord:
-    """One message of an entity, with what the store still keeps of it (`_history`).
+    """One message of an entity, with what the store still keeps of it (`_entity_history`).
 
     Attributes:
         seq, run_id: its position in the entity's journal, and the run it went to.

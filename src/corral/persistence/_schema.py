@@ -42,7 +42,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # window of 100,000 ids).
     5: ("CREATE INDEX IF NOT EXISTS dedupe_seq ON dedupe (etype, key, seq)",),
     6: create("suspensions", "sqlite"),
-    # The registry of builds (`_builds`).
+    # The registry of builds (`_build_registry`).
     7: (*create("builds", "sqlite"), *create("build_processes", "sqlite")),
     # Graceful shard hand-off (`_ops_handoff`).
     8: create("lease_handoffs", "sqlite"),

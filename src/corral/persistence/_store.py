@@ -12,7 +12,7 @@ from typing import Protocol
 
 from corral._common import PURGE_ROWS, RunStatus
 
-from ._builds import BuildRegistry
+from ._build_registry import BuildRegistry
 from ._census import Census
 from ._hosting import HostingRegistry
 from ._ops_outbox import OutboxRow, Send

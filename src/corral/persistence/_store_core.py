@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+import corral.persistence._build_registry as registry
+import corral.persistence._entity_history as history
+import corral.persistence._reads as reads
 from corral._common import PURGE_ROWS, RunStatus
 
-from . import _builds as registry
-from . import _history as history
-from . import _reads as reads
 from ._batch import CommitQueue
-from ._builds import BuildCheck, BuildRecord
+from ._build_registry import BuildCheck, BuildRecord
 from ._census import Census, census
 from ._hosting import ClaimHostingOp, HostingClaim, ReleaseHostingOp, hosting_claims
 from ._ops_accept import AcceptAllOp, AcceptOp
@@ -318,7 +318,7 @@ class StoreCore:
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]:
         return await self.query(reads.dead_letter_seqs, etype, key, run_id)
 
-    # -- the registry of builds (`_builds`) -------------------------------------------
+    # -- the registry of builds (`_build_registry`) -----------------------------------
 
     async def register_builds(self, process: str, role: str,
                               builds: Sequence[tuple[str, str, str]], *, ttl: float,

@@ -135,7 +135,7 @@ TABLES = (
         error TEXT NOT NULL, attempts INT NOT NULL, since REAL NOT NULL,
         next_at REAL NOT NULL,
         PRIMARY KEY (etype, key)""", ("suspensions_shard (shard)",)),
-    # The registry of builds (`_builds`): each entity type's definitions that processes
+    # The registry of builds (`_build_registry`): each entity type's definitions that processes
     # ran (a manifest per fingerprint; `older`: it arrived after a newer build), and
     # which processes run them now.
     Table("builds", """

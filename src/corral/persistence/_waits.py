@@ -39,6 +39,10 @@ delivery wins across both names, and its `DELIVER` entry carries today's name:
 
     (none), buffered, open, delivered, timed_out under an old name
         --run() reaches the wait under today's name--> renamed (its state adopted)
+
+One of three modules named for waits, one per layer: this is the store's side; the
+declaration on the class is `corral.actors._waits`, and the operator's `corral waits`
+and `corral deliver` are `corral._cli._waits`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ Ray backend, client process -> host actor:
 
 from corral.persistence import DeadLetter
 
-from ._builds import BuildInfo
+from ._build_registration import BuildInfo
 from ._open import open_runtime
 from .client._boundary import Authorize, AuthRequest, Limits
 from .client._inspection import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary

@@ -5,6 +5,9 @@ this process's store, build registration and, with `host=True`, its shards; or a
 connection to the Ray deployment) and hands it to a `client.Runtime`, which knows the
 backend only through the `client.Backend` seam. The only runtime module that imports all
 three roles (client, host, ray).
+
+`open_runtime` is the runtime's one `open_*`, as `open_store` is the store's, hence the
+name this module shares with `corral.persistence._open` (which it calls).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from corral._errors import InvalidArgumentError, ShardCountError
 from corral.actors import Entity, EntityDefinition
 from corral.persistence import Store, open_store
 
-from ._builds import BuildRegistration, process_id
+from ._build_registration import BuildRegistration, process_id
 from ._clock import Clock, SystemClock
 from .client._boundary import Authorize, Boundary, Limits
 from .client._options import check_runtime_options
@@ -121,7 +124,7 @@ async def open_runtime(
             `hosts` with the local backend; with `backend="ray"`: a `Store` object, an
             in-memory store, or a `clock`). Also a `ValueError`.
         IncompatibleBuildError: local backend: this process's build of an entity type
-            cannot run beside the newest one registered in the store (see `_builds`);
+            cannot run beside the newest one registered in the store (see `_build_registration`);
             nothing was registered or hosted.
         StoreHostedElsewhereError: hosts of another cluster (another Ray instance, or
             local hosts beside a Ray deployment, or the reverse) hold the store; the

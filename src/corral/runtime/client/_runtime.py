@@ -18,7 +18,7 @@ from corral.persistence import (
     UnreadableRow,
 )
 
-from .._builds import BuildInfo, build_infos
+from .._build_registration import BuildInfo, build_infos
 from .._clock import Clock, SystemClock
 from ._backend import Backend, HostedShards
 from ._boundary import Boundary, check_after_id, check_limit, check_status

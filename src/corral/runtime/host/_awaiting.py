@@ -22,7 +22,7 @@ from __future__ import annotations
 from corral.actors import HandlerKind
 from corral.persistence import JournalEntry, Suspension
 
-from .._builds import build_knowing
+from .._build_registration import build_knowing
 from ._residence import Residence
 
 __all__ = ["RECHECK", "AwaitingBuild", "awaiting_suspension", "check_awaiting"]

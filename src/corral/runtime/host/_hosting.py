@@ -10,7 +10,10 @@ creates an actor (`check_hosting`). Pure clients (`host=False`) claim nothing: t
 only accept, which is open to every process.
 
 Clusters: `"local"` (every local host, on any machine: they share through leases) or
-`"ray:<session>"` (one Ray instance, `_ray_env.ray_cluster`).
+`"ray:<session>"` (one Ray instance, `ray._env.ray_cluster`).
+
+The host's half of hosting; the store's half (the claims and their ops) is
+`persistence/_hosting`, hence the shared name.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from corral._errors import StoreError, StoreHostedElsewhereError
 from corral.persistence import HostingClaim, Store
 
-from .._builds import process_id
+from .._build_registration import process_id
 
 __all__ = ["LOCAL", "RAY_HOLDER", "HostingKeeper", "check_hosting", "local_holder", "refusal"]
 

@@ -1,9 +1,10 @@
 """The newest build hosts: during a rolling deploy, hosts of an older build hand their
 shards to a live host of the newest one (issue 24 item 4, the local backend).
 
-*Newest* is decided per entity type by the registry of builds (`_builds`): a type's
-newest build is the last one registered as a new release (`newest_build`; an old
-release started late is registered as older and never becomes it). A host is *on the
+*Newest* is decided per entity type by the registry of builds
+(`runtime._build_registration`): a type's newest build is the last one registered as a
+new release (`newest_build`; an old release started late is registered as older and
+never becomes it). A host is *on the
 newest* when it runs the newest build of every type it hosts; when a release changes
 only some types, the unchanged ones keep their build, which is still their newest, so
 release 2's hosts are on the newest and release 1's are not. A host *supersedes*

@@ -2,13 +2,13 @@
 
 `RayBackend` is the client half. It computes the owning shard of an entity (the same
 stable hash in every driver, task, actor and Serve replica), finds the host actor that
-holds the shard in the directory (`_ray_directory`; a shard not placed yet is placed
-first by the deployment's placer, `_ray_placer`, which this client gets or creates)
-and sends it the call's request record (`_ops`) through its one entry point,
+holds the shard in the directory (`_directory`; a shard not placed yet is placed
+first by the deployment's placer, `_placer`, which this client gets or creates)
+and sends it the call's request record (`client._requests`) through its one entry point,
 `ShardHost.handle(op)`; a host that no longer holds the shard answers
 `ShardMovedError` and the call is re-routed. A dedicated entity's actor is got or
 created by its own name (`get_if_exists=True`: atomic in Ray, exactly one constructor
-per name). The actor (`ShardHost`, in `_ray_host.py`) runs the same host code as the
+per name). The actor (`ShardHost`, in `_shard_host.py`) runs the same host code as the
 local backend (`LocalBackend.run(op)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
@@ -26,6 +26,9 @@ Concurrent accepts for one shard from one client are sent as one actor call, an
 `AcceptBatch` (the batch is whatever is queued when the event loop comes round): one
 Ray round trip and one group commit for many messages, and no added latency for a lone
 caller.
+
+A client's connection to where its entities live, as `corral._cli._connection` is the
+command line's (its options and the runtime they open), hence the shared name.
 """
 
 from __future__ import annotations

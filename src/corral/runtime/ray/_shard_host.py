@@ -53,7 +53,7 @@ from corral.actors import (
 )
 from corral.persistence import Acceptance, EntryKind, Store, is_postgres_url, open_store
 
-from .._builds import BuildRegistration, refused_client, refused_successor
+from .._build_registration import BuildRegistration, refused_client, refused_successor
 from ..client._requests import AcceptBatch, AnyRequest, Query, WaitUpdate
 from ..client._router import Router
 from ..host._host import LocalHost
@@ -435,7 +435,7 @@ class ShardHost:
                                 manifests: dict[str, str] | None = None) -> None:
         """Refuse a client whose entity definitions differ from the ones this actor runs,
         unless one build is a compatible successor of the other (`manifests`: the
-        client's builds, see `_builds.refused_client`), or that speaks another version
+        client's builds, see `_build_registration.refused_client`), or that speaks another version
         of this module's calls (`host_fingerprint`).
 
         Raises:
@@ -496,7 +496,7 @@ class ShardHost:
 
     async def check_successor(self, manifests: dict[str, str]) -> None:
         """Refuse a roll to builds (`manifests`, by type) that cannot succeed this
-        actor's (`_builds.refused_successor`), before any actor is replaced.
+        actor's (`_build_registration.refused_successor`), before any actor is replaced.
 
         Raises:
             IncompatibleBuildError: naming every difference and its fix.

@@ -27,6 +27,8 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
+import corral.dashboard._entity_page as entity
+import corral.dashboard._views as views
 from corral import (
     CorralError,
     CorruptRowError,
@@ -47,8 +49,6 @@ from corral._scrape import census_text
 from corral.actors import HandlerKind
 from corral.metrics import REGISTRY, exposition, merge
 
-from . import _entity as entity
-from . import _views as views
 from ._auth import COOKIE, Authenticate, Gate, Refused, check_origin, safe_next
 from ._forms import Visit, deliver_form, login_form, query_form, who
 from ._html import EMPTY, STYLE, Html, entity_url, join, layout, render

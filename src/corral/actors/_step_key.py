@@ -1,6 +1,6 @@
 """The entity side of durable steps: the idempotency key a step's function can read.
 
-The host (`runtime._steps`) sets it around every attempt of a step, in this process or
+The host (`runtime.host._steps`) sets it around every attempt of a step, in this process or
 in the Ray task that runs the step, so `corral.step_key()` works in both.
 """
 
