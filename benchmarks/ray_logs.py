@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 import ray
 
-from corral.runtime import _ray_logs
+from corral.runtime.ray import _logs as ray_logs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ray_logs.json"
 NAMESPACE = "bench-logs"
@@ -50,7 +50,7 @@ class Logger:
         self.log = logging.getLogger("corral.bench")
 
     def ship(self) -> None:
-        _ray_logs.ship_logs(NAMESPACE, "bench-actor")
+        ray_logs.ship_logs(NAMESPACE, "bench-actor")
 
     def cost(self, count: int, shipped: bool) -> float:
         """Microseconds per `log.info` call, shipped or dropped."""
@@ -73,7 +73,7 @@ class Logger:
             time.sleep(1 / per_second)
 
     def burst(self, count: int) -> int:
-        shipper = _ray_logs._shipper
+        shipper = ray_logs._shipper
         before = shipper.dropped if shipper else 0
         for n in range(count):
             self.log.info("burst %d", n)
@@ -108,7 +108,7 @@ async def main() -> dict[str, Any]:
     arrivals = Arrivals()
     logging.getLogger("corral.bench").addHandler(arrivals)
     logging.getLogger("corral.bench").setLevel(logging.INFO)
-    follower = _ray_logs.LogFollower(NAMESPACE)
+    follower = ray_logs.LogFollower(NAMESPACE)
     follower.start()
     count = 20_000
     dropped_us = await actor.cost.remote(count, False)

@@ -1,4 +1,4 @@
-"""The placer's decision (`_ray_placer.plan_moves`), a pure function of what a round
+"""The placer's decision (`ray._placer.plan_moves`), a pure function of what a round
 observed: least-shard allocation, a limit per round, lost shards all at once."""
 
 from __future__ import annotations

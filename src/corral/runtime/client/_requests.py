@@ -102,7 +102,7 @@ class SignalBatch(Request[list[AcceptResult]]):
 @dataclass(frozen=True, slots=True)
 class WaitUpdate(Request[UpdateOutcome]):
     """The recorded outcome of the update `message_id`, once applied (a shard actor
-    answers None after `_ray_host.WAIT_SLICE` seconds instead; its client asks again)."""
+    answers None after `ray._shard_host.WAIT_SLICE` seconds instead; its client asks again)."""
 
     entity_type: str
     key: str

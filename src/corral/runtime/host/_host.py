@@ -112,7 +112,7 @@ class LocalHost:
 
     def assign(self, indexes: Iterable[int]) -> None:
         """Set the shards this host may hold: a Ray host actor's share, which its placer
-        changes (`_ray_placer`). A shard newly assigned may be taken at once even if this
+        changes (`ray._placer`). A shard newly assigned may be taken at once even if this
         host handed it off lately; one left out is not taken again (the host hands it
         off when its next holder asks)."""
         wanted = set(indexes)

@@ -1,8 +1,8 @@
 """The nodes of a Ray deployment, for operators: what each holds (`ray_nodes`), and
 draining one before it is removed (`drain_node`, `undrain_node`).
 
-A drain asks the deployment's placer (`_ray_placer`), like a roll: it marks the node
-drained in the directory (`_ray_directory`), so no round places a shard there again,
+A drain asks the deployment's placer (`_placer`), like a roll: it marks the node
+drained in the directory (`_directory`), so no round places a shard there again,
 and moves the node's shards off through the graceful hand-off, then stops the host
 actors left there with nothing to hold. `undrain_node` lifts the mark; the placer's
 next rounds even the load out onto the node again.

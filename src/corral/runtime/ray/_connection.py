@@ -106,7 +106,7 @@ class RayBackend:
         definitions: the entity types this client addresses.
         router: routing with placement (dedicated entities get their own actor).
         actor_options: extra Ray options for the host actors (e.g. `runtime_env`).
-        hosts: host actors wanted (see `_ray_placer`): a total, or {node id: count};
+        hosts: host actors wanted (see `_placer`): a total, or {node id: count};
             default one per node. Used by the placer this client creates, if any.
         retry_timeout: how long to keep retrying a call whose actor is unavailable.
         owns_ray: whether `close()` shuts Ray down (this client started it).
@@ -166,9 +166,9 @@ class RayBackend:
 
     def _create(self, index: int, etype: str) -> Any:
         """The actor hosting shard `index`: a dedicated entity's own (got or created by
-        name), or the host actor the directory names (`_ray_directory`); a shard not
+        name), or the host actor the directory names (`_directory`); a shard not
         placed yet, or placed on an actor that is gone, is placed by the deployment's
-        placer (`_ray_placer`, got or created here) first. Blocking (GCS calls)."""
+        placer (`_placer`, got or created here) first. Blocking (GCS calls)."""
         if self.router.is_dedicated(index):
             name = actor_name(self.spec, index)
             return shard_actor_class().options(**self._options(index, etype, name)).remote(
@@ -502,7 +502,7 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     actor_options = with_env_vars(actor_options or {}, env_vars)
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        with keeping_sigterm():  # a server's SIGTERM handler stays (`_ray_signals`)
+        with keeping_sigterm():  # a server's SIGTERM handler stays (`_sigterm`)
             ray.init(address=address, namespace=namespace, log_to_driver=False)
     try:  # before any actor is created: refused if another cluster hosts the store
         if shards is None:

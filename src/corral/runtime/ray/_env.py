@@ -81,7 +81,7 @@ def with_env_vars(options: Mapping[str, Any], env_vars: Mapping[str, str] | None
     `env_vars` and any `runtime_env["env_vars"]` already in `options` are merged; a
     name given in both with two values is refused, as is anything but str -> str, an
     empty name, a name with "=" or NUL, a value with NUL, or a `CORRAL_LIFECYCLE_EVENTS`
-    (`_ray_logs.LIFECYCLE_EVENTS`) other than "0" or "1".
+    (`_logs.LIFECYCLE_EVENTS`) other than "0" or "1".
 
     Raises:
         InvalidArgumentError: naming the variable.

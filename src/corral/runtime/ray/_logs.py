@@ -47,7 +47,7 @@ __all__ = ["LIFECYCLE_EVENTS", "RELAY_CAPACITY", "LogFollower", "LogRelay", "rel
 
 LIFECYCLE_EVENTS = "CORRAL_LIFECYCLE_EVENTS"
 """The environment variable that turns the lifecycle events (`corral.lifecycle`, INFO)
-on in host actors: "1" on, "0" off (the default); checked by `_ray_env.with_env_vars`."""
+on in host actors: "1" on, "0" off (the default); checked by `_env.with_env_vars`."""
 
 RELAY_CAPACITY = 5_000
 """Records the relay keeps (a driver further behind is told how many it missed)."""

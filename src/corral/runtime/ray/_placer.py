@@ -5,7 +5,7 @@ number of shards (its store's) and a few host actors (`ShardHost`), by default o
 alive Ray node, each holding many shards. One detached named actor per deployment,
 `corral/<ns>/placer` (get-or-created by any client that finds a shard unassigned;
 `max_restarts=-1`), decides the assignment and is the only one that changes it, so
-two moves of one shard never race. Its state is the directory (`_ray_directory`, in
+two moves of one shard never race. Its state is the directory (`_directory`, in
 Ray's GCS: shard -> host actor name, and the drained nodes) and the named host actors:
 a restarted placer reads them again and goes on.
 

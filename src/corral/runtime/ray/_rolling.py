@@ -1,6 +1,6 @@
 """Operating a Ray deployment's hosts: a rolling deploy of new entity code
 (`roll_ray_hosts`) or stopping them all (`stop_ray_hosts`); draining a node is
-`_ray_nodes`. Each asks the deployment's placer (`_ray_placer`), the one actor
+`_cluster_nodes`. Each asks the deployment's placer (`_placer`), the one actor
 that moves shards, so a roll, a drain and the placer's own rebalancing never move one
 shard twice at once.
 
@@ -11,7 +11,7 @@ the holder for the shard (`request_shards`); the holder stops taking work for it
 its commits in flight land and releases the lease, which the new host takes at the next
 epoch and recovers from the store (if no holder answers within two lease terms, it
 takes the shard over: a new epoch fences a dead or hung holder out); the directory
-(`_ray_directory`) names the new host; the old one retires the shard (every later
+(`_directory`) names the new host; the old one retires the shard (every later
 call is answered `ShardMovedError` naming the new host; its clients re-route). Old
 hosts left with no shard are stopped.
 
@@ -201,7 +201,7 @@ def stop_ray_hosts(namespace: str = "corral", *, timeout: float = 30.0) -> int:
     for good, and forgets the directory of rolled shards; the next call to the
     deployment creates fresh actors, which recover every running entity from the
     store. For an incompatible change; a compatible one rolls (`roll_ray_hosts`).
-    The cluster's log relay (`_ray_logs`) is stopped too when no other deployment has
+    The cluster's log relay (`_logs`) is stopped too when no other deployment has
     actors left; the next one starts it again.
     Blocking: call it from a thread in async code.
 

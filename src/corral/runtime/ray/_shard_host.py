@@ -5,7 +5,7 @@ its own store (the deployment's PostgreSQL database, or its SQLite file on a one
 cluster), runs a `LocalHost` restricted to the shards assigned to it (`LocalHost.assign`:
 it never takes a free shard), and runs each request record a client sends
 (`handle(op)`) through a `LocalBackend`. Which actor holds which shard is the placer's
-decision (`_ray_placer`), recorded in the directory (`_ray_directory`) that clients
+decision (`_placer`), recorded in the directory (`_directory`) that clients
 route by; a shard moves between actors only through the graceful hand-off (`take` on
 the receiver, `retire` on the old holder).
 At start, a host actor takes the shards the directory names it for with
@@ -187,14 +187,14 @@ class ShardHost:
 
     Clients send every operation as one request record to `handle(op)`; the other
     methods are administration (`register`, `check_definitions`, `metrics`, `info`,
-    `shutdown`) and placement (`take`, `retire`, called by the placer, `_ray_placer`).
+    `shutdown`) and placement (`take`, `retire`, called by the placer, `_placer`).
     Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
     dead-letter replays by their derived id (a discard run twice answers False the
     second time), and the rest are reads.
 
     A host actor holds exactly the shards assigned to it (`LocalHost.assign`), never a
-    free one: at start, those the directory (`_ray_directory`) names it for, taken at
+    free one: at start, those the directory (`_directory`) names it for, taken at
     once at a new epoch (`takeover`: Ray restarted it, or a predecessor hangs on, and
     the new epoch fences the old incarnation out); later, those the placer moves here
     (`take`). A call for a shard it does not hold (moved away, or never assigned here:
@@ -243,7 +243,7 @@ class ShardHost:
             self._exit_task = asyncio.create_task(self._exit_when_idle(spec.dedicated_idle_exit))
 
     async def _start_host(self) -> LocalHost:
-        """The host of this actor's shards, as the directory (`_ray_directory`) assigns
+        """The host of this actor's shards, as the directory (`_directory`) assigns
         them, taken at once (`takeover`)."""
         if self.index is not None:
             mine: tuple[int, ...] = (self.index,)
@@ -463,7 +463,7 @@ class ShardHost:
 
     async def metrics(self) -> bytes:
         """This process's series (`corral.metrics`), for a scrape of the deployment
-        (`_ray_metrics.pull_hosts`)."""
+        (`_host_metrics.pull_hosts`)."""
         return metrics.exposition()
 
     async def info(self, shard: int | None = None) -> dict[str, Any]:
@@ -489,10 +489,10 @@ class ShardHost:
         }
 
     async def entities(self) -> list[type[Entity]]:
-        """The entity classes this actor runs (a restarted placer's build, `_ray_placer`)."""
+        """The entity classes this actor runs (a restarted placer's build, `_placer`)."""
         return [d.cls for d in self.definitions.values()]
 
-    # -- a rolling deploy (`_ray_deploy.roll_ray_hosts`) ----------------------------------
+    # -- a rolling deploy (`_rolling.roll_ray_hosts`) ----------------------------------
 
     async def check_successor(self, manifests: dict[str, str]) -> None:
         """Refuse a roll to builds (`manifests`, by type) that cannot succeed this
@@ -515,7 +515,7 @@ class ShardHost:
                 fingerprint=json.loads(manifests[etype])["fingerprint"],
                 newest_fingerprint=self.definitions[etype].fingerprint)
 
-    # -- placement (`_ray_placer`): the one move of a shard -------------------------------
+    # -- placement (`_placer`): the one move of a shard -------------------------------
 
     async def take(self, shards: Sequence[int], *, force: bool = False
                    ) -> tuple[dict[int, int], float]:
