@@ -31,3 +31,32 @@ def test_no_class_of_corral_has_the_name_of_another_public_object() -> None:
                     and name in public and public[name] is not value):
                 clashes.append(f"{module.__name__}.{name}")
     assert clashes == []
+
+
+def internal_classes() -> list[tuple[type, str, str]]:
+    """(class, the name it uses, the name it no longer uses for that): `run` is the
+    entity's main loop and a run of an entity, `start` a run's start (`EntityRef.start`,
+    start input); hosts, queues and sessions open and close, backends handle requests,
+    and a callable given to a thread or a command is called."""
+    from corral._cli._connection import Connection
+    from corral.persistence._batch import CommitQueue
+    from corral.persistence._pg_session import HostSession
+    from corral.persistence._sqlite_thread import SqliteThread
+    from corral.runtime.client._backend import Backend
+    from corral.runtime.host._host import LocalHost
+    from corral.runtime.host._local_backend import LocalBackend
+    from corral.runtime.host._shard import Shard
+    from corral.runtime.ray._connection import RayBackend
+    from corral.runtime.ray._logs import LogFollower
+
+    return [(Backend, "handle", "run"), (LocalBackend, "handle", "run"),
+            (RayBackend, "handle", "run"), (LocalHost, "open", "start"),
+            (Shard, "recover", "start"), (LogFollower, "open", "start"),
+            (CommitQueue, "open", "start"), (HostSession, "open", "start"),
+            (SqliteThread, "call", "run"), (Connection, "call", "run")]
+
+
+def test_run_and_start_keep_their_domain_meanings_inside_the_runtime() -> None:
+    for cls, used, dropped in internal_classes():
+        assert hasattr(cls, used), f"{cls.__name__}.{used}"
+        assert not hasattr(cls, dropped), f"{cls.__name__}.{dropped} is back"

@@ -1,7 +1,7 @@
 """Backend operations as request records: what a client asks of the host, one per call.
 
 `EntityRef` and `Runtime` validate at the boundary, then build one record per call and
-pass it to `Backend.run(op)`; the local backend hands it to the method named after its
+pass it to `Backend.handle(request)`; the local backend hands it to the method named after its
 kind, the Ray backend sends it to the owning shard actor's `ShardHost.handle(op)`, which
 does the same there. Every record names the shard that answers it (`shard`), as
 `persistence.Acceptance` and `persistence.DeliveryRequest` already do (those two are the
