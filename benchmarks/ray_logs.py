@@ -109,7 +109,7 @@ async def main() -> dict[str, Any]:
     logging.getLogger("corral.bench").addHandler(arrivals)
     logging.getLogger("corral.bench").setLevel(logging.INFO)
     follower = ray_logs.LogFollower(NAMESPACE)
-    follower.start()
+    follower.open()
     count = 20_000
     dropped_us = await actor.cost.remote(count, False)
     await actor.ship.remote()

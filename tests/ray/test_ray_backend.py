@@ -625,7 +625,7 @@ async def test_a_restarted_host_takes_a_new_epoch_at_once_and_fences_out_its_pre
             return h
 
         old = host(0, takeover=True)
-        await old.start()
+        await old.open()
         old_backend = LocalBackend(stores[0], definitions, old, router.shard_of)
         key = next(k for k in (fresh_key() for _ in range(100))
                    if router.shard_of("Counter", k) == 0)
@@ -637,11 +637,11 @@ async def test_a_restarted_host_takes_a_new_epoch_at_once_and_fences_out_its_pre
 
         # Without takeover, a live lease (60 s left) keeps a newcomer out.
         waiting = host(1, takeover=False)
-        await waiting.start()
+        await waiting.open()
         assert waiting.shard(0) is None
         # With takeover, the new incarnation holds the shard at once, at a new epoch...
         new = host(2, takeover=True)
-        await new.start()
+        await new.open()
         new_fence = new.shards[0].fence
         assert new_fence.epoch == old_fence.epoch + 1
         # ...and every fenced write of the old one is refused from now on.

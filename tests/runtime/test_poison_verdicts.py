@@ -1,5 +1,5 @@
 """`_poison` decides and writes nothing: applying an entry on a live host returns a
-verdict (`Applied`, `DeadLetter`) that the activation acts on. These run the decision
+verdict (`Applied`, `Poisoned`) that the activation acts on. These run the decision
 alone, on an entity built with a read-only context: no store, no shard, no activation.
 """
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel
 import corral
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 from corral.runtime.host._apply import ReplicaContext, instantiate
-from corral.runtime.host._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
+from corral.runtime.host._poison import Applied, Poisoned, apply_live, apply_now, retried_handler
 
 
 class Item(BaseModel):
@@ -67,7 +67,7 @@ async def test_a_signal_whose_handler_keeps_raising_is_a_dead_letter_after_every
 ) -> None:
     Picky.calls.clear()
     verdict = await apply_live(DEFINITION, picky(), entry(EntryKind.SIGNAL, "add", '{"v": 3}'))
-    assert isinstance(verdict, DeadLetter)
+    assert isinstance(verdict, Poisoned)
     assert (verdict.attempts, verdict.error, verdict.outcome) == (
         3, "ValueError: odd item 3", None)
     assert "raise ValueError" in verdict.traceback
@@ -82,7 +82,7 @@ async def test_a_first_attempt_made_in_the_callers_frame_counts_toward_the_limit
     failed = apply_now(entity, signal, handler)
     assert isinstance(failed, ValueError)
     verdict = await apply_live(DEFINITION, entity, signal, failed=failed)
-    assert isinstance(verdict, DeadLetter)
+    assert isinstance(verdict, Poisoned)
     assert verdict.attempts == 3
     assert Picky.calls == [5, 5, 5]
 
@@ -97,11 +97,11 @@ async def test_an_update_is_applied_with_its_outcome_and_never_retried() -> None
 
 async def test_an_entry_this_code_cannot_apply_is_a_dead_letter_with_no_attempt() -> None:
     unknown = await apply_live(DEFINITION, picky(), entry(EntryKind.SIGNAL, "gone", "{}"))
-    assert isinstance(unknown, DeadLetter)
+    assert isinstance(unknown, Poisoned)
     assert (unknown.attempts, unknown.outcome) == (0, None)
     assert "no signal handler 'gone'" in unknown.error
     refused = await apply_live(DEFINITION, picky(), entry(EntryKind.UPDATE, "take", '{"v": "x"}'))
-    assert isinstance(refused, DeadLetter)
+    assert isinstance(refused, Poisoned)
     assert refused.attempts == 0
     assert refused.outcome is not None
     assert refused.outcome.error == f"DeadLettered: {refused.error}"

@@ -84,7 +84,7 @@ async def test_a_host_fenced_out_by_a_takeover_does_not_take_the_shards_straight
             taker = LocalHost(second.store, second.router,
                               second.boundary.definitions, lease_ttl=ttl,
                               poll_interval=0.005, takeover=True)
-            await taker.start()
+            await taker.open()
             try:
                 await wait_until(lambda: not first_host.shards, "the first host is fenced out")
                 await asyncio.sleep(4 * ttl)  # renewals of both, and the first's retries

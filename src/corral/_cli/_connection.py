@@ -92,11 +92,11 @@ class Connection:
         limits = self.application.limits or corral.Limits()
         return read_payload(text, option, max_bytes=limits.max_payload_bytes)
 
-    def run(self, ctx: typer.Context, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
-        """Open the runtime, run `work` on it and close it; errors as `execute` says."""
-        return execute(ctx, self._run(work))
+    def call(self, ctx: typer.Context, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
+        """Open the runtime, call `work` on it and close it; errors as `execute` says."""
+        return execute(ctx, self._call(work))
 
-    async def _run(self, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
+    async def _call(self, work: Callable[[corral.Runtime], Awaitable[T]]) -> T:
         async with open_operator_runtime(self.store, self.application,
                                          shards=self.shards) as rt:
             return await work(rt)

@@ -91,7 +91,7 @@ def list_dead_letters(
     shards: ShardsOption = None,
 ) -> None:
     """List dead letters, oldest first (`corral dead-letters TYPE` is the same)."""
-    found = Connection(store, app, shards).run(
+    found = Connection(store, app, shards).call(
         ctx, lambda rt: rt.dead_letters(entity_type, key, limit=limit, after=after,
                                         sender=sender))
     if as_json:
@@ -258,7 +258,7 @@ def _work_through(ctx: typer.Context, connection: Connection, choice: _Choice,
     """
     debug = debugging(ctx)
 
-    async def run(rt: corral.Runtime) -> list[_Outcome]:
+    async def work(rt: corral.Runtime) -> list[_Outcome]:
         from rich.progress import (  # only here: it costs every other command 40 ms
             BarColumn,
             MofNCompleteColumn,
@@ -286,7 +286,7 @@ def _work_through(ctx: typer.Context, connection: Connection, choice: _Choice,
                 progress.advance(task)
         return done
 
-    done = connection.run(ctx, run)
+    done = connection.call(ctx, work)
     failed = [o for o in done if o.error is not None]
     for o in failed:
         assert o.error is not None

@@ -59,7 +59,7 @@ def list_entities(
     shards: ShardsOption = None,
 ) -> None:
     """List entities in (type, key) order, a page at a time."""
-    page = Connection(store, app, shards).run(
+    page = Connection(store, app, shards).call(
         ctx, lambda rt: rt.entities(entity_type, status=status, limit=limit, after=after,
                                     sender=sender))
     if as_json:
@@ -116,7 +116,7 @@ def show_entity(
             return described, None
         return described, await ref.state(limit=limit, after=after, sender=sender)
 
-    found, contents = Connection(store, app, shards).run(ctx, read)
+    found, contents = Connection(store, app, shards).call(ctx, read)
     if as_json:
         print_json(found if contents is None else contents)
         return
@@ -238,7 +238,7 @@ def send_signal(
         return await ref.signal_with_start(signal, data, start=start_input,
                                            message_id=message_id, sender=sender)
 
-    ack = connection.run(ctx, send)
+    ack = connection.call(ctx, send)
     print_result(as_json, ack, ack_line(ack))
 
 

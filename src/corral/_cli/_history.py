@@ -71,7 +71,7 @@ def entity_history(
     A message's name and payload are kept until a snapshot covers it: after that the
     dedupe window still shows its id, sender and time (until it forgets it).
     """
-    found = Connection(store, app, shards).run(
+    found = Connection(store, app, shards).call(
         ctx, lambda rt: rt.ref(entity_class(rt, entity_type), key).history(
             limit=limit, after=after, sender=sender))
     if as_json:

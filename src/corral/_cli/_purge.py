@@ -76,7 +76,7 @@ def purge(
             await rt.boundary.permit(sender, d.name, "", kind, name)
         return [await _purge(rt, d, dry_run=dry_run, batch=batch) for d in retained]
 
-    lines = Connection(store, app, shards).run(ctx, work)
+    lines = Connection(store, app, shards).call(ctx, work)
     if as_json:
         print_json(lines)
         return

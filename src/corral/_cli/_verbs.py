@@ -66,7 +66,7 @@ def _acknowledge(ctx: typer.Context, connection: Connection, entity_type: str, k
     async def work(rt: corral.Runtime) -> corral.Ack:
         return await send(rt.ref(entity_class(rt, entity_type), key))
 
-    ack = connection.run(ctx, work)
+    ack = connection.call(ctx, work)
     print_result(as_json, ack, ack_line(ack))
 
 
@@ -134,7 +134,7 @@ def update_entity(
                                            update_id=update_id, sender=sender,
                                            timeout=timeout)
 
-    _print_value(as_json, connection.run(ctx, work))
+    _print_value(as_json, connection.call(ctx, work))
 
 
 def query_entity(
@@ -169,7 +169,7 @@ def query_entity(
         return await ref.query(method, data, sender=sender, activate=activate,
                                timeout=timeout)
 
-    _print_value(as_json, connection.run(ctx, work))
+    _print_value(as_json, connection.call(ctx, work))
 
 
 def terminate_entity(
@@ -213,7 +213,7 @@ def resume_entity(
             return None, now  # the mark would change nothing: it is not journaled
         return await ref.resume(message_id=message_id, sender=sender), now
 
-    ack, now = Connection(store, app, shards).run(ctx, work)
+    ack, now = Connection(store, app, shards).call(ctx, work)
     if ack is not None:
         print_result(as_json, ack, ack_line(ack))
     else:
@@ -250,4 +250,4 @@ def result_of(
                     run_id=now.run_id)
         return await ref.result(timeout=wait, sender=sender)
 
-    _print_value(as_json, Connection(store, app, shards).run(ctx, work))
+    _print_value(as_json, Connection(store, app, shards).call(ctx, work))

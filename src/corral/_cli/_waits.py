@@ -46,7 +46,7 @@ def list_waits(
     shards: ShardsOption = None,
 ) -> None:
     """List open durable signal waits, oldest first (never their payloads)."""
-    page = Connection(store, app, shards).run(
+    page = Connection(store, app, shards).call(
         ctx, lambda rt: rt.signal_waits(entity_type, limit=limit, after=after, sender=sender))
     if as_json:
         print_json(page)
@@ -104,7 +104,7 @@ def deliver(
         wait = signal_wait(ref.definition, name)
         return await ref.deliver(wait, data, key=delivery_key, sender=sender, run_id=run_id)
 
-    outcome = connection.run(ctx, send)
+    outcome = connection.call(ctx, send)
     print_result(as_json, outcome, delivery_line(outcome))
 
 

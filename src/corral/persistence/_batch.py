@@ -83,13 +83,14 @@ class CommitQueue(Generic[Item]):
         """No op is queued or committing."""
         return self._batch is None and not self.committing
 
-    def start(self, commit: Callable[[list[Item]], Awaitable[list[Any]]],
-              failed: Callable[[Exception], StoreError], *,
-              fails_all: Callable[[Exception], bool] = lambda err: False) -> None:
-        """Start the writer: each batch committed by `commit` (one transaction: each
-        op's result or the error refusing it), retried one op per transaction if it
-        raises; a caller whose op failed gets `failed(err)`, and every caller of the
-        batch at once if `fails_all(err)` (a lost connection: no op would fare better)."""
+    def open(self, commit: Callable[[list[Item]], Awaitable[list[Any]]],
+             failed: Callable[[Exception], StoreError], *,
+             fails_all: Callable[[Exception], bool] = lambda err: False) -> None:
+        """Open the queue: its writer task commits each batch by `commit` (one
+        transaction: each op's result or the error refusing it), retried one op per
+        transaction if it raises; a caller whose op failed gets `failed(err)`, and every
+        caller of the batch at once if `fails_all(err)` (a lost connection: no op would
+        fare better)."""
         self._task = asyncio.create_task(self._serve(commit, failed, fails_all),
                                          name=f"corral-{self._engine}-writer")
 

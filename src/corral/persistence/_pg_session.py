@@ -67,7 +67,7 @@ class HostSession:
         self._closed = False
         self.received = 0
 
-    async def start(self) -> None:
+    async def open(self) -> None:
         """Connect and LISTEN; raises the driver's error if the server cannot be reached."""
         conn = await asyncpg.connect(self._url, timeout=self._timeout,
                                      command_timeout=self._timeout,
@@ -184,7 +184,7 @@ class HostSession:
             old.terminate()
         relock, self._locked = set(self._locked), set()  # the server dropped them
         try:
-            await self.start()
+            await self.open()
         except Exception as err:  # still down: the next seen() tries again
             log.warning("store session cannot reconnect: %s: %s", type(err).__name__, err)
             return

@@ -114,7 +114,7 @@ class PostgresStore(StoreCore):
                 server_settings=_session_settings(self._timeout))
             async with self._pool.acquire() as conn:
                 await ensure_schema(conn, self.shards, where=where)
-            await self._session.start()
+            await self._session.open()
         except CorralError:
             await self.close()
             raise
@@ -126,7 +126,7 @@ class PostgresStore(StoreCore):
             raise store_error(f"cannot open store {where}", err) from err
         self._writer = GroupCommit(self._pool, self._token, self._held,
                                    timeout=self._timeout)
-        self._queue.start(self._writer.commit, self._writer.failed,
+        self._queue.open(self._writer.commit, self._writer.failed,
                           fails_all=self._writer.fails_all)
 
     async def __aenter__(self) -> PostgresStore:

@@ -108,11 +108,11 @@ class SqliteStore(StoreCore):
         try:
             self._writer = SqliteThread("corral-sqlite-writer")
             await self._writer.open(target)
-            await self._writer.run(self._prepare, shards)
+            await self._writer.call(self._prepare, shards)
             if self.durable:
                 self._reader = SqliteThread("corral-sqlite-reader")
                 await self._reader.open(target)
-                await self._reader.run(_busy_retry, "PRAGMA busy_timeout=30000")
+                await self._reader.call(_busy_retry, "PRAGMA busy_timeout=30000")
             else:
                 self._reader = self._writer
         except sqlite3.Error as err:
@@ -121,7 +121,7 @@ class SqliteStore(StoreCore):
         except BaseException:  # refused (newer schema, other shard count): close, re-raise
             await self.close()
             raise
-        self._queue.start(partial(self._writer.run, self._commit),
+        self._queue.open(partial(self._writer.call, self._commit),
                           partial(_store_error, "store write failed, nothing committed"))
 
     def _prepare(self, db: sqlite3.Connection, shards: int) -> None:
@@ -266,7 +266,7 @@ class SqliteStore(StoreCore):
         if conn is None or self._queue.closed:
             raise StoreError("store is closed")
         try:
-            return await conn.run(fn, *args)
+            return await conn.call(fn, *args)
         except (ValueError, sqlite3.ProgrammingError) as err:
             if not self._queue.closed:
                 raise

@@ -35,7 +35,7 @@ class SqliteThread:
             self._executor, lambda: sqlite3.connect(target, isolation_level=None,
                                                     check_same_thread=False))
 
-    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """`fn(connection, *args)` in the connection's thread: one hop in all. Once the
         connection is closed, the `StoreError` every caller handles."""
         if self._db is None:

@@ -158,7 +158,7 @@ async def open_runtime(
             lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,
             env_vars=env_vars, hosts=hosts)
         follower = LogFollower(namespace)  # the host actors' logs, on this process's
-        follower.start()
+        follower.open()
         try:
             yield Runtime(ray_backend, placement,
                           Boundary(definitions, limits or Limits(), authorize))
@@ -190,7 +190,7 @@ async def open_runtime(
             role="host" if local else "client", ttl=2 * lease_ttl)
         await registration.open()
         if local is not None:
-            await local.start()
+            await local.open()
         local_backend = LocalBackend(the_store, definitions, local, router.shard_of, clock)
         local = None  # the backend owns the host now
         yield Runtime(local_backend, router,

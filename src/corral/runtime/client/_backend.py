@@ -3,7 +3,7 @@
 Everything a caller does through `EntityRef` and `Runtime` is checked and authorized in
 the client (`_boundary`), then becomes one request record (`_requests`; an `Acceptance`
 for a send, a `DeliveryRequest` for a delivery to a signal wait) handed to
-`Backend.run`. Two backends implement it: `host._local_backend.LocalBackend` serves
+`Backend.handle`. Two backends implement it: `host._local_backend.LocalBackend` serves
 the records in this process (the store plus the shards this process hosts), and
 `ray._connection.RayBackend` sends each to the Ray host actor that holds its shard,
 where a `LocalBackend` serves it. Nothing in the client knows which one it talks to:
@@ -52,7 +52,7 @@ class Backend(Protocol):
 
     The contract, for every implementation:
 
-    - `run(request)` carries out one request record where its shard is hosted (the
+    - `handle(request)` carries out one request record where its shard is hosted (the
       record names it: `request.shard`; None for a store-wide read, which any host
       answers) and returns its answer, the type the record declares (`Request[R]`). An
       `Acceptance` is durable when its `AcceptResult` comes back (start, dedupe and
@@ -72,13 +72,13 @@ class Backend(Protocol):
     so an id the ref made for its call is new to the store (`Acceptance.fresh_id`)."""
 
     @overload
-    def run(self, op: Acceptance) -> Awaitable[AcceptResult]: ...
+    def handle(self, request: Acceptance) -> Awaitable[AcceptResult]: ...
     @overload
-    def run(self, op: DeliveryRequest) -> Awaitable[DeliveryResult]: ...
+    def handle(self, request: DeliveryRequest) -> Awaitable[DeliveryResult]: ...
     @overload
-    def run(self, op: Request[R]) -> Awaitable[R]: ...
-    def run(self, op: Any) -> Awaitable[Any]:
-        """Carry out `op` where its shard is hosted; its answer."""
+    def handle(self, request: Request[R]) -> Awaitable[R]: ...
+    def handle(self, request: Any) -> Awaitable[Any]:
+        """Carry out `request` where its shard is hosted; its answer."""
         ...
 
     @property

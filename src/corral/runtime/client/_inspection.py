@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from corral._common import RunStatus, WaitStatus
-from corral.persistence import MessageRecord, Row, RunRecord, Store, WaitRecord
+from corral.persistence import (
+    JournalEntry,
+    MessageRecord,
+    Row,
+    RunRecord,
+    Store,
+    TimerRecord,
+    WaitRecord,
+)
 
 from ._results import Page, RunSummary
 
@@ -42,6 +50,11 @@ class MessageInfo:
             handler name and payload (JSON data), while the store keeps them; None once
             a snapshot covers the message.
         dead_letter_id, error: its dead letter (replay or discard it by this id).
+
+    Not `corral.persistence.MessageRecord`, the stored row it is built from (`of`): a
+    reader gets the payload as JSON data and the kind as text, and a `status` the store
+    does not keep (decided against the applied watermark); the dead letter's
+    `failed_at` is `dead_letters()`'s to show.
     """
 
     seq: int
@@ -56,20 +69,48 @@ class MessageInfo:
     dead_letter_id: int | None = None
     error: str | None = None
 
+    @classmethod
+    def of(cls, entity_type: str, key: str, m: MessageRecord | JournalEntry,
+           status: MessageStatus) -> MessageInfo:
+        """The message `m` (a stored message, or a journal entry: no dead letter) of the
+        entity `entity_type` `key` (`CorruptRowError` if its payload is not JSON)."""
+        letter, error = (m.dead_letter_id, m.error) if isinstance(m, MessageRecord) \
+            else (None, None)
+        row = Row("journal", entity_type, key, m.run_id, what=f"seq {m.seq}") \
+            if letter is None else \
+            Row("dead_letters", entity_type, key, m.run_id, what=f"dead letter {letter}")
+        return cls(m.seq, m.run_id, m.message_id, m.sender, m.accepted_at, status,
+                   None if m.kind is None else m.kind.value, m.name,
+                   row.json("payload", m.payload), letter, error)
+
 
 @dataclass(frozen=True, slots=True)
 class TimerInfo:
-    """A pending durable timer: `sleep`, `wait_for(timeout=)`, a wait's deadline."""
+    """A pending durable timer: `sleep`, `wait_for(timeout=)`, a wait's deadline.
+
+    Built from the stored `corral.persistence.TimerRecord` (`of`), whose fields it has
+    today; kept apart so that what `history()` returns stays as it is when the store's
+    row changes (the store's records are the `Store` protocol's, not the client's).
+    """
 
     run_id: int
     timer_id: str
     due_at: float
 
+    @classmethod
+    def of(cls, t: TimerRecord) -> TimerInfo:
+        """The stored timer `t` as `history()` lists it."""
+        return cls(t.run_id, t.timer_id, t.due_at)
+
 
 @dataclass(frozen=True, slots=True)
 class WaitSummary:
     """One signal wait of a run (open, buffered, delivered or timed out), without its
-    payload: who decided it, with which delivery key, when."""
+    payload: who decided it, with which delivery key, when.
+
+    Not `corral.persistence.WaitRecord`, the stored row it is built from (`of`): a
+    history shows no payload, and names the entity once, not in each wait.
+    """
 
     run_id: int
     name: str
@@ -82,6 +123,7 @@ class WaitSummary:
 
     @classmethod
     def of(cls, w: WaitRecord) -> WaitSummary:
+        """The stored wait `w` as a history lists it."""
         return cls(w.run_id, w.name, w.status, w.opened_at, w.deadline, w.delivery_key,
                    w.sender, w.delivered_at)
 
@@ -139,15 +181,6 @@ def _status(m: MessageRecord, run: RunRecord, applied: int | None) -> MessageSta
     return "applied" if applied is not None and m.seq <= applied else "accepted"
 
 
-def _info(etype: str, key: str, m: MessageRecord, status: MessageStatus) -> MessageInfo:
-    row = Row("journal", etype, key, m.run_id, what=f"seq {m.seq}") \
-        if m.dead_letter_id is None else \
-        Row("dead_letters", etype, key, m.run_id, what=f"dead letter {m.dead_letter_id}")
-    return MessageInfo(m.seq, m.run_id, m.message_id, m.sender, m.accepted_at, status,
-                       None if m.kind is None else m.kind.value, m.name,
-                       row.json("payload", m.payload), m.dead_letter_id, m.error)
-
-
 def _payload(where: Row, text: object) -> Any:
     """A snapshot's mailbox payload (JSON text) as data."""
     if text is None:
@@ -171,11 +204,10 @@ async def read_history(store: Store, run: RunRecord, applied_seq: int | None, *,
              if seq is not None]
     applied = max(known) if known else None
     rows = await store.messages(etype, key, after_seq=after, limit=limit + 1)
-    items = [_info(etype, key, m, _status(m, run, applied)) for m in rows]
+    items = [MessageInfo.of(etype, key, m, _status(m, run, applied)) for m in rows]
     runs = tuple(RunSummary.of(r) for r in await store.runs(etype, key))
     waits = tuple(WaitSummary.of(w) for w in await store.waits(etype, key))
-    timers = tuple(TimerInfo(t.run_id, t.timer_id, t.due_at)
-                   for t in await store.timers(etype, key))
+    timers = tuple(TimerInfo.of(t) for t in await store.timers(etype, key))
     page = Page(items[:limit], _cursor(items, limit, len(items) > limit))
     return EntityHistory(etype, key, run.status, run.run_id, applied, runs, page, waits,
                          timers)
@@ -185,14 +217,10 @@ async def read_state(store: Store, run: RunRecord, envelope: dict[str, Any] | No
                      snapshot_seq: int | None, *, limit: int, after: int) -> EntityState:
     """The state of `run`'s latest snapshot (`envelope`, decoded) and a page of the
     run's messages after it."""
-    start = max(after, snapshot_seq or 0)
     entries = await store.journal(run.entity_type, run.key, run_id=run.run_id,
-                                  after_seq=start, limit=limit + 1)
+                                  after_seq=max(after, snapshot_seq or 0), limit=limit + 1)
     status: MessageStatus = "accepted" if run.status is RunStatus.RUNNING else "applied"
-    items = [MessageInfo(e.seq, e.run_id, e.message_id, e.sender, e.accepted_at, status,
-                         e.kind.value, e.name,
-                         Row("journal", e.entity_type, e.key, e.run_id, what=f"seq {e.seq}")
-                         .json("payload", e.payload)) for e in entries]
+    items = [MessageInfo.of(e.entity_type, e.key, e, status) for e in entries]
     page = Page(items[:limit], _cursor(items, limit, len(items) > limit))
     if envelope is None:
         return EntityState(run.entity_type, run.key, run.status, run.run_id, None, None,

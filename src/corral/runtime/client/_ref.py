@@ -1,7 +1,7 @@
 """`EntityRef`: the typed address of one entity, and every call a caller makes on it.
 
 Each call validates at the boundary, then goes to the `Backend` as one request record
-(`_ops`; an `Acceptance` for a send) with JSON payloads: `backend.run(op)`. The
+(`_requests`; an `Acceptance` for a send) with JSON payloads: `backend.handle(request)`. The
 overloads follow temporalio's `WorkflowHandle.signal` / `execute_update` /
 `query`: a handler is matched as a method of the ref's entity type taking no payload or
 one model, sync or async, so a handler of another type, a payload of the wrong model or
@@ -197,7 +197,7 @@ class EntityRef(Generic[E_co, S]):
         """`signal` and `signal_with_start`: the hot path (`_send` with its context
         manager and `_accept` cost ~2 us more a call; updates use them)."""
         try:
-            res = await self._backend.run(await self.signal_acceptance(
+            res = await self._backend.handle(await self.signal_acceptance(
                 handler, payload, start, with_start, message_id, sender))
         except CorralError as err:
             _annotate(err, self, message_id, send=True)
@@ -286,7 +286,7 @@ class EntityRef(Generic[E_co, S]):
                                   "run_id": ack.run_id, "message_id": mid}
         try:
             outcome = await within(
-                self._backend.run(WaitUpdate(self.definition.name, self.key, self.shard, mid)),
+                self._backend.handle(WaitUpdate(self.definition.name, self.key, self.shard, mid)),
                 timeout)
         except Expired:
             raise WaitTimeoutError(
@@ -331,7 +331,7 @@ class EntityRef(Generic[E_co, S]):
         acc = Acceptance(d.name, self.key, self.shard, kind, name, message_id, payload,
                          payload_hash(name, payload), sender, start, d.id_reuse,
                          self._clock.time())
-        return await self._backend.run(acc)
+        return await self._backend.handle(acc)
 
     # -- durable signal waits ------------------------------------------------------------
 
@@ -378,7 +378,7 @@ class EntityRef(Generic[E_co, S]):
             if run_id is not None:
                 run_id = check_run_id(run_id)
             who = await b.sender(sender, d, self.key, "deliver", w.name)
-            res = await self._backend.run(DeliveryRequest(
+            res = await self._backend.handle(DeliveryRequest(
                 d.name, self.key, self.shard, w.name, delivery_key, text, who,
                 d.early_signals, run_id, w.renamed_from))
             kept = res.wait
@@ -426,7 +426,7 @@ class EntityRef(Generic[E_co, S]):
             await b.sender(sender, self.definition, self.key, "query", h.name)
             op = Query(self.definition.name, self.key, self.shard, h.name, text, activate)
             try:
-                text = await within(self._backend.run(op), waited)
+                text = await within(self._backend.handle(op), waited)
             except Expired:
                 raise QueryTimeoutError(
                     f"query {h.name!r} of {self!r} got no answer within {waited:g} s: what "
@@ -451,7 +451,7 @@ class EntityRef(Generic[E_co, S]):
         with the read's name ("describe"); `sender` is the caller's claim.
         """
         await self._read(sender, "describe")
-        return await self._backend.run(Describe(self.definition.name, self.key, self.shard))
+        return await self._backend.handle(Describe(self.definition.name, self.key, self.shard))
 
     async def _read(self, sender: str | None, name: str) -> None:
         """Ask the `authorize` hook about the read `name` of this entity (kind "read")."""
@@ -478,7 +478,7 @@ class EntityRef(Generic[E_co, S]):
         """
         limit, position = check_limit(limit), _seq_cursor(after)
         await self._read(sender, "history")
-        return await self._backend.run(History(
+        return await self._backend.handle(History(
             self.definition.name, self.key, self.shard, limit, position))
 
     async def state(self, *, limit: int = 100, after: str | None = None,
@@ -494,7 +494,7 @@ class EntityRef(Generic[E_co, S]):
         """
         limit, position = check_limit(limit), _seq_cursor(after)
         await self._read(sender, "state")
-        return await self._backend.run(State(
+        return await self._backend.handle(State(
             self.definition.name, self.key, self.shard, limit, position))
 
     async def result(self: EntityRef[_Runs[R], Any], *, timeout: float | None = None,
@@ -522,7 +522,7 @@ class EntityRef(Generic[E_co, S]):
         delay = 0.002
         ident: dict[str, Any] = {"entity_type": self.definition.name, "key": self.key}
         while True:
-            run = await self._backend.run(LatestRun(self.definition.name, self.key, self.shard))
+            run = await self._backend.handle(LatestRun(self.definition.name, self.key, self.shard))
             if run is None:
                 raise EntityNotRunningError(
                     f"{self.definition.name} {self.key!r} was never started", **ident)
@@ -591,7 +591,7 @@ class EntityRef(Generic[E_co, S]):
         """
         limit, after = check_limit(limit), check_after_id(after)
         await self._read(sender, "dead_letters")
-        return await self._backend.run(DeadLetters(
+        return await self._backend.handle(DeadLetters(
             self.definition.name, self.key, limit, after, self.shard))
 
     async def replay_dead_letter(self, dead_letter_id: int, *,
@@ -617,7 +617,7 @@ class EntityRef(Generic[E_co, S]):
         """
         ident = check_dead_letter_id(dead_letter_id)
         await self._boundary.sender(sender, self.definition, self.key, "replay", "replay")
-        res = await self._backend.run(ReplayDeadLetter(self.definition.name, self.key,
+        res = await self._backend.handle(ReplayDeadLetter(self.definition.name, self.key,
                                                        self.shard, ident))
         return ack(res)
 
@@ -629,7 +629,7 @@ class EntityRef(Generic[E_co, S]):
         """
         ident = check_dead_letter_id(dead_letter_id)
         await self._boundary.sender(sender, self.definition, self.key, "discard", "discard")
-        return await self._backend.run(DiscardDeadLetter(self.definition.name, self.key,
+        return await self._backend.handle(DiscardDeadLetter(self.definition.name, self.key,
                                                          self.shard, ident))
 
 

@@ -1,13 +1,14 @@
-"""Backend operations as request records: what a client asks of the host, one per call.
+"""Request records: what a client asks of the host, one record per call.
 
 `EntityRef` and `Runtime` validate at the boundary, then build one record per call and
-pass it to `Backend.run(op)`; the local backend hands it to the method named after its
-kind, the Ray backend sends it to the owning shard actor's `ShardHost.handle(op)`, which
-does the same there. Every record names the shard that answers it (`shard`), as
-`persistence.Acceptance` and `persistence.DeliveryRequest` already do (those two are the
-records of an accept and of a delivery to a signal wait); the store-wide reads
-(`SignalWaits`, `Entities`, `DeadLetters` without a key, `TakeCensus`) carry `shard=None`: any host
-answers them, since all of a deployment's hosts share one store.
+pass it to `Backend.handle(request)`; the local backend hands it to the method named
+after its kind, the Ray backend sends it to the owning shard actor's
+`ShardHost.handle(request)`, which does the same there. Every record names the shard
+that answers it (`shard`), as `persistence.Acceptance` and `persistence.DeliveryRequest`
+already do (those two are the records of an accept and of a delivery to a signal wait);
+the store-wide reads (`SignalWaits`, `Entities`, `DeadLetters` without a key,
+`TakeCensus`) carry `shard=None`: any host answers them, since all of a deployment's
+hosts share one store.
 
 A leaf of `runtime`: records of plain str, int, float and persistence records, so they
 cross a process boundary (Ray pickles them) unchanged.
@@ -45,6 +46,7 @@ __all__ = [
     "Entities",
     "History",
     "LatestRun",
+    "MessagesRead",
     "Query",
     "ReplayDeadLetter",
     "Request",
@@ -59,7 +61,7 @@ R = TypeVar("R")
 
 
 class Request(Generic[R]):
-    """A backend operation answered with an `R` (the base of every record here)."""
+    """A request answered with an `R` (the base of every record here)."""
 
     __slots__ = ()
 
@@ -133,25 +135,28 @@ class Describe(Request[EntityDescription]):
 
 
 @dataclass(frozen=True, slots=True)
-class History(Request[EntityHistory]):
+class MessagesRead(Request[R]):
+    """A read of one entity whose answer holds a page of `limit` of its messages after
+    seq `after`: the fields of `History` and `State`, which differ only in the answer
+    (a record type each, so that each is dispatched by its kind and typed by its `R`)."""
+
+    entity_type: str
+    key: str
+    shard: int
+    limit: int
+    after: int
+
+
+class History(MessagesRead[EntityHistory]):
     """The entity's runs, waits, timers and a page of its messages after seq `after`."""
 
-    entity_type: str
-    key: str
-    shard: int
-    limit: int
-    after: int
+    __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class State(Request[EntityState]):
+class State(MessagesRead[EntityState]):
     """The latest snapshot's state and a page of the messages after it (and `after`)."""
 
-    entity_type: str
-    key: str
-    shard: int
-    limit: int
-    after: int
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)

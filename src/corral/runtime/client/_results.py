@@ -24,6 +24,7 @@ __all__ = [
     "Delivery",
     "DeliveryStatus",
     "EntityDescription",
+    "EntityProgress",
     "EntitySummary",
     "Page",
     "RunSummary",
@@ -84,6 +85,9 @@ class Delivery(Generic[M]):
         sender: the retained delivery's recorded (authenticated) sender.
         delivered_at: when the retained delivery was made (seconds since the epoch).
         run_id: the run whose wait this was (None for `"not_waiting"`).
+
+    Built from the store's `DeliveryResult` and the `WaitRecord` it retains, with the
+    payload decoded to the wait's model and the status narrowed to `DeliveryStatus`.
     """
 
     status: DeliveryStatus
@@ -102,6 +106,9 @@ class SignalWaitInfo:
         name: the wait's name.
         waiting_since: when `run()` first reached it (seconds since the epoch).
         deadline: when it times out, or None.
+
+    Not `corral.persistence.WaitRecord`, the stored row it is built from (`of`): an
+    operator's list of open waits shows neither a delivery nor its payload.
     """
 
     entity_type: str
@@ -113,6 +120,7 @@ class SignalWaitInfo:
 
     @classmethod
     def of(cls, w: WaitRecord) -> SignalWaitInfo:
+        """The open wait `w` as operators list it."""
         return cls(w.entity_type, w.key, w.run_id, w.name, w.opened_at or 0.0, w.deadline)
 
 
@@ -175,7 +183,24 @@ def _fits(value: object, kind: type) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class EntitySummary:
+class EntityProgress:
+    """Which entity, its latest run and how far it got: the fields a listing's
+    `EntitySummary` and `describe()`'s `EntityDescription` share, declared once here
+    (each adds its own; see theirs for what the fields mean).
+    """
+
+    entity_type: str
+    key: str
+    shard: int
+    status: RunStatus
+    run_id: int
+    accepted_seq: int
+    applied_seq: int | None
+    mailbox_depth: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntitySummary(EntityProgress):
     """One entity in a listing (`Runtime.entities`).
 
     Attributes:
@@ -197,16 +222,12 @@ class EntitySummary:
             is dead-lettered).
         oldest_unapplied_age: seconds since the oldest of those was accepted (None:
             no backlog).
+
+    Built from the store's `EntityRecord` and, for an entity the answering process
+    hosts, its live activation; the stored row's `passivated_seq` and `progress` are
+    what `passivated`, `applied_seq`, `mailbox_depth` and `backlog` are decided from.
     """
 
-    entity_type: str
-    key: str
-    shard: int
-    status: RunStatus
-    run_id: int
-    accepted_seq: int
-    applied_seq: int | None
-    mailbox_depth: int | None
     passivated: bool
     updated_at: float | None
     suspended: bool = False
@@ -220,6 +241,10 @@ class RunSummary:
 
     `start_input` is the run's start input and `result` what a completed `run()`
     returned, both as the JSON data stored (None: none).
+
+    Not `corral.persistence.RunRecord`, the stored row it is built from (`of`): that
+    row holds the start input and the result as JSON text, and names the entity, which
+    the description listing its runs already does.
     """
 
     run_id: int
@@ -241,7 +266,7 @@ class RunSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class EntityDescription:
+class EntityDescription(EntityProgress):
     """A snapshot of an entity's state as the store and (if hosted here) its host see it.
 
     `status` is `RunStatus.NEVER_STARTED` (with `run_id` 0 and no runs) for an entity
@@ -256,14 +281,6 @@ class EntityDescription:
     has waited.
     """
 
-    entity_type: str
-    key: str
-    shard: int
-    status: RunStatus
-    run_id: int
-    accepted_seq: int
-    applied_seq: int | None
-    mailbox_depth: int | None
     hosted_here: bool
     runs: tuple[RunSummary, ...]
     snapshot_seq: int | None = None

@@ -148,9 +148,9 @@ class Runtime:
         etype = None if entity_type is None else self.boundary.definition(entity_type).name
         checked = None if key is None else self.boundary.check_key(key)
         owner = None if etype is None or checked is None else self.router.shard_of(etype, checked)
-        limit, start = check_limit(limit), check_after_id(after)
+        limit, after_id = check_limit(limit), check_after_id(after)
         await self.boundary.permit(sender, etype or "", checked or "", "read", "dead_letters")
-        return await self.backend.run(DeadLetters(etype, checked, limit, start, owner))
+        return await self.backend.handle(DeadLetters(etype, checked, limit, after_id, owner))
 
 
     async def entities(self, entity_type: type[Entity] | str | None = None, *,
@@ -185,7 +185,7 @@ class Runtime:
         prefix = None if key_prefix in (None, "") else \
             self.boundary.check_identifier(key_prefix, "key prefix")
         await self.boundary.permit(sender, etype or "", "", "read", "entities")
-        rows = await self.backend.run(Entities(etype, wanted, limit + 1, position,
+        rows = await self.backend.handle(Entities(etype, wanted, limit + 1, position,
                                                key_prefix=prefix))
         last = rows[limit - 1] if len(rows) > limit else None
         return Page([r for r in rows[:limit] if isinstance(r, EntitySummary)],
@@ -213,7 +213,7 @@ class Runtime:
         limit = check_limit(limit)
         position = decode_cursor(after, (float, str, str, int, str))
         await self.boundary.permit(sender, etype or "", "", "read", "signal_waits")
-        rows = await self.backend.run(SignalWaits(etype, limit + 1, position))
+        rows = await self.backend.handle(SignalWaits(etype, limit + 1, position))
         items = [SignalWaitInfo.of(w) for w in rows[:limit]]
         last = rows[limit - 1] if len(rows) > limit else None
         cursor = None if last is None else encode_cursor(
@@ -231,7 +231,7 @@ class Runtime:
             c = await rt.census()
             print(sum(b.messages for b in c.backlog), "messages behind")
         """
-        return await self.backend.run(TakeCensus())
+        return await self.backend.handle(TakeCensus())
 
     async def host_metrics(self) -> list[Metric]:
         """The `corral.metrics` series of the deployment's hosts that run outside this

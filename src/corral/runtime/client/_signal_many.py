@@ -81,7 +81,7 @@ async def signal_many(backend: Backend, items: Sequence[SignalItem]) -> list[Ack
     if not accs:
         return []
     try:
-        results = await backend.run(SignalBatch(accs))
+        results = await backend.handle(SignalBatch(accs))
     except BatchRefusedError as err:
         refused = items[err.index]
         if err.error is not None:

@@ -39,7 +39,7 @@ from ..client._results import decode_value, encode_value
 from ._apply import instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
-from ._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
+from ._poison import Applied, Poisoned, apply_live, apply_now, retried_handler
 from ._recovery import fail_unbuilt, running_run, settle_terminated
 from ._residence import Residence
 from ._run_context import RunContext
@@ -415,7 +415,7 @@ class Activation(RunContext):
                                        attempt=lambda: self._handler_begins(entry))
             self._handler_ends(applied=isinstance(verdict, Applied) and (
                 verdict.outcome is None or verdict.outcome.error is None))
-            if isinstance(verdict, DeadLetter):
+            if isinstance(verdict, Poisoned):
                 if not verdict.attempts:  # no handler here: is a newer build live?
                     await check_awaiting(self._home, entry)
                 await self._dead_letter(entry, verdict, replaying=replaying)
@@ -451,7 +451,7 @@ class Activation(RunContext):
         self.applied_seq = entry.seq
         self._delivered(entry)
 
-    async def _dead_letter(self, entry: JournalEntry, verdict: DeadLetter, *,
+    async def _dead_letter(self, entry: JournalEntry, verdict: Poisoned, *,
                            replaying: bool) -> None:
         """Move `entry` to the dead letters (once: a replay finds its row), then snapshot
         at it so that recovery starts after it (see `_poison`)."""

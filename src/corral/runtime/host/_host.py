@@ -89,7 +89,7 @@ class LocalHost:
         # Read at construction, so a benchmark may set it to None (never recorded).
         self.progress_interval: float | None = _progress.PROGRESS_INTERVAL
 
-    async def start(self) -> None:
+    async def open(self) -> None:
         metrics.track_residents(self)
         self._cursor = await self.store.journal_end()
         if self._receives:  # an old release started late takes no shard from the newest
@@ -204,7 +204,7 @@ class LocalHost:
         shard.postman = self.postman
         self.shards[index] = shard
         try:
-            recovered = await shard.start()
+            recovered = await shard.recover()
         except BaseException:
             # Its recovery read failed: hosting it now would strand its running
             # entities. Drop it and keep the lease: the next round takes it again

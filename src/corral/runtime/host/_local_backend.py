@@ -1,7 +1,7 @@
 """The local backend: a `Runtime`'s requests served from this process.
 
 `EntityRef` and `Runtime` validate at the boundary, then hand a `Backend` one request
-record per call (`_ops`; an `Acceptance` for a send) through `Backend.run(op)`, so the
+record per call (`_ops`; an `Acceptance` for a send) through `Backend.handle(request)`, so the
 same calls can cross a process boundary (the Ray backend). `LocalBackend` serves them
 from this process, by the method named after the record's kind: the store plus the
 shards this process hosts (if any). It is also what a Ray shard actor runs.
@@ -99,13 +99,13 @@ class LocalBackend:
             DiscardDeadLetter: self.discard_dead_letter, TakeCensus: self.census,
         }
 
-    def run(self, op: Any) -> Awaitable[Any]:
-        """`op` by the method named after its kind (no frame of its own: every send
+    def handle(self, request: Any) -> Awaitable[Any]:
+        """`request` by the method named after its kind (no frame of its own: every send
         comes through here)."""
         try:
-            return self._by_kind[type(op)](op)
+            return self._by_kind[type(request)](request)
         except KeyError:
-            raise TypeError(f"not a backend operation: {op!r}") from None
+            raise TypeError(f"not a backend request: {request!r}") from None
 
     async def host_metrics(self) -> list[Metric]:
         """None: a process that hosts counts into its own `corral.metrics.REGISTRY`."""

@@ -5,7 +5,7 @@ signal handler's first attempt through `apply_now` (no await: `Activation._apply
 A signal whose handler raises is called again after a backoff, up to the type's
 `RetryPolicy.max_attempts` calls in all; the entity's later entries wait meanwhile, so
 order is kept. This module only decides: it returns a verdict (`Applied`, or
-`DeadLetter` with the error and the traceback text) and writes nothing. The activation
+`Poisoned` with the error and the traceback text) and writes nothing. The activation
 acts on it: it moves the entry to the `dead_letters` table (a fenced write), counts it
 as applied, and goes on with its next entry.
 
@@ -49,7 +49,7 @@ from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
 from ._apply import Unappliable, apply_entry, decode_arg
 
-__all__ = ["Applied", "DeadLetter", "Verdict", "apply_live", "apply_now", "retried_handler"]
+__all__ = ["Applied", "Poisoned", "Verdict", "apply_live", "apply_now", "retried_handler"]
 
 log = logging.getLogger("corral.poison")
 
@@ -62,11 +62,14 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
-    """Move the entry to the dead letters: its signal handler raised on every one of
-    `attempts` calls, or this code cannot apply it (`attempts` 0: no handler of its
-    name, a payload today's model refuses). It counts as applied all the same; an
-    update's caller gets `outcome`, which says why."""
+class Poisoned:
+    """The verdict on a poison entry: move it to the dead letters. Its signal handler
+    raised on every one of `attempts` calls, or this code cannot apply it (`attempts` 0:
+    no handler of its name, a payload today's model refuses). It counts as applied all
+    the same; an update's caller gets `outcome`, which says why.
+
+    Not `corral.persistence.DeadLetter`, the stored row the activation writes from this
+    verdict (with the entry's identity and the time)."""
 
     error: str
     traceback: str = ""
@@ -74,7 +77,7 @@ class DeadLetter:
     outcome: UpdateOutcome | None = None
 
 
-Verdict = Applied | DeadLetter
+Verdict = Applied | Poisoned
 
 
 async def apply_live(definition: EntityDefinition, entity: Entity, entry: JournalEntry, *,
@@ -83,10 +86,11 @@ async def apply_live(definition: EntityDefinition, entity: Entity, entry: Journa
     """Apply a signal or update entry on a live host, retrying a raising signal handler
     under the type's `RetryPolicy`; the verdict says what the host must record.
 
-    Signals with a handler body get the retry policy and the dead-letter verdict;
-    updates and mailbox signals are applied by `apply_entry`. `failed`: the error of a
-    first attempt already made by `apply_now`, which counts. `attempt` is called before
-    each call of the handler (the host starts collecting what that call sends).
+    Signals with a handler body get the retry policy and, once it runs out, the
+    `Poisoned` verdict; updates and mailbox signals are applied by `apply_entry`.
+    `failed`: the error of a first attempt already made by `apply_now`, which counts.
+    `attempt` is called before each call of the handler (the host starts collecting what
+    that call sends).
     """
     try:
         handler = retried_handler(definition, entry)
@@ -99,7 +103,7 @@ async def apply_live(definition: EntityDefinition, entity: Entity, entry: Journa
     except Unappliable as why:
         outcome = UpdateOutcome(None, f"DeadLettered: {why.reason}") \
             if entry.kind is EntryKind.UPDATE else None
-        return DeadLetter(why.reason, outcome=outcome)
+        return Poisoned(why.reason, outcome=outcome)
     policy = definition.retry
     limit = policy.max_attempts or 1  # never None: the definition refuses it for `retry`
     attempts, err = (0, None) if failed is None else (1, failed)
@@ -122,7 +126,7 @@ async def apply_live(definition: EntityDefinition, entity: Entity, entry: Journa
             return Applied()
         except Exception as error:
             err = error
-    return DeadLetter(f"{type(err).__name__}: {err}", "".join(traceback.format_exception(err)),
+    return Poisoned(f"{type(err).__name__}: {err}", "".join(traceback.format_exception(err)),
                       attempts)
 
 

@@ -65,7 +65,7 @@ class Shard:
     def index(self) -> int:
         return self.fence.shard
 
-    async def start(self) -> int:
+    async def recover(self) -> int:
         """Activate every running entity of this shard (recovery after a restart/takeover).
 
         Suspended runs too, at once: this host may run the fixed code. Their count of

@@ -4,12 +4,12 @@
 stable hash in every driver, task, actor and Serve replica), finds the host actor that
 holds the shard in the directory (`_directory`; a shard not placed yet is placed
 first by the deployment's placer, `_placer`, which this client gets or creates)
-and sends it the call's request record (`client._requests`) through its one entry point,
-`ShardHost.handle(op)`; a host that no longer holds the shard answers
+and sends it the call's request record (`client._requests`) through its one entry
+point, `ShardHost.handle(request)`; a host that no longer holds the shard answers
 `ShardMovedError` and the call is re-routed. A dedicated entity's actor is got or
 created by its own name (`get_if_exists=True`: atomic in Ray, exactly one constructor
 per name). The actor (`ShardHost`, in `_shard_host.py`) runs the same host code as the
-local backend (`LocalBackend.run(op)`).
+local backend (`LocalBackend.handle(request)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
 
@@ -311,17 +311,17 @@ class RayBackend:
 
     # -- Backend -----------------------------------------------------------------------
 
-    def run(self, op: Any) -> Awaitable[Any]:
+    def handle(self, request: Any) -> Awaitable[Any]:
         """An `Acceptance` joins its shard's next batch; a `WaitUpdate` is asked again
         each `WAIT_SLICE`; every other record is one call to the owning shard's actor
         (any actor, shard 0, for the store-wide reads)."""
-        if type(op) is Acceptance:
-            return self._accept(op)
-        if type(op) is WaitUpdate:
-            return self._wait_update(op)
-        if type(op) is SignalBatch:
-            return self._accept_all(op)
-        return self._call(op)
+        if type(request) is Acceptance:
+            return self._accept(request)
+        if type(request) is WaitUpdate:
+            return self._wait_update(request)
+        if type(request) is SignalBatch:
+            return self._accept_all(request)
+        return self._call(request)
 
     async def _accept_all(self, op: SignalBatch) -> list[AcceptResult]:
         """A `SignalBatch` split by shard: each shard's part one atomic `AcceptBatch` to

@@ -229,7 +229,7 @@ class ShardHost:
         self.hosting = ray_hosting(self.store, 2 * spec.lease_ttl)
         try:  # this Ray instance's claim on the store first: refused if another's holds it
             await self.hosting.open()
-            self.host = await self._start_host()
+            self.host = await self._open_host()
             self.taken_at = time.time()
         except BaseException:
             await self.hosting.close()
@@ -242,7 +242,7 @@ class ShardHost:
         if index is not None and spec.dedicated_idle_exit is not None:
             self._exit_task = asyncio.create_task(self._exit_when_idle(spec.dedicated_idle_exit))
 
-    async def _start_host(self) -> LocalHost:
+    async def _open_host(self) -> LocalHost:
         """The host of this actor's shards, as the directory (`_directory`) assigns
         them, taken at once (`takeover`)."""
         if self.index is not None:
@@ -260,7 +260,7 @@ class ShardHost:
             ttl=2 * self.spec.lease_ttl)
         await self.registration.open()
         try:
-            await host.start()
+            await host.open()
         except BaseException:
             await host.close()
             await self.registration.close()
@@ -277,10 +277,11 @@ class ShardHost:
         finally:
             self._inflight -= 1
 
-    # -- the Backend operations --------------------------------------------------------
+    # -- the Backend requests ----------------------------------------------------------
 
     async def handle(self, op: AnyRequest) -> Any:
-        """Run one backend operation (`_ops`) here: the one entry point of the client.
+        """Carry out one request record (`client._requests`) here, as `Backend.handle`
+        does: the one entry point of the client.
 
         An `AcceptBatch` is answered item by item (`_accept_batch`); a `WaitUpdate`
         with its outcome, or None after `WAIT_SLICE` seconds (ask again). Reads without
@@ -297,10 +298,10 @@ class ShardHost:
                 self._check_handler(op.entity_type, op.name)
             if type(op) is WaitUpdate:
                 try:
-                    return await asyncio.wait_for(self.backend.run(op), WAIT_SLICE)
+                    return await asyncio.wait_for(self.backend.handle(op), WAIT_SLICE)
                 except asyncio.TimeoutError:  # not the builtin before 3.11
                     return None
-            return await self.backend.run(op)
+            return await self.backend.handle(op)
 
     async def _accept_batch(self, batch: AcceptBatch) -> list[tuple[Any, ...] | BaseException]:
         """Accept a batch (one group commit); each item's result (`AcceptResult.to_wire`)
@@ -428,7 +429,7 @@ class ShardHost:
         added = register(self.definitions, entities)
         if added:
             for shard in self.host.shards.values():
-                await shard.start()
+                await shard.recover()
         return added
 
     async def check_definitions(self, fingerprints: dict[str, str],
