@@ -42,7 +42,7 @@ from ..client._results import decode_value, encode_value
 from ._apply import instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
-from ._poison import Applied, DeadLetter, apply_live, apply_now, retried_handler
+from ._poison import Applied, DeadLetter, apply_live, retried_handler
 from ._recovery import fail_unbuilt, running_run, settle_terminated
 from ._residence import Residence
 from ._run_context import RunContext
@@ -136,7 +136,7 @@ class Activation(RunContext):
         self._last_active = home.clock.monotonic()
         # Entries not applied yet, in arrival order; None when there are none (most
         # resident entities). A fresh run's first entry goes first: entries other
-        # callers enqueue while the load task has not run yet would otherwise precede
+        # callers queue while the load task has not run yet would otherwise precede
         # it and open a gap.
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
         # The task applying entries (the load task in LOADING); None while none wait.
@@ -220,22 +220,19 @@ class Activation(RunContext):
 
     # -- feeding -----------------------------------------------------------------------
 
-    def enqueue(self, entry: JournalEntry) -> None:
-        """Queue an entry; duplicates and stale entries are dropped when applied.
+    def queue(self, entry: JournalEntry) -> None:
+        """Put `entry` in the inbox for the worker task, started if none runs: it is
+        applied there, in seq order, never in the caller's frame, so whoever hands it
+        over (an accept, and its caller's Ack) never waits for a handler.
 
-        The next entry of a ready entity with nothing pending is applied at once when it
-        is a signal with a sync handler and no snapshot falls due (`_apply_now`): no
-        worker task per message, most of all for many entities each receiving a few.
-        An entry a ready entity applied already is dropped here, not by a worker: the
-        journal tail's safety poll hands back what this process accepted and delivered
-        itself (on PostgreSQL every second: ~40% of a host's CPU at 10,000 entities).
+        Duplicates and stale entries are dropped when applied. An entry a loaded entity
+        applied already is dropped here, not by a worker: the journal tail's safety poll
+        hands back what this process accepted and delivered itself (on PostgreSQL every
+        second: ~40% of a host's CPU at 10,000 entities).
         """
         loaded = self._phase in _LOADED
-        if loaded:
-            if self._applied_already(entry):
-                return
-            if self._worker is None and not self._inbox and self._apply_now(entry):
-                return
+        if loaded and self._applied_already(entry):
+            return
         if self._inbox is None:
             self._inbox = deque()
         self._inbox.append(entry)
@@ -408,7 +405,7 @@ class Activation(RunContext):
             while inbox and self._applies:
                 entry = inbox.popleft()
                 if entry.run_id > self._run_id:
-                    self._home.enqueue_for_successor(self, entry)
+                    self._home.route_to_successor(self, entry)
                 elif self._applied_already(entry):
                     continue
                 elif entry.seq > self.applied_seq + 1:
@@ -428,37 +425,6 @@ class Activation(RunContext):
         return entry.run_id < self._run_id or (
             entry.run_id == self._run_id and entry.seq <= self.applied_seq)
 
-    def _apply_now(self, entry: JournalEntry) -> bool:
-        """Apply `entry` in the caller's frame if it may skip the worker; whether it did.
-
-        Only what needs no await: a signal with a sync handler body, next in order, with
-        no snapshot due after it. Should the handler raise, its first attempt counts and
-        a worker retries it (`apply_live(failed=...)`); later entries queue behind it.
-        """
-        if entry.seq != self.applied_seq + 1 or entry.run_id != self._run_id \
-                or not self._applies:
-            return False
-        handler = retried_handler(self.definition, entry)
-        every = self.definition.snapshots.every
-        if handler is None or handler.is_async or (
-                every is not None and entry.seq - self._snapshot_seq >= every):
-            return False
-        assert self.entity is not None
-        self._handler_begins(entry)
-        failed = apply_now(self.entity, entry, handler)
-        self._handler_ends(applied=failed is None)
-        if failed is not None:
-            self._worker = self._spawn_worker(lambda: self._retry(entry, failed))
-            return True
-        self._applied(entry)
-        if self._sends_due():  # a handler sent: the worker writes it (and covers it) soon
-            self._worker = self._spawn_worker(self._drain)
-        return True
-
-    async def _retry(self, entry: JournalEntry, failed: Exception) -> None:
-        await self._apply(entry, replaying=False, failed=failed)
-        await self._drain()
-
     def _applied(self, entry: JournalEntry) -> None:
         self.applied_seq = entry.seq
         metrics.applied(self.entity_type)
@@ -468,13 +434,11 @@ class Activation(RunContext):
 
     # -- applying one entry, by its kind ---------------------------------------------------
 
-    async def _apply(self, entry: JournalEntry, *, replaying: bool,
-                     failed: Exception | None = None) -> None:
+    async def _apply(self, entry: JournalEntry, *, replaying: bool) -> None:
         """Hand `entry` to the `_apply_<kind>` method of its kind (`_APPLY`, below)."""
-        await _APPLY[entry.kind](self, entry, replaying, failed)
+        await _APPLY[entry.kind](self, entry, replaying)
 
-    async def _apply_signal(self, entry: JournalEntry, replaying: bool,
-                            failed: Exception | None) -> None:
+    async def _apply_signal(self, entry: JournalEntry, replaying: bool) -> None:
         """A replay passes over a signal dead-lettered before (its snapshot may be gone)."""
         if replaying and retried_handler(self.definition, entry) is not None \
                 and entry.seq in await self._home.dead_letter_seqs(entry.run_id):
@@ -482,20 +446,18 @@ class Activation(RunContext):
                      self.entity_type, self.key, entry.seq)
             self._applied(entry)
             return
-        await self._run_handler(entry, replaying, failed)
+        await self._run_handler(entry, replaying)
 
-    async def _apply_update(self, entry: JournalEntry, replaying: bool,
-                            failed: Exception | None) -> None:
-        await self._run_handler(entry, replaying, failed)
+    async def _apply_update(self, entry: JournalEntry, replaying: bool) -> None:
+        await self._run_handler(entry, replaying)
 
-    async def _run_handler(self, entry: JournalEntry, replaying: bool,
-                           failed: Exception | None) -> None:
+    async def _run_handler(self, entry: JournalEntry, replaying: bool) -> None:
         """Its handler runs (`_poison` retries a raising signal handler), and the host
         acts on the verdict: a dead letter, or an update's outcome to record."""
         assert self.entity is not None
         self._applying = True
         try:
-            verdict = await apply_live(self.definition, self.entity, entry, failed=failed,
+            verdict = await apply_live(self.definition, self.entity, entry,
                                        attempt=lambda: self._handler_begins(entry))
             self._handler_ends(applied=isinstance(verdict, Applied) and (
                 verdict.outcome is None or verdict.outcome.error is None))
@@ -513,8 +475,7 @@ class Activation(RunContext):
                               or self._sends_due(at_least=_SENDS_PER_WRITE)):
             await self.snapshot()
 
-    async def _apply_terminate(self, entry: JournalEntry, replaying: bool,
-                               failed: Exception | None) -> None:
+    async def _apply_terminate(self, entry: JournalEntry, replaying: bool) -> None:
         self.applied_seq = entry.seq
         self._enter(Phase.CLOSED)  # run() stops taking from its mailbox, then settle
         if self._run_task is not None and self._run_task is not asyncio.current_task():
@@ -524,13 +485,11 @@ class Activation(RunContext):
         finally:  # its waiters learn of the terminate once what it left is kept
             self._terminated(entry.payload)
 
-    async def _apply_mark(self, entry: JournalEntry, replaying: bool,
-                          failed: Exception | None) -> None:
+    async def _apply_mark(self, entry: JournalEntry, replaying: bool) -> None:
         """`START` and `RESUME`: marks, applied as nothing."""
         self.applied_seq = entry.seq
 
-    async def _apply_deliver(self, entry: JournalEntry, replaying: bool,
-                             failed: Exception | None) -> None:
+    async def _apply_deliver(self, entry: JournalEntry, replaying: bool) -> None:
         """Wakes `run()` waiting on the signal wait the delivery closed."""
         self.applied_seq = entry.seq
         self._delivered(entry)
@@ -779,7 +738,7 @@ class Activation(RunContext):
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
             )
             for entry in late:
-                self.enqueue(entry)
+                self.queue(entry)
             if late:
                 await self.wait_applied(late[-1].seq)
             if self._phase is not Phase.CLOSING:  # terminated while we waited
@@ -895,13 +854,12 @@ class Activation(RunContext):
         if was is not Phase.STOPPING and self._inbox:  # a newer run's go to its activation
             for entry in self._inbox:
                 if forward_all or entry.run_id > self._run_id:
-                    self._home.enqueue(entry)
+                    self._home.route(entry)
         self._inbox = None
 
 
 # One `_apply_<kind>` per journal entry kind, in the order of `EntryKind`.
-_APPLY: dict[EntryKind, Callable[[Activation, JournalEntry, bool, Exception | None],
-                                 Awaitable[None]]] = {
+_APPLY: dict[EntryKind, Callable[[Activation, JournalEntry, bool], Awaitable[None]]] = {
     EntryKind.SIGNAL: Activation._apply_signal,
     EntryKind.UPDATE: Activation._apply_update,
     EntryKind.TERMINATE: Activation._apply_terminate,
