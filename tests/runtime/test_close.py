@@ -121,7 +121,7 @@ async def test_closing_at_random_moments_under_a_slowed_loop_raises_nothing_and_
 async def test_an_activation_stopped_before_its_worker_ran_leaves_no_coroutine_unawaited(
     db_path: str,
 ) -> None:
-    """A worker task cancelled before its first step (an entry enqueued, then the host
+    """A worker task cancelled before its first step (an entry queued, then the host
     closing in the same moment: a CI run under load met it) never made its job's
     coroutine, so none is collected un-awaited."""
     key = fresh_key()
@@ -135,7 +135,7 @@ async def test_an_activation_stopped_before_its_worker_ran_leaves_no_coroutine_u
         [entry] = await rt.store.journal("Ticket", key, run_id=1, after_seq=0)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            act.enqueue(entry._replace(seq=entry.seq + 2))  # out of order: a worker task
+            act.queue(entry._replace(seq=entry.seq + 2))  # out of order: a worker task
             await act.stop()  # cancels it before it ever ran
             gc.collect()
     assert [str(w.message) for w in seen] == []

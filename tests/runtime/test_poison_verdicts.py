@@ -12,7 +12,7 @@ from pydantic import BaseModel
 import corral
 from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 from corral.runtime.host._apply import ReplicaContext, instantiate
-from corral.runtime.host._poison import Applied, Poisoned, apply_live, apply_now, retried_handler
+from corral.runtime.host._poison import Applied, Poisoned, apply_live
 
 
 class Item(BaseModel):
@@ -72,19 +72,6 @@ async def test_a_signal_whose_handler_keeps_raising_is_a_dead_letter_after_every
         3, "ValueError: odd item 3", None)
     assert "raise ValueError" in verdict.traceback
     assert Picky.calls == [3, 3, 3]
-
-
-async def test_a_first_attempt_made_in_the_callers_frame_counts_toward_the_limit() -> None:
-    Picky.calls.clear()
-    entity, signal = picky(), entry(EntryKind.SIGNAL, "add", '{"v": 5}')
-    handler = retried_handler(DEFINITION, signal)
-    assert handler is not None
-    failed = apply_now(entity, signal, handler)
-    assert isinstance(failed, ValueError)
-    verdict = await apply_live(DEFINITION, entity, signal, failed=failed)
-    assert isinstance(verdict, Poisoned)
-    assert verdict.attempts == 3
-    assert Picky.calls == [5, 5, 5]
 
 
 async def test_an_update_is_applied_with_its_outcome_and_never_retried() -> None:

@@ -201,7 +201,7 @@ async def test_reopening_the_store_rebuilds_state_by_replay_with_init_first(
 async def test_a_run_started_here_that_the_journal_tail_delivered_first_is_applied(
         db_path: str) -> None:
     """The journal tail can hand a host an entry it committed itself before the accept
-    that committed it calls `enqueue_started` (another process's commit woke the tail):
+    that committed it calls `route_started` (another process's commit woke the tail):
     the activation the tail created, still loading, must get the run."""
     from corral.persistence import Acceptance, EntryKind, canonical_json, payload_hash
 
@@ -215,7 +215,7 @@ async def test_a_run_started_here_that_the_journal_tail_delivered_first_is_appli
                          payload, payload_hash("reply", payload), None, start,
                          Ticket._corral_definition.id_reuse, time.time())
         result = await rt.store.accept(acc)
-        shard.enqueue(result.entry)  # the tail, first
-        shard.enqueue_started(result.entry, acc.start)  # then the accept's fast path
+        shard.route(result.entry)  # the tail, first
+        shard.route_started(result.entry, acc.start)  # then the accept's fast path
         await asyncio.wait_for(wait_applied(ref, 1), 10)
         assert (await ref.query(Ticket.status)).inbox == ["acme:hi"]

@@ -8,6 +8,9 @@ ever runs before `__init__` and the replay are done (handler-safe order).
 An idle activation holds no task, event or queue: a worker task exists only while
 entries wait, and `run()` gets a task only when the class defines one. That keeps a
 hundred thousand resident entities cheap.
+
+Where an activation is in its life is one `Phase`, changed only by `Activation._enter`,
+which refuses a move `_NEXT` does not list (a bug of the host: `AssertionError`).
 """
 
 from __future__ import annotations
@@ -39,23 +42,76 @@ from ..client._results import decode_value, encode_value
 from ._apply import instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
-from ._poison import Applied, Poisoned, apply_live, apply_now, retried_handler
+from ._poison import Applied, Poisoned, apply_live, retried_handler
 from ._recovery import fail_unbuilt, running_run, settle_terminated
 from ._residence import Residence
 from ._run_context import RunContext
 from ._snapshot import capture, rebuild
 from ._suspension import end_suspension, next_suspension, record_suspension
 
-__all__ = ["Activation"]
+__all__ = ["Activation", "Phase"]
 
 log = logging.getLogger("corral.activation")
 _SENDS_PER_WRITE = 256  # handlers' sends a worker applying a backlog writes at the latest
 
 
-class _State(enum.Enum):
+class Phase(enum.Enum):
+    """Where an activation is in its life; what holds in each is said beside it.
+
+    Entries are applied only while `LOADING` (the replay), `READY` and `CLOSING`; in every
+    other phase they wait in the inbox (and go to the next activation, or stay in the
+    journal). The entity's own state is never called a phase.
+    """
+
+    # The load task (the worker) waits for the predecessor, builds the entity and
+    # replays its journal. `entity` is None until built; `run_id` is 0 until known.
+    # Entries arriving now wait in the inbox; no handler runs but the replay's.
     LOADING = "loading"
+    # Loaded and serving: a worker task applies the inbox in seq order (it exists only
+    # while entries wait); `run()`, if the class has one, has its task.
     READY = "ready"
+    # Writing the passivation snapshot: nothing more is applied; entries wait in the
+    # inbox and all go to the next activation. Back to READY if the snapshot fails.
+    PASSIVATING = "passivating"
+    # `run()` raised ContinueAsNew: `applied_seq` is the watermark its next input was
+    # built at, so nothing more is applied; the store carries every later entry, and
+    # the inbox's entries of the next run go to its activation.
+    CONTINUING = "continuing"
+    # `run()` ended (returned or failed): the close waits until every entry accepted
+    # before it is applied, so entries are still applied.
+    CLOSING = "closing"
+    # The run is closed (completed, failed, continued as new), or a terminate entry was
+    # applied and is being settled: nothing more is applied; the activation finishes
+    # when its worker returns. Update waiters were (or are about to be) failed.
+    CLOSED = "closed"
+    # `stop()`: evicted without writing anything (lease lost, host closing); its tasks
+    # are being cancelled, and its inbox is dropped (the journal keeps every entry).
+    STOPPING = "stopping"
+    # Out of its shard: no task, no inbox; waits on it return. Nothing follows.
     FINISHED = "finished"
+
+
+# The moves `Activation._enter` allows; any other is a bug of the host.
+_NEXT: dict[Phase, frozenset[Phase]] = {
+    Phase.LOADING: frozenset({Phase.READY, Phase.CLOSED, Phase.STOPPING, Phase.FINISHED}),
+    Phase.READY: frozenset({Phase.PASSIVATING, Phase.CONTINUING, Phase.CLOSING, Phase.CLOSED,
+                            Phase.STOPPING, Phase.FINISHED}),
+    # run() may end while the passivation snapshot is written (a durable timer woke it)
+    Phase.PASSIVATING: frozenset({Phase.READY, Phase.CONTINUING, Phase.CLOSING,
+                                  Phase.STOPPING, Phase.FINISHED}),
+    # CLOSING: the next input does not encode, so the run fails; CLOSED: committed, or
+    # a terminate the worker was applying when run() raised ContinueAsNew
+    Phase.CONTINUING: frozenset({Phase.CLOSING, Phase.CLOSED, Phase.STOPPING,
+                                 Phase.FINISHED}),
+    Phase.CLOSING: frozenset({Phase.CLOSED, Phase.STOPPING, Phase.FINISHED}),
+    Phase.CLOSED: frozenset({Phase.STOPPING, Phase.FINISHED}),
+    Phase.STOPPING: frozenset({Phase.FINISHED}),
+    Phase.FINISHED: frozenset(),
+}
+_APPLYING = frozenset({Phase.LOADING, Phase.READY, Phase.CLOSING})  # entries are applied
+_LOADED = frozenset({Phase.READY, Phase.PASSIVATING, Phase.CONTINUING, Phase.CLOSING,
+                     Phase.CLOSED})  # built and replayed, not yet dropped
+_HANDING_ON = frozenset({Phase.PASSIVATING, Phase.CONTINUING})  # the inbox is the next one's
 
 
 class Activation(RunContext):
@@ -63,66 +119,90 @@ class Activation(RunContext):
 
     What the entity's code calls (its `EntityContext`) is the `RunContext` part."""
 
-    __slots__ = ("_applying", "_evicted", "_inbox", "_last_active", "_snapshot_seq", "_state",
-                 "_state_waiters", "_switching", "_worker", "closed", "entity")
+    __slots__ = ("_applying", "_inbox", "_last_active", "_phase", "_phase_waiters",
+                 "_snapshot_seq", "_worker", "entity")
 
     def __init__(self, home: Residence, previous: Activation | None = None,
                  fresh: JournalEntry | None = None, start_input: str | None = None) -> None:
         super().__init__(home)
         self._snapshot_seq = 0
-        self.entity: Entity | None = None
-        self.closed = False
-        self._evicted = False
-        self._switching = False  # continue-as-new in progress: apply nothing more
-        self._applying = False  # a handler is running for the entry after applied_seq
+        self.entity: Entity | None = None  # built in LOADING; None if it never was
+        self._phase = Phase.LOADING  # changed only by `_enter`
+        self._phase_waiters: list[asyncio.Future[None]] | None = None  # woken by `_enter`
+        # The worker is inside `_run_handler` for the entry after `applied_seq` (its
+        # handler running, or its dead letter being written): not a phase, a fact about
+        # the worker that decides whether continue-as-new cancels it.
+        self._applying = False
         self._last_active = home.clock.monotonic()
-        self._state = _State.LOADING
-        # A fresh run's first entry goes first: entries other callers enqueue while
-        # the load task has not run yet would otherwise precede it and open a gap.
+        # Entries not applied yet, in arrival order; None when there are none (most
+        # resident entities). A fresh run's first entry goes first: entries other
+        # callers queue while the load task has not run yet would otherwise precede
+        # it and open a gap.
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
-        self._state_waiters: list[asyncio.Future[None]] | None = None
+        # The task applying entries (the load task in LOADING); None while none wait.
         self._worker: asyncio.Task[None] | None = asyncio.create_task(
             self._load(previous, fresh, start_input)
         )
 
-    # -- state -------------------------------------------------------------------------
+    # -- phase -------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
 
     @property
     def is_ready(self) -> bool:
-        """Loaded and serving (`__init__` and the replay are done)."""
-        return self._state is _State.READY
+        """Loaded (`__init__` and the replay are done) and not yet dropped: serving,
+        or passivating, continuing, closing or closed."""
+        return self._phase in _LOADED
 
     @property
     def is_finished(self) -> bool:
-        return self._state is _State.FINISHED
+        return self._phase is Phase.FINISHED
 
     @property
     def has_progress(self) -> bool:
         """Its watermark and mailbox are its entity's: built (by `__init__` or a
         restore) and not finished, though perhaps still replaying its journal (a
         handler blocked there keeps it loading; what it applied so far is real)."""
-        return self.entity is not None and self._state is not _State.FINISHED
+        return self.entity is not None and self._phase is not Phase.FINISHED
+
+    @property
+    def _applies(self) -> bool:
+        """Entries are applied in this phase (loading, serving or closing)."""
+        return self._phase in _APPLYING
 
     async def wait_settled(self) -> None:
-        """Wait until the activation is ready or finished (a run whose activation
+        """Wait until the activation is loaded or finished (a run whose activation
         cannot be built is suspended: evicted, so finished here)."""
-        while self._state is _State.LOADING:
-            await self._wait_state()
+        while self._phase is Phase.LOADING:
+            await self._wait_phase()
 
     async def wait_finished(self) -> None:
-        while self._state is not _State.FINISHED:
-            await self._wait_state()
+        while self._phase is not Phase.FINISHED:
+            await self._wait_phase()
 
-    async def _wait_state(self) -> None:
+    async def _wait_phase(self) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._state_waiters is None:
-            self._state_waiters = []
-        self._state_waiters.append(fut)
+        if self._phase_waiters is None:
+            self._phase_waiters = []
+        self._phase_waiters.append(fut)
         await fut
 
-    def _set_state(self, state: _State) -> None:
-        self._state = state
-        waiters, self._state_waiters = self._state_waiters, None
+    def _enter(self, phase: Phase) -> None:
+        """Move to `phase`, if `_NEXT` allows it from the current one; wake the waits."""
+        was = self._phase
+        if phase not in _NEXT[was]:
+            allowed = ", ".join(sorted(p.value for p in _NEXT[was])) or "nothing"
+            raise AssertionError(
+                f"{self.entity_type} {self.key!r} run {self._run_id}: an activation "
+                f"{was.value} cannot become {phase.value} (from {was.value}: {allowed})")
+        self._phase = phase
+        log.debug("%s %r run %d: %s -> %s", self.entity_type, self.key, self._run_id,
+                  was.value, phase.value, extra={
+                      "entity_type": self.entity_type, "key": self.key, "run_id": self._run_id,
+                      "phase_from": was, "phase_to": phase})
+        waiters, self._phase_waiters = self._phase_waiters, None
         for fut in waiters or ():
             if not fut.done():
                 fut.set_result(None)
@@ -140,30 +220,30 @@ class Activation(RunContext):
 
     # -- feeding -----------------------------------------------------------------------
 
-    def enqueue(self, entry: JournalEntry) -> None:
-        """Queue an entry; duplicates and stale entries are dropped when applied.
+    def queue(self, entry: JournalEntry) -> None:
+        """Put `entry` in the inbox for the worker task, started if none runs: it is
+        applied there, in seq order, never in the caller's frame, so whoever hands it
+        over (an accept, and its caller's Ack) never waits for a handler.
 
-        The next entry of a ready entity with nothing pending is applied at once when it
-        is a signal with a sync handler and no snapshot falls due (`_apply_now`): no
-        worker task per message, most of all for many entities each receiving a few.
-        An entry a ready entity applied already is dropped here, not by a worker: the
-        journal tail's safety poll hands back what this process accepted and delivered
-        itself (on PostgreSQL every second: ~40% of a host's CPU at 10,000 entities).
+        Duplicates and stale entries are dropped when applied. An entry a loaded entity
+        applied already is dropped here, not by a worker: the journal tail's safety poll
+        hands back what this process accepted and delivered itself (on PostgreSQL every
+        second: ~40% of a host's CPU at 10,000 entities).
         """
-        if self._state is _State.READY:
-            if self._applied_already(entry):
-                return
-            if self._worker is None and not self._inbox and self._apply_now(entry):
-                return
+        loaded = self._phase in _LOADED
+        if loaded and self._applied_already(entry):
+            return
         if self._inbox is None:
             self._inbox = deque()
         self._inbox.append(entry)
-        if self._worker is None and self._state is _State.READY:
+        if self._worker is None and loaded:
             self._worker = self._spawn_worker(self._drain)
 
     async def stop(self) -> None:
         """Evict without writing anything (lease lost, host closing)."""
-        self._evicted = True
+        if self._phase in (Phase.STOPPING, Phase.FINISHED):
+            return
+        self._enter(Phase.STOPPING)
         tasks = [t for t in (self._run_task, self._worker) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
@@ -258,7 +338,8 @@ class Activation(RunContext):
 
     async def _serve(self) -> None:
         metrics.activated(self.entity_type)
-        self._set_state(_State.READY)
+        if self._phase is Phase.LOADING:  # else a terminate in the replay closed the run
+            self._enter(Phase.READY)      # (and `_drain` below finishes the activation)
         if self._resuming and not self.definition.has_run:
             self._resuming = False
             await end_suspension(self._home, self._run_id)  # built: nothing else can fail it
@@ -312,8 +393,8 @@ class Activation(RunContext):
             self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
         )
         for entry in entries:
-            if self.closed or self._switching:
-                return  # continue-as-new carries the rest to the next run
+            if not self._applies:
+                return  # closed, or continue-as-new carries the rest to the next run
             await self._apply(entry, replaying=True)
         if self._snapshot_due() or self._sends_due():
             await self.snapshot()
@@ -321,10 +402,10 @@ class Activation(RunContext):
     async def _drain(self) -> None:
         inbox = self._inbox
         while True:
-            while inbox and not self.closed and not self._switching:
+            while inbox and self._applies:
                 entry = inbox.popleft()
                 if entry.run_id > self._run_id:
-                    self._home.enqueue_for_successor(self, entry)
+                    self._home.route_to_successor(self, entry)
                 elif self._applied_already(entry):
                     continue
                 elif entry.seq > self.applied_seq + 1:
@@ -334,46 +415,15 @@ class Activation(RunContext):
             if not self._sends_due():
                 break
             await self.snapshot()  # what this drain's handlers sent, in one write
-        if not inbox and not self._switching:
+        if not inbox and self._phase not in _HANDING_ON:
             self._inbox = None  # most entities sit idle: keep nothing for them
-        if self.closed:
+        if self._phase is Phase.CLOSED:
             self._finish()
 
     def _applied_already(self, entry: JournalEntry) -> bool:
         """`entry` is of an earlier run, or of this run and at most its watermark."""
         return entry.run_id < self._run_id or (
             entry.run_id == self._run_id and entry.seq <= self.applied_seq)
-
-    def _apply_now(self, entry: JournalEntry) -> bool:
-        """Apply `entry` in the caller's frame if it may skip the worker; whether it did.
-
-        Only what needs no await: a signal with a sync handler body, next in order, with
-        no snapshot due after it. Should the handler raise, its first attempt counts and
-        a worker retries it (`apply_live(failed=...)`); later entries queue behind it.
-        """
-        if entry.seq != self.applied_seq + 1 or entry.run_id != self._run_id \
-                or self.closed or self._switching:
-            return False
-        handler = retried_handler(self.definition, entry)
-        every = self.definition.snapshots.every
-        if handler is None or handler.is_async or (
-                every is not None and entry.seq - self._snapshot_seq >= every):
-            return False
-        assert self.entity is not None
-        self._handler_begins(entry)
-        failed = apply_now(self.entity, entry, handler)
-        self._handler_ends(applied=failed is None)
-        if failed is not None:
-            self._worker = self._spawn_worker(lambda: self._retry(entry, failed))
-            return True
-        self._applied(entry)
-        if self._sends_due():  # a handler sent: the worker writes it (and covers it) soon
-            self._worker = self._spawn_worker(self._drain)
-        return True
-
-    async def _retry(self, entry: JournalEntry, failed: Exception) -> None:
-        await self._apply(entry, replaying=False, failed=failed)
-        await self._drain()
 
     def _applied(self, entry: JournalEntry) -> None:
         self.applied_seq = entry.seq
@@ -384,13 +434,11 @@ class Activation(RunContext):
 
     # -- applying one entry, by its kind ---------------------------------------------------
 
-    async def _apply(self, entry: JournalEntry, *, replaying: bool,
-                     failed: Exception | None = None) -> None:
+    async def _apply(self, entry: JournalEntry, *, replaying: bool) -> None:
         """Hand `entry` to the `_apply_<kind>` method of its kind (`_APPLY`, below)."""
-        await _APPLY[entry.kind](self, entry, replaying, failed)
+        await _APPLY[entry.kind](self, entry, replaying)
 
-    async def _apply_signal(self, entry: JournalEntry, replaying: bool,
-                            failed: Exception | None) -> None:
+    async def _apply_signal(self, entry: JournalEntry, replaying: bool) -> None:
         """A replay passes over a signal dead-lettered before (its snapshot may be gone)."""
         if replaying and retried_handler(self.definition, entry) is not None \
                 and entry.seq in await self._home.dead_letter_seqs(entry.run_id):
@@ -398,20 +446,18 @@ class Activation(RunContext):
                      self.entity_type, self.key, entry.seq)
             self._applied(entry)
             return
-        await self._run_handler(entry, replaying, failed)
+        await self._run_handler(entry, replaying)
 
-    async def _apply_update(self, entry: JournalEntry, replaying: bool,
-                            failed: Exception | None) -> None:
-        await self._run_handler(entry, replaying, failed)
+    async def _apply_update(self, entry: JournalEntry, replaying: bool) -> None:
+        await self._run_handler(entry, replaying)
 
-    async def _run_handler(self, entry: JournalEntry, replaying: bool,
-                           failed: Exception | None) -> None:
+    async def _run_handler(self, entry: JournalEntry, replaying: bool) -> None:
         """Its handler runs (`_poison` retries a raising signal handler), and the host
         acts on the verdict: a dead letter, or an update's outcome to record."""
         assert self.entity is not None
         self._applying = True
         try:
-            verdict = await apply_live(self.definition, self.entity, entry, failed=failed,
+            verdict = await apply_live(self.definition, self.entity, entry,
                                        attempt=lambda: self._handler_begins(entry))
             self._handler_ends(applied=isinstance(verdict, Applied) and (
                 verdict.outcome is None or verdict.outcome.error is None))
@@ -429,10 +475,9 @@ class Activation(RunContext):
                               or self._sends_due(at_least=_SENDS_PER_WRITE)):
             await self.snapshot()
 
-    async def _apply_terminate(self, entry: JournalEntry, replaying: bool,
-                               failed: Exception | None) -> None:
+    async def _apply_terminate(self, entry: JournalEntry, replaying: bool) -> None:
         self.applied_seq = entry.seq
-        self.closed = True  # run() stops taking from its mailbox, then settle
+        self._enter(Phase.CLOSED)  # run() stops taking from its mailbox, then settle
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
         try:
@@ -440,13 +485,11 @@ class Activation(RunContext):
         finally:  # its waiters learn of the terminate once what it left is kept
             self._terminated(entry.payload)
 
-    async def _apply_mark(self, entry: JournalEntry, replaying: bool,
-                          failed: Exception | None) -> None:
+    async def _apply_mark(self, entry: JournalEntry, replaying: bool) -> None:
         """`START` and `RESUME`: marks, applied as nothing."""
         self.applied_seq = entry.seq
 
-    async def _apply_deliver(self, entry: JournalEntry, replaying: bool,
-                             failed: Exception | None) -> None:
+    async def _apply_deliver(self, entry: JournalEntry, replaying: bool) -> None:
         """Wakes `run()` waiting on the signal wait the delivery closed."""
         self.applied_seq = entry.seq
         self._delivered(entry)
@@ -473,15 +516,14 @@ class Activation(RunContext):
     def _snapshot_due(self) -> bool:
         every = self.definition.snapshots.every
         return (every is not None and self.applied_seq - self._snapshot_seq >= every
-                and not self.closed and not self._switching)
+                and self._applies)
 
     def _sends_due(self, *, at_least: int = 1) -> bool:
         """Handlers sent (`at_least` sends wait): a snapshot writes them, covering their
         entries (so a recovery does not apply them again), once the worker applied what
         was queued (or every `_SENDS_PER_WRITE` sends), unless an earlier write of the
         run's progress (a step's record) took them."""
-        return (self._handler_sends_kept() >= at_least and not self.closed
-                and not self._switching)
+        return self._handler_sends_kept() >= at_least and self._applies
 
     async def checkpoint(self) -> None:
         """`Entity.checkpoint()`: a snapshot now, retried while the store fails, which
@@ -530,14 +572,14 @@ class Activation(RunContext):
 
         Busy means: applying entries, or `run()` doing work rather than waiting.
         """
-        if self._state is not _State.READY or self._switching or self.busy:
+        if self._phase is not Phase.READY or self.busy:
             return 0.0
         return self._home.clock.monotonic() - self._last_active
 
     @property
     def busy(self) -> bool:
         """Loading, applying, or `run()` working rather than waiting."""
-        return (self._state is _State.LOADING or self._worker is not None
+        return (self._phase is Phase.LOADING or self._worker is not None
                 or (self._run_task is not None and not self._run_task.done()
                     and not self._waiting))
 
@@ -554,16 +596,23 @@ class Activation(RunContext):
         """Snapshot, mark passivated and evict; the run stays running in the store.
 
         Entries arriving meanwhile wait in the inbox and go to the next activation.
+        Should `run()` end meanwhile (or the activation stop), that decides instead.
         """
-        self._switching = True
+        if self._phase is not Phase.READY:
+            return  # no longer idle: it moved on since it was found idle
+        self._enter(Phase.PASSIVATING)
         try:
             await self.snapshot(passivate=True)
         except Exception:
-            self._switching = False
+            if self.phase is not Phase.PASSIVATING:  # run() ended meanwhile, or stopped
+                return
+            self._enter(Phase.READY)
             log.exception("%s %r: passivation failed; staying resident", self.entity_type,
                           self.key)
             if self._inbox and self._worker is None:
                 self._worker = self._spawn_worker(self._drain)
+            return
+        if self.phase is not Phase.PASSIVATING:  # run() ended meanwhile, or stopped
             return
         if self._run_task is not None:
             self._run_task.cancel()  # its durable timers stay and will bring it back
@@ -584,7 +633,9 @@ class Activation(RunContext):
             # No await between the raise and here: `applied_seq` is exactly what the
             # state run() built `next_input` from had seen.
             watermark, in_handler = self.applied_seq, self._applying
-            self._switching = True
+            if not self._run_may_end():
+                return
+            self._enter(Phase.CONTINUING)
             await self._settle(self._continue(can.next_input, watermark,
                                               abort_handler=in_handler))
             return
@@ -609,10 +660,18 @@ class Activation(RunContext):
             error = traceback.format_exc()
             log.warning("%s %r run %d: run() failed:\n%s", self.entity_type, self.key,
                         self._run_id, error)
+        if not self._run_may_end():
+            return
         if self.entity.mailbox:  # the close keeps each as a dead letter of the run
             log.warning("%s %r: run() ended with %d mailbox payloads not taken; they become "
                         "dead letters", self.entity_type, self.key, len(self.entity.mailbox))
         await self._settle(self._close(status, result, error))
+
+    def _run_may_end(self) -> bool:
+        """`run()` ended: whether its end is still the run's to close or continue (not if
+        the run was terminated under it, or the activation is being dropped, and `run()`
+        swallowed the cancellation that meant)."""
+        return self._phase in (Phase.READY, Phase.PASSIVATING)
 
     async def _settle(self, closing: Coroutine[Any, Any, None]) -> None:
         """Close or continue the run; if the store fails meanwhile, evict and let the
@@ -651,6 +710,7 @@ class Activation(RunContext):
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:
         """Close the run once every message accepted before the close is applied."""
+        self._enter(Phase.CLOSING)
         await self.ready_to_send()
         sends = self.take_outgoing()
         try:
@@ -678,10 +738,10 @@ class Activation(RunContext):
                 self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
             )
             for entry in late:
-                self.enqueue(entry)
+                self.queue(entry)
             if late:
                 await self.wait_applied(late[-1].seq)
-            if self.closed:  # terminated while we waited
+            if self._phase is not Phase.CLOSING:  # terminated while we waited
                 return False
         return True
 
@@ -699,8 +759,10 @@ class Activation(RunContext):
 
     def _closed(self, status: str, error: type[CorralError], why: str, **fields: Any) -> None:
         """The run is closed: say so, and fail the updates still waiting on it with
-        `error` (its message: the entity, then `why`)."""
-        self.closed = True
+        `error` (its message: the entity, then `why`). A terminate whose settling was
+        cancelled (the activation stopping) says so too, as before, but moves nothing."""
+        if self._phase not in (Phase.CLOSED, Phase.STOPPING, Phase.FINISHED):
+            self._enter(Phase.CLOSED)
         lifecycle("run closed", self.entity_type, self.key, self._run_id, status=status,
                   **fields)
         self._home.fail_waiters(self._run_id, error, f"{self.entity_type} {self.key!r}{why}")
@@ -718,7 +780,6 @@ class Activation(RunContext):
         try:
             text = encode_start(self.definition, next_input)
         except InvalidPayloadError as err:
-            self._switching = False
             await self._close(RunStatus.FAILED, None, f"continue_as_new: {err}")
             return
         worker = self._worker
@@ -741,7 +802,7 @@ class Activation(RunContext):
             log.warning("%s %r: continue-as-new not done: %s", self.entity_type, self.key, err)
             self._finish()
             return
-        self.closed = True
+        self._enter(Phase.CLOSED)
         self.written(sends)
         metrics.continued(self.entity_type)
         lifecycle("continue-as-new", self.entity_type, self.key, self._run_id,
@@ -752,7 +813,8 @@ class Activation(RunContext):
     async def wait_applied(self, seq: int) -> None:
         """Wait until every entry up to `seq` is applied (or the run closed)."""
         await self.wait_for(
-            lambda: self.applied_seq >= seq or self.closed or self.is_finished, None
+            lambda: self.applied_seq >= seq or self._phase in (Phase.CLOSED, Phase.FINISHED),
+            None
         )
 
     async def _settle_applied_terminate(self, entry: JournalEntry) -> None:
@@ -777,25 +839,27 @@ class Activation(RunContext):
                      f" terminated: {decode_value(reason, str)}")
 
     def _finish(self, *, forward_all: bool = False) -> None:
-        if self._state is _State.FINISHED:
+        """Drop the activation (from any phase; again: nothing). Unless it was stopped,
+        its inbox's entries of a newer run (`forward_all`: all) go to the shard."""
+        was = self._phase
+        if was is Phase.FINISHED:
             return
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             self._run_task.cancel()
-        if self.closed and self._resuming:  # the run ended: nothing is suspended any more
+        if was is Phase.CLOSED and self._resuming:  # the run ended: nothing is suspended
             self._home.release(self._run_id)
-        self._set_state(_State.FINISHED)
+        self._enter(Phase.FINISHED)
         self.notify()  # waits that hold for a finished activation (wait_applied) return
         self._home.forget(self)
-        if not self._evicted and self._inbox:  # entries of a newer run go to its activation
+        if was is not Phase.STOPPING and self._inbox:  # a newer run's go to its activation
             for entry in self._inbox:
                 if forward_all or entry.run_id > self._run_id:
-                    self._home.enqueue(entry)
+                    self._home.route(entry)
         self._inbox = None
 
 
 # One `_apply_<kind>` per journal entry kind, in the order of `EntryKind`.
-_APPLY: dict[EntryKind, Callable[[Activation, JournalEntry, bool, Exception | None],
-                                 Awaitable[None]]] = {
+_APPLY: dict[EntryKind, Callable[[Activation, JournalEntry, bool], Awaitable[None]]] = {
     EntryKind.SIGNAL: Activation._apply_signal,
     EntryKind.UPDATE: Activation._apply_update,
     EntryKind.TERMINATE: Activation._apply_terminate,

@@ -389,7 +389,7 @@ class LocalHost:
                     for entry in entries:
                         shard = self.shards.get(self.router.shard_of(entry.entity_type, entry.key))
                         if shard is not None:
-                            shard.enqueue(entry)
+                            shard.route(entry)
                 self._failures.pop("journal tail", None)
             except Exception as err:
                 await self._backoff("journal tail", err)

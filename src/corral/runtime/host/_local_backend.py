@@ -209,7 +209,7 @@ class LocalBackend:
             metrics.duplicate(req.entity_type, "deliver")
         shard = self.host.shard(req.shard) if self.host else None
         if shard is not None and result.entry is not None:
-            shard.enqueue(result.entry)  # the fast path; other hosts tail the journal
+            shard.route(result.entry)  # the fast path; other hosts tail the journal
         return result
 
     async def signal_waits(self, op: SignalWaits) -> list[WaitRecord]:
@@ -415,7 +415,7 @@ class LocalBackend:
             accepted_at=self._clock.time())
         shard = self.host.shard(op.shard) if self.host else None
         if shard is not None and not result.duplicate:
-            shard.enqueue(result.entry)  # other hosts tail the journal
+            shard.route(result.entry)  # other hosts tail the journal
         return result
 
     async def discard_dead_letter(self, op: DiscardDeadLetter) -> bool:

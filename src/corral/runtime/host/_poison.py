@@ -1,8 +1,7 @@
 """Poison messages: a signal handler that raises is retried, then dead-lettered.
 
-A live host applies every signal and update entry through `apply_live`, or a sync
-signal handler's first attempt through `apply_now` (no await: `Activation._apply_now`).
-A signal whose handler raises is called again after a backoff, up to the type's
+A live host applies every signal and update entry through `apply_live`. A signal whose
+handler raises is called again after a backoff, up to the type's
 `RetryPolicy.max_attempts` calls in all; the entity's later entries wait meanwhile, so
 order is kept. This module only decides: it returns a verdict (`Applied`, or
 `Poisoned` with the error and the traceback text) and writes nothing. The activation
@@ -49,7 +48,7 @@ from corral.persistence import EntryKind, JournalEntry, UpdateOutcome
 
 from ._apply import Unappliable, apply_entry, decode_arg
 
-__all__ = ["Applied", "Poisoned", "Verdict", "apply_live", "apply_now", "retried_handler"]
+__all__ = ["Applied", "Poisoned", "Verdict", "apply_live", "retried_handler"]
 
 log = logging.getLogger("corral.poison")
 
@@ -81,24 +80,19 @@ Verdict = Applied | Poisoned
 
 
 async def apply_live(definition: EntityDefinition, entity: Entity, entry: JournalEntry, *,
-                     failed: Exception | None = None,
                      attempt: Callable[[], None] = lambda: None) -> Verdict:
     """Apply a signal or update entry on a live host, retrying a raising signal handler
     under the type's `RetryPolicy`; the verdict says what the host must record.
 
-    Signals with a handler body get the retry policy and, once it runs out, the
-    `Poisoned` verdict; updates and mailbox signals are applied by `apply_entry`.
-    `failed`: the error of a first attempt already made by `apply_now`, which counts.
-    `attempt` is called before each call of the handler (the host starts collecting what
-    that call sends).
+    Signals with a handler body get the retry policy and the `Poisoned` verdict once it runs out;
+    updates and mailbox signals are applied by `apply_entry`. `attempt` is called before
+    each call of the handler (the host starts collecting what that call sends).
     """
     try:
         handler = retried_handler(definition, entry)
         if handler is None:
             attempt()
             return Applied(await apply_entry(definition, entity, entry))
-        if isinstance(failed, Unappliable):
-            raise failed
         arg = decode_arg(handler, entry)
     except Unappliable as why:
         outcome = UpdateOutcome(None, f"DeadLettered: {why.reason}") \
@@ -106,7 +100,8 @@ async def apply_live(definition: EntityDefinition, entity: Entity, entry: Journa
         return Poisoned(why.reason, outcome=outcome)
     policy = definition.retry
     limit = policy.max_attempts or 1  # never None: the definition refuses it for `retry`
-    attempts, err = (0, None) if failed is None else (1, failed)
+    attempts = 0
+    err: Exception | None = None  # the last call's
     while err is None or attempts < limit:
         if err is not None:
             delay = policy.backoff(attempts)
@@ -139,21 +134,6 @@ def retried_handler(definition: EntityDefinition, entry: JournalEntry
             or handler.kind is not HandlerKind.SIGNAL or handler.fn is None:
         return None
     return handler
-
-
-def apply_now(entity: Entity, entry: JournalEntry, handler: HandlerDefinition
-              ) -> Exception | None:
-    """The first attempt of a sync signal handler, in the caller's frame (no task, no
-    coroutine): None once applied, or the error it raised (`Unappliable` for a payload
-    today's model refuses), for `apply_live(failed=...)` to retry under the type's
-    `RetryPolicy` or dead-letter."""
-    try:
-        _call(handler, entity, decode_arg(handler, entry))
-    except ContinueAsNew:
-        _continue_in_handler(entry)
-    except Exception as err:
-        return err
-    return None
 
 
 def _call(handler: HandlerDefinition, entity: Entity, arg: tuple[BaseModel, ...]) -> Any:

@@ -69,11 +69,11 @@ class Residence(Protocol):
 
     # -- routing ---------------------------------------------------------------------------
 
-    def enqueue(self, entry: JournalEntry) -> None:
+    def route(self, entry: JournalEntry) -> None:
         """Hand an entry to whichever activation of the entity the shard holds now."""
         ...
 
-    def enqueue_for_successor(self, act: object, entry: JournalEntry) -> None:
+    def route_to_successor(self, act: object, entry: JournalEntry) -> None:
         """`act` met an entry of a newer run: the newer run gets its own activation."""
         ...
 

@@ -104,8 +104,9 @@ class Shard:
 
     # -- routing entries to activations ----------------------------------------------
 
-    def enqueue(self, entry: JournalEntry) -> None:
-        """Hand an accepted journal entry to its entity, activating it if needed.
+    def route(self, entry: JournalEntry) -> None:
+        """Queue an accepted journal entry in its entity's activation, activating the
+        entity if needed (`Activation.queue`: never applied here).
 
         A suspended run's entries stay in the journal until its next attempt (they never
         bring it back early); a `RESUME` or `TERMINATE` entry brings it back at once.
@@ -122,17 +123,17 @@ class Shard:
         act = self._activations.get(ident)
         if act is None or act.is_finished or (act.is_ready and entry.run_id > act.run_id):
             act = self._get_or_create(*ident, force_new=True)
-        act.enqueue(entry)
+        act.queue(entry)
 
     def take_accepted(self, result: AcceptResult, start_input: str | None) -> None:
         """Host what this process just accepted for this shard: the run it started
         (`start_input`: its start), or the new entry (a duplicate: nothing)."""
         if result.started:
-            self.enqueue_started(result.entry, start_input)
+            self.route_started(result.entry, start_input)
         elif not result.duplicate:
-            self.enqueue(result.entry)
+            self.route(result.entry)
 
-    def enqueue_started(self, entry: JournalEntry, start_input: str | None) -> None:
+    def route_started(self, entry: JournalEntry, start_input: str | None) -> None:
         """Host a run this process just started, from its first entry (no store read)."""
         ident = (entry.entity_type, entry.key)
         held = self._held.get(ident)
@@ -145,17 +146,17 @@ class Shard:
             # this process committed before the accept that committed it gets here. A
             # loading activation does not know its run yet (run id 0); it reads the
             # latest, and forwards entries of a newer run to a successor itself.
-            previous.enqueue(entry)
+            previous.queue(entry)
             return
         self._activations[ident] = Activation(
             self._residence(*ident), previous, entry, start_input)
 
-    def enqueue_for_successor(self, act: Activation, entry: JournalEntry) -> None:
+    def route_to_successor(self, act: Activation, entry: JournalEntry) -> None:
         """`act` met an entry of a newer run: the newer run gets its own activation."""
         ident = (act.entity_type, act.key)
         if self._activations.get(ident) is act:
             self._get_or_create(*ident, force_new=True)
-        self._activations[ident].enqueue(entry)
+        self._activations[ident].queue(entry)
 
     def _get_or_create(self, etype: str, key: str, *, force_new: bool = False) -> Activation:
         ident = (etype, key)
@@ -345,12 +346,12 @@ class ShardResidence:
         self.key = key
         self.store, self.fence, self.clock = shard.store, shard.fence, shard.clock
 
-    def enqueue(self, entry: JournalEntry) -> None:
-        self._shard.enqueue(entry)
+    def route(self, entry: JournalEntry) -> None:
+        self._shard.route(entry)
 
-    def enqueue_for_successor(self, act: object, entry: JournalEntry) -> None:
+    def route_to_successor(self, act: object, entry: JournalEntry) -> None:
         assert isinstance(act, Activation)
-        self._shard.enqueue_for_successor(act, entry)
+        self._shard.route_to_successor(act, entry)
 
     def activate(self) -> None:
         self._shard.activate(self.entity_type, self.key)
