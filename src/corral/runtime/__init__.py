@@ -29,7 +29,7 @@ Local backend, one process, to a running entity:
 5. `corral.persistence._store_core.StoreCore.accept`: starts, dedupes and appends in one
    group commit (SQLite: the store's `CommitQueue`, its writer task, one transaction in
    the writer thread).
-6. `host._local_backend.LocalBackend._hand_over`: the committed entry goes to the shard
+6. `host._local_backend.LocalBackend._to_shard`: the committed entry goes to the shard
    this process hosts (another process hosting it finds the entry by tailing the
    journal, `host._host.LocalHost`; a store's tail leaves out what its own process
    committed and handed over here).
@@ -75,7 +75,7 @@ Ray backend, client process -> host actor (not traced; the names are checked):
 7. `ray._shard_host.ShardHost._accept_batch`: checks the routing (each key hashed again
    only if the batch was routed with another shard count), then
 8. `host._local_backend.LocalBackend.accept_many`: one group commit, then, for each
-   entry, the local steps from `LocalBackend._hand_over` on; the results travel back
+   entry, the local steps from `LocalBackend._to_shard` on; the results travel back
    as `AcceptResult.to_wire` tuples to each caller's future. Every other record is one
    `ShardHost.handle(record)` call, run by the actor's `LocalBackend.handle(record)`.
 """

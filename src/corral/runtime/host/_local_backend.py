@@ -148,7 +148,7 @@ class LocalBackend:
         result. Raises `BatchRefusedError` (nothing stored)."""
         began = time.perf_counter()
         results = await self.store.accept_all(self._with_applied_all(accs))
-        self._hand_over_all(accs, results, time.perf_counter() - began)
+        self._to_shards(accs, results, time.perf_counter() - began)
         return results
 
     async def accept_many(self, accs: Sequence[Acceptance]) -> list[AcceptResult | Exception]:
@@ -157,11 +157,11 @@ class LocalBackend:
         began = time.perf_counter()
         accs = self._with_applied_all(accs)
         results = await self.store.accept_many(accs)
-        self._hand_over_all(accs, results, time.perf_counter() - began)
+        self._to_shards(accs, results, time.perf_counter() - began)
         return results
 
-    def _hand_over_all(self, accs: Sequence[Acceptance],
-                       results: Sequence[AcceptResult | Exception], seconds: float) -> None:
+    def _to_shards(self, accs: Sequence[Acceptance],
+                   results: Sequence[AcceptResult | Exception], seconds: float) -> None:
         """`_accepted` for a batch's committed acceptances, counted once per kind."""
         counted: dict[tuple[str, str, bool], int] = {}  # one count per kind, not per message
         for acc, result in zip(accs, results, strict=True):
@@ -170,7 +170,7 @@ class LocalBackend:
             if result.dead_letter_id is not None:
                 metrics.dead_lettered(acc.entity_type)
             else:
-                self._hand_over(acc, result)
+                self._to_shard(acc, result)
                 # `.value` is a Python-level property: ~0.3 us a read
                 group = (acc.entity_type, acc.kind._value_, result.duplicate)
                 counted[group] = counted.get(group, 0) + 1
@@ -181,7 +181,7 @@ class LocalBackend:
                 metrics.accepted(etype, kind, seconds, count)
 
     def _accepted(self, acc: Acceptance, result: AcceptResult, seconds: float) -> None:
-        """Count a committed acceptance and hand its entry to this process's shard."""
+        """Count a committed acceptance and give its entry to this process's shard."""
         if result.duplicate:
             metrics.duplicate(acc.entity_type, acc.kind._value_)
         elif result.dead_letter_id is not None:
@@ -189,9 +189,9 @@ class LocalBackend:
             return
         else:
             metrics.accepted(acc.entity_type, acc.kind._value_, seconds)
-        self._hand_over(acc, result)
+        self._to_shard(acc, result)
 
-    def _hand_over(self, acc: Acceptance, result: AcceptResult) -> None:
+    def _to_shard(self, acc: Acceptance, result: AcceptResult) -> None:
         """Give a committed acceptance's entry to this process's shard, if it hosts it."""
         if result.started:
             lifecycle("run started", acc.entity_type, acc.key, result.entry.run_id,
