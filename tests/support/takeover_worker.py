@@ -43,7 +43,11 @@ async def host(db: str, status: str) -> None:
             if sql(db, "SELECT count(*) FROM timers")[0][0]:
                 break
             await asyncio.sleep(0.01)
-        Path(status).write_text(repr(due))  # noqa: ASYNC240 (a test helper: tiny write)
+        # Written aside, then renamed: the test waits for the file to exist and reads it
+        # at once, and a file created empty and then written was read as '' (seen at load).
+        part = Path(status + ".part")
+        part.write_text(repr(due))  # noqa: ASYNC240 (a test helper: tiny write)
+        part.replace(status)
         await asyncio.Event().wait()
 
 
