@@ -1,8 +1,8 @@
 """The local backend: a `Runtime`'s requests served from this process.
 
-`EntityRef` and `Runtime` validate at the boundary, then hand a `Backend` one request
-record per call (`_ops`; an `Acceptance` for a send) through `Backend.handle(request)`, so the
-same calls can cross a process boundary (the Ray backend). `LocalBackend` serves them
+`EntityRef` and `Runtime` validate at the boundary, then hand their backend one request
+record per call (`client._requests`; an `Acceptance` for a send) through
+`Backend.handle(request)` (the seam, `client._backend`). `LocalBackend` serves them
 from this process, by the method named after the record's kind: the store plus the
 shards this process hosts (if any). It is also what a Ray shard actor runs.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client.core import Metric
 
@@ -71,7 +71,6 @@ from ._snapshot import decode, rebuild
 __all__ = ["LocalBackend", "ShardOf"]
 
 ShardOf = Callable[[str, str], int]
-R = TypeVar("R")
 
 
 class LocalBackend:
