@@ -51,7 +51,7 @@ from corral.actors._manifest import Manifest, manifest, manifest_json
 from corral.persistence import BuildFacts, BuildProcess, BuildRecord, Row, Store, newest_build
 
 __all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
-           "refused_client", "refused_successor"]
+           "refused_client", "refused_release"]
 
 log = logging.getLogger("corral.builds")
 
@@ -340,14 +340,38 @@ def refused_client(definition: EntityDefinition, client_manifest: str | None
     return [str(d) for d in bad]
 
 
-async def refused_successor(store: Store, definition: EntityDefinition,
-                            successor: str) -> list[str]:
-    """Each reason the build with manifest `successor` cannot replace `definition`
-    in a rolling deploy (`roll_ray_hosts`): `compare(this, successor)` with the facts
-    of `assess` (messages of removed handlers still stored, live senders)."""
-    newer: Manifest = json.loads(successor)
-    if newer["fingerprint"] == definition.fingerprint:
-        return []
-    found = await assess(store, definition.name, manifest(definition), newer,
-                         readable(await store.builds(definition.name)))
-    return [str(d) for d in incompatible(found)]
+async def refused_release(store: Store, current: Mapping[str, str],
+                          declared: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """Whether a Ray deployment whose release runs the builds `current` may be rolled
+    to `declared` (both {entity type: manifest JSON}): (each reason it may not, notes).
+
+    A type's new build must be a compatible successor of the current one
+    (`compare(current, declared)` with the facts of `assess`: messages of removed
+    handlers still stored, live senders), or, for a rollback, an older build the
+    current one is a compatible successor of: then what only the current build has
+    (a handler it added) waits in the store for a release that has it again, and a
+    note says so. A type the current release has and the declared one lacks is
+    refused: its running entities would have no host.
+    """
+    refused: list[str] = []
+    notes: list[str] = []
+    for etype in sorted(current):
+        if etype not in declared:
+            refused.append(f"{etype}: entity type removed (its running entities would "
+                           f"have no host; keep the type in the release)")
+            continue
+        older: Manifest = json.loads(current[etype])
+        newer: Manifest = json.loads(declared[etype])
+        if older == newer:
+            continue
+        builds = readable(await store.builds(etype))
+        bad = incompatible(await assess(store, etype, older, newer, builds))
+        if not bad:
+            continue
+        if not incompatible(await assess(store, etype, newer, older, builds)):
+            gone = ", ".join(sorted(removed(older, newer))) or "none"
+            notes.append(f"{etype}: a rollback to an older build; messages of what only "
+                         f"the current build has ({gone}) wait for a release that has it")
+            continue
+        refused += [f"{etype} {d}" for d in bad]
+    return refused, notes
