@@ -310,7 +310,7 @@ def serve_deployment(store: str, *, secret: bytes, namespace: str = "helpdesk",
         replica = serve.get_replica_context().replica_id.unique_id
         return create_app(
             lambda: corral.open_runtime(
-                store, entities=[Ticket], backend="ray", namespace=namespace, shards=shards,
+                store, entities=[Ticket], backend="ray", deploy=True, namespace=namespace, shards=shards,
                 ray_options={"runtime_env": env} if env else None),
             secret=secret, served_by=f"{replica}@{os.getpid()}")
 
@@ -408,7 +408,7 @@ def main_on_serve(workdir: Path) -> Report:
                   name="webhooks", route_prefix="/")
 
         async def post() -> Report:
-            async with corral.open_runtime(store, entities=[Ticket], backend="ray",
+            async with corral.open_runtime(store, entities=[Ticket], backend="ray", deploy=True,
                                            namespace=namespace, shards=16) as rt:
                 return await post_demo(f"http://127.0.0.1:{port}", rt, DEMO_SECRET)
 

@@ -86,7 +86,7 @@ async def test_two_serve_replicas_apply_each_of_200_concurrent_webhooks_once(
     deliveries = burst(example, posts=200, tickets=20, distinct=120, forged=10, invalid=10)
     replies = await post_all(ingress.url, deliveries)
     tickets = {d.ticket for d in deliveries if d.expect == 200}
-    async with corral.open_runtime(ingress.store, entities=[example.Ticket], backend="ray",
+    async with corral.open_runtime(ingress.store, entities=[example.Ticket], backend="ray", deploy=True,
                                    namespace=ingress.namespace, shards=SHARDS,
                                    ray_options={"runtime_env": RUNTIME_ENV}) as rt:
         applied = await applied_by_ticket(rt, example, tickets)

@@ -114,7 +114,7 @@ def shared(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 async def ray_runtime(store: str, namespace: str, **kwargs: Any) -> AsyncIterator[corral.Runtime]:
     kwargs.setdefault("lease_ttl", 5.0)
     kwargs.setdefault("entities", ENTITIES)
-    async with corral.open_runtime(store, backend="ray", namespace=namespace, shards=SHARDS,
+    async with corral.open_runtime(store, backend="ray", deploy=True, namespace=namespace, shards=SHARDS,
                                    **kwargs) as rt:
         yield rt
 
@@ -410,17 +410,19 @@ async def test_a_shard_actor_learns_an_entity_type_its_creator_did_not_list(
         assert seen.items == ["t1", "t2"]
 
 
-async def test_a_shard_actor_that_cannot_import_the_entity_module_fails_with_a_clear_error(
+async def test_a_release_whose_app_the_cluster_cannot_import_is_refused_with_a_clear_error(
         db_path: str, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "driver_only_entities.py").write_text(
         "import corral\n\n\nclass Lonely(corral.Entity):\n"
         "    @corral.signal\n    def poke(self) -> None:\n        pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not on the Ray workers
     module = importlib.import_module("driver_only_entities")
-    async with corral.open_runtime(db_path, entities=[module.Lonely], backend="ray",
-                                   namespace=namespace, shards=SHARDS) as rt:
-        with pytest.raises(corral.CorralError, match="failed to start"):
-            await rt.ref(module.Lonely, "k").signal_with_start(module.Lonely.poke, start=None)
+    with pytest.raises(corral.InvalidArgumentError, match="cannot import 'driver_only_entities'"):
+        async with corral.open_runtime(db_path, entities=[module.Lonely], backend="ray",
+                                       deploy=True, namespace=namespace, shards=SHARDS):
+            pass  # pragma: no cover (refused before it connects)
+    with pytest.raises(corral.DeploymentNotFoundError):  # nothing was declared or started
+        corral.runtime.deploy_status(namespace)
 
 
 # -- signal-with-start storm -------------------------------------------------------------

@@ -124,7 +124,7 @@ async def test_a_local_host_beside_a_ray_deployment_is_refused_and_a_pure_client
     import ray
 
     store = tmp_path / "s.db"
-    async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", shards=2,
+    async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", deploy=True, shards=2,
                                    namespace=namespace,
                                    env_vars=RUNTIME_ENV["env_vars"]) as rt:
         ref = rt.ref(Counter, "k")
@@ -162,7 +162,7 @@ async def test_a_ray_deployment_beside_local_hosts_is_refused_before_any_actor_s
         await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
         before = _store_rows(store)
         with pytest.raises(corral.StoreHostedElsewhereError) as refused:
-            async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray",
+            async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", deploy=True,
                                            shards=2, namespace=namespace):
                 pass
         assert (refused.value.cluster, refused.value.address) == ("local", None)
@@ -184,7 +184,7 @@ async def test_env_vars_reach_the_handlers_of_shared_and_dedicated_actors(
 
     names = Names(names=["CORRAL_TEST_GREETING", "CORRAL_TEST_UNSET"])
     async with corral.open_runtime(
-            str(tmp_path / "s.db"), entities=[Probe, DedicatedProbe], backend="ray",
+            str(tmp_path / "s.db"), entities=[Probe, DedicatedProbe], backend="ray", deploy=True,
             shards=2, namespace=namespace, ray_options={"runtime_env": RUNTIME_ENV},
             env_vars={"CORRAL_TEST_GREETING": "hello, actor"}) as rt:
         for etype in (Probe, DedicatedProbe):
@@ -212,7 +212,7 @@ async def test_bad_env_vars_are_refused_before_ray_is_touched(
         tmp_path: Path, env_vars: object, ray_options: object, says: str) -> None:
     with pytest.raises(corral.InvalidArgumentError, match=says):
         async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
-                                       backend="ray", env_vars=env_vars,  # type: ignore[arg-type]
+                                       backend="ray", deploy=True, env_vars=env_vars,  # type: ignore[arg-type]
                                        ray_options=ray_options):  # type: ignore[arg-type]
             pass
     assert not (tmp_path / "s.db").exists()
@@ -229,7 +229,7 @@ async def test_a_rolled_host_gets_the_env_vars_the_roll_gives(
 
     names = Names(names=["CORRAL_TEST_ROLLED", "CORRAL_TEST_GREETING"])
     async with corral.open_runtime(
-            str(tmp_path / "s.db"), entities=[Probe], backend="ray", shards=2,
+            str(tmp_path / "s.db"), entities=[Probe], backend="ray", deploy=True, shards=2,
             namespace=namespace, ray_options={"runtime_env": RUNTIME_ENV}) as rt:
         before: Environ = await rt.ref(Probe, "p").update_with_start(Probe.read, names,
                                                                       start=names)
@@ -296,7 +296,7 @@ async def test_a_poison_message_on_ray_is_logged_on_the_driver_with_its_tracebac
 
     caplog.set_level(logging.INFO, logger="corral")
     async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Brittle],
-                                   backend="ray", shards=2, namespace=namespace,
+                                   backend="ray", deploy=True, shards=2, namespace=namespace,
                                    env_vars=RUNTIME_ENV["env_vars"]) as rt:
         ref = rt.ref(Brittle, "poisoned")
         await ref.signal_with_start(Brittle.add, Item(id="bad-1"), start=Start(tenant="t"))
@@ -330,7 +330,7 @@ async def test_lifecycle_events_of_host_actors_reach_the_driver_when_their_env_t
 
     caplog.set_level(logging.INFO, logger="corral.lifecycle")
     async with corral.open_runtime(
-            str(tmp_path / "s.db"), entities=[Counter], backend="ray", shards=1,
+            str(tmp_path / "s.db"), entities=[Counter], backend="ray", deploy=True, shards=1,
             namespace=namespace,
             env_vars={**RUNTIME_ENV["env_vars"], "CORRAL_LIFECYCLE_EVENTS": "1"}) as rt:
         ref = rt.ref(Counter, "life")
@@ -369,7 +369,7 @@ async def test_a_host_actor_ships_its_logs_without_a_blocking_ray_get(
 
     caplog.set_level(logging.INFO, logger="corral")
     async with corral.open_runtime(str(tmp_path / "s.db"), entities=[Counter],
-                                   backend="ray", shards=1, namespace=namespace,
+                                   backend="ray", deploy=True, shards=1, namespace=namespace,
                                    env_vars=RUNTIME_ENV["env_vars"]) as rt:
         await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                      start=Start(tenant="t"))
@@ -412,7 +412,7 @@ async def test_stopping_the_last_deployment_stops_the_log_relay_and_the_next_sta
 
     async def deploy(name: str) -> None:
         async with corral.open_runtime(str(tmp_path / f"{name}.db"), entities=[Counter],
-                                       backend="ray", shards=1, namespace=name,
+                                       backend="ray", deploy=True, shards=1, namespace=name,
                                        ray_options={"runtime_env": RUNTIME_ENV}) as rt:
             await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                          start=Start(tenant="t"))

@@ -18,7 +18,7 @@ SHARDS = 4
 
 
 def runtime(store: str, namespace: str, **kwargs: Any) -> Any:
-    return corral.open_runtime(store, backend="ray", namespace=namespace, shards=SHARDS,
+    return corral.open_runtime(store, backend="ray", deploy=True, namespace=namespace, shards=SHARDS,
                                entities=[Counter], lease_ttl=5.0, **kwargs)
 
 

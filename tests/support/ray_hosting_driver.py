@@ -33,7 +33,7 @@ NAMESPACE = "two-drivers"
 
 
 def _open(store: str) -> Any:
-    return corral.open_runtime(store, entities=[Counter], backend="ray", shards=4,
+    return corral.open_runtime(store, entities=[Counter], backend="ray", deploy=True, shards=4,
                                namespace=NAMESPACE, env_vars=RUNTIME_ENV["env_vars"])
 
 

@@ -55,7 +55,7 @@ class RollRun:
 
 @contextlib.asynccontextmanager
 async def client(dep: Deployment, entity: type[corral.Entity]) -> AsyncIterator[corral.Runtime]:
-    async with corral.open_runtime(dep.store, backend="ray", namespace=dep.namespace,
+    async with corral.open_runtime(dep.store, backend="ray", deploy=True, namespace=dep.namespace,
                                    shards=dep.shards, lease_ttl=dep.lease_ttl,
                                    entities=[entity], ray_options=dep.ray_options) as rt:
         yield rt

@@ -246,8 +246,9 @@ def _manifests_of(app: str) -> dict[str, str]:
 
 def inspect_release(app: str, runtime_env: Mapping[str, Any], timeout: float
                     ) -> dict[str, str]:
-    """Import `app` where the hosts will (a Ray task in `runtime_env`); its manifests.
-    Blocking.
+    """Import `app` where the hosts will (a Ray task in `runtime_env`), so that an app
+    the cluster cannot import is refused here, before anything is declared; its
+    manifests. Blocking.
 
     Raises:
         InvalidArgumentError: the app does not import there (naming why), or the
