@@ -13,6 +13,11 @@ compared (`actors._compat`) with the newest build of the type the store holds:
   or upgrades from its state version: an old release started late) is registered as
   older, never the newest, under the same rule as a known older build.
 
+A build is known by its fingerprint, the interface, which leaves the state's types and
+the code out: a build whose fingerprint the store knows must also keep the state types
+the store registered it with (`_restated`); an annotated attribute's type changed at
+the same `state_version` would leave snapshots it cannot restore.
+
 The facts the comparison needs about removed handlers and waits are read at that
 moment: messages of them in the journal or the dead letters, and live processes whose
 build has them (their senders). Any incompatible difference refuses the open with
@@ -163,11 +168,16 @@ class BuildRegistration:
         build never seen, older than the newest), or the error refusing it."""
         etype, mine = definition.name, manifest(definition)
         newest = newest_build(registered, etype)
-        if newest is None or newest.fingerprint == mine["fingerprint"]:
+        if newest is None:
             return None
         others = [b for b in registered if b.entity_type == etype]
+        same = next((b for b in others if b.fingerprint == mine["fingerprint"]), None)
+        if same is not None and (refused := _restated(same, mine, newest)) is not None:
+            return refused
+        if newest is same:
+            return None
         theirs = manifest_of(newest)
-        known = any(b.fingerprint == mine["fingerprint"] for b in others)
+        known = same is not None
         # This process sends what it has: that matters while the newest build hosts.
         me = [(f"this process ({self.process}) sends it", mine)] if newest.processes else []
         if known:  # an older build than the newest: the newest must succeed it
@@ -188,6 +198,21 @@ class BuildRegistration:
             fingerprint=mine["fingerprint"], newest_fingerprint=newest.fingerprint)
 
 
+def _restated(same: BuildRecord, mine: Manifest, newest: BuildRecord
+              ) -> IncompatibleBuildError | None:
+    """The error refusing `mine` when the store registered its fingerprint (the same
+    interface) with state it cannot read: an annotated attribute's type changed
+    without a new `state_version` (which would be a new fingerprint)."""
+    changed = incompatible(compare(manifest_of(same), mine))
+    if not changed:
+        return None
+    return IncompatibleBuildError(
+        f"{same.entity_type} build {same.fingerprint} changed its state since the store "
+        "registered it: " + "; ".join(str(d) for d in changed),
+        entity_type=same.entity_type, differences=tuple(str(d) for d in changed),
+        fingerprint=same.fingerprint, newest_fingerprint=newest.fingerprint)
+
+
 def manifest_of(build: BuildRecord) -> Manifest:
     """A registered build's manifest, checked to have the fields the comparison reads.
 
@@ -198,14 +223,21 @@ def manifest_of(build: BuildRecord) -> Manifest:
     found = row.json("manifest", build.manifest)
     if not _is_manifest(found):
         raise row.corrupt("manifest", "is not a build manifest (its handlers, waits, "
-                                      "state_version or upgrades_from are missing)")
+                                      "state_version or upgrades_from are missing, or "
+                                      "its code or state_fields are malformed)")
     return cast("Manifest", found)
 
 
 def _is_manifest(m: object) -> bool:
+    """Whether `m` has what the comparison reads; `code` and `state_fields` are optional
+    (a manifest stored by an earlier corral has neither)."""
     if not (isinstance(m, dict) and isinstance(m.get("state_version"), int)
             and isinstance(m.get("upgrades_from"), list)
-            and all(isinstance(v, int) for v in m["upgrades_from"])):
+            and all(isinstance(v, int) for v in m["upgrades_from"])
+            and isinstance(m.get("code", ""), str)):
+        return False
+    state = m.get("state_fields", {})
+    if not (isinstance(state, dict) and all(isinstance(t, dict) for t in state.values())):
         return False
     sections = [m.get("handlers"), m.get("waits")]
     return all(isinstance(items, dict) and all(
