@@ -336,15 +336,21 @@ async def build_infos(store: Store, etype: str | None = None) -> list[BuildInfo]
 
 async def build_knowing(store: Store, definition: EntityDefinition, name: str
                         ) -> str | None:
-    """A live build of `definition`'s type, other than this code's, that has a signal
-    or update handler called `name` (today or as a `renamed_from=` name): a description
-    of it, or None when no live build knows the name."""
-    for b in reversed(readable(await store.builds(definition.name))):
-        if b.fingerprint == definition.fingerprint or not b.processes:
+    """A build of `definition`'s type, other than this code's, live or the newest
+    registered (a rollback runs an older build: what only the newest has waits for it
+    to be deployed again), that has a signal or update handler called `name` (today or
+    as a `renamed_from=` name): a description of it, or None when none knows the name."""
+    builds = readable(await store.builds(definition.name))
+    newest = newest_build(builds, definition.name)
+    for b in reversed(builds):
+        if b.fingerprint == definition.fingerprint or not (b.processes or b is newest):
             continue
         handlers = manifest_of(b)["handlers"]
         if any(item["kind"] != "query" and (n == name or name in item["renamed_from"])
                for n, item in handlers.items()):
+            if not b.processes:
+                return (f"build {b.fingerprint}, the newest, has it (no process runs it "
+                        f"now: deploy it again)")
             return (f"build {b.fingerprint} (live: "
                     f"{', '.join(p.process for p in b.processes)}) has it")
     return None
