@@ -202,6 +202,10 @@ class Placer:
         self.release: Release | None = releases[0] if releases else None
         """The current release (None until the first `declare`)."""
         self.previous: Release | None = releases[1] if len(releases) > 1 else None
+        # Ray restarted this placer (shards are placed): go on at once. A new one (the
+        # deployment was stopped, its releases kept) places nothing until `deploy`
+        # declares the release to run, or a client asks.
+        self._placing = bool(await asyncio.to_thread(assignment, spec.namespace))
         self._lock = asyncio.Lock()  # one round (one set of moves) at a time
         self._wake = asyncio.Event()  # a round now: a release declared, or shards misplaced
         self._failed: CorralError | None = None  # why the last round's first move failed
@@ -226,6 +230,8 @@ class Placer:
         async with self._lock:
             current = self.release
             if current is not None and current.key == release.key:
+                self._placing = True
+                self._wake.set()
                 return current, self.previous, []
             notes: list[str] = []
             if current is not None:
@@ -243,6 +249,7 @@ class Placer:
                 self.spec.namespace, release.key, release.body(),
                 declared_by=release.declared_by)
             self.previous, self.release = current, Release.of_record(record)
+            self._placing = True
             log.info("placer %s: %s declared by %s%s", self.spec.namespace, self.release,
                      release.declared_by, "".join(f"; {n}" for n in notes))
         self._wake.set()
@@ -258,6 +265,7 @@ class Placer:
             raise DeploymentNotFoundError(
                 f"the Ray deployment {self.spec.namespace!r} has no release: declare one "
                 f"with `corral deploy --namespace {self.spec.namespace} --app ...`")
+        self._placing = True
         async with self._lock:
             await self._round(limit=0)
         directory = await asyncio.to_thread(assignment, self.spec.namespace)
@@ -330,7 +338,7 @@ class Placer:
             with contextlib.suppress(asyncio.TimeoutError):  # not the builtin before 3.11
                 await asyncio.wait_for(self._wake.wait(), PLACER_PERIOD)
             self._wake.clear()
-            if self.release is None:
+            if self.release is None or not self._placing:
                 continue
             try:
                 async with self._lock:
