@@ -31,7 +31,7 @@ SHARDS = 2
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def _deploy(store: str, namespace: str, entity: type[corral.Entity]) -> corral.runtime.DeployReport:
+def _deploy(store: str, namespace: str, entity: Any) -> corral.runtime.DeployReport:
     return deploy(namespace, app=f"{entity.__module__}:Counter", store=store,
                   runtime_env=RUNTIME_ENV, shards=SHARDS, lease_ttl=3.0, timeout=120)
 
@@ -75,8 +75,9 @@ def test_clients_that_connect_and_close_stop_no_host(
         "async def main():\n"
         "    async with corral.open_runtime(sys.argv[1], entities=[r.Counter], backend='ray',"
         " address=sys.argv[2], namespace=sys.argv[3]) as rt:\n"
-        "        await rt.ref(r.Counter, 'k').signal_with_start(r.Counter.add, r.Item(id=sys.argv[4]),"
-        " start=r.Start(tenant='t'), message_id=sys.argv[4])\n"
+        "        await rt.ref(r.Counter, 'k').signal_with_start(\n"
+        "            r.Counter.add, r.Item(id=sys.argv[4]), start=r.Start(tenant='t'),\n"
+        "            message_id=sys.argv[4])\n"
         "asyncio.run(main())\n")
     env = {"PYTHONPATH": f"{TESTS / 'support'}:{TESTS}", "RAY_AUTH_MODE": "disabled",
            "PATH": "/usr/bin:/bin"}
@@ -87,12 +88,13 @@ def test_clients_that_connect_and_close_stop_no_host(
     assert _hosts(namespace) == before, "no client's close stopped or restarted a host"
 
 
-async def test_a_restarted_placer_runs_the_release_in_the_store(
+def test_a_restarted_placer_runs_the_release_in_the_store(
         tmp_path: Path, namespace: str) -> None:
     store = str(tmp_path / "s.db")
     _deploy(store, namespace, release1)
     second = _deploy(store, namespace, release2)
-    assert second.release.seq == 2 and second.previous is not None
+    assert second.release.seq == 2
+    assert second.previous is not None
     hosts = _hosts(namespace)
     placer = ray.get_actor(placer_name(namespace), namespace=namespace)
     ray.kill(placer, no_restart=False)  # Ray restarts it from its creation arguments
@@ -104,7 +106,8 @@ async def test_a_restarted_placer_runs_the_release_in_the_store(
         except Exception:
             assert time.monotonic() < deadline, "the placer did not come back"
             time.sleep(0.2)
-    assert status.release is not None and status.release.seq == 2
+    assert status.release is not None
+    assert status.release.seq == 2
     assert status.release.id == second.release.id
     time.sleep(3 * 1.0)  # a few rounds of the restarted placer
     assert _hosts(namespace) == hosts, "the restarted placer changed no host"
@@ -142,7 +145,8 @@ def test_the_cli_deploys_shows_and_stops_a_deployment(
     assert "nothing changed" in capsys.readouterr().out
     assert main(["deploy", "status", "--namespace", namespace, "--json"]) == 0
     status: dict[str, Any] = json.loads(capsys.readouterr().out)
-    assert status["release"]["seq"] == 1 and status["on_release"] == status["shards"]
+    assert status["release"]["seq"] == 1
+    assert status["on_release"] == status["shards"]
     assert main(["deploy", "status", "--namespace", namespace]) == 0
     assert "current" in capsys.readouterr().out
     assert main(["deploy", "stop", "--namespace", namespace]) == 0
