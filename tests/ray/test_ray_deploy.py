@@ -139,7 +139,8 @@ def test_the_cli_deploys_shows_and_stops_a_deployment(
     assert main(["deploy", "--namespace", namespace, "--app", "ray_workers:Counter",
                  "--store", store, "--runtime-env", env]) == 0
     first = capsys.readouterr().out
-    assert "release 1" in first and "is current" in first, first
+    assert "release 1" in first, first
+    assert "is current" in first, first
     assert main(["deploy", "--namespace", namespace, "--app", "ray_workers:Counter",
                  "--runtime-env", env]) == 0
     assert "nothing changed" in capsys.readouterr().out
