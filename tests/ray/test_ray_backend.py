@@ -114,7 +114,8 @@ def shared(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 async def ray_runtime(store: str, namespace: str, **kwargs: Any) -> AsyncIterator[corral.Runtime]:
     kwargs.setdefault("lease_ttl", 5.0)
     kwargs.setdefault("entities", ENTITIES)
-    async with corral.open_runtime(store, backend="ray", deploy=True, namespace=namespace, shards=SHARDS,
+    async with corral.open_runtime(store, backend="ray", deploy=True,
+                                   namespace=namespace, shards=SHARDS,
                                    **kwargs) as rt:
         yield rt
 

@@ -124,7 +124,8 @@ async def test_a_local_host_beside_a_ray_deployment_is_refused_and_a_pure_client
     import ray
 
     store = tmp_path / "s.db"
-    async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", deploy=True, shards=2,
+    async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", deploy=True,
+                                   shards=2,
                                    namespace=namespace,
                                    env_vars=RUNTIME_ENV["env_vars"]) as rt:
         ref = rt.ref(Counter, "k")
