@@ -163,8 +163,8 @@ async def test_a_ray_deployment_beside_local_hosts_is_refused_before_any_actor_s
         await ref.signal_with_start(Counter.add, Item(id="a"), start=Start(tenant="t"))
         before = _store_rows(store)
         with pytest.raises(corral.StoreHostedElsewhereError) as refused:
-            async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray", deploy=True,
-                                           shards=2, namespace=namespace):
+            async with corral.open_runtime(str(store), entities=ENTITIES, backend="ray",
+                                           deploy=True, shards=2, namespace=namespace):
                 pass
         assert (refused.value.cluster, refused.value.address) == ("local", None)
         assert "local host on" in refused.value.holder

@@ -50,8 +50,8 @@ async def balanced_over(namespace: str, hosts: int, timeout: float = 120.0) -> d
 
 
 def runtime(db_path: str, namespace: str, **kwargs: Any) -> Any:
-    return corral.open_runtime(db_path, backend="ray", deploy=True, namespace=namespace, shards=SHARDS,
-                               entities=[Counter], lease_ttl=5.0, **kwargs)
+    return corral.open_runtime(db_path, backend="ray", deploy=True, namespace=namespace,
+                               shards=SHARDS, entities=[Counter], lease_ttl=5.0, **kwargs)
 
 
 async def test_more_hosts_take_their_share_and_fewer_give_it_back_losing_nothing(
