@@ -26,7 +26,8 @@ async def test_corral_nodes_lists_the_node_its_host_and_its_shards_and_refuses_a
     address = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
     ns = ["--namespace", namespace]
     async with corral.open_runtime(str(tmp_path / "s.db"), backend="ray", deploy=True,
-                                   namespace=namespace, shards=SHARDS, entities=[Counter], hosts=1) as rt:
+                                   namespace=namespace, shards=SHARDS, entities=[Counter],
+                                   hosts=1) as rt:
         await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                      start=Start(tenant="t"))
         (host,) = set(assignment(namespace).values())
