@@ -145,7 +145,7 @@ def deploy(namespace: str = "corral", *, app: str, store: str | None = None,
     if placer is None:
         placer = placer_handle(spec)
     before = assignment(namespace)
-    since = ray.get(placer.progress.remote(0), timeout=timeout)[0]
+    since = unwrapped(placer.progress.remote(0), timeout)[0]
     was, _ = ray.get(placer.current.remote(), timeout=timeout)
     current, previous, notes = unwrapped(placer.declare.remote(release), timeout)
     unchanged = was is not None and was.key == current.key
@@ -232,15 +232,30 @@ def _shown(location: str) -> str:
     return redacted(location) if is_postgres_url(location) else location
 
 
+STALLED = 20.0
+"""Seconds a roll may fail to move a shard (each round failing) before `deploy` gives up
+waiting for it (the placer goes on trying)."""
+
+
 def _follow(placer: Any, spec: RayHostSpec, release: Release, since: int,
             on_step: Callable[[RollStep], None] | None, timeout: float) -> list[RollStep]:
-    """Wait until every shard is on `release`'s hosts; the moves meanwhile."""
-    import ray
+    """Wait until every shard is on `release`'s hosts; the moves meanwhile.
+
+    Raises:
+        StoreHostedElsewhereError: the hosts cannot start: another cluster holds the store.
+        CorralError: no shard moved for `STALLED` seconds while rounds failed (a host
+            that cannot start, named), or `timeout` passed.
+    """
+    import asyncio
+
+    from ._env import check_ray_hosting
 
     deadline = time.monotonic() + max(timeout, 1.0)
     steps: list[RollStep] = []
+    stalled_since: float | None = None
+    last_on = -1
     while True:
-        count, new, on = unwrapped(placer.progress.remote(since), 60.0)
+        count, new, on, failed = unwrapped(placer.progress.remote(since), 60.0)
         since = count
         for step in new:
             steps.append(step)
@@ -248,14 +263,24 @@ def _follow(placer: Any, spec: RayHostSpec, release: Release, since: int,
                 on_step(step)
         if on >= spec.shards:
             return steps
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if failed and on == last_on and not new:
+            asyncio.run(check_ray_hosting(spec.store, spec.shards, None))
+            stalled_since = stalled_since or now
+            if now - stalled_since > STALLED:
+                raise CorralError(f"the roll to {release} is stuck at {on} of "
+                                  f"{spec.shards} shards: {failed}")
+        else:
+            stalled_since = None
+        last_on = on
+        if now > deadline:
             raise CorralError(
                 f"{spec.shards - on} of {spec.shards} shards are not on {release} after "
                 f"{timeout:.0f} s (a host did not start or take them: see the placer's "
                 f"log); the placer goes on rolling: `corral deploy status` follows it")
-        if not on:  # nothing placed yet: ask for a round (the first release)
-            with contextlib.suppress(ray.exceptions.RayTaskError):
-                ray.get(placer.place.remote(), timeout=60.0)
+        if not on:  # nothing placed yet (the first release): a round now
+            with contextlib.suppress(CorralError):
+                unwrapped(placer.place.remote(), 60.0)
         time.sleep(0.2)
 
 

@@ -273,15 +273,16 @@ class Placer:
             raise self._failed  # a host could not start: the client reports it
         return directory
 
-    async def progress(self, since: int) -> tuple[int, list[RollStep], int]:
+    async def progress(self, since: int) -> tuple[int, list[RollStep], int, str]:
         """(moves made so far, the moves after the first `since` of them (those still
-        kept), shards on the current release's hosts): a roll's progress."""
+        kept), shards on the current release's hosts, why the last round's first move
+        failed or ""): a roll's progress."""
         new = max(0, min(self.moved - since, len(self.moves)))
         steps = list(self.moves)[len(self.moves) - new:] if new else []
         directory = await asyncio.to_thread(assignment, self.spec.namespace)
         on = 0 if self.release is None else sum(
             1 for name in directory.values() if release_of(name) == self.release.id)
-        return self.moved, steps, on
+        return self.moved, steps, on, str(self._failed or "")
 
     async def drain(self, node_id: str) -> tuple[list[RollStep], list[str]]:
         """Move every shard off `node_id`'s hosts, stop them, and place nothing there
