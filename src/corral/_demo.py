@@ -263,11 +263,10 @@ async def run_demo(store: str | Path, *, timeout: float = 60.0, backend: str = "
                    namespace: str | None = None) -> DemoReport:
     """Deliver `WEBHOOKS` concurrently, assign the ticket, wait for the run's outcome.
 
-    With `backend="ray"` the ticket is hosted by a host actor of a fresh deployment, its
-    release declared here (`deploy=True`)
-    (`namespace`, default `demo-<random>`) on the Ray instance this process is connected
-    to, or a local one started for the demo (or the cluster named by `RAY_ADDRESS`);
-    the demo's actors are stopped at the end.
+    With `backend="ray"` the ticket is hosted by a host actor of a fresh deployment
+    (`namespace`, default `demo-<random>`, its release declared here: `deploy=True`) on
+    the Ray instance this process is connected to, or a local one started for the demo
+    (or the cluster named by `RAY_ADDRESS`); the demo's actors are stopped at the end.
     """
     if backend == "ray":
         namespace = namespace or f"demo-{uuid.uuid4().hex[:8]}"
