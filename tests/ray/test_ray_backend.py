@@ -691,7 +691,7 @@ async def test_a_second_shard_actor_incarnation_fences_out_the_first(
         second = shard_actor_class().options(
             name=f"corral/{namespace}/shard-0-second", namespace=namespace, num_cpus=0,
             lifetime="detached",
-        ).remote(backend(rt).spec, ENTITIES, 0)
+        ).remote(backend(rt).spec, backend(rt).release, 0)
         try:
             second_info = await second.info.remote()
             assert second_info["epoch"] == first_info["epoch"] + 1
