@@ -100,7 +100,7 @@ _RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError,
 placer moves its shards, and the next handle is the new host's)."""
 _MAX_MOVES = 8
 """Re-routes of one call after `ShardMovedError` (a roll moves a shard once)."""
-RELEASE_READ = 1.0
+RELEASE_READ = 0.2
 """Seconds between a client's reads of the current release (after a refusal only)."""
 
 class RayBackend:
@@ -156,7 +156,8 @@ class RayBackend:
     # -- the release -------------------------------------------------------------------
 
     async def _current(self) -> Release:
-        """The current release, read again from the placer at most once a second."""
+        """The current release, read again from the placer (at most every
+        `RELEASE_READ` seconds)."""
         if time.monotonic() - self._release_read >= RELEASE_READ:
             self._release_read = time.monotonic()
             with contextlib.suppress(rex.RayError):
@@ -169,9 +170,7 @@ class RayBackend:
         """Whether the current release has `etype` (and its handler `name`): then a
         host that lacks it runs an older release, and the call is sent again."""
         release = await self._current()
-        if name is None:
-            return etype in release.manifests
-        return release.handles(etype, name)
+        return etype in release.manifests if name is None else release.handles(etype, name)
 
     # -- actors ------------------------------------------------------------------------
 
