@@ -32,7 +32,7 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 def _deploy(store: str, namespace: str, entity: Any) -> corral.runtime.DeployReport:
-    return deploy(namespace, app=f"{entity.__module__}:Counter", store=store,
+    return deploy(namespace, app=f"{entity.__name__}:Counter", store=store,
                   runtime_env=RUNTIME_ENV, shards=SHARDS, lease_ttl=3.0, timeout=120)
 
 
@@ -129,7 +129,7 @@ async def test_a_handler_the_current_release_lacks_is_refused_at_once_naming_it(
         assert time.monotonic() - began < 10, "refused at once, not retried"
         assert refused.value.retryable
         history = await ref.history()
-        assert [m.name for m in history.messages] == ["add"], "nothing stored"
+        assert [m.name for m in history.messages.items] == ["add"], "nothing stored"
 
 
 def test_the_cli_deploys_shows_and_stops_a_deployment(

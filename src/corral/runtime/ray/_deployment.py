@@ -31,12 +31,14 @@ for it. Dedicated actors keep their code until they exit when idle.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from corral._errors import CorralError, DeploymentNotFoundError, InvalidArgumentError
 from corral.persistence import is_postgres_url
@@ -59,6 +61,8 @@ from ._shard_host import RayHostSpec
 
 __all__ = ["RollReport", "RollStep", "connect", "deploy", "deploy_status", "placer_of",
            "roll_ray_hosts", "stop_ray_hosts", "store_location", "unwrapped"]
+
+T = TypeVar("T")
 
 MIN_POLL = 0.05
 """Host actors tail the journal at most this often (calls reach them directly)."""
@@ -162,7 +166,6 @@ def _placer_and_spec(namespace: str, store: str | None, shards: int | None,
                      lease_ttl: float, poll_interval: float, address: str | None
                      ) -> tuple[Any, RayHostSpec]:
     """The running placer and its spec, or (None, the spec of a new deployment)."""
-    import asyncio
 
     import ray
 
@@ -200,9 +203,20 @@ def _placer_and_spec(namespace: str, store: str | None, shards: int | None,
         await check_ray_hosting(location, count, address)
         return count
 
-    count = asyncio.run(checked())
+    count = _blocking(checked())
     return None, RayHostSpec(location, count, namespace, lease_ttl,
                              max(poll_interval, MIN_POLL))
+
+
+def _blocking(work: Coroutine[Any, Any, T]) -> T:
+    """Run `work` to its end from blocking code (in a thread of its own when this one
+    runs an event loop: a blocking call made from async code still works)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def store_location(store: str) -> str:
@@ -246,7 +260,6 @@ def _follow(placer: Any, spec: RayHostSpec, release: Release, since: int,
         CorralError: no shard moved for `STALLED` seconds while rounds failed (a host
             that cannot start, named), or `timeout` passed.
     """
-    import asyncio
 
     from ._env import check_ray_hosting
 
@@ -265,7 +278,7 @@ def _follow(placer: Any, spec: RayHostSpec, release: Release, since: int,
             return steps
         now = time.monotonic()
         if failed and on == last_on and not new:
-            asyncio.run(check_ray_hosting(spec.store, spec.shards, None))
+            _blocking(check_ray_hosting(spec.store, spec.shards, None))
             stalled_since = stalled_since or now
             if now - stalled_since > STALLED:
                 raise CorralError(f"the roll to {release} is stuck at {on} of "
@@ -315,8 +328,6 @@ SNAPSHOT_SAMPLE = 200
 
 def _restore_sample(location: str, app: str) -> list[str]:
     """Inside the release's runtime_env: each snapshot of a sample that fails."""
-    import asyncio
-
     from corral.persistence import open_store, stored_shards
 
     from .._app_path import load_entities
