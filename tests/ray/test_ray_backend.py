@@ -111,10 +111,14 @@ def shared(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @contextlib.asynccontextmanager
-async def ray_runtime(store: str, namespace: str, **kwargs: Any) -> AsyncIterator[corral.Runtime]:
-    kwargs.setdefault("lease_ttl", 5.0)
+async def ray_runtime(store: str, namespace: str, *, deploy: bool = True,
+                      **kwargs: Any) -> AsyncIterator[corral.Runtime]:
+    """A runtime of the deployment; with `deploy`, its entities declared its release
+    first (the current one again is no change), else a pure client."""
     kwargs.setdefault("entities", ENTITIES)
-    async with corral.open_runtime(store, backend="ray", deploy=True,
+    if deploy:
+        kwargs.setdefault("lease_ttl", 5.0)
+    async with corral.open_runtime(store, backend="ray", deploy=deploy,
                                    namespace=namespace, shards=SHARDS,
                                    **kwargs) as rt:
         yield rt
@@ -898,11 +902,11 @@ async def test_actors_serve_clients_of_older_and_newer_compatible_builds_and_ref
         assert "signal add: field id" in str(caught.value.cause)
 
 
-async def test_a_client_with_new_code_is_served_by_old_actors_and_retries_what_only_it_has(
+async def test_a_client_with_new_code_is_served_by_the_release_and_refused_what_only_it_has(
         db_path: str, namespace: str) -> None:
-    """A client of a compatible newer build works against actors of the old one; a
-    call of a handler only it has is answered `HandlerNotHostedError` (retried by the
-    client up to its `retry_timeout`) until a roll moves the shard to the new code."""
+    """A client of a compatible newer build works against hosts of the current
+    release; a call of a handler only it has is refused at once
+    (`HandlerNotHostedError` naming the release), until that build is deployed."""
     import ray_workers_v2
 
     key = fresh_key()
@@ -911,14 +915,14 @@ async def test_a_client_with_new_code_is_served_by_old_actors_and_retries_what_o
                                                      start=Start(tenant="t"))
     new = ray_workers_v2.Counter
     assert new._corral_definition.fingerprint != Counter._corral_definition.fingerprint
-    async with ray_runtime(db_path, namespace, entities=[new]) as rt:
+    async with ray_runtime(db_path, namespace, entities=[new], deploy=False) as rt:
         ref = rt.ref(new, key)
         await ref.signal(new.add, Item(id="b"))
-        backend(rt)._retry_timeout = 0.5
         with pytest.raises(corral.HandlerNotHostedError) as caught:
             await ref.query(new.how_many)
-        assert "roll_ray_hosts" in str(caught.value)
-        assert backend(rt).retries["not_hosted"] > 0
+        assert "release 1" in str(caught.value)
+        assert "corral deploy" in str(caught.value)
+        assert backend(rt).retries["not_hosted"] == 0, "refused at once, not retried"
         await asyncio.to_thread(corral.runtime.roll_ray_hosts, namespace, [new])
         assert await ref.query(new.how_many) == 2
         assert backend(rt).retries["moved"] + backend(rt).retries["unavailable"] > 0
