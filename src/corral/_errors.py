@@ -374,7 +374,7 @@ class HandlerNotHostedError(CorralError):
     retryable = True
 
 
-class DeploymentNotFoundError(CorralError):
+class DeploymentNotFoundError(InvalidArgumentError, LookupError):
     """No Ray deployment of this namespace runs (or it has no release yet): a client
     (`open_runtime(backend="ray")`) never starts one. Declare a release first with
     `corral deploy --namespace NS --app pkg.module:APP --store URL`

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -165,11 +166,12 @@ async def open_runtime(
                                  ray_options=ray_options, env_vars=env_vars, hosts=hosts,
                                  shards=shards, lease_ttl=lease_ttl,
                                  poll_interval=poll_interval)
+        began = time.time()  # the hosts a deploy starts log from then on
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
             deploy=declare)
         follower = LogFollower(namespace)  # the host actors' logs, on this process's
-        follower.open()
+        follower.open(since=began)
         try:
             yield Runtime(ray_backend, placement,
                           Boundary(definitions, limits or Limits(), authorize))
@@ -229,13 +231,14 @@ def _declaring(store: str, entities: Sequence[type[Entity]], *, namespace: str,
     """`deploy=True`: the blocking call declaring a release of `entities`."""
     from ._app_path import app_path
     from .ray._deployment import deploy
+    from .ray._env import with_env_vars
 
     app = app_path(entities)  # refused here (a class in a script) before Ray starts
-    options = dict(ray_options or {})
+    options = with_env_vars(ray_options or {}, env_vars)  # checked before Ray starts too
     runtime_env = options.pop("runtime_env", None)
     return functools.partial(
         deploy, namespace, app=app, store=store, runtime_env=runtime_env, hosts=hosts,
-        actor_options=options, env_vars=env_vars, shards=shards, address=address,
+        actor_options=options, shards=shards, address=address,
         lease_ttl=lease_ttl, poll_interval=poll_interval)
 
 

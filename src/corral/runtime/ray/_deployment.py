@@ -134,6 +134,9 @@ def deploy(namespace: str = "corral", *, app: str, store: str | None = None,
     options = dict(actor_options or {})
     if "runtime_env" in options:
         raise InvalidArgumentError("give the runtime_env as runtime_env=, not in actor_options")
+    if runtime_env is not None and not isinstance(runtime_env, Mapping):
+        raise InvalidArgumentError(
+            f"runtime_env must be a dict, got {type(runtime_env).__name__}")
     env = with_env_vars({"runtime_env": dict(runtime_env or {})}, env_vars,
                         named="deploy")["runtime_env"]
     connect(namespace, address)
@@ -413,13 +416,13 @@ def roll_ray_hosts(namespace: str, entities: Any, *,
     check_namespace(namespace)
     if not entities:
         raise InvalidArgumentError("roll_ray_hosts needs the entity types of the new build")
-    options = dict(actor_options or {})
+    options = with_env_vars(actor_options or {}, env_vars, named="actor_options")
     runtime_env = options.pop("runtime_env", None)
+    app = app_path(list(entities))
     connect(namespace, address)
     placer_of(namespace)
-    report = deploy(namespace, app=app_path(list(entities)), runtime_env=runtime_env,
-                    actor_options=options, env_vars=env_vars, address=address,
-                    on_step=on_step, timeout=timeout)
+    report = deploy(namespace, app=app, runtime_env=runtime_env, actor_options=options,
+                    address=address, on_step=on_step, timeout=timeout)
     return RollReport(report.steps, report.skipped, report.seconds)
 
 
