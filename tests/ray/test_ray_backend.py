@@ -923,7 +923,8 @@ async def test_a_client_with_new_code_is_served_by_the_release_and_refused_what_
         assert "release 1" in str(caught.value)
         assert "corral deploy" in str(caught.value)
         assert backend(rt).retries["not_hosted"] == 0, "refused at once, not retried"
-        await asyncio.to_thread(corral.runtime.roll_ray_hosts, namespace, [new])
+        await asyncio.to_thread(corral.runtime.roll_ray_hosts, namespace,  # the whole app
+                                [new, *(e for e in ENTITIES if e is not Counter)])
         assert await ref.query(new.how_many) == 2
         assert backend(rt).retries["moved"] + backend(rt).retries["unavailable"] > 0
 
