@@ -45,7 +45,7 @@ def task_stream(store: str, who: str, keys: list[str], count: int) -> list[list[
     store answers as duplicates, so the acks it returns cover every call it made."""
     async def send() -> list[list[str]]:
         acked: list[list[str]] = []
-        async with corral.open_runtime(store, entities=ENTITIES, backend="ray", deploy=True,
+        async with corral.open_runtime(store, entities=ENTITIES, backend="ray",  # a client
                                        namespace=NAMESPACE, shards=SHARDS) as rt:
             for n in range(count):
                 key, mid = keys[n % len(keys)], f"{who}-{n}"

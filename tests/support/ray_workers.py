@@ -268,7 +268,7 @@ def storm(store: str, namespace: str, shards: int, key: str, who: str, count: in
 
 async def _send_and_read(store: str, namespace: str, shards: int, key: str, who: str,
                          count: int) -> list[str]:
-    async with corral.open_runtime(store, entities=ENTITIES, backend="ray", deploy=True,
+    async with corral.open_runtime(store, entities=ENTITIES, backend="ray",  # a client
                                    namespace=namespace, shards=shards) as rt:
         ref = rt.ref(Counter, key)
         for n in range(count):
