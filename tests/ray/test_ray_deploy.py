@@ -153,3 +153,35 @@ def test_the_cli_deploys_shows_and_stops_a_deployment(
     assert main(["deploy", "stop", "--namespace", namespace]) == 0
     assert "stopped" in capsys.readouterr().out
     assert main(["deploy", "status", "--namespace", namespace]) != 0
+
+
+def test_check_snapshots_refuses_a_release_whose_code_cannot_restore_the_stored_state(
+        tmp_path: Path, namespace: str) -> None:
+    """The strict release's manifests are compatible (a validator is not in a schema),
+    so only restoring the stored snapshots with its code shows it would suspend them."""
+    import asyncio
+
+    store = str(tmp_path / "s.db")
+    first = deploy(namespace, app="ray_workers:Ledger", store=store, runtime_env=RUNTIME_ENV,
+                   shards=SHARDS, timeout=120)
+
+    async def book() -> None:
+        async with corral.open_runtime(store, entities=[release1.Ledger], backend="ray",
+                                       namespace=namespace) as rt:
+            ref = rt.ref(release1.Ledger, "l")
+            for amount in (1, 2, 3):
+                await ref.signal_with_start(release1.Ledger.book,
+                                            release1.Entry(amount=amount),
+                                            start=Start(tenant="t"))
+            while (await ref.describe()).applied_seq < 3:
+                await asyncio.sleep(0.05)
+    asyncio.run(book())
+    with pytest.raises(corral.SnapshotRestoreError, match="do not restore"):
+        deploy(namespace, app="ray_ledger_strict:Ledger", runtime_env=RUNTIME_ENV,
+               check_snapshots=True, timeout=120)
+    status = deploy_status(namespace)
+    assert status.release is not None
+    assert status.release.id == first.release.id, "nothing was declared"
+    report = deploy(namespace, app="ray_ledger_strict:Ledger", runtime_env=RUNTIME_ENV,
+                    timeout=120)  # without the check: declared (what the check is for)
+    assert report.release.seq == 2
