@@ -79,14 +79,16 @@ async def open_runtime(
             (> 0, at most 3600).
         poll_interval: how often a host checks for messages other processes accepted
             (seconds, > 0, at most 3600).
-        backend: `"local"` (this process hosts) or `"ray"`: the shards are held by a few
-            named, detached Ray host actors (by default one per node), which the
-            deployment's placer (`corral/<namespace>/placer`) starts on first use and
-            moves shards between as nodes join and leave; `host` is then ignored and
-            `store` must be a PostgreSQL URL or a file path that every host actor can
-            open (so one machine). Ray is started
-            (`ray.init(address=address, namespace=namespace)`) unless already
-            initialized, and shut down on close only if started here. The host actors
+        backend: `"local"` (this process hosts) or `"ray"`: this process is a client of
+            the Ray deployment `namespace`, whose shards are held by a few named,
+            detached host actors running its declared release (`corral deploy`,
+            `corral.runtime.deploy`; or `deploy=True` here); `host` is then ignored and
+            `store` must be the deployment's (a PostgreSQL URL, or a file path every
+            host actor can open, so one machine). A client never starts, changes or
+            stops a host: no deployment running is `DeploymentNotFoundError`, and its
+            close stops nothing. Ray is joined (`ray.init(address=address,
+            namespace=namespace)`) unless already initialized; a process whose
+            `ray.init` started a private Ray instance ends it on close. The host actors
             tail the journal at most every 50 ms (calls reach them directly; tailing
             only catches what a fenced-out predecessor accepted). One store is hosted
             by one cluster: every process of a Ray deployment must reach the same Ray
