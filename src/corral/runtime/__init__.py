@@ -6,7 +6,7 @@ neither other role; hosting never imports the Ray backend; `_open.open_runtime` 
 they meet (tests/runtime/test_public_surface.py keeps these rules). The runtime reaches
 storage only through the `corral.persistence.Store` protocol.
 
-Its `__all__` is what users need (the client, its records, `roll_ray_hosts`,
+Its `__all__` is what users need (the client, its records, `deploy`, `deploy_status`,
 `ray_nodes`, `drain_node` and `stop_ray_hosts`); the shard, activation and host classes are
 internals of their private modules.
 

@@ -176,7 +176,7 @@ class ShardHost:
     async Ray actor.
 
     Clients send every operation as one request record to `handle(op)`; the other
-    methods are administration (`register`, `check_definitions`, `metrics`, `info`,
+    methods are administration (`check_definitions`, `metrics`, `info`,
     `shutdown`) and placement (`take`, `retire`, called by the placer, `_placer`).
     Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
@@ -312,8 +312,9 @@ class ShardHost:
         """Accept a batch (one group commit); each item's result (`AcceptResult.to_wire`)
         or its error.
 
-        An entity type this actor does not know fails the whole call before anything is
-        accepted: the client teaches the actor its types (`register`) and sends again.
+        An entity type this actor's release lacks fails the whole call before anything
+        is accepted (`UnknownEntityTypeError` naming the release; the client sends it
+        again while a roll to a release that has it is under way).
         """
         for etype in {acc.entity_type for acc in batch.accs} - set(self.definitions):
             raise self._unknown(etype)
