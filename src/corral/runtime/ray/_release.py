@@ -33,8 +33,7 @@ import logging
 import os
 import socket
 import tempfile
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,7 +62,8 @@ def _digest(*parts: Any, size: int = 5) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """One declared release of a Ray deployment (see the module docstring).
+    """One declared release of a Ray deployment (see the module docstring), as the
+    store keeps it (`ReleaseRecord`: its number, its `body()` and who declared it when).
 
     Attributes:
         namespace: the deployment.
@@ -285,14 +285,3 @@ def report_json(report: DeployReport | DeploymentStatus) -> dict[str, Any]:
             data[key] = {**data[key], "id": release.id, "tag": release.tag,
                          "manifests": sorted(release.manifests)}
     return data
-
-
-def wait_until(check: Callable[[], bool], timeout: float, period: float = 0.2) -> bool:
-    """Call `check` until it answers True or `timeout` passes; its last answer."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(period)
