@@ -68,10 +68,10 @@ from corral._errors import (
 )
 from corral.actors import EntityDefinition
 from corral.actors._manifest import manifest_json
-from corral.persistence import Acceptance, AcceptResult, Store, UpdateOutcome, is_postgres_url
+from corral.persistence import Acceptance, AcceptResult, Store, UpdateOutcome
 
 from ..client._requests import AcceptBatch, AnyRequest, SignalBatch, WaitUpdate
-from ._deployment import placer_of, store_location
+from ._deployment import placer_of, shown_store, store_location
 from ._deployment import stop_ray_hosts as stop_hosts
 from ._directory import host_of
 from ._env import env_vars_of, with_env_vars
@@ -506,7 +506,7 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
         if spec.store != location:
             raise InvalidArgumentError(
                 f"the Ray deployment {namespace!r} runs on another store than "
-                f"{_redacted(location)}: open the runtime on its store, or use another "
+                f"{shown_store(location)}: open the runtime on its store, or use another "
                 f"namespace")
         if shards is not None and shards != spec.shards:
             raise ShardCountError(
@@ -525,9 +525,3 @@ async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *
     router = PlacementRouter(spec.shards, definitions)
     backend = RayBackend(spec, definitions, router, placer, release, started_ray=started)
     return backend, router
-
-
-def _redacted(location: str) -> str:
-    from corral.persistence._urls import redacted
-
-    return redacted(location) if is_postgres_url(location) else location

@@ -60,7 +60,7 @@ from ._release import (
 from ._shard_host import RayHostSpec
 
 __all__ = ["RollReport", "RollStep", "connect", "deploy", "deploy_status", "placer_of",
-           "roll_ray_hosts", "stop_ray_hosts", "store_location", "unwrapped"]
+           "roll_ray_hosts", "shown_store", "stop_ray_hosts", "store_location", "unwrapped"]
 
 T = TypeVar("T")
 
@@ -183,8 +183,8 @@ def _placer_and_spec(namespace: str, store: str | None, shards: int | None,
         spec: RayHostSpec = ray.get(placer.spec_of.remote(), timeout=60)
         if location is not None and location != spec.store:
             raise InvalidArgumentError(
-                f"the Ray deployment {namespace!r} runs on the store {_shown(spec.store)}, "
-                f"not {_shown(location)}: one deployment, one store")
+                f"the Ray deployment {namespace!r} runs on the store {shown_store(spec.store)}, "
+                f"not {shown_store(location)}: one deployment, one store")
         if shards is not None and shards != spec.shards:
             raise InvalidArgumentError(f"the Ray deployment {namespace!r} has "
                                        f"{spec.shards} shards, not {shards}")
@@ -201,7 +201,7 @@ def _placer_and_spec(namespace: str, store: str | None, shards: int | None,
         except InvalidArgumentError:  # no store there yet
             count = shards or RAY_SHARDS
         if shards is not None and shards != count:
-            raise InvalidArgumentError(f"the store at {_shown(location)} has {count} "
+            raise InvalidArgumentError(f"the store at {shown_store(location)} has {count} "
                                        f"shards, not {shards}")
         await check_ray_hosting(location, count, address)
         return count
@@ -242,7 +242,7 @@ def store_location(store: str) -> str:
     return os.path.abspath(store)
 
 
-def _shown(location: str) -> str:
+def shown_store(location: str) -> str:
     """A store location for messages, without a PostgreSQL password."""
     from corral.persistence._urls import redacted
 
