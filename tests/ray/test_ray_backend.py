@@ -439,6 +439,8 @@ async def test_a_signal_with_start_storm_from_four_drivers_and_ray_tasks_starts_
     key, per_sender = fresh_key("storm"), 60
     go = tmp_path / "go"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR}
+    async with ray_runtime(db_path, namespace):  # the release; every sender is a client
+        pass
     drivers = [f"driver{i}" for i in range(4)]
     tasks = [f"task{i}" for i in range(4)]
     procs = [

@@ -238,10 +238,9 @@ def wait_for_file(path: Path, timeout: float = 90.0) -> None:
 
 async def _send_storm(store: str, namespace: str, shards: int, key: str, who: str,
                       count: int, ready: Path, go: Path) -> list[dict[str, Any]]:
-    async with corral.open_runtime(store, entities=ENTITIES, backend="ray", deploy=True,
-                                   namespace=namespace, shards=shards,
-                                   ray_options={"runtime_env": RUNTIME_ENV}) as rt:
-        ref = rt.ref(Counter, key)
+    async with corral.open_runtime(store, entities=ENTITIES, backend="ray",  # a client of
+                                   namespace=namespace, shards=shards) as rt:  # the test's
+        ref = rt.ref(Counter, key)  # release
         await asyncio.to_thread(ready.write_text, who)
         await asyncio.to_thread(wait_for_file, go)
         acks = await asyncio.gather(*(
