@@ -440,5 +440,7 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # the module's own classes, not __main__'s: a release names
+    import ray_workers  # them by import path (`deploy=True` refuses a script's classes)
+
+    ray_workers.main(sys.argv[1:])
