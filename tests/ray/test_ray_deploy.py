@@ -185,3 +185,15 @@ def test_check_snapshots_refuses_a_release_whose_code_cannot_restore_the_stored_
     report = deploy(namespace, app="ray_ledger_strict:Ledger", runtime_env=RUNTIME_ENV,
                     timeout=120)  # without the check: declared (what the check is for)
     assert report.release.seq == 2
+
+
+def test_a_release_that_gives_no_hosts_keeps_the_current_count(
+        tmp_path: Path, namespace: str) -> None:
+    store = str(tmp_path / "s.db")
+    first = deploy(namespace, app="ray_workers:Counter", store=store, runtime_env=RUNTIME_ENV,
+                   shards=SHARDS, hosts=2, timeout=120)
+    assert first.release.hosts == 2
+    second = deploy(namespace, app="ray_roll_entities:Counter", runtime_env=RUNTIME_ENV,
+                    timeout=120)
+    assert second.release.hosts == 2
+    assert len([h for h in deploy_status(namespace).hosts if h.shards]) == 2

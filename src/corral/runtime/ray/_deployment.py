@@ -101,7 +101,7 @@ def deploy(namespace: str = "corral", *, app: str, store: str | None = None,
             paths are uploaded from here (Ray's packaging), `pip`, `image_uri` and the
             rest are passed on.
         hosts: host actors: a total over the alive nodes, or {node id: count}; default
-            one per node.
+            the current release's, or one per node.
         actor_options: other Ray options of the hosts (`num_cpus`, `resources`...).
         env_vars: environment variables of the hosts, merged into runtime_env's.
         shards: the store's shard count (first release only; default: the store's, else

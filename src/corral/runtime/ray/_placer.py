@@ -221,7 +221,8 @@ class Placer:
     async def declare(self, release: Release) -> tuple[Release, Release | None, list[str]]:
         """Make `release` the deployment's current release (recorded in the store) and
         roll every shard to it from the next rounds on; (current, previous, notes).
-        Declaring the current release again changes nothing.
+        Declaring the current release again changes nothing; a release that gives no
+        `hosts` keeps the current one's.
 
         Raises:
             IncompatibleBuildError: the current release cannot be replaced by this one
@@ -229,6 +230,8 @@ class Placer:
         """
         async with self._lock:
             current = self.release
+            if current is not None and release.hosts is None:  # not given: kept
+                release = dataclasses.replace(release, hosts=current.hosts)
             if current is not None and current.key == release.key:
                 self._placing = True
                 self._wake.set()
