@@ -230,3 +230,16 @@ def test_a_manifest_holds_the_code_and_each_state_field_as_its_json_schema() -> 
     assert data["state_fields"] == {"inbox": TypeAdapter(list[Reply]).json_schema(),
                                     "tags": {"items": {"type": "string"}, "type": "array"}}
     assert data["fingerprint"] == d.fingerprint
+
+
+def test_a_recursive_payload_model_is_compared_once_not_forever() -> None:
+    """`Ticket.link` takes a `Chain` (a model holding a `Chain`): comparing its build
+    with itself, as every reopened store does, must end (it recursed until Python's
+    limit, and the open failed with a StoreError)."""
+    import json
+
+    from corral.actors._manifest import manifest
+    from entities import Ticket
+
+    mine = json.loads(json.dumps(manifest(Ticket._corral_definition)))
+    assert compare(mine, mine) == []

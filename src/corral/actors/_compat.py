@@ -160,23 +160,29 @@ class _Schema:
         return node
 
 
-def _fields(subject: str, path: str, olds: _Schema, old: Any, news: _Schema, new: Any
-            ) -> list[Difference]:
+def _fields(subject: str, path: str, olds: _Schema, old: Any, news: _Schema, new: Any,
+            seen: frozenset[tuple[str, str]] = frozenset()) -> list[Difference]:
+    """The differences of one field's schema; `seen`: the pairs of models being
+    compared further up (a recursive model, e.g. a tree, is compared once)."""
+    refs = (_ref(old), _ref(new))
+    if refs != ("", "") and refs in seen:
+        return []
+    seen = seen | {refs}
     old, new = olds.resolve(old), news.resolve(new)
     where = f"{subject}: field {path}" if path else subject
     if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
         return [] if old == new else [Difference(where, False, "type changed",
                                                  "keep the field's type")]
     if _is_object(old) and _is_object(new):
-        return _objects(subject, path, olds, old, news, new)
+        return _objects(subject, path, olds, old, news, new, seen)
     for key in ("anyOf", "oneOf"):
         if isinstance(old.get(key), list) and isinstance(new.get(key), list) \
                 and len(old[key]) == len(new[key]):
             return [d for o, n in zip(old[key], new[key], strict=True)
-                    for d in _fields(subject, path, olds, o, news, n)]
+                    for d in _fields(subject, path, olds, o, news, n, seen)]
     if old.get("type") == new.get("type") == "array" and "items" in old and "items" in new:
         return _fields(subject, f"{path}[]" if path else "[]", olds, old["items"],
-                       news, new["items"])
+                       news, new["items"], seen)
     if olds.shape(old) != news.shape(new):
         return [Difference(where, False, f"type changed from {_named(old)} to "
                            f"{_named(new)}",
@@ -184,12 +190,17 @@ def _fields(subject: str, path: str, olds: _Schema, old: Any, news: _Schema, new
     return []
 
 
+def _ref(node: Any) -> str:
+    ref = node.get("$ref") if isinstance(node, Mapping) else None
+    return ref if isinstance(ref, str) else ""
+
+
 def _is_object(node: Any) -> bool:
     return isinstance(node, Mapping) and "properties" in node
 
 
 def _objects(subject: str, path: str, olds: _Schema, old: Mapping[str, Any], news: _Schema,
-             new: Mapping[str, Any]) -> list[Difference]:
+             new: Mapping[str, Any], seen: frozenset[tuple[str, str]]) -> list[Difference]:
     found: list[Difference] = []
     old_props, new_props = old["properties"], new["properties"]
     old_required, new_required = set(old.get("required", ())), set(new.get("required", ()))
@@ -207,7 +218,7 @@ def _objects(subject: str, path: str, olds: _Schema, old: Mapping[str, Any], new
         if field in new_required and field not in old_required:
             found.append(Difference(where, False, "became required",
                                     f"keep {name} optional (a default)"))
-        found += _fields(subject, name, olds, old_props[field], news, spec)
+        found += _fields(subject, name, olds, old_props[field], news, spec, seen)
     for field in old_props:
         if field not in new_props:
             name = f"{path}.{field}" if path else field
