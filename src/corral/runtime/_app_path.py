@@ -41,8 +41,12 @@ def import_attribute(spec: str, *, option: str = "--app") -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InvalidArgumentError(f"{option} must be module:attribute, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    try:
+        cwd: str | None = os.getcwd()
+    except FileNotFoundError:  # a reused Ray worker whose unpacked working_dir Ray
+        cwd = None  # removed (and unpacked again: `sys.path` names it by path)
+    if cwd is not None and cwd not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
