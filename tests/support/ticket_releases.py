@@ -231,6 +231,17 @@ def task_sender(store: str, namespace: str, shards: int, keys: list[str], who: s
     return asyncio.run(send())
 
 
+def live_actors(namespace: str) -> dict[str, tuple[str, int]]:
+    """The live actors of deployment `namespace` (placer and hosts), by name: (node id,
+    pid). From the GCS's actor table (the state API needs a dashboard)."""
+    from ray._private.state import actors
+
+    prefix = f"corral/{namespace}/"
+    return {a["Name"]: (a["Address"]["NodeID"], a["Pid"])
+            for a in actors(actor_state_name="ALIVE").values()
+            if a["Name"].startswith(prefix)}
+
+
 def importable_here() -> str | None:
     """Where `import ticketdesk` would come from in this process (None: nowhere). A
     Ray task of the tests asks this of the session's workers."""
@@ -239,6 +250,6 @@ def importable_here() -> str | None:
 
 
 __all__ = ["APP", "HOST_ENV", "RELEASES", "SendLog", "applied_notes",
-           "assert_applied_exactly_once", "handlers_of", "importable_here", "load_release",
-           "py_modules", "release_dir", "send_notes", "shipped", "start_tickets", "task_sender",
-           "working_dir"]
+           "assert_applied_exactly_once", "handlers_of", "importable_here", "live_actors",
+           "load_release", "py_modules", "release_dir", "send_notes", "shipped",
+           "start_tickets", "task_sender", "working_dir"]
