@@ -32,6 +32,7 @@ from ticket_releases import (
     load_release,
     py_modules,
     send_notes,
+    sender_env,
     shipped,
     start_tickets,
     task_sender,
@@ -85,7 +86,7 @@ async def under_stream(store: str, namespace: str, log: SendLog,
         senders = [asyncio.create_task(send_notes(rt, agent, KEYS, who, done.is_set, log=log))
                    for rt, agent, who in ((rt1, r1, "r1s"), (rt2, r2, "r2s"))]
         task = ray.remote(task_sender).options(
-            runtime_env=shipped(working_dir("r2")), num_cpus=0).remote(
+            runtime_env=shipped(sender_env("r2")), num_cpus=0).remote(
             store, namespace, SHARDS, KEYS, "r2t", str(stop))
         reports = [await asyncio.to_thread(declare_one) for declare_one in declarations]
         done.set()

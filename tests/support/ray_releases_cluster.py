@@ -97,9 +97,9 @@ async def outcome(store: str) -> dict[str, Any]:
 
 
 def ship(release: str) -> dict[str, Any]:
-    from ticket_releases import shipped, working_dir
+    from ticket_releases import sender_env, shipped
 
-    return shipped(working_dir(release))
+    return shipped(sender_env(release))
 
 
 # -- rolls: release 2, back to 1, forward to 2, under a stream ---------------------------

@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 import corral
-from ray_workers import CORRAL_DIR
+from ray_workers import CORRAL_DIR, RUNTIME_ENV
 
 RELEASES = Path(__file__).resolve().parent / "releases"
 APP = "ticketdesk.agent:app"
@@ -60,6 +60,12 @@ def py_modules(name: str) -> dict[str, Any]:
     """The `runtime_env` shipping release `name`'s package by `py_modules`."""
     return {"py_modules": [str(Path(release_dir(name)) / PACKAGE)],
             "env_vars": dict(HOST_ENV)}
+
+
+def sender_env(name: str) -> dict[str, Any]:
+    """The `runtime_env` of a Ray task of release `name` (`task_sender`): its
+    `working_dir`, and `tests/support` for the sender's own code (never `ticketdesk`)."""
+    return {"working_dir": release_dir(name), "env_vars": dict(RUNTIME_ENV["env_vars"])}
 
 
 def shipped(runtime_env: dict[str, Any]) -> dict[str, Any]:
@@ -251,5 +257,5 @@ def importable_here() -> str | None:
 
 __all__ = ["APP", "HOST_ENV", "RELEASES", "SendLog", "applied_notes",
            "assert_applied_exactly_once", "handlers_of", "importable_here", "live_actors",
-           "load_release", "py_modules", "release_dir", "send_notes", "shipped",
+           "load_release", "py_modules", "release_dir", "send_notes", "sender_env", "shipped",
            "start_tickets", "task_sender", "working_dir"]
