@@ -89,7 +89,9 @@ def test_the_node_of_the_placer_killed_during_a_roll_converges_on_the_declared_r
     log = assert_nothing_lost_doubled_or_dead_lettered(report)
     assert report["moved_before_kill"] < report["shards"], "the node was lost mid-roll"
     converged = report["converged"]
-    assert converged["release"] == report["declared"]["release"] != report["first"]["id"]
+    if "report" in report["deployer"]:  # the deploy call itself may fail with the placer
+        assert converged["release"] == report["deployer"]["report"]["id"]
+    assert report["answered_by"] == "r2", "release 2's code runs on every host"
     assert report["victim"] not in {h["node_id"] for h in converged["hosts"]}
     kinds = Counter(log.retries)
     with capsys.disabled():
