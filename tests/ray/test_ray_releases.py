@@ -146,7 +146,7 @@ async def test_release_2_of_the_same_package_rolls_over_release_1_by_working_dir
     assert (await history(store, namespace, load_release("r2"), KEYS[0])).release == "r1"
     status = await asyncio.to_thread(deploy_status, namespace)
     assert status.release.id == first.release.id
-    assert {h.release_id for h in status.hosts} == {first.release.id}
+    assert {h.release_id for h in status.hosts if h.shards} == {first.release.id}
     again = await asyncio.to_thread(declare, namespace, store, working_dir("r1"))
     assert again.unchanged
     assert not again.steps

@@ -70,9 +70,9 @@ def status() -> dict[str, Any]:
 
     now = deploy_status(NAMESPACE)
     return {"release": now.release.id if now.release else None,
-            "hosts": [{"name": h.name, "node_id": h.node_id, "release": h.release_id,
-                       "shards": list(h.shards)} for h in now.hosts],
-            "rolling": bool(now.rolling), "text": repr(now)}
+            "hosts": [{"name": h.name, "node_id": h.node, "release": h.release_id,
+                       "shards": h.shards} for h in now.hosts],
+            "on_release": now.on_release, "rolling": now.rolling, "text": repr(now)}
 
 
 @contextlib.asynccontextmanager
@@ -265,10 +265,10 @@ async def converge(declared: Callable[[str | None], bool], timeout: float = 300.
         except Exception as err:  # the placer restarting: asked again
             now = {"error": f"{type(err).__name__}: {err}"}
         else:
-            held = sorted(s for h in now["hosts"] for s in h["shards"])
             release = now["release"]
-            if declared(release) and not now["rolling"] and held == list(range(SHARDS)) \
-                    and all(h["release"] == release for h in now["hosts"]):
+            if declared(release) and now["on_release"] == SHARDS and \
+                    sum(h["shards"] for h in now["hosts"]) == SHARDS and \
+                    all(h["release"] == release for h in now["hosts"] if h["shards"]):
                 return now
         assert time.monotonic() < deadline, f"never converged: {now}"
         await asyncio.sleep(0.5)
