@@ -37,8 +37,9 @@ from typing import Any
 from ray_clusters import on_cluster
 
 NAMESPACE = "releases"
-SHARDS = 4
-KEYS = [f"ticket-{i}" for i in range(3 * SHARDS)]
+SHARDS = 24
+"""Three rounds of a roll (`_placer.MOVES_PER_ROUND` is 8): a node can be lost mid-roll."""
+KEYS = [f"ticket-{i}" for i in range(SHARDS)]
 HOST_OPTIONS = {"resources": {"corral": 0.01}}
 """Hosts on the worker nodes (the head has no `corral` resource: the drivers' tasks)."""
 SENDER = str(Path(__file__).resolve().parent / "ticket_sender.py")
@@ -214,6 +215,8 @@ def deploy_from_a_worker(store: str) -> dict[str, Any]:
 
 
 async def placer_loss(cluster: Any, store: str, temp: Path) -> dict[str, Any]:
+    import ray
+
     from ticket_releases import SendLog, load_release, send_notes, start_tickets
 
     first = await asyncio.to_thread(deploy_from_a_worker, store)
@@ -227,14 +230,12 @@ async def placer_loss(cluster: Any, store: str, temp: Path) -> dict[str, Any]:
         stream = [asyncio.create_task(send_notes(rt, agent, KEYS, f"{name}-driver",
                                                  done.is_set, log=logs[name]))
                   for name, rt, agent in (("r1", rt1, r1), ("r2", rt2, r2))]
-        killed: list[tuple[float, int]] = []  # (when, shards moved before)
-        steps: list[Any] = []
+        killed: list[tuple[float, int]] = []  # (when, shards on release 2 then)
 
         def on_step(step: Any) -> None:
-            """Lose the placer's node right after the roll's first step, once."""
-            steps.append(step)
+            """Lose the placer's node as soon as the roll moved a shard, once."""
             if not killed:
-                killed.append((time.monotonic(), len(steps)))
+                killed.append((time.monotonic(), status()["on_release"]))
                 cluster.remove_node(victim, False)
 
         try:
@@ -242,22 +243,26 @@ async def placer_loss(cluster: Any, store: str, temp: Path) -> dict[str, Any]:
         except Exception as err:  # the deployer's placer died under it: said, not hidden
             deployer = {"error": f"{type(err).__name__}: {err}"}
         assert killed, f"the roll never moved a shard: {deployer}"
-        converged = await converge(lambda release: release not in (None, first["id"]))
+        converged = await converge(lambda release: release not in (None, first["id"]),
+                                   lost=victim.node_id)
         converged["seconds"] = time.monotonic() - killed[0][0]
-        answered = (await rt1.ref(r1.Ticket, KEYS[0]).query(r1.Ticket.history)).release
+        answered = {(await rt1.ref(r1.Ticket, key).query(r1.Ticket.history)).release
+                    for key in KEYS}
+        alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
         await asyncio.sleep(2)  # a little of the stream on the converged deployment
         done.set()
         await asyncio.gather(*stream)
-    return {"first": first, "victim": victim.node_id, "shards": SHARDS,
-            "moved_before_kill": killed[0][1], "deployer": deployer, "answered_by": answered,
+    return {"first": first, "victim": victim.node_id, "victim_alive": alive[victim.node_id],
+            "shards": SHARDS, "on_release_at_kill": killed[0][1], "deployer": deployer,
+            "answered_by": sorted(answered),
             "converged": converged, "logs": {n: log.as_json() for n, log in logs.items()},
             **await outcome(store)}
 
 
-async def converge(declared: Callable[[str | None], bool], timeout: float = 300.0
-                   ) -> dict[str, Any]:
-    """Until a release for which `declared` holds is declared, every host runs it, and
-    every shard is held; the status then."""
+async def converge(declared: Callable[[str | None], bool], *, lost: str,
+                   timeout: float = 300.0) -> dict[str, Any]:
+    """Until a release for which `declared` holds is declared, every host runs it,
+    every shard is held, and none by a host on the node `lost`; the status then."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -268,7 +273,8 @@ async def converge(declared: Callable[[str | None], bool], timeout: float = 300.
             release = now["release"]
             if declared(release) and now["on_release"] == SHARDS and \
                     sum(h["shards"] for h in now["hosts"]) == SHARDS and \
-                    all(h["release"] == release for h in now["hosts"] if h["shards"]):
+                    all(h["release"] == release for h in now["hosts"] if h["shards"]) and \
+                    not any(lost.startswith(h["node_id"]) for h in now["hosts"]):
                 return now
         assert time.monotonic() < deadline, f"never converged: {now}"
         await asyncio.sleep(0.5)
