@@ -204,9 +204,10 @@ async def applied_notes(rt: corral.Runtime, agent: ModuleType, keys: list[str]
     found = {}
     for key in keys:
         ref = rt.ref(agent.Ticket, key)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 60
         while (d := await ref.describe()).applied_seq != d.accepted_seq:
-            assert time.monotonic() < deadline, f"{key}: not all applied"
+            assert time.monotonic() < deadline, \
+                f"{key}: not all applied ({d.applied_seq} of {d.accepted_seq}): {d.suspension}"
             await asyncio.sleep(0.05)
         found[key] = (await ref.query(agent.Ticket.history)).notes
     return found
