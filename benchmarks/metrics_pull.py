@@ -103,7 +103,8 @@ async def measure(tmp: Path, shards: int) -> dict[str, Any]:
         local_bytes = len(await local())
     namespace = f"bench-pull-{uuid.uuid4().hex[:6]}"
     async with corral.open_runtime(str(tmp / f"ray{shards}.db"), entities=[Gauge],
-                                   backend="ray", namespace=namespace, shards=shards) as rt:
+                                   backend="ray", deploy=True, namespace=namespace,
+                                   shards=shards) as rt:
         keys = await _workload(rt, shards)
         backend: Any = rt.backend
         handles = [await backend.actor("Gauge", ks[0]) for ks in keys.values()]

@@ -90,7 +90,7 @@ async def layout(store_dir: Path, shards: int, hosts: int, entities: int, sends:
     store = str(store_dir / f"{namespace}.db")
     began = time.monotonic()
     try:
-        async with corral.open_runtime(store, entities=[Tally], backend="ray",
+        async with corral.open_runtime(store, entities=[Tally], backend="ray", deploy=True,
                                        namespace=namespace, shards=shards, hosts=hosts,
                                        ray_options={"runtime_env": RUNTIME_ENV}) as rt:
             placed_s = time.monotonic() - began

@@ -136,7 +136,7 @@ def rss(pids: list[int]) -> int:
 
 async def run_corral(store: str, namespace: str, shards: int, keys: int, hot_keys: int,
                      signals: int, memory_entities: int) -> dict[str, Any]:
-    async with corral.open_runtime(store, entities=[Counter], backend="ray",
+    async with corral.open_runtime(store, entities=[Counter], backend="ray", deploy=True,
                                    namespace=namespace, shards=shards) as rt:
         # Warm-up: create every shard actor (once per deployment) and host an entity on each.
         t0 = time.perf_counter()

@@ -48,7 +48,7 @@ def start_spies(procs: list[psutil.Process], prefix: str) -> list[subprocess.Pop
 async def bursts(count: int, spy: str | None, temp: str) -> None:
     namespace = f"hot-{uuid.uuid4().hex[:6]}"
     async with corral.open_runtime(str(Path(temp) / "c.db"), entities=[Counter],
-                                   backend="ray", namespace=namespace, shards=4) as rt:
+                                   backend="ray", deploy=True, namespace=namespace, shards=4) as rt:
         hot = [f"hot-{i}" for i in range(HOT_KEYS)]
         await corral_burst(rt, [(f"warm-{i}", 0) for i in range(32)])
         await corral_burst(rt, [(k, 0) for k in hot])

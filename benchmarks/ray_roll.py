@@ -98,7 +98,7 @@ class Stream:
 async def one_round(store: str, n: int) -> dict[str, Any]:
     namespace = f"roll-bench-{uuid.uuid4().hex[:6]}"
     try:
-        async with corral.open_runtime(store, backend="ray", namespace=namespace,
+        async with corral.open_runtime(store, backend="ray", deploy=True, namespace=namespace,
                                        shards=SHARDS, entities=[release1.Tally],
                                        ray_options={"runtime_env": RUNTIME_ENV}) as rt:
             keys: list[str] = []

@@ -32,8 +32,11 @@ What the endpoint does with a `POST /webhooks/tickets`, in this order:
 
 The same Starlette app runs under Ray Serve (`serve_deployment`): each replica opens its
 own corral client on the Ray backend (`backend="ray"`, same store and namespace) in the
-app's lifespan, and every replica reaches the same shard actors, so duplicates are
-caught whichever replica each delivery lands on.
+app's lifespan, and every replica reaches the same host actors, so duplicates are
+caught whichever replica each delivery lands on. The corral deployment is declared
+beforehand, with `corral deploy --namespace helpdesk --app webhook_ingress:Ticket
+--store URL --runtime-env '{"working_dir": "examples"}'`: a replica is a client, which
+never starts, changes or stops a host.
 """
 
 from __future__ import annotations
@@ -286,18 +289,21 @@ def serve_deployment(store: str, *, secret: bytes, namespace: str = "helpdesk",
                      runtime_env: Mapping[str, Any] | None = None,
                      max_ongoing_requests: int = 100, **options: Any) -> Any:
     """The same app as a Ray Serve application of `replicas` replicas (bind it with
-    `serve.run`). Each replica opens its own runtime on corral's Ray backend.
+    `serve.run`). Each replica opens its own client on corral's Ray backend, to the
+    deployment that `corral deploy` declared beforehand in `namespace`.
 
     Args:
         store: the store every replica and shard actor opens (an absolute SQLite path on
             one machine, or a PostgreSQL URL).
         secret: the provider's secret (in production, read it from your secret store
             in the replica rather than shipping it in the deployment's arguments).
-        namespace: the corral deployment whose host actors the replicas call.
+        namespace: the corral deployment whose host actors the replicas call (declared
+            with `corral deploy`; the replicas never start or stop its hosts).
         shards: the store's shard count (held by the deployment's host actors, one per
             node by default). Every client of the deployment must use the same.
-        runtime_env: Ray runtime environment of the replicas and the host actors (so
-            they can import this module; not needed when it is installed).
+        runtime_env: Ray runtime environment of the replicas (so they can import this
+            module; not needed when it is installed). The host actors have the
+            release's own (`corral deploy --runtime-env`).
         max_ongoing_requests: per replica. Serve's default is 5; webhook requests spend
             their time waiting for a commit, and more of them in flight share commits.
         options: more `serve.deployment` options (autoscaling, graceful shutdown...).
@@ -309,9 +315,8 @@ def serve_deployment(store: str, *, secret: bytes, namespace: str = "helpdesk",
     def build() -> Starlette:  # runs in each replica, at its start
         replica = serve.get_replica_context().replica_id.unique_id
         return create_app(
-            lambda: corral.open_runtime(
-                store, entities=[Ticket], backend="ray", namespace=namespace, shards=shards,
-                ray_options={"runtime_env": env} if env else None),
+            lambda: corral.open_runtime(  # a client: its close stops no host
+                store, entities=[Ticket], backend="ray", namespace=namespace, shards=shards),
             secret=secret, served_by=f"{replica}@{os.getpid()}")
 
     actor_options: dict[str, Any] = {"num_cpus": 0}  # I/O bound: leave the CPUs to Ray
@@ -403,6 +408,11 @@ def main_on_serve(workdir: Path) -> Report:
         port = probe.getsockname()[1]
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
     try:
+        # The deployment first (what `corral deploy` does), from this file's directory:
+        # its hosts import `webhook_ingress:Ticket` by name.
+        corral.runtime.deploy(namespace, app="webhook_ingress:Ticket", store=store,
+                              runtime_env={"working_dir": str(Path(__file__).parent)},
+                              shards=16)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(serve_deployment(store, secret=DEMO_SECRET, namespace=namespace),
                   name="webhooks", route_prefix="/")

@@ -23,9 +23,7 @@ Example (`myapp/corral_app.py`):
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +32,7 @@ from corral._errors import InvalidArgumentError
 from corral.actors import Entity
 from corral.persistence import stored_shards
 from corral.runtime import Limits, Runtime, open_runtime
+from corral.runtime._app_path import import_attribute
 
 __all__ = ["App", "load_app", "open_operator_runtime"]
 
@@ -72,33 +71,7 @@ def load_app(spec: str | None = None) -> App:
         raise InvalidArgumentError(
             "which entity types? pass --app module:attribute (or set CORRAL_APP), naming "
             "a corral.Entity class, a list of them or a corral.App")
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgumentError(f"--app must be module:attribute, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise InvalidArgumentError(f"--app {spec}: cannot import {module_name!r}: {err}") from err
-    except Exception as err:  # the application's module itself fails: one line, exit 2
-        raise InvalidArgumentError(
-            f"--app {spec}: importing {module_name!r} raised {_named(err)}") from err
-    try:
-        value = getattr(module, attr)
-    except AttributeError:
-        raise InvalidArgumentError(f"--app {spec}: {module_name} has no {attr!r}") from None
-    if callable(value) and not isinstance(value, type):
-        try:
-            value = value()
-        except Exception as err:
-            raise InvalidArgumentError(
-                f"--app {spec}: calling {attr}() raised {_named(err)}") from err
-    return _as_app(spec, value)
-
-
-def _named(err: BaseException) -> str:
-    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return _as_app(spec, import_attribute(spec))
 
 
 def _as_app(spec: str, value: Any) -> App:

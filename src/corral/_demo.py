@@ -264,14 +264,14 @@ async def run_demo(store: str | Path, *, timeout: float = 60.0, backend: str = "
     """Deliver `WEBHOOKS` concurrently, assign the ticket, wait for the run's outcome.
 
     With `backend="ray"` the ticket is hosted by a host actor of a fresh deployment
-    (`namespace`, default `demo-<random>`) on the Ray instance this process is connected
-    to, or a local one started for the demo (or the cluster named by `RAY_ADDRESS`);
-    the demo's actors are stopped at the end.
+    (`namespace`, default `demo-<random>`, its release declared here: `deploy=True`) on
+    the Ray instance this process is connected to, or a local one started for the demo
+    (or the cluster named by `RAY_ADDRESS`); the demo's actors are stopped at the end.
     """
     if backend == "ray":
         namespace = namespace or f"demo-{uuid.uuid4().hex[:8]}"
         async with corral.open_runtime(str(store), entities=[TicketAgent], backend="ray",
-                                       namespace=namespace) as rt:
+                                       deploy=True, namespace=namespace) as rt:
             try:
                 report = await _scenario(rt, store, timeout)
                 host = await _ray_host_of(rt)

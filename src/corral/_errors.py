@@ -14,6 +14,7 @@ __all__ = [
     "CorruptRowError",
     "DeadLetterNotFoundError",
     "DefinitionMismatchError",
+    "DeploymentNotFoundError",
     "DuplicateStepError",
     "EntityClosedError",
     "EntityDefinitionError",
@@ -360,15 +361,25 @@ class ShardMovedError(CorralError):
 
 
 class HandlerNotHostedError(CorralError):
-    """The Ray actor hosting the entity's shard runs an older build of its type that
-    has no handler of this name: a newer client sent it before a rolling deploy
-    (`corral.runtime.roll_ray_hosts`) moved the shard to the new build.
+    """The Ray deployment has no handler of this name for the entity: its current
+    release lacks it (a client of a newer build, before that build is deployed; or of
+    a build rolled back), and the message names the release. Raised at once.
 
-    Retryable, and retried by the Ray client itself for up to its `retry_timeout`;
-    nothing was stored. Roll the hosts to the build that has the handler.
+    While a roll to a release that has the handler is under way, the Ray client itself
+    retries the call until the shard moves (for up to its `retry_timeout`), so callers
+    see it only when the current release lacks the handler. Retryable; nothing was
+    stored. Deploy the release that has the handler (`corral deploy`).
     """
 
     retryable = True
+
+
+class DeploymentNotFoundError(InvalidArgumentError, LookupError):
+    """No Ray deployment of this namespace runs (or it has no release yet): a client
+    (`open_runtime(backend="ray")`) never starts one. Declare a release first with
+    `corral deploy --namespace NS --app pkg.module:APP --store URL`
+    (`corral.runtime.deploy`), or open with `deploy=True` for a single-process start.
+    """
 
 
 class IncompatibleBuildError(CorralError):

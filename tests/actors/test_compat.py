@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+import corral
 from build_entities import CaseR1, CaseR2
 from corral.actors._compat import Difference, compare, incompatible, removed
 from corral.actors._manifest import manifest, manifest_json
@@ -86,12 +87,20 @@ def _signal(model: type[BaseModel], name: str = "reply", *,
 
 
 def _m(handlers: dict[str, Any], *, version: int = 1, upgrades: tuple[int, ...] = (),
-       waits: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"entity_type": "T", "fingerprint": "f", "state_version": version,
-            "upgrades_from": list(upgrades), "handlers": handlers, "waits": waits or {}}
+       waits: dict[str, Any] | None = None, state: dict[str, Any] | None = None,
+       code: str | None = None) -> dict[str, Any]:
+    """A manifest; without `state` and `code` one as an earlier corral stored it."""
+    found = {"entity_type": "T", "fingerprint": "f", "state_version": version,
+             "upgrades_from": list(upgrades), "handlers": handlers, "waits": waits or {}}
+    if state is not None:
+        found["state_fields"] = {name: TypeAdapter(t).json_schema() for name, t in state.items()}
+    if code is not None:
+        found["code"] = code
+    return found
 
 
 BASE = _m(_signal(Reply))
+TAGS = _m(_signal(Reply), state={"tags": list[str], "inbox": list[Reply]}, code="c1")
 
 RULES = [  # (case, older, newer, in_use, compatible, words of the incompatible explanation)
     ("same", BASE, BASE, {}, True, ""),
@@ -121,6 +130,27 @@ RULES = [  # (case, older, newer, in_use, compatible, words of the incompatible 
     ("kind changed", BASE, _m(_signal(Reply, kind="update")), {}, False, "became a update"),
     ("field removed from a model that forbids extras", _m(_signal(ReplyOptional)),
      _m(_signal(ReplyStrict)), {}, False, "forbids extra fields"),
+    ("code changed", TAGS, {**TAGS, "code": "c2"}, {}, True, ""),
+    ("state fields added and removed", TAGS,
+     _m(_signal(Reply), state={"inbox": list[Reply], "seen": int}), {}, True, ""),
+    ("optional field added to a state model", TAGS,
+     _m(_signal(Reply), state={"tags": list[str], "inbox": list[ReplyOptional]}), {}, True,
+     ""),
+    ("state field's type changed", TAGS,
+     _m(_signal(Reply), state={"tags": int, "inbox": list[Reply]}), {}, False,
+     "state field tags: type changed from list[str] to int"),
+    ("required field added to a state model", TAGS,
+     _m(_signal(Reply), state={"tags": list[str], "inbox": list[ReplyRequired]}), {}, False,
+     "state field inbox: type changed from list[Reply] to list[ReplyRequired] (field "
+     "[].lang: required field added"),
+    ("state field's type changed with an upgrade hook", TAGS,
+     _m(_signal(Reply), version=2, upgrades=(1,), state={"tags": int, "inbox": list[Reply]}),
+     {}, True, ""),
+    ("state field's type changed, version raised without a hook", TAGS,
+     _m(_signal(Reply), version=2, state={"tags": int, "inbox": list[Reply]}), {}, False,
+     "state field tags: type changed from list[str] to int"),
+    ("older manifest without state fields or code", BASE,
+     _m(_signal(Reply), state={"tags": int}, code="c2"), {}, True, ""),
 ]
 
 
@@ -164,3 +194,39 @@ def test_release_2_is_compatible_with_release_1_and_not_the_other_way_round() ->
     assert {"signal note", "signal escalate", "state_version"} <= subjects
     backwards = incompatible(compare(r2, r1, in_use={"escalate": "1 journal entry"}))
     assert {d.subject for d in backwards} == {"signal escalate", "state_version"}
+
+
+def test_a_state_field_whose_type_changed_names_both_types_and_the_fix() -> None:
+    newer = _m(_signal(Reply), state={"tags": int, "inbox": list[Reply]})
+    [found] = compare(TAGS, newer)
+    assert str(found) == (
+        "state field tags: type changed from list[str] to int: snapshots of the older build "
+        "would not restore; fix: bump state_version to 2 and add an upgrade hook from 1 "
+        "(@corral.upgrade(from_version=1)) that converts tags")
+    hooked = compare(TAGS, {**newer, "state_version": 2, "upgrades_from": [1]})
+    assert [(d.subject, d.compatible) for d in hooked] == [("state field tags", True),
+                                                            ("state_version", True)]
+
+
+def test_a_code_only_change_is_reported_and_compatible() -> None:
+    found = compare(TAGS, {**TAGS, "code": "c2"})
+    assert [(str(d), d.compatible) for d in found] == [
+        ("code: c1 -> c2 (new code, the same interface)", True)]
+    assert incompatible(found) == []
+
+
+class Tagged(corral.Entity):
+    tags: list[str]
+    inbox: list[Reply]
+
+    def __init__(self) -> None:
+        self.tags, self.inbox = [], []
+
+
+def test_a_manifest_holds_the_code_and_each_state_field_as_its_json_schema() -> None:
+    d = Tagged._corral_definition  # type: ignore[attr-defined]
+    data = manifest(d)
+    assert data["code"] == d.code
+    assert data["state_fields"] == {"inbox": TypeAdapter(list[Reply]).json_schema(),
+                                    "tags": {"items": {"type": "string"}, "type": "array"}}
+    assert data["fingerprint"] == d.fingerprint

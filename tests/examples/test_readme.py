@@ -41,7 +41,8 @@ def nav_pages() -> list[Path]:
 
 
 def run_snippets(pages: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    # Run as a script would: classes of `__main__` reach Ray's shard actors by value.
+    # Run as a script would, in `__main__`. A Ray deployment imports its classes from a
+    # module, which these snippets are not: the pages show it in ```py blocks.
     module = types.ModuleType("__main__")
     monkeypatch.setitem(sys.modules, "__main__", module)
     for page in pages:
@@ -79,7 +80,7 @@ def test_the_readme_shows_the_test_command_ci_runs() -> None:
 
 def test_the_docs_have_the_snippets_this_test_runs() -> None:
     blocks = [b for page in nav_pages() for b in snippets(page)]
-    assert len(blocks) >= 8
+    assert len(blocks) >= 7
     assert any("open_test_runtime" in b for b in blocks)
     assert any('backend="ray"' in b for b in blocks)
     assert len(snippets(README)) == 1
@@ -106,7 +107,6 @@ def test_every_docs_snippet_runs_as_written(
     assert "Ack(status='accepted', run_id=1, seq=1, started=True)" in out
     assert "Ack(status='duplicate', run_id=1, seq=1, started=True)" not in out
     assert re.search(r"Ack\(status='duplicate', run_id=1, seq=1, started=False\)", out)
-    assert "Ack(status='accepted', run_id=1, seq=2, started=False)" in out  # through Ray
     assert "reminder: pay invoice 77" in out
     assert "True" in out  # the reminder's start started a run
     assert "['already_delivered', 'delivered']\nduplicate True\nexpired stale" in out

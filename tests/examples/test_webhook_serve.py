@@ -60,7 +60,8 @@ def example() -> ModuleType:
 
 @pytest.fixture
 def ingress(ray_address: str, example: ModuleType, tmp_path: Path) -> Iterator[Ingress]:
-    """The example deployed on Serve (two replicas) in front of a deployment of its own."""
+    """The example deployed on Serve (two replicas) in front of a deployment of its own,
+    declared first as `corral deploy` would: the replicas are clients of it."""
     serve = import_serve()
     with socket.socket() as probe:  # Serve binds the port itself: ask the kernel for one
         probe.bind(("127.0.0.1", 0))
@@ -68,6 +69,8 @@ def ingress(ray_address: str, example: ModuleType, tmp_path: Path) -> Iterator[I
     store, namespace = str(tmp_path / "tickets.db"), f"wh-{uuid.uuid4().hex[:8]}"
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
+        corral.runtime.deploy(namespace, app="webhook_ingress:Ticket", store=store,
+                              runtime_env=RUNTIME_ENV, shards=SHARDS)
         app = example.serve_deployment(
             store, secret=SECRET, namespace=namespace, shards=SHARDS, replicas=REPLICAS,
             runtime_env=RUNTIME_ENV,
@@ -87,8 +90,7 @@ async def test_two_serve_replicas_apply_each_of_200_concurrent_webhooks_once(
     replies = await post_all(ingress.url, deliveries)
     tickets = {d.ticket for d in deliveries if d.expect == 200}
     async with corral.open_runtime(ingress.store, entities=[example.Ticket], backend="ray",
-                                   namespace=ingress.namespace, shards=SHARDS,
-                                   ray_options={"runtime_env": RUNTIME_ENV}) as rt:
+                                   namespace=ingress.namespace, shards=SHARDS) as rt:
         applied = await applied_by_ticket(rt, example, tickets)
     check_burst(deliveries, replies, applied, ingress.store)
     served_by = {r.headers.get("X-Served-By") for r in replies}

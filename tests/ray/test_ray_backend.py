@@ -111,10 +111,15 @@ def shared(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @contextlib.asynccontextmanager
-async def ray_runtime(store: str, namespace: str, **kwargs: Any) -> AsyncIterator[corral.Runtime]:
-    kwargs.setdefault("lease_ttl", 5.0)
+async def ray_runtime(store: str, namespace: str, *, deploy: bool = True,
+                      **kwargs: Any) -> AsyncIterator[corral.Runtime]:
+    """A runtime of the deployment; with `deploy`, its entities declared its release
+    first (the current one again is no change), else a pure client."""
     kwargs.setdefault("entities", ENTITIES)
-    async with corral.open_runtime(store, backend="ray", namespace=namespace, shards=SHARDS,
+    if deploy:
+        kwargs.setdefault("lease_ttl", 5.0)
+    async with corral.open_runtime(store, backend="ray", deploy=deploy,
+                                   namespace=namespace, shards=SHARDS,
                                    **kwargs) as rt:
         yield rt
 
@@ -410,17 +415,19 @@ async def test_a_shard_actor_learns_an_entity_type_its_creator_did_not_list(
         assert seen.items == ["t1", "t2"]
 
 
-async def test_a_shard_actor_that_cannot_import_the_entity_module_fails_with_a_clear_error(
+async def test_a_release_whose_app_the_cluster_cannot_import_is_refused_with_a_clear_error(
         db_path: str, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "driver_only_entities.py").write_text(
         "import corral\n\n\nclass Lonely(corral.Entity):\n"
         "    @corral.signal\n    def poke(self) -> None:\n        pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not on the Ray workers
     module = importlib.import_module("driver_only_entities")
-    async with corral.open_runtime(db_path, entities=[module.Lonely], backend="ray",
-                                   namespace=namespace, shards=SHARDS) as rt:
-        with pytest.raises(corral.CorralError, match="failed to start"):
-            await rt.ref(module.Lonely, "k").signal_with_start(module.Lonely.poke, start=None)
+    with pytest.raises(corral.InvalidArgumentError, match="cannot import 'driver_only_entities'"):
+        async with corral.open_runtime(db_path, entities=[module.Lonely], backend="ray",
+                                       deploy=True, namespace=namespace, shards=SHARDS):
+            pass  # pragma: no cover (refused before it connects)
+    with pytest.raises(corral.DeploymentNotFoundError):  # nothing was declared or started
+        corral.runtime.deploy_status(namespace)
 
 
 # -- signal-with-start storm -------------------------------------------------------------
@@ -432,6 +439,8 @@ async def test_a_signal_with_start_storm_from_four_drivers_and_ray_tasks_starts_
     key, per_sender = fresh_key("storm"), 60
     go = tmp_path / "go"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR}
+    async with ray_runtime(db_path, namespace):  # the release; every sender is a client
+        pass
     drivers = [f"driver{i}" for i in range(4)]
     tasks = [f"task{i}" for i in range(4)]
     procs = [
@@ -688,7 +697,7 @@ async def test_a_second_shard_actor_incarnation_fences_out_the_first(
         second = shard_actor_class().options(
             name=f"corral/{namespace}/shard-0-second", namespace=namespace, num_cpus=0,
             lifetime="detached",
-        ).remote(backend(rt).spec, ENTITIES, 0)
+        ).remote(backend(rt).spec, backend(rt).release, 0)
         try:
             second_info = await second.info.remote()
             assert second_info["epoch"] == first_info["epoch"] + 1
@@ -895,11 +904,11 @@ async def test_actors_serve_clients_of_older_and_newer_compatible_builds_and_ref
         assert "signal add: field id" in str(caught.value.cause)
 
 
-async def test_a_client_with_new_code_is_served_by_old_actors_and_retries_what_only_it_has(
+async def test_a_client_with_new_code_is_served_by_the_release_and_refused_what_only_it_has(
         db_path: str, namespace: str) -> None:
-    """A client of a compatible newer build works against actors of the old one; a
-    call of a handler only it has is answered `HandlerNotHostedError` (retried by the
-    client up to its `retry_timeout`) until a roll moves the shard to the new code."""
+    """A client of a compatible newer build works against hosts of the current
+    release; a call of a handler only it has is refused at once
+    (`HandlerNotHostedError` naming the release), until that build is deployed."""
     import ray_workers_v2
 
     key = fresh_key()
@@ -908,15 +917,16 @@ async def test_a_client_with_new_code_is_served_by_old_actors_and_retries_what_o
                                                      start=Start(tenant="t"))
     new = ray_workers_v2.Counter
     assert new._corral_definition.fingerprint != Counter._corral_definition.fingerprint
-    async with ray_runtime(db_path, namespace, entities=[new]) as rt:
+    async with ray_runtime(db_path, namespace, entities=[new], deploy=False) as rt:
         ref = rt.ref(new, key)
         await ref.signal(new.add, Item(id="b"))
-        backend(rt)._retry_timeout = 0.5
         with pytest.raises(corral.HandlerNotHostedError) as caught:
             await ref.query(new.how_many)
-        assert "roll_ray_hosts" in str(caught.value)
-        assert backend(rt).retries["not_hosted"] > 0
-        await asyncio.to_thread(corral.runtime.roll_ray_hosts, namespace, [new])
+        assert "release 1" in str(caught.value)
+        assert "corral deploy" in str(caught.value)
+        assert backend(rt).retries["not_hosted"] == 0, "refused at once, not retried"
+        await asyncio.to_thread(corral.runtime.roll_ray_hosts, namespace,  # the whole app
+                                [new, *(e for e in ENTITIES if e is not Counter)])
         assert await ref.query(new.how_many) == 2
         assert backend(rt).retries["moved"] + backend(rt).retries["unavailable"] > 0
 

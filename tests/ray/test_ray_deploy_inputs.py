@@ -91,7 +91,8 @@ def test_the_cli_refuses_an_address_that_is_not_plain_text(
 
 async def test_an_unknown_node_id_is_refused_naming_the_alive_nodes(
         tmp_path: Path, namespace: str) -> None:
-    async with corral.open_runtime(str(tmp_path / "s.db"), backend="ray", namespace=namespace,
+    async with corral.open_runtime(str(tmp_path / "s.db"), backend="ray", deploy=True,
+                                   namespace=namespace,
                                    shards=2, entities=[Counter], hosts=1) as rt:
         await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                      start=Start(tenant="t"))

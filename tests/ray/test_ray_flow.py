@@ -31,7 +31,7 @@ def namespace(ray_address: str) -> Iterator[str]:
 async def test_a_hot_entity_on_ray_refuses_over_its_bound_and_applies_each_accepted_once(
     db_path: str, namespace: str,
 ) -> None:
-    async with corral.open_runtime(db_path, entities=[Bounded], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Bounded], backend="ray", deploy=True,
                                    namespace=namespace, shards=2, lease_ttl=5.0) as rt:
         ref = rt.ref(Bounded, "hot")
         answers = await asyncio.gather(
@@ -62,7 +62,7 @@ async def test_a_hot_entity_on_ray_refuses_over_its_bound_and_applies_each_accep
 async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
     db_path: str, namespace: str,
 ) -> None:
-    async with corral.open_runtime(db_path, entities=[Counter, Tally], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Counter, Tally], backend="ray", deploy=True,
                                    namespace=namespace, shards=4, lease_ttl=5.0) as rt:
         refs = [rt.ref(Counter, f"k{n}") for n in range(12)]
         start = Start(tenant="o")
@@ -100,7 +100,7 @@ async def test_signal_many_on_ray_is_split_by_shard_and_atomic_per_shard(
 async def test_shard_actors_purge_closed_runs_past_retention_and_a_purged_key_starts_afresh(
     db_path: str, namespace: str,
 ) -> None:
-    async with corral.open_runtime(db_path, entities=[Brief], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Brief], backend="ray", deploy=True,
                                    namespace=namespace, shards=2, lease_ttl=5.0) as rt:
         for n in range(6):
             await rt.ref(Brief, f"k{n}").signal_with_start(Brief.done, Item(id="m"),

@@ -52,7 +52,7 @@ async def workload(rt: corral.Runtime) -> None:
 
 async def test_corral_metrics_serves_what_ray_host_actors_counted_under_the_corral_names(
         db_path: str, namespace: str, ray_address: str) -> None:
-    async with corral.open_runtime(db_path, entities=[Metered], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Metered], backend="ray", deploy=True,
                                    namespace=namespace, shards=2) as rt:
         await workload(rt)
         text = await scrape_corral_metrics("--store", db_path, "--namespace", namespace,
@@ -89,7 +89,7 @@ async def test_the_series_of_a_ray_deployment_have_the_local_backends_names_and_
         await workload(rt)
         local = series(corral.metrics.exposition().decode())
     assert not before  # this process counted nothing of Metered before
-    async with corral.open_runtime(db_path, entities=[Metered], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Metered], backend="ray", deploy=True,
                                    namespace=namespace, shards=2) as rt:
         await workload(rt)
         # The dashboard's /metrics over HTTP: the census, this process's own series
@@ -113,7 +113,7 @@ async def test_the_series_of_a_ray_deployment_have_the_local_backends_names_and_
 
 async def test_a_host_actor_that_does_not_answer_in_time_is_reported_down_not_dropped(
         db_path: str, namespace: str) -> None:
-    async with corral.open_runtime(db_path, entities=[Metered], backend="ray",
+    async with corral.open_runtime(db_path, entities=[Metered], backend="ray", deploy=True,
                                    namespace=namespace, shards=2) as rt:
         await workload(rt)
         answered = await pull_hosts(namespace)

@@ -18,8 +18,8 @@ SHARDS = 4
 
 
 def runtime(store: str, namespace: str, **kwargs: Any) -> Any:
-    return corral.open_runtime(store, backend="ray", namespace=namespace, shards=SHARDS,
-                               entities=[Counter], lease_ttl=5.0, **kwargs)
+    return corral.open_runtime(store, backend="ray", deploy=True, namespace=namespace,
+                               shards=SHARDS, entities=[Counter], lease_ttl=5.0, **kwargs)
 
 
 BAD_HOSTS = [0, -2, "2", 2.5, True, 10**9, {}, {"no-such-node": 0}, SHARDS + 1]

@@ -50,8 +50,8 @@ async def balanced_over(namespace: str, hosts: int, timeout: float = 120.0) -> d
 
 
 def runtime(db_path: str, namespace: str, **kwargs: Any) -> Any:
-    return corral.open_runtime(db_path, backend="ray", namespace=namespace, shards=SHARDS,
-                               entities=[Counter], lease_ttl=5.0, **kwargs)
+    return corral.open_runtime(db_path, backend="ray", deploy=True, namespace=namespace,
+                               shards=SHARDS, entities=[Counter], lease_ttl=5.0, **kwargs)
 
 
 async def test_more_hosts_take_their_share_and_fewer_give_it_back_losing_nothing(
@@ -208,17 +208,17 @@ async def test_a_new_ray_store_gets_256_shards_and_an_existing_one_keeps_its_cou
     existing = str(tmp_path / "existing.db")
     async with corral.open_runtime(existing, entities=[Counter], shards=SHARDS):
         pass  # created by the local backend, with 8 shards
-    async with corral.open_runtime(existing, entities=[Counter], backend="ray",
+    async with corral.open_runtime(existing, entities=[Counter], backend="ray", deploy=True,
                                    namespace=namespace) as rt:
         assert rt.router.shards == SHARDS
         await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                      start=Start(tenant="t"))
-        async with corral.open_runtime(existing, entities=[Counter], backend="ray",
+        async with corral.open_runtime(existing, entities=[Counter], backend="ray", deploy=True,
                                        namespace=namespace) as task_client:  # e.g. a task
             assert task_client.router.shards == SHARDS
     corral.runtime.stop_ray_hosts(namespace)
     async with corral.open_runtime(str(tmp_path / "new.db"), entities=[Counter],
-                                   backend="ray", namespace=namespace) as rt:
+                                   backend="ray", deploy=True, namespace=namespace) as rt:
         assert rt.router.shards == 256
         await rt.ref(Counter, "k").signal_with_start(Counter.add, Item(id="a"),
                                                      start=Start(tenant="t"))

@@ -15,8 +15,8 @@ SHARDS = 2
 async def test_a_pure_client_and_the_census_see_what_the_shard_actors_applied(
         tmp_path: Path, namespace: str) -> None:
     store = str(tmp_path / "s.db")
-    async with corral.open_runtime(store, backend="ray", namespace=namespace, shards=SHARDS,
-                                   entities=ENTITIES, lease_ttl=5.0) as rt:
+    async with corral.open_runtime(store, backend="ray", deploy=True, namespace=namespace,
+                                   shards=SHARDS, entities=ENTITIES, lease_ttl=5.0) as rt:
         ref = rt.ref(Counter, "c-1")
         for i in range(5):
             await ref.signal_with_start(Counter.add, Item(id=str(i)), start=Start(tenant="t"))

@@ -26,7 +26,7 @@ def namespace(ray_address: str) -> Iterator[str]:
 
 
 def _runtime(db_path: str, namespace: str) -> corral.Runtime:
-    return corral.open_runtime(db_path, entities=[RayAgent, Escalation], backend="ray",
+    return corral.open_runtime(db_path, entities=[RayAgent, Escalation], backend="ray", deploy=True,
                                namespace=namespace, shards=1, lease_ttl=5.0,
                                ray_options={"runtime_env": RUNTIME_ENV})
 

@@ -26,8 +26,9 @@ def namespace(ray_address: str) -> Iterator[str]:
 async def test_actors_on_the_renamed_code_accept_a_client_on_the_old_code_and_apply_its_old_name(
         db_path: str, namespace: str) -> None:
     key = f"ticket-{uuid.uuid4().hex[:10]}"
-    options = {"backend": "ray", "namespace": namespace, "shards": 2, "lease_ttl": 5.0}
-    async with corral.open_runtime(db_path, entities=[TicketV2], **options) as new:
+    options = {"backend": "ray", "namespace": namespace, "shards": 2}
+    async with corral.open_runtime(db_path, entities=[TicketV2], deploy=True, lease_ttl=5.0,
+                                   **options) as new:
         ref = new.ref(TicketV2, key)
         await ref.signal_with_start(TicketV2.reply_from_customer, Reply(text="new"), start=None)
         async with corral.open_runtime(db_path, entities=[TicketV1], host=False,

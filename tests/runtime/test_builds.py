@@ -9,16 +9,21 @@ field, a new signal and state version 2 with its hook; release 3 removes that si
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 import corral
 from build_entities import CaseR1, CaseR2, CaseR3, Escalation, Note, NoteV2
+from corral.actors._manifest import manifest_json
+from corral.persistence import open_store
+from corral.runtime._build_registration import refused_release
 from entities import fresh_key
-from procs import TESTS, Worker, spawner, wait_until
+from procs import TESTS, Worker, spawner, sql, wait_until
 
 
 @pytest.fixture
@@ -199,3 +204,90 @@ async def test_of_two_incompatible_releases_opened_at_once_one_is_refused(
         assert sorted(outcomes) == ["opened", "refused"], (i, outcomes)
         async with corral.open_runtime(db_path, entities=[], shards=2, host=False) as rt:
             assert len(await rt.builds(f"Clash{i}")) == 1  # only the one that opened
+
+
+class TagsR1(corral.Entity):
+    name = "Tags"
+    tags: list[str]
+
+    def __init__(self) -> None:
+        self.tags = []
+
+    @corral.signal
+    def tag(self, n: Note) -> None:
+        self.tags.append(n.text)
+
+
+class TagsR2(corral.Entity):
+    """Release 2 done wrong: `tags` counts now, at the same state version (the same
+    fingerprint: only the state's types say it differs)."""
+
+    name = "Tags"
+    tags: int
+
+    def __init__(self) -> None:
+        self.tags = 0
+
+    @corral.signal
+    def tag(self, n: Note) -> None:
+        self.tags += 1
+
+
+class TagsR3(TagsR2):
+    """Release 2 done right: state version 2, with the hook that converts `tags`."""
+
+    name = "Tags"
+    state_version = 2
+
+    @corral.upgrade(from_version=1)
+    def _count_tags(state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, "tags": len(state.get("tags", []))}
+
+
+async def test_a_release_changing_a_state_fields_type_is_refused_unless_it_upgrades_the_state(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=[TagsR1], shards=2, host=False):
+        pass
+    assert _fp(TagsR2) == _fp(TagsR1)
+    with pytest.raises(corral.IncompatibleBuildError) as refused:
+        async with corral.open_runtime(db_path, entities=[TagsR2], shards=2, host=False):
+            pytest.fail("a release whose state snapshots of release 1 cannot restore opened")
+    assert refused.value.differences == (
+        "state field tags: type changed from list[str] to int: snapshots of the older build "
+        "would not restore; fix: bump state_version to 2 and add an upgrade hook from 1 "
+        "(@corral.upgrade(from_version=1)) that converts tags",)
+    async with corral.open_runtime(db_path, entities=[TagsR3], shards=2, host=False) as rt:
+        old, new = await rt.builds(TagsR3)
+    assert (old.fingerprint, new.fingerprint) == (_fp(TagsR1), _fp(TagsR3))
+    assert (old.compatible, new.newest) == (True, True)
+    assert "state field tags: type changed from list[str] to int; the upgrade hook" in old.why
+
+
+def _manifests(*classes: Any) -> dict[str, str]:
+    return {c._corral_definition.name: manifest_json(c._corral_definition) for c in classes}
+
+
+async def test_a_release_of_the_same_interface_with_a_state_type_changed_is_refused(
+        db_path: str) -> None:
+    store = await open_store(db_path, shards=2)
+    try:
+        refused, _ = await refused_release(store, _manifests(TagsR1), _manifests(TagsR2))
+        assert [r.split(":")[0] for r in refused] == ["Tags state field tags"]
+        assert await refused_release(store, _manifests(TagsR1), _manifests(TagsR3)) == ([], [])
+    finally:
+        await store.close()
+
+
+async def test_a_build_an_earlier_corral_registered_without_code_or_state_fields_still_compares(
+        db_path: str) -> None:
+    async with corral.open_runtime(db_path, entities=[TagsR1], shards=2, host=False):
+        pass
+    [(text,)] = sql(db_path, "SELECT manifest FROM builds WHERE etype = 'Tags'")
+    earlier = json.loads(text)
+    del earlier["code"], earlier["state_fields"]
+    sql(db_path, "UPDATE builds SET manifest = ? WHERE etype = 'Tags'", json.dumps(earlier))
+    for release in (TagsR1, TagsR2, TagsR3):  # nothing to compare the state with: as before
+        async with corral.open_runtime(db_path, entities=[release], shards=2,
+                                       host=False) as rt:
+            builds = await rt.builds(release)
+            assert [b.compatible for b in builds] == [True] * len(builds), builds

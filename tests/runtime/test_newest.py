@@ -195,3 +195,27 @@ def test_no_host_supersedes_one_hosting_a_type_it_lacks_or_one_on_the_newest() -
         False, ())
     assert plan("late", {"Case": "c0"}, records, holders, limit=9) == Plan(True, ())
     assert plan("peer", {"Case": "c2"}, records, holders, limit=9) == Plan(False, (2,))
+
+
+async def test_an_entry_only_the_newest_build_knows_waits_in_an_older_host_after_a_rollback(
+        db_path: str) -> None:
+    """A rollback (an older build hosting after the newest) must not dead-letter what
+    only the newest build knows, though no process of it is live: it waits for it."""
+    key = "rolled-back"
+    async with corral.open_runtime(db_path, entities=[CaseR2], shards=SHARDS, host=False,
+                                   lease_ttl=TTL) as client:  # release 2 accepts, then goes
+        await client.ref(CaseR2, key).signal_with_start(CaseR2.escalate, Escalation(level=1),
+                                                        start=None)
+    async with corral.open_runtime(db_path, entities=[CaseR1], shards=SHARDS,
+                                   lease_ttl=TTL) as rt:  # the rollback hosts
+        ref = rt.ref(CaseR1, key)
+
+        async def waiting() -> bool:
+            found = (await ref.describe()).suspension
+            return found is not None and "deploy it again" in found.error
+        await wait_until(waiting, "release 1 leaves release 2's entry waiting")
+        assert await rt.dead_letters() == []
+    async with corral.open_runtime(db_path, entities=[CaseR2], shards=SHARDS,
+                                   lease_ttl=TTL) as rt:  # release 2 again: applied once
+        await _applied(rt.ref(CaseR2, key), [], 1)
+        assert await rt.dead_letters() == []

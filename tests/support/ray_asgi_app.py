@@ -28,9 +28,10 @@ NAMESPACE = "asgi-sigterm"
 
 @contextlib.asynccontextmanager
 async def _runtime() -> AsyncIterator[corral.Runtime]:
-    async with corral.open_runtime(
-            os.environ["CORRAL_ASGI_STORE"], entities=[Ticket], shards=2,
-            backend=os.environ.get("CORRAL_ASGI_BACKEND", "ray"), namespace=NAMESPACE) as rt:
+    backend = os.environ.get("CORRAL_ASGI_BACKEND", "ray")
+    async with corral.open_runtime(  # on Ray: a private instance, its release declared here
+            os.environ["CORRAL_ASGI_STORE"], entities=[Ticket], shards=2, backend=backend,
+            deploy=backend == "ray", namespace=NAMESPACE) as rt:
         print("runtime open", file=sys.stderr, flush=True)
         yield rt
     print("runtime closed", file=sys.stderr, flush=True)

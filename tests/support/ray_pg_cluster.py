@@ -45,7 +45,7 @@ def task_stream(store: str, who: str, keys: list[str], count: int) -> list[list[
     store answers as duplicates, so the acks it returns cover every call it made."""
     async def send() -> list[list[str]]:
         acked: list[list[str]] = []
-        async with corral.open_runtime(store, entities=ENTITIES, backend="ray",
+        async with corral.open_runtime(store, entities=ENTITIES, backend="ray",  # a client
                                        namespace=NAMESPACE, shards=SHARDS) as rt:
             for n in range(count):
                 key, mid = keys[n % len(keys)], f"{who}-{n}"
@@ -60,7 +60,7 @@ async def stream(cluster: Any, store: str, total: int) -> dict[str, Any]:
     import ray
 
     async with corral.open_runtime(
-        store, entities=ENTITIES, backend="ray", namespace=NAMESPACE, shards=SHARDS,
+        store, entities=ENTITIES, backend="ray", deploy=True, namespace=NAMESPACE, shards=SHARDS,
         lease_ttl=30.0,  # a dead holder's lease is taken by fencing, never by expiry
         ray_options={"runtime_env": RUNTIME_ENV, "resources": {"corral": 0.01},
                      "scheduling_strategy": "SPREAD"},

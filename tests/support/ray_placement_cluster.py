@@ -54,7 +54,7 @@ ENTITIES = [Counter, Alarm, Gate]
 
 def options(store: str, shards: int) -> dict[str, Any]:
     return {"store": store, "entities": ENTITIES, "backend": "ray", "namespace": NAMESPACE,
-            "shards": shards, "lease_ttl": 10.0,
+            "shards": shards, "lease_ttl": 10.0, "deploy": True,
             "ray_options": {"runtime_env": RUNTIME_ENV, "resources": {"corral": 0.01}}}
 
 

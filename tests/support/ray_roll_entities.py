@@ -52,7 +52,7 @@ def task_stream(store: str, namespace: str, shards: int, keys: list[str], who: s
 
     async def send() -> list[list[str]]:
         acked: list[list[str]] = []
-        async with corral.open_runtime(store, entities=[Release1], backend="ray",
+        async with corral.open_runtime(store, entities=[Release1], backend="ray",  # a client
                                        namespace=namespace, shards=shards) as rt:
             for n in range(count):
                 key, mid = keys[n % len(keys)], f"{who}-{n}"

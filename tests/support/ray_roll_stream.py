@@ -48,16 +48,23 @@ class RollRun:
     """(key, item) of every acknowledged signal (`tag:<id>` for `tag`)."""
     errors: list[str]
     """What the callers saw fail (none expected)."""
+    refused: int
+    """Sends of `tag` refused (`HandlerNotHostedError`, typed and retryable) before
+    release 2 was declared: the release then lacked the handler."""
     before: dict[int, dict[str, Any]]
     """`info()` of each shard's actor before the roll."""
     retries: dict[str, int]
 
 
 @contextlib.asynccontextmanager
-async def client(dep: Deployment, entity: type[corral.Entity]) -> AsyncIterator[corral.Runtime]:
-    async with corral.open_runtime(dep.store, backend="ray", namespace=dep.namespace,
-                                   shards=dep.shards, lease_ttl=dep.lease_ttl,
-                                   entities=[entity], ray_options=dep.ray_options) as rt:
+async def client(dep: Deployment, entity: type[corral.Entity], *, deploy: bool = True
+                 ) -> AsyncIterator[corral.Runtime]:
+    """A runtime on the deployment; with `deploy`, its release declared first (the
+    entity's code), else a pure client of whatever release is current."""
+    async with corral.open_runtime(
+            dep.store, backend="ray", namespace=dep.namespace, shards=dep.shards,
+            entities=[entity], **({"deploy": True, "lease_ttl": dep.lease_ttl,
+                                   "ray_options": dep.ray_options} if deploy else {})) as rt:
         yield rt
 
 
@@ -82,11 +89,13 @@ async def start_all(rt: corral.Runtime, keys: list[str]) -> None:
 async def roll_under_stream(dep: Deployment, during: Callable[[], Any] | None = None,
                             task_options: dict[str, Any] | None = None) -> RollRun:
     """Roll `dep` to release 2 under the stream; `during` runs in a thread beside it."""
-    async with client(dep, release1.Counter) as rt1, client(dep, release2.Counter) as rt2:
+    async with client(dep, release1.Counter) as rt1, \
+            client(dep, release2.Counter, deploy=False) as rt2:
         await start_all(rt1, dep.keys)
         before = await actors(dep)
         acked = {(k, f"{k}-first") for k in dep.keys}
         errors: list[str] = []
+        refused = [0]
         stop = asyncio.Event()
 
         async def sender(rt: corral.Runtime, entity: Any, handler: Any, who: str,
@@ -97,6 +106,9 @@ async def roll_under_stream(dep: Deployment, during: Callable[[], Any] | None = 
                 n += 1
                 try:
                     await rt.ref(entity, key).signal(handler, Item(id=mid), message_id=mid)
+                except corral.HandlerNotHostedError:  # release 1 current: lacks it
+                    refused[0] += 1
+                    await asyncio.sleep(0.05)
                 except Exception as err:
                     errors.append(f"{mid}: {type(err).__name__}: {err}")
                 else:
@@ -122,7 +134,7 @@ async def roll_under_stream(dep: Deployment, during: Callable[[], Any] | None = 
         assert list(report.steps) == steps
         applied = {key: await _applied(rt2.ref(r2, key)) for key in dep.keys}
         retries = dict(rt1.backend.retries + rt2.backend.retries)  # type: ignore[attr-defined]
-        return RollRun(steps, applied, acked, errors, before, retries)
+        return RollRun(steps, applied, acked, errors, refused[0], before, retries)
 
 
 async def _applied(ref: Any) -> list[str]:

@@ -238,10 +238,9 @@ def wait_for_file(path: Path, timeout: float = 90.0) -> None:
 
 async def _send_storm(store: str, namespace: str, shards: int, key: str, who: str,
                       count: int, ready: Path, go: Path) -> list[dict[str, Any]]:
-    async with corral.open_runtime(store, entities=ENTITIES, backend="ray",
-                                   namespace=namespace, shards=shards,
-                                   ray_options={"runtime_env": RUNTIME_ENV}) as rt:
-        ref = rt.ref(Counter, key)
+    async with corral.open_runtime(store, entities=ENTITIES, backend="ray",  # a client of
+                                   namespace=namespace, shards=shards) as rt:  # the test's
+        ref = rt.ref(Counter, key)  # release
         await asyncio.to_thread(ready.write_text, who)
         await asyncio.to_thread(wait_for_file, go)
         acks = await asyncio.gather(*(
@@ -268,7 +267,7 @@ def storm(store: str, namespace: str, shards: int, key: str, who: str, count: in
 
 async def _send_and_read(store: str, namespace: str, shards: int, key: str, who: str,
                          count: int) -> list[str]:
-    async with corral.open_runtime(store, entities=ENTITIES, backend="ray",
+    async with corral.open_runtime(store, entities=ENTITIES, backend="ray",  # a client
                                    namespace=namespace, shards=shards) as rt:
         ref = rt.ref(Counter, key)
         for n in range(count):
@@ -319,7 +318,7 @@ async def _node_loss(cluster: Any, store: str, namespace: str, before_loss: int,
 
     shards = 2
     async with corral.open_runtime(
-        store, entities=ENTITIES, backend="ray", namespace=namespace, shards=shards,
+        store, entities=ENTITIES, backend="ray", deploy=True, namespace=namespace, shards=shards,
         lease_ttl=30.0,  # a stale lease never expires here: takeover is by fencing
         ray_options={"runtime_env": RUNTIME_ENV, "resources": {"corral": 0.01}},
     ) as rt:
@@ -441,5 +440,7 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # the module's own classes, not __main__'s: a release names
+    import ray_workers  # them by import path (`deploy=True` refuses a script's classes)
+
+    ray_workers.main(sys.argv[1:])

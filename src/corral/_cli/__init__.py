@@ -16,7 +16,7 @@
     corral terminate|resume TYPE KEY       close a run; retry a suspended one now
     corral result TYPE KEY [--wait S]      what the latest run returned
     corral builds | check-snapshots        the build registry; do snapshots restore?
-    corral deploy roll --app A [--namespace NS]     a rolling deploy on Ray
+    corral deploy --app A [--store S] [status|stop]  a release on Ray, rolled to
     corral nodes [drain|undrain NODE_ID] [--namespace NS]   a Ray deployment's nodes
     corral ui [--host H] [--port P] [--token T]    the web dashboard (`corral.dashboard`)
     corral --version
@@ -34,7 +34,7 @@ which take `--namespace` and `--address` instead of `--store`.
 Modules: `_connection` (the shared options and the client runtime), `_input` (payloads),
 `_entities` (ls, show, signal), `_history` (history, show --state), `_verbs` (start,
 update, query, terminate, resume, result), `_waits` (waits, deliver), `_dead_letters`,
-`_builds`, `_snapshots`, `_deploy` (deploy roll), `_nodes` (nodes, drain, undrain),
+`_builds`, `_snapshots`, `_deploy` (deploy, status, stop, roll), `_nodes` (nodes, drain, undrain),
 `_groups` (a group whose bare name lists), `_output` (tables, JSON), `_failure`
 (one-line errors, exit statuses), `_main` (the root, demo, ui).
 """

@@ -10,10 +10,17 @@ The rules (DESIGN guarantee 15):
 * incompatible: a handler or wait removed while entries or senders of it remain (the
   caller passes those facts in as `in_use`); a required payload field added (or one
   made required); a field's type changed; a handler's kind changed; a `state_version`
-  with no path (a missing upgrade hook, or a lower version than the older build's).
+  with no path (a missing upgrade hook, or a lower version than the older build's);
+  an annotated state attribute whose type changed (snapshots of the older build would
+  not restore), unless the newer build raises `state_version` with an upgrade hook
+  from the older one's.
 
-Payload schemas are compared field by field, through nested models (`$ref`s), lists
-and unions of the same shape; anything else that differs is a type change.
+State attributes added or removed stay compatible (a restore validates against
+today's annotations); so does a changed `code` (a body-only change: a new build of the
+same interface, reported for information). Payload schemas and state attributes' types
+are compared field by field, through nested models (`$ref`s), lists and unions of the
+same shape; anything else that differs is a type change. A manifest stored by an
+earlier corral, without `code` or `state_fields`, is compared without them.
 Pure: no store, no clock.
 """
 
@@ -80,7 +87,12 @@ def compare(older: Manifest, newer: Manifest, *,
         for name, new in new_items.items():
             if name not in old_items and not set(new["renamed_from"]) & set(old_items):
                 found.append(Difference(f"{new.get('kind', noun)} {name}", True, "added"))
+    found += _state_fields(older, newer)
     found += _state(older, newer)
+    was_code, now_code = older.get("code"), newer.get("code")
+    if was_code and now_code and was_code != now_code:  # one stored by an earlier corral
+        found.append(Difference("code", True, f"{was_code} -> {now_code} (new code, the "
+                                "same interface)"))
     return found
 
 
@@ -166,8 +178,8 @@ def _fields(subject: str, path: str, olds: _Schema, old: Any, news: _Schema, new
         return _fields(subject, f"{path}[]" if path else "[]", olds, old["items"],
                        news, new["items"])
     if olds.shape(old) != news.shape(new):
-        return [Difference(where, False, f"type changed from {_brief(olds.shape(old))} to "
-                           f"{_brief(news.shape(new))}",
+        return [Difference(where, False, f"type changed from {_named(old)} to "
+                           f"{_named(new)}",
                            "keep the field's type; add a new field for the new type")]
     return []
 
@@ -207,9 +219,74 @@ def _objects(subject: str, path: str, olds: _Schema, old: Mapping[str, Any], new
     return found
 
 
-def _brief(shape: Any) -> str:
-    text = str(shape)
+_SCALARS = {"string": "str", "integer": "int", "number": "float", "boolean": "bool",
+            "null": "None"}
+
+
+def _named(node: Any) -> str:
+    """A schema node as a Python type, in brief: `list[str]`, `int | None`, `Reply`."""
+    return _brief(_python(node))
+
+
+def _python(node: Any) -> str:
+    if not isinstance(node, Mapping):
+        return str(node)
+    ref, kind = node.get("$ref"), node.get("type")
+    rest = {k: v for k, v in node.items() if k not in _NOT_SHAPE and k != "$defs"}
+    if isinstance(ref, str):
+        return ref.rpartition("/")[2]  # a model, by its name
+    if "properties" in node and isinstance(node.get("title"), str):
+        return str(node["title"])
+    if not rest:
+        return "Any"
+    if isinstance(node.get("opaque"), str):
+        return str(node["opaque"])
+    if isinstance(node.get("anyOf"), list):
+        return " | ".join(_python(option) for option in node["anyOf"])
+    if kind == "array" and set(rest) <= {"type", "items"}:
+        return f"list[{_python(node.get('items', {}))}]"
+    if kind == "object" and set(rest) <= {"type", "additionalProperties"}:
+        return f"dict[str, {_python(node.get('additionalProperties', {}))}]"
+    if kind in _SCALARS and len(rest) == 1:
+        return _SCALARS[kind]
+    return str(rest)
+
+
+def _brief(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _state_fields(older: Manifest, newer: Manifest) -> list[Difference]:
+    """The annotated state attributes of both builds whose type changed: compatible only
+    when the newer build raised `state_version` with an upgrade hook from the older's."""
+    olds, news = older.get("state_fields"), newer.get("state_fields")
+    if olds is None or news is None:  # a manifest stored by an earlier corral
+        return []
+    was, now = older["state_version"], newer["state_version"]
+    upgraded = now > was and was in newer["upgrades_from"]
+    found: list[Difference] = []
+    for name in sorted(set(olds) & set(news)):
+        old, new = olds[name], news[name]
+        subject = f"state field {name}"
+        changes = incompatible(_fields(subject, "", _Schema(old), old, _Schema(new), new))
+        if not changes:
+            continue
+        was_type, now_type = _named(old), _named(new)
+        what = (f"type changed from {was_type} to {now_type}" if was_type != now_type
+                else f"{now_type} changed")
+        inside = [f"{d.subject.removeprefix(subject + ': ')}: {d.explanation}"
+                  for d in changes if d.subject != subject]
+        if inside:
+            what += f" ({'; '.join(inside)})"
+        if upgraded:
+            found.append(Difference(subject, True, f"{what}; the upgrade hook from version "
+                                    f"{was} converts it"))
+        else:
+            found.append(Difference(
+                subject, False, f"{what}: snapshots of the older build would not restore",
+                f"bump state_version to {was + 1} and add an upgrade hook from {was} "
+                f"(@corral.upgrade(from_version={was})) that converts {name}"))
+    return found
 
 
 def _state(older: Manifest, newer: Manifest) -> list[Difference]:

@@ -31,6 +31,7 @@ from corral._common import (
 )
 from corral._errors import EntityDefinitionError, FailRun
 
+from ._code import code_of
 from ._issues import DefinitionIssues
 from ._state import StateSchema, build_state_schema
 from ._waits import EARLY_SIGNALS, SignalWait, WaitDefinition
@@ -322,6 +323,13 @@ class EntityDefinition:
         return _fingerprint(self.cls, ())
 
     @property
+    def code(self) -> str:
+        """A short hash of the class's code (`_code.code_of`): its module's source, so
+        a change of a handler's or `run()`'s body, or of a helper in the module, is a new
+        build. Not part of `fingerprint`: the interface stays the same."""
+        return code_of(self.cls)
+
+    @property
     def compatible_fingerprints(self) -> frozenset[str]:
         """The fingerprints of the releases a host on this code accepts clients of: its
         own, and the same definition with declared renames undone (a client on the old
@@ -460,6 +468,7 @@ def define_entity(cls: type, localns: Mapping[str, Any], *, has_run: bool,
                              "wait")
     state = build_state_schema(cls, localns, issues, custom=custom_state)
     issues.raise_if_any()
+    code_of(cls)  # read now, while the source on disk is the code being defined
     return EntityDefinition(
         cls, name, start_type, result_type, handlers, id_reuse, has_run, snapshots,
         can_policy, None if idle_timeout is None else float(idle_timeout),

@@ -1,9 +1,12 @@
 """The manifest of an entity type: what its code promises to callers and to the store.
 
 A manifest is derived from an `EntityDefinition`, purely and deterministically, as plain
-JSON: the fingerprint, `state_version` and the versions its upgrade hooks start from,
-each handler (kind, payload JSON schema, `renamed_from`) and each wait (payload schema,
-`renamed_from`). The store keeps one per build (`corral builds`); `_compat` compares two.
+JSON: the fingerprint, the hash of its code (`EntityDefinition.code`), `state_version`
+and the versions its upgrade hooks start from, each annotated state attribute's type
+(`state_fields`: its JSON schema), each handler (kind, payload JSON schema,
+`renamed_from`) and each wait (payload schema, `renamed_from`). The store keeps one per
+build (`corral builds`); `_compat` compares two. Manifests stored by an earlier corral
+lack `code` and `state_fields`.
 
 Example:
     manifest_json(Ticket._corral_definition)
@@ -18,8 +21,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from ._definition import EntityDefinition
+from ._state import StateSchema
 
-__all__ = ["Manifest", "manifest", "manifest_json", "payload_schema"]
+__all__ = ["Manifest", "manifest", "manifest_json", "payload_schema", "state_fields"]
 
 Manifest = dict[str, Any]
 """A manifest as JSON data (see the module docstring for its keys)."""
@@ -36,13 +40,30 @@ def payload_schema(model: type[BaseModel] | None) -> dict[str, Any] | None:
         return {"opaque": model.__qualname__}
 
 
+def state_fields(state: StateSchema) -> dict[str, Any]:
+    """Each annotated state attribute's type as its JSON schema (what a snapshot of it is
+    validated against on restore), `{"opaque": repr}` for one pydantic cannot describe;
+    none for a class whose `__getstate__` says what its state is."""
+    if state.custom:
+        return {}
+    described: dict[str, Any] = {}
+    for name, adapter in sorted(state.fields.items()):
+        try:
+            described[name] = adapter.json_schema()
+        except Exception:  # a type without a JSON schema
+            described[name] = {"opaque": repr(state.types.get(name))}
+    return described
+
+
 def manifest(definition: EntityDefinition) -> Manifest:
     """The manifest of `definition` (plain JSON data, the same on every run)."""
     return {
         "entity_type": definition.name,
         "fingerprint": definition.fingerprint,
+        "code": definition.code,
         "state_version": definition.state.version,
         "upgrades_from": sorted(definition.state.upgrades),
+        "state_fields": state_fields(definition.state),
         "handlers": {
             h.name: {"kind": h.kind.value, "payload": payload_schema(h.input_type),
                      "renamed_from": list(h.renamed_from)}

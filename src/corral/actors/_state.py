@@ -79,6 +79,8 @@ class StateSchema:
     """`state_version` of the class: the version its snapshots are written at."""
     fields: Mapping[str, TypeAdapter[Any]] = field(default_factory=dict)
     """The annotated attributes and how each is encoded and validated."""
+    types: Mapping[str, Any] = field(default_factory=dict)
+    """The annotation of each of `fields`, as declared (the manifest describes them)."""
     upgrades: Mapping[int, StateUpgrade] = field(default_factory=dict)
     """The declared hooks, by the version they upgrade from."""
     custom: bool = False
@@ -104,8 +106,10 @@ def build_state_schema(cls: type, localns: Mapping[str, Any], issues: Definition
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         issues.add(f"{cls.__name__}.state_version must be an int >= 1, got {version!r}")
         version = 1
-    return StateSchema(version, _fields(cls, localns, issues), _upgrades(cls, version, issues),
-                       custom)
+    declared = _types(cls, localns, issues)
+    return StateSchema(version, fields={n: adapter for n, (_, adapter) in declared.items()},
+                       types={n: hint for n, (hint, _) in declared.items()},
+                       upgrades=_upgrades(cls, version, issues), custom=custom)
 
 
 def _declared(cls: type) -> list[str]:
@@ -120,8 +124,9 @@ def _declared(cls: type) -> list[str]:
     return list(names)
 
 
-def _fields(cls: type, localns: Mapping[str, Any], issues: DefinitionIssues
-            ) -> dict[str, TypeAdapter[Any]]:
+def _types(cls: type, localns: Mapping[str, Any], issues: DefinitionIssues
+           ) -> dict[str, tuple[Any, TypeAdapter[Any]]]:
+    """Each annotated attribute's annotation and its adapter."""
     names = _declared(cls)
     if not names:
         return {}
@@ -132,13 +137,13 @@ def _fields(cls: type, localns: Mapping[str, Any], issues: DefinitionIssues
         issues.add(f"{cls.__name__}: cannot resolve a state annotation ({err}); define the "
                    "model before the entity class, at module level")
         return {}
-    fields: dict[str, TypeAdapter[Any]] = {}
+    fields: dict[str, tuple[Any, TypeAdapter[Any]]] = {}
     for name in names:
         hint: Any = hints.get(name)
         if typing.get_origin(hint) is ClassVar or hint is ClassVar:
             continue  # class-level, not state
         try:
-            fields[name] = TypeAdapter(hint)
+            fields[name] = (hint, TypeAdapter(hint))
         except Exception as err:
             issues.add(
                 f"{cls.__name__}.{name}: pydantic cannot encode `{_show(hint)}` in a snapshot "

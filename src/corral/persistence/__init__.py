@@ -48,6 +48,7 @@ from ._records import (
     UpdateOutcome,
     WaitRecord,
 )
+from ._releases import ReleaseRecord, ReleaseRegistry
 from ._rows import Row, stored_json
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import AcceptStore, HostStore, ReadStore, Store
@@ -82,6 +83,8 @@ __all__ = [
     "Progress",
     "Purged",
     "ReadStore",
+    "ReleaseRecord",
+    "ReleaseRegistry",
     "Row",
     "RunRecord",
     "Send",

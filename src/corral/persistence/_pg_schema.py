@@ -64,6 +64,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # A key-prefix search of one type seeks an index under any collation (`_reads`).
     12: ("CREATE INDEX IF NOT EXISTS entities_key_prefix ON entities "
          "(etype, key text_pattern_ops)",),
+    # Declared releases of each deployment (`_releases`).
+    13: create("releases", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

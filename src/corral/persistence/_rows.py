@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from corral._errors import CorruptRowError
 
-__all__ = ["Row", "stored_json"]
+__all__ = ["STORED_MAX_DEPTH", "Row", "nested_deeper_than", "shown", "stored_json"]
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -63,14 +63,14 @@ class Row:
             return kind(value)
         except ValueError:
             names = ", ".join(str(m.value) for m in kind)
-            raise self.corrupt(column, f"is {_shown(value)}, not one of {names}") from None
+            raise self.corrupt(column, f"is {shown(value)}, not one of {names}") from None
 
     def seconds(self, column: str, value: object) -> float:
         """A time or duration in seconds: a finite number (an int or a float)."""
         if isinstance(value, int | float) and not isinstance(value, bool) \
                 and math.isfinite(value):
             return float(value)
-        raise self.corrupt(column, f"is {_shown(value)}, not a number of seconds")
+        raise self.corrupt(column, f"is {shown(value)}, not a number of seconds")
 
     def maybe_seconds(self, column: str, value: object) -> float | None:
         """`seconds`, or None for NULL."""
@@ -80,11 +80,18 @@ class Row:
         """A whole number (a seq, a count, an id)."""
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise self.corrupt(column, f"is {_shown(value)}, not a whole number")
+        raise self.corrupt(column, f"is {shown(value)}, not a whole number")
 
     def maybe_integer(self, column: str, value: object) -> int | None:
         """`integer`, or None for NULL."""
         return None if value is None else self.integer(column, value)
+
+    def text(self, column: str, value: object) -> str:
+        """Text (SQLite TEXT, PostgreSQL text); bytes or a number are refused, as no
+        corral writes them there."""
+        if isinstance(value, str):
+            return value
+        raise self.corrupt(column, f"is {type(value).__name__}, not text")
 
     def blob(self, column: str, value: object) -> bytes:
         """Bytes (SQLite BLOB, PostgreSQL bytea); text is refused, as no corral
@@ -115,13 +122,13 @@ def stored_json(text: str | bytes, row: Row, column: str) -> Any:
         raise row.corrupt(column, "is JSON nested too deeply to read") from None
     except (ValueError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError
         raise row.corrupt(column, f"is not JSON ({err})") from None
-    if _deeper_than(value, text, STORED_MAX_DEPTH):
+    if nested_deeper_than(value, text, STORED_MAX_DEPTH):
         raise row.corrupt(column, "is JSON nested too deeply to read "
                                   f"(more than {STORED_MAX_DEPTH} levels)")
     return value
 
 
-def _deeper_than(value: Any, text: str | bytes, limit: int) -> bool:
+def nested_deeper_than(value: Any, text: str | bytes, limit: int) -> bool:
     """Whether `value` (parsed from `text`) nests containers more than `limit` deep.
     A text with no more brackets than `limit` cannot (counted at C speed: the walk is
     paid only by large structured values)."""
@@ -140,7 +147,7 @@ def _deeper_than(value: Any, text: str | bytes, limit: int) -> bool:
     return False
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     """A value as an error shows it: its repr, cut short."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."

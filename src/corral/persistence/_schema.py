@@ -61,6 +61,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          "DROP TABLE outbox",
          "ALTER TABLE outbox_v13 RENAME TO outbox",
          *create("outbox", "sqlite")[1:]),
+    # Declared releases of each deployment (`_releases`).
+    14: create("releases", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

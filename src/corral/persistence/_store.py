@@ -35,6 +35,7 @@ from ._records import (
     UpdateOutcome,
     WaitRecord,
 )
+from ._releases import ReleaseRegistry
 from ._txn import Fence
 from ._waits import WaitPosition
 
@@ -380,7 +381,8 @@ class ReadStore(Protocol):
                            limit: int = 100, after: int = 0) -> list[DeadLetter]: ...
 
 
-class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, HostingRegistry, Protocol):
+class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, HostingRegistry,
+            ReleaseRegistry, Protocol):
     """Durable storage for runs, journals, dedupe windows, snapshots and shard leases.
 
     Acceptance (`accept`) is open to any process; the writes a shard host makes while

@@ -60,6 +60,14 @@ from ._records import (
     UpdateOutcome,
     WaitRecord,
 )
+from ._releases import (
+    DeclareReleaseOp,
+    ReleaseRecord,
+    check_declaration,
+    check_limit,
+    check_namespace,
+    releases,
+)
 from ._suspensions import ClearSuspensionOp, SuspendOp
 from ._txn import Fence, WriteOp
 from ._unapplied import SettleRunOp
@@ -348,3 +356,14 @@ class StoreCore:
 
     async def names_in_use(self, etype: str, names: Sequence[str]) -> dict[str, str]:
         return await self.query(registry.names_in_use, etype, tuple(names))
+
+    # -- declared releases (`_releases`) ----------------------------------------------
+
+    async def declare_release(self, namespace: str, release_id: str, body: str, *,
+                              declared_by: str) -> ReleaseRecord:
+        check_declaration(namespace, release_id, body, declared_by)
+        op = DeclareReleaseOp(namespace, release_id, body, declared_by)
+        return await self.write(op)  # type: ignore[no-any-return]
+
+    async def releases(self, namespace: str, *, limit: int = 10) -> list[ReleaseRecord]:
+        return await self.query(releases, check_namespace(namespace), check_limit(limit))

@@ -178,6 +178,12 @@ TABLES = (
     Table("hosting", """
         process TEXT PRIMARY KEY, cluster TEXT NOT NULL, holder TEXT NOT NULL,
         expires_at REAL NOT NULL"""),
+    # Declared releases of each deployment (`_releases`), numbered per namespace in the
+    # order declared; the newest is current. `body` is the runtime's JSON.
+    Table("releases", """
+        namespace TEXT NOT NULL, seq BIGINT NOT NULL, release_id TEXT NOT NULL,
+        body TEXT NOT NULL, declared_at REAL NOT NULL, declared_by TEXT NOT NULL,
+        PRIMARY KEY (namespace, seq)"""),
 )
 _BY_NAME = {table.name: table for table in TABLES}
 

@@ -6,7 +6,7 @@ neither other role; hosting never imports the Ray backend; `_open.open_runtime` 
 they meet (tests/runtime/test_public_surface.py keeps these rules). The runtime reaches
 storage only through the `corral.persistence.Store` protocol.
 
-Its `__all__` is what users need (the client, its records, `roll_ray_hosts`,
+Its `__all__` is what users need (the client, its records, `deploy`, `deploy_status`,
 `ray_nodes`, `drain_node` and `stop_ray_hosts`); the shard, activation and host classes are
 internals of their private modules.
 
@@ -101,7 +101,15 @@ from .client._results import (
 from .client._runtime import Runtime
 from .client._signal_many import SignalItem
 from .ray._cluster_nodes import DrainReport, RayNode, drain_node, ray_nodes, undrain_node
-from .ray._rolling import RollReport, RollStep, roll_ray_hosts, stop_ray_hosts
+from .ray._deployment import (
+    RollReport,
+    RollStep,
+    deploy,
+    deploy_status,
+    roll_ray_hosts,
+    stop_ray_hosts,
+)
+from .ray._release import DeploymentStatus, DeployReport, HostStatus, Release
 
 __all__ = [
     "MAX_SHARDS",
@@ -113,16 +121,20 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "DeliveryStatus",
+    "DeployReport",
+    "DeploymentStatus",
     "DrainReport",
     "EntityDescription",
     "EntityHistory",
     "EntityRef",
     "EntityState",
     "EntitySummary",
+    "HostStatus",
     "Limits",
     "MessageInfo",
     "Page",
     "RayNode",
+    "Release",
     "RollReport",
     "RollStep",
     "RunSummary",
@@ -131,6 +143,8 @@ __all__ = [
     "SignalWaitInfo",
     "TimerInfo",
     "WaitSummary",
+    "deploy",
+    "deploy_status",
     "drain_node",
     "open_runtime",
     "ray_nodes",

@@ -13,6 +13,11 @@ compared (`actors._compat`) with the newest build of the type the store holds:
   or upgrades from its state version: an old release started late) is registered as
   older, never the newest, under the same rule as a known older build.
 
+A build is known by its fingerprint, the interface, which leaves the state's types and
+the code out: a build whose fingerprint the store knows must also keep the state types
+the store registered it with (`_restated`); an annotated attribute's type changed at
+the same `state_version` would leave snapshots it cannot restore.
+
 The facts the comparison needs about removed handlers and waits are read at that
 moment: messages of them in the journal or the dead letters, and live processes whose
 build has them (their senders). Any incompatible difference refuses the open with
@@ -51,7 +56,7 @@ from corral.actors._manifest import Manifest, manifest, manifest_json
 from corral.persistence import BuildFacts, BuildProcess, BuildRecord, Row, Store, newest_build
 
 __all__ = ["BuildInfo", "BuildRegistration", "build_infos", "build_knowing", "process_id",
-           "refused_client", "refused_successor"]
+           "refused_client", "refused_release"]
 
 log = logging.getLogger("corral.builds")
 
@@ -163,11 +168,16 @@ class BuildRegistration:
         build never seen, older than the newest), or the error refusing it."""
         etype, mine = definition.name, manifest(definition)
         newest = newest_build(registered, etype)
-        if newest is None or newest.fingerprint == mine["fingerprint"]:
+        if newest is None:
             return None
         others = [b for b in registered if b.entity_type == etype]
+        same = next((b for b in others if b.fingerprint == mine["fingerprint"]), None)
+        if same is not None and (refused := _restated(same, mine, newest)) is not None:
+            return refused
+        if newest is same:
+            return None
         theirs = manifest_of(newest)
-        known = any(b.fingerprint == mine["fingerprint"] for b in others)
+        known = same is not None
         # This process sends what it has: that matters while the newest build hosts.
         me = [(f"this process ({self.process}) sends it", mine)] if newest.processes else []
         if known:  # an older build than the newest: the newest must succeed it
@@ -188,6 +198,21 @@ class BuildRegistration:
             fingerprint=mine["fingerprint"], newest_fingerprint=newest.fingerprint)
 
 
+def _restated(same: BuildRecord, mine: Manifest, newest: BuildRecord
+              ) -> IncompatibleBuildError | None:
+    """The error refusing `mine` when the store registered its fingerprint (the same
+    interface) with state it cannot read: an annotated attribute's type changed
+    without a new `state_version` (which would be a new fingerprint)."""
+    changed = incompatible(compare(manifest_of(same), mine))
+    if not changed:
+        return None
+    return IncompatibleBuildError(
+        f"{same.entity_type} build {same.fingerprint} changed its state since the store "
+        "registered it: " + "; ".join(str(d) for d in changed),
+        entity_type=same.entity_type, differences=tuple(str(d) for d in changed),
+        fingerprint=same.fingerprint, newest_fingerprint=newest.fingerprint)
+
+
 def manifest_of(build: BuildRecord) -> Manifest:
     """A registered build's manifest, checked to have the fields the comparison reads.
 
@@ -198,14 +223,21 @@ def manifest_of(build: BuildRecord) -> Manifest:
     found = row.json("manifest", build.manifest)
     if not _is_manifest(found):
         raise row.corrupt("manifest", "is not a build manifest (its handlers, waits, "
-                                      "state_version or upgrades_from are missing)")
+                                      "state_version or upgrades_from are missing, or "
+                                      "its code or state_fields are malformed)")
     return cast("Manifest", found)
 
 
 def _is_manifest(m: object) -> bool:
+    """Whether `m` has what the comparison reads; `code` and `state_fields` are optional
+    (a manifest stored by an earlier corral has neither)."""
     if not (isinstance(m, dict) and isinstance(m.get("state_version"), int)
             and isinstance(m.get("upgrades_from"), list)
-            and all(isinstance(v, int) for v in m["upgrades_from"])):
+            and all(isinstance(v, int) for v in m["upgrades_from"])
+            and isinstance(m.get("code", ""), str)):
+        return False
+    state = m.get("state_fields", {})
+    if not (isinstance(state, dict) and all(isinstance(t, dict) for t in state.values())):
         return False
     sections = [m.get("handlers"), m.get("waits")]
     return all(isinstance(items, dict) and all(
@@ -304,15 +336,21 @@ async def build_infos(store: Store, etype: str | None = None) -> list[BuildInfo]
 
 async def build_knowing(store: Store, definition: EntityDefinition, name: str
                         ) -> str | None:
-    """A live build of `definition`'s type, other than this code's, that has a signal
-    or update handler called `name` (today or as a `renamed_from=` name): a description
-    of it, or None when no live build knows the name."""
-    for b in reversed(readable(await store.builds(definition.name))):
-        if b.fingerprint == definition.fingerprint or not b.processes:
+    """A build of `definition`'s type, other than this code's, live or the newest
+    registered (a rollback runs an older build: what only the newest has waits for it
+    to be deployed again), that has a signal or update handler called `name` (today or
+    as a `renamed_from=` name): a description of it, or None when none knows the name."""
+    builds = readable(await store.builds(definition.name))
+    newest = newest_build(builds, definition.name)
+    for b in reversed(builds):
+        if b.fingerprint == definition.fingerprint or not (b.processes or b is newest):
             continue
         handlers = manifest_of(b)["handlers"]
         if any(item["kind"] != "query" and (n == name or name in item["renamed_from"])
                for n, item in handlers.items()):
+            if not b.processes:
+                return (f"build {b.fingerprint}, the newest, has it (no process runs it "
+                        f"now: deploy it again)")
             return (f"build {b.fingerprint} (live: "
                     f"{', '.join(p.process for p in b.processes)}) has it")
     return None
@@ -340,14 +378,38 @@ def refused_client(definition: EntityDefinition, client_manifest: str | None
     return [str(d) for d in bad]
 
 
-async def refused_successor(store: Store, definition: EntityDefinition,
-                            successor: str) -> list[str]:
-    """Each reason the build with manifest `successor` cannot replace `definition`
-    in a rolling deploy (`roll_ray_hosts`): `compare(this, successor)` with the facts
-    of `assess` (messages of removed handlers still stored, live senders)."""
-    newer: Manifest = json.loads(successor)
-    if newer["fingerprint"] == definition.fingerprint:
-        return []
-    found = await assess(store, definition.name, manifest(definition), newer,
-                         readable(await store.builds(definition.name)))
-    return [str(d) for d in incompatible(found)]
+async def refused_release(store: Store, current: Mapping[str, str],
+                          declared: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """Whether a Ray deployment whose release runs the builds `current` may be rolled
+    to `declared` (both {entity type: manifest JSON}): (each reason it may not, notes).
+
+    A type's new build must be a compatible successor of the current one
+    (`compare(current, declared)` with the facts of `assess`: messages of removed
+    handlers still stored, live senders), or, for a rollback, an older build the
+    current one is a compatible successor of: then what only the current build has
+    (a handler it added) waits in the store for a release that has it again, and a
+    note says so. A type the current release has and the declared one lacks is
+    refused: its running entities would have no host.
+    """
+    refused: list[str] = []
+    notes: list[str] = []
+    for etype in sorted(current):
+        if etype not in declared:
+            refused.append(f"{etype}: entity type removed (its running entities would "
+                           f"have no host; keep the type in the release)")
+            continue
+        older: Manifest = json.loads(current[etype])
+        newer: Manifest = json.loads(declared[etype])
+        if older == newer:
+            continue
+        builds = readable(await store.builds(etype))
+        bad = incompatible(await assess(store, etype, older, newer, builds))
+        if not bad:
+            continue
+        if not incompatible(await assess(store, etype, newer, older, builds)):
+            gone = ", ".join(sorted(removed(older, newer))) or "none"
+            notes.append(f"{etype}: a rollback to an older build; messages of what only "
+                         f"the current build has ({gone}) wait for a release that has it")
+            continue
+        refused += [f"{etype} {d}" for d in bad]
+    return refused, notes

@@ -13,7 +13,9 @@ name this module shares with `corral.persistence._open` (which it calls).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from corral._errors import InvalidArgumentError, ShardCountError
@@ -55,6 +57,7 @@ async def open_runtime(
     env_vars: Mapping[str, str] | None = None,
     hosts: int | Mapping[str, int] | None = None,
     clock: Clock | None = None,
+    deploy: bool = False,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on a store and, with `host=True`, host the shards free to take.
 
@@ -76,14 +79,16 @@ async def open_runtime(
             (> 0, at most 3600).
         poll_interval: how often a host checks for messages other processes accepted
             (seconds, > 0, at most 3600).
-        backend: `"local"` (this process hosts) or `"ray"`: the shards are held by a few
-            named, detached Ray host actors (by default one per node), which the
-            deployment's placer (`corral/<namespace>/placer`) starts on first use and
-            moves shards between as nodes join and leave; `host` is then ignored and
-            `store` must be a PostgreSQL URL or a file path that every host actor can
-            open (so one machine). Ray is started
-            (`ray.init(address=address, namespace=namespace)`) unless already
-            initialized, and shut down on close only if started here. The host actors
+        backend: `"local"` (this process hosts) or `"ray"`: this process is a client of
+            the Ray deployment `namespace`, whose shards are held by a few named,
+            detached host actors running its declared release (`corral deploy`,
+            `corral.runtime.deploy`; or `deploy=True` here); `host` is then ignored and
+            `store` must be the deployment's (a PostgreSQL URL, or a file path every
+            host actor can open, so one machine). A client never starts, changes or
+            stops a host: no deployment running is `DeploymentNotFoundError`, and its
+            close stops nothing. Ray is joined (`ray.init(address=address,
+            namespace=namespace)`) unless already initialized; a process whose
+            `ray.init` started a private Ray instance ends it on close. The host actors
             tail the journal at most every 50 ms (calls reach them directly; tailing
             only catches what a fenced-out predecessor accepted). One store is hosted
             by one cluster: every process of a Ray deployment must reach the same Ray
@@ -100,22 +105,26 @@ async def open_runtime(
         namespace: Ray backend: the deployment's name (1-64 letters, digits, '.', '_'
             or '-', starting with a letter or digit); clients of one namespace share
             its host actors.
-        ray_options: Ray backend: extra Ray actor options for the host actors, such as
-            `{"runtime_env": {...}}` or `{"num_cpus": 1}` (default `num_cpus=0`).
-        env_vars: Ray backend: environment variables of every actor this runtime
-            creates (shared and dedicated; the Ray tasks of their steps inherit them),
-            merged into `runtime_env["env_vars"]` of `ray_options`. None are forwarded
-            by default: the actors do not see this process's `os.environ`. Names and
-            values are str (no NUL, no "=" in a name). Actors already running keep the
-            environment they were created with (`stop_ray_hosts`, or a roll with the
-            same `runtime_env` in its `actor_options`, changes it).
-        hosts: Ray backend: how many host actors hold the shards: an int (the total,
-            spread over the alive nodes) or {node id: count} (other nodes: one);
-            default one per alive node; at most one per shard. Given, it replaces
-            the deployment's setting when this client connects (the placer starts or
-            stops hosts and evens the shards out over them, a few moves per second).
+        ray_options: Ray backend, with `deploy=True`: the host actors' Ray options, such
+            as `{"runtime_env": {"working_dir": "."}}` or `{"num_cpus": 1}` (default
+            `num_cpus=0`).
+        env_vars: Ray backend, with `deploy=True`: environment variables of the host
+            actors (the Ray tasks of their steps inherit them), merged into
+            `runtime_env["env_vars"]`. None are forwarded by default: the actors do
+            not see this process's `os.environ`. Names and values are str (no NUL, no
+            "=" in a name).
+        hosts: Ray backend, with `deploy=True`: how many host actors hold the shards:
+            an int (the total, spread over the alive nodes) or {node id: count}
+            (other nodes: one); default one per alive node; at most one per shard.
         clock: local backend: the clock entities see (timers, deadlines, idle time,
             `Entity.now()`); `corral.testing` passes a virtual one. Default: the system's.
+        deploy: Ray backend: first declare a release of `entities` (by their import
+            paths, so they must live in importable modules, not in `__main__`) with
+            `ray_options`, `env_vars`, `hosts`, `shards`, `lease_ttl` and
+            `poll_interval`, unless it is the current one (`corral.runtime.deploy`
+            with `wait=True`: the deployment is started, or rolled to it), then connect
+            as a client. One call for a single-process start; a fleet declares its
+            release once, with `corral deploy`.
 
     Raises:
         InvalidArgumentError: an option that does not fit, before anything starts
@@ -138,7 +147,7 @@ async def open_runtime(
         entities=entities, shards=shards, host=host, authorize=authorize, limits=limits,
         lease_ttl=lease_ttl, poll_interval=poll_interval, backend=backend, address=address,
         namespace=namespace, ray_options=ray_options, env_vars=env_vars, hosts=hosts,
-        clock=clock)
+        clock=clock, deploy=deploy)
     definitions: dict[str, EntityDefinition] = {}
     for cls in entities:
         definition: EntityDefinition = cls._corral_definition
@@ -153,12 +162,18 @@ async def open_runtime(
         if not isinstance(store, str):
             raise InvalidArgumentError("the Ray backend takes the store as a path or URL "
                                        "(each host actor opens it), not a Store object")
+        declare = None
+        if deploy:
+            declare = _declaring(store, entities, namespace=namespace, address=address,
+                                 ray_options=ray_options, env_vars=env_vars, hosts=hosts,
+                                 shards=shards, lease_ttl=lease_ttl,
+                                 poll_interval=poll_interval)
+        began = time.time()  # the hosts a deploy starts log from then on
         ray_backend, placement = await connect_ray(
             store, definitions, shards=shards, address=address, namespace=namespace,
-            lease_ttl=lease_ttl, poll_interval=poll_interval, actor_options=ray_options,
-            env_vars=env_vars, hosts=hosts)
+            deploy=declare)
         follower = LogFollower(namespace)  # the host actors' logs, on this process's
-        follower.open()
+        follower.open(since=began)
         try:
             yield Runtime(ray_backend, placement,
                           Boundary(definitions, limits or Limits(), authorize))
@@ -208,6 +223,25 @@ async def open_runtime(
             await hosting.close()
         if owned_store:
             await the_store.close()
+
+
+def _declaring(store: str, entities: Sequence[type[Entity]], *, namespace: str,
+               address: str | None, ray_options: Mapping[str, Any] | None,
+               env_vars: Mapping[str, str] | None, hosts: int | Mapping[str, int] | None,
+               shards: int | None, lease_ttl: float, poll_interval: float
+               ) -> Callable[[], Any]:
+    """`deploy=True`: the blocking call declaring a release of `entities`."""
+    from ._app_path import app_path
+    from .ray._deployment import deploy
+    from .ray._env import with_env_vars
+
+    app = app_path(entities)  # refused here (a class in a script) before Ray starts
+    options = with_env_vars(ray_options or {}, env_vars)  # checked before Ray starts too
+    runtime_env = options.pop("runtime_env", None)
+    return functools.partial(
+        deploy, namespace, app=app, store=store, runtime_env=runtime_env, hosts=hosts,
+        actor_options=options, shards=shards, address=address,
+        lease_ttl=lease_ttl, poll_interval=poll_interval)
 
 
 def _store_shards(store: Store, shards: int | None) -> int:

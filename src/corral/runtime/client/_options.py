@@ -25,7 +25,7 @@ def check_runtime_options(*, entities: object, shards: object, host: object,
                           authorize: object, limits: object, lease_ttl: object,
                           poll_interval: object, backend: object, address: object,
                           namespace: object, ray_options: object, env_vars: object,
-                          hosts: object, clock: object) -> None:
+                          hosts: object, clock: object, deploy: object = False) -> None:
     """Refuse a bad `open_runtime` option (`InvalidArgumentError` naming it)."""
     if backend not in ("local", "ray"):
         raise InvalidArgumentError(f"backend must be 'local' or 'ray', got {backend!r}")
@@ -61,13 +61,24 @@ def check_runtime_options(*, entities: object, shards: object, host: object,
                                      for m in ("time", "monotonic", "wait")):
         raise InvalidArgumentError(f"clock must be None or a corral.testing clock, got "
                                    f"{_shown(clock)}")
+    if not isinstance(deploy, bool):
+        raise InvalidArgumentError(f"deploy must be True or False, got {_shown(deploy)}")
     if backend == "local":
         for name, value in (("env_vars", env_vars), ("hosts", hosts),
-                            ("ray_options", ray_options), ("address", address)):
+                            ("ray_options", ray_options), ("address", address),
+                            ("deploy", deploy or None)):
             if value is not None:
                 raise InvalidArgumentError(
                     f"{name} is for the Ray backend (backend='ray'); a local host runs "
                     f"in this process")
+    elif not deploy:
+        for name, value in (("env_vars", env_vars), ("hosts", hosts),
+                            ("ray_options", ray_options)):
+            if value is not None:
+                raise InvalidArgumentError(
+                    f"{name} is a setting of a Ray deployment's release, which a client "
+                    f"never changes: give it to `corral deploy` (corral.runtime.deploy), "
+                    f"or open with deploy=True to declare this process's release")
 
 
 def check_address(address: object) -> str:

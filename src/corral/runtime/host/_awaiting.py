@@ -1,5 +1,6 @@
 """Never a silent skip: an entry whose handler this build lacks, while a live build of
-its type has it, waits for a host on that build.
+its type has it (or the newest registered build has it: a rollback runs an older build
+on purpose), waits for a host on that build.
 
 During a rolling deploy a process of the new release (a host or a pure client) may
 accept a message of a handler it adds while a host of the old release still holds the
@@ -7,8 +8,10 @@ entity's shard. That host must not dead-letter it: the entry is fine, only this 
 too old. So the host suspends the run (`Suspension`, its reason naming the build that
 knows the handler), checks again every `RECHECK` seconds, and a host that takes the
 shard (one on the new build, e.g. after this one restarts) applies it at once, in
-order. With no live build knowing the handler (it was removed, or misspelt by an
-earlier release), the entry becomes a replayable dead letter as before.
+order. A rollback (a Ray deployment declaring an older release again) is the same
+wait: what only the newest build has stays in the journal until it is deployed again,
+nothing dead-lettered. With no such build knowing the handler (it was removed, or
+misspelt by an earlier release), the entry becomes a replayable dead letter as before.
 
 Why waiting rather than refusing the send with a retryable error: the sender's build
 knows the handler and its acceptance is durable and deduplicated; refusing it would

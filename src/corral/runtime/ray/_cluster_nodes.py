@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from corral._errors import InvalidArgumentError
 
 from ..client._options import check_namespace, check_node_id
+from ._deployment import connect, placer_of, unwrapped
 from ._directory import assignment, drained_nodes
 from ._placer import RollStep, host_node_prefix
-from ._rolling import connect, placer_of, unwrapped
 
 __all__ = ["DrainReport", "RayNode", "drain_node", "ray_nodes", "undrain_node"]
 
@@ -63,7 +63,7 @@ def ray_nodes(namespace: str = "corral", *, address: str | None = None
 
     check_namespace(namespace)
     connect(namespace, address)
-    placer_of(namespace, "no nodes to show")
+    placer_of(namespace)
     prefix = f"corral/{namespace}/host-"
     named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == namespace and a["name"].startswith(prefix)]
@@ -117,7 +117,7 @@ def drain_node(node_id: str, *, namespace: str = "corral", address: str | None =
     if node_id not in alive:
         raise InvalidArgumentError(f"no alive Ray node {node_id!r} to drain; the alive "
                                    f"nodes: {', '.join(sorted(alive)) or 'none'}")
-    placer = placer_of(namespace, "nothing to drain")
+    placer = placer_of(namespace)
     steps, stopped = unwrapped(placer.drain.remote(node_id), timeout)
     return DrainReport(node_id, tuple(steps), tuple(stopped), time.monotonic() - began)
 
@@ -137,7 +137,7 @@ def undrain_node(node_id: str, *, namespace: str = "corral",
     check_namespace(namespace)
     check_node_id(node_id)
     connect(namespace, address)
-    placer = placer_of(namespace, "nothing to undrain")
+    placer = placer_of(namespace)
     known = _alive_nodes() | drained_nodes(namespace)
     if node_id not in known:
         raise InvalidArgumentError(f"no Ray node {node_id!r} is alive or drained in "

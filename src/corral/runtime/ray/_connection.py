@@ -1,15 +1,22 @@
-"""The Ray backend: a deployment's shards are held by a few named, detached host actors.
+"""The Ray backend's client: routes each call to the host actor holding its shard.
 
-`RayBackend` is the client half. It computes the owning shard of an entity (the same
-stable hash in every driver, task, actor and Serve replica), finds the host actor that
-holds the shard in the directory (`_directory`; a shard not placed yet is placed
-first by the deployment's placer, `_placer`, which this client gets or creates)
-and sends it the call's request record (`client._requests`) through its one entry
-point, `ShardHost.handle(request)`; a host that no longer holds the shard answers
-`ShardMovedError` and the call is re-routed. A dedicated entity's actor is got or
-created by its own name (`get_if_exists=True`: atomic in Ray, exactly one constructor
-per name). The actor (`ShardHost`, in `_shard_host.py`) runs the same host code as the
-local backend (`LocalBackend.handle(request)`).
+A Ray deployment is declared, not opened: `deploy` (`_deployment`) records a release
+in the store and the deployment's placer (`_placer`) starts host actors that import the
+release's code. `RayBackend` is what every driver, web worker, script, Ray task or
+Serve replica opens (`open_runtime(backend="ray")`): it connects to the namespace's
+current release and routes; it never creates, stops or changes a host, and its close
+stops nothing (a process that started a private Ray instance for itself ends that
+instance, and with it the hosts it ran, cleanly: they could not outlive it).
+
+It computes the owning shard of an entity (the same stable hash in every process),
+finds the host actor that holds the shard in the directory (`_directory`; a shard not
+placed yet is placed by the placer first) and sends it the call's request record
+(`client._requests`) through its one entry point, `ShardHost.handle(request)`; a host
+that no longer holds the shard answers `ShardMovedError` and the call is re-routed. A
+dedicated entity's actor is got or created by its own name (`get_if_exists=True`:
+atomic in Ray, exactly one constructor per name), with the release's code and
+runtime_env. The actor (`ShardHost`, in `_shard_host.py`) runs the same host code as
+the local backend (`LocalBackend.handle(request)`).
 
 Calls are safe to repeat, which the fault tolerance relies on:
 
@@ -21,6 +28,10 @@ Calls are safe to repeat, which the fault tolerance relies on:
   exited, stopped after its shards moved, or pinned to a node that is gone): the
   client drops it, resolves the shard's host again and repeats the call, for up to
   `retry_timeout` seconds.
+- A handler (or entity type) the host lacks: if the current release has it, the host
+  runs an older release that a roll has not moved off the shard yet, and the call is
+  sent again until it has; if the current release lacks it, `HandlerNotHostedError`
+  (`UnknownEntityTypeError`) at once, naming the release. Nothing was stored.
 
 Concurrent accepts for one shard from one client are sent as one actor call, an
 `AcceptBatch` (the batch is whatever is queued when the event loop comes round): one
@@ -37,9 +48,8 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import ray
@@ -49,28 +59,23 @@ from ray import exceptions as rex
 from corral._errors import (
     BatchRefusedError,
     CorralError,
+    DeploymentNotFoundError,
     HandlerNotHostedError,
     InvalidArgumentError,
+    ShardCountError,
     ShardMovedError,
     UnknownEntityTypeError,
 )
 from corral.actors import EntityDefinition
 from corral.actors._manifest import manifest_json
-from corral.persistence import (
-    Acceptance,
-    AcceptResult,
-    Store,
-    UpdateOutcome,
-    is_postgres_url,
-    stored_shards,
-)
+from corral.persistence import Acceptance, AcceptResult, Store, UpdateOutcome
 
-from ..client._options import check_hosts
 from ..client._requests import AcceptBatch, AnyRequest, SignalBatch, WaitUpdate
+from ._deployment import placer_of, shown_store, store_location
+from ._deployment import stop_ray_hosts as stop_hosts
 from ._directory import host_of
-from ._env import check_ray_hosting, env_vars_of, with_env_vars
-from ._placer import placer_handle, placer_name
-from ._rolling import stop_ray_hosts as stop_hosts
+from ._env import env_vars_of, with_env_vars
+from ._release import Release
 from ._shard_host import (
     PlacementRouter,
     RayHostSpec,
@@ -95,21 +100,22 @@ _RETRYABLE = (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError,
 placer moves its shards, and the next handle is the new host's)."""
 _MAX_MOVES = 8
 """Re-routes of one call after `ShardMovedError` (a roll moves a shard once)."""
-_MIN_POLL = 0.05
-"""Shard actors tail the journal at most this often (see `connect_ray`)."""
+RELEASE_READ = 0.2
+"""Seconds between a client's reads of the current release (after a refusal only)."""
 
 class RayBackend:
-    """The client of a Ray deployment: routes each call to the owning shard actor.
+    """The client of a Ray deployment: routes each call to the owning host actor.
 
     Args:
-        spec: the deployment (store path, shard count, namespace, lease settings).
+        spec: the deployment (store, shard count, namespace, lease settings), its
+            placer's.
         definitions: the entity types this client addresses.
         router: routing with placement (dedicated entities get their own actor).
-        actor_options: extra Ray options for the host actors (e.g. `runtime_env`).
-        hosts: host actors wanted (see `_placer`): a total, or {node id: count};
-            default one per node. Used by the placer this client creates, if any.
+        placer: the deployment's placer (its current release, and shards to place).
+        release: the current release when this client connected.
         retry_timeout: how long to keep retrying a call whose actor is unavailable.
-        owns_ray: whether `close()` shuts Ray down (this client started it).
+        started_ray: whether this process started its Ray instance (then `close()`
+            ends it, its hosts first, cleanly).
     """
 
     calls_once = False  # a call whose actor died is sent again (by `call`, and by Ray itself:
@@ -128,36 +134,58 @@ class RayBackend:
         return await pull_hosts(self.spec.namespace)
 
     def __init__(self, spec: RayHostSpec, definitions: Mapping[str, EntityDefinition],
-                 router: PlacementRouter, *, actor_options: Mapping[str, Any] | None = None,
-                 hosts: int | Mapping[str, int] | None = None,
-                 retry_timeout: float = 120.0, owns_ray: bool = False) -> None:
+                 router: PlacementRouter, placer: Any, release: Release, *,
+                 retry_timeout: float = 120.0, started_ray: bool = False) -> None:
         self.spec = spec
         self.router = router
+        self.release = release
+        self._placer = placer
+        self._release_read = time.monotonic()
         self._definitions = definitions
-        self._entities = [d.cls for d in definitions.values()]
-        self._actor_options = dict(actor_options or {})
-        self._hosts = hosts
         self._retry_timeout = retry_timeout
-        self._owns_ray = owns_ray
+        self._started_ray = started_ray
         self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._creating: dict[int, asyncio.Future[Any]] = {}
         self._queued: dict[int, list[tuple[Acceptance, asyncio.Future[AcceptResult]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
         self.retries: collections.Counter[str] = collections.Counter()
         """Calls sent again, by why: `moved` (a roll moved the shard: re-routed),
-        `not_hosted` (an older build hosts it: `HandlerNotHostedError`), `unavailable`
-        (the actor restarting or gone). For operators and benchmarks."""
+        `not_hosted` (an older release hosts it: `HandlerNotHostedError`),
+        `unavailable` (the actor restarting or gone). For operators and benchmarks."""
+
+    # -- the release -------------------------------------------------------------------
+
+    async def _current(self) -> Release:
+        """The current release, read again from the placer (at most every
+        `RELEASE_READ` seconds)."""
+        if time.monotonic() - self._release_read >= RELEASE_READ:
+            self._release_read = time.monotonic()
+            with contextlib.suppress(rex.RayError):
+                release, _ = await self._placer.current.remote()
+                if release is not None:
+                    self.release = release
+        return self.release
+
+    async def _rolling_to(self, etype: str, name: str | None) -> bool:
+        """Whether the current release has `etype` (and its handler `name`): then a
+        host that lacks it runs an older release, and the call is sent again."""
+        release = await self._current()
+        return etype in release.manifests if name is None else release.handles(etype, name)
 
     # -- actors ------------------------------------------------------------------------
 
-    def _options(self, index: int, etype: str, name: str) -> dict[str, Any]:
-        """A dedicated actor's options (the placer makes the host actors)."""
+    def _options(self, etype: str, name: str) -> dict[str, Any]:
+        """A dedicated actor's options: the release's, then the entity's `ray_options`."""
         # Calls waiting for an update's outcome park in the actor (up to WAIT_SLICE):
         # room for many, so they never hold up accepts behind them.
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000,
+                                   **self.release.actor_options}
         options.update(with_env_vars(self._definitions[etype].ray_options,
-                                     env_vars_of(self._actor_options),
+                                     env_vars_of(self.release.runtime_env),
                                      named=f"{etype}.ray_options"))
+        runtime_env = {**self.release.runtime_env, **options.get("runtime_env", {})}
+        if runtime_env:
+            options["runtime_env"] = runtime_env
         options.update(
             name=name, namespace=self.spec.namespace,
             get_if_exists=True, lifetime="detached", max_restarts=-1, max_task_retries=-1,
@@ -166,13 +194,13 @@ class RayBackend:
 
     def _create(self, index: int, etype: str) -> Any:
         """The actor hosting shard `index`: a dedicated entity's own (got or created by
-        name), or the host actor the directory names (`_directory`); a shard not
-        placed yet, or placed on an actor that is gone, is placed by the deployment's
-        placer (`_placer`, got or created here) first. Blocking (GCS calls)."""
+        name, with the release's code), or the host actor the directory names
+        (`_directory`); a shard not placed yet, or placed on an actor that is gone, is
+        placed by the deployment's placer first. Blocking (GCS calls)."""
         if self.router.is_dedicated(index):
             name = actor_name(self.spec, index)
-            return shard_actor_class().options(**self._options(index, etype, name)).remote(
-                self.spec, [self._definitions[etype].cls], index, name)
+            return shard_actor_class().options(**self._options(etype, name)).remote(
+                self.spec, self.release, index, name)
         deadline = time.monotonic() + self._retry_timeout
         while True:
             name = host_of(self.spec.namespace, index, "")
@@ -186,20 +214,20 @@ class RayBackend:
             self.place()
             if host_of(self.spec.namespace, index, "") == name:
                 time.sleep(0.1)  # named, but not (yet, or any more) a live actor
+
     def place(self) -> None:
-        """Ask the placer (got or created) to place every shard, with this client's
-        `hosts` if given. Blocking."""
-        placer = placer_handle(self.spec, self._entities, self._actor_options, self._hosts)
+        """Ask the placer to place every shard now (this client found one unplaced).
+        Blocking."""
         try:
-            ray.get(placer.place.remote(self._hosts), timeout=self._retry_timeout)
+            ray.get(self._placer.place.remote(), timeout=self._retry_timeout)
         except rex.RayTaskError as err:
             if isinstance(err.cause, CorralError):
                 raise err.cause from None
             raise
         except rex.RayActorError as err:
-            hint = start_failure_hint(err)
-            raise CorralError(f"the placer of {self.spec.namespace!r} failed to start"
-                              f"{hint}: {err}") from err
+            raise DeploymentNotFoundError(
+                f"the placer of {self.spec.namespace!r} is gone (the deployment was "
+                f"stopped?): {err}") from err
 
     async def _handle(self, index: int, etype: str) -> Any:
         handle = self._handles.get(index)
@@ -215,11 +243,7 @@ class RayBackend:
     async def _create_and_keep(self, index: int, etype: str) -> Any:
         try:
             # get-or-create asks the GCS synchronously: keep it off the event loop.
-            try:
-                handle = await asyncio.to_thread(self._create, index, etype)
-            except CorralError:  # a host actor that could not start: if another
-                await check_ray_hosting(self.spec.store, self.spec.shards, None)  # cluster
-                raise  # hosts the store, that refusal (`StoreHostedElsewhereError`) instead
+            handle = await asyncio.to_thread(self._create, index, etype)
             await self._check_definitions(handle, index, etype)
         finally:
             del self._creating[index]
@@ -255,7 +279,6 @@ class RayBackend:
         deadline = time.monotonic() + self._retry_timeout
         delay = 0.02
         init_failures = moves = 0
-        registered = False
         while True:
             if sent is not None:
                 (handle, attempt), sent = sent, None
@@ -266,19 +289,17 @@ class RayBackend:
                 return await attempt
             except rex.RayTaskError as err:  # the method itself raised: not retried
                 cause = err.cause
-                if isinstance(cause, UnknownEntityTypeError) and not registered:
-                    registered = True  # the actor was created by a client that did not
-                    await handle.register.remote(self._entities)  # list this type: teach it
-                    continue
                 if isinstance(cause, ShardMovedError) and moves < _MAX_MOVES:
                     moves += 1  # the shard moved: the next handle is its new actor's
                     self.retries["moved"] += 1
                     self._forget(index, handle)
                     continue
-                if isinstance(cause, HandlerNotHostedError) and \
-                        time.monotonic() + delay <= deadline:
-                    self._forget(index, handle)  # an older build hosts it: wait for the roll
-                    self.retries["not_hosted"] += 1
+                if isinstance(cause, HandlerNotHostedError | UnknownEntityTypeError) and \
+                        time.monotonic() + delay <= deadline and await self._rolling_to(
+                            etype, getattr(op, "name", None)
+                            if isinstance(cause, HandlerNotHostedError) else None):
+                    self._forget(index, handle)  # an older release hosts it: the roll
+                    self.retries["not_hosted"] += 1  # moves the shard soon
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
@@ -289,7 +310,6 @@ class RayBackend:
                 self._forget(index, handle)
                 self.retries["unavailable"] += 1
                 if getattr(err, "_actor_init_failed", False):
-                    await check_ray_hosting(self.spec.store, self.spec.shards, None)
                     init_failures += 1
                     if init_failures >= 3:
                         hint = start_failure_hint(err)
@@ -400,8 +420,9 @@ class RayBackend:
                     waiting: list[tuple[Acceptance, asyncio.Future[AcceptResult]]],
                     sent: tuple[Any, Any] | None) -> None:
         """Send `batch` and give each waiter its result. An acceptance refused with
-        `HandlerNotHostedError` (an older build hosts the shard during a roll) is sent
-        again, with backoff, for up to `retry_timeout` seconds."""
+        `HandlerNotHostedError` while the current release has the handler (an older
+        release hosts the shard during a roll) is sent again, with backoff, for up to
+        `retry_timeout` seconds; refused for a handler the release lacks, at once."""
         deadline = time.monotonic() + self._retry_timeout
         delay = 0.05
         while True:
@@ -420,7 +441,8 @@ class RayBackend:
                 if fut.done():  # its caller was cancelled; the accept still happened
                     continue
                 if isinstance(result, HandlerNotHostedError) and \
-                        time.monotonic() + delay <= deadline:
+                        time.monotonic() + delay <= deadline and \
+                        await self._rolling_to(acc.entity_type, acc.name):
                     again.append((acc, fut))
                 elif isinstance(result, BaseException):
                     fut.set_exception(result)
@@ -435,14 +457,14 @@ class RayBackend:
             batch = AcceptBatch(batch.shard, [acc for acc, _ in again], batch.shards)
 
     async def close(self) -> None:
-        """Forget the actor handles (the actors live on). If this client started Ray,
-        its actors end with it: stop them cleanly first (each releases its leases and
-        its claim on the store, `stop_hosts`), so that the store's next host, local or
-        on another Ray instance, need not wait two lease terms; then shut Ray down."""
+        """Forget the actor handles: the deployment runs on, whoever else uses it. Only
+        a process that started its own Ray instance ends it (its hosts, which cannot
+        outlive it, are stopped cleanly first: each releases its leases and its claim
+        on the store, so that the store's next host need not wait two lease terms)."""
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
         self._handles.clear()
-        if self._owns_ray:
+        if self._started_ray:
             try:
                 await asyncio.to_thread(stop_hosts, self.spec.namespace, timeout=10.0)
             except Exception as err:  # they die with Ray all the same
@@ -457,70 +479,49 @@ class RayBackend:
         return await self._handle(self.router.shard_of(etype, key), etype)
 
 
-RAY_SHARDS = 256
-"""A new Ray deployment's shard count when `open_runtime` is given none: shards are
-the unit that moves between host actors as nodes join and leave, so many more of them
-than hosts (16 hosts hold 16 each; `benchmarks/placement.py` measures what a host
-holding 64 costs when idle)."""
-
-
-async def deployment_shards(store: str, namespace: str) -> int:
-    """The shard count of a Ray deployment whose client gave none: the store's, or the
-    running deployment's (its placer's: the store is created by the host actors, at
-    their first call), or `RAY_SHARDS` for a new one."""
-    try:
-        return await stored_shards(store, any_version=True)
-    except InvalidArgumentError:  # no store there yet
-        pass
-    try:
-        placer = await asyncio.to_thread(ray.get_actor, placer_name(namespace),
-                                         namespace=namespace)
-    except ValueError:
-        return RAY_SHARDS
-    spec: RayHostSpec = await placer.spec_of.remote()
-    return spec.shards
-
-
 async def connect_ray(store: str, definitions: Mapping[str, EntityDefinition], *,
-                      shards: int | None,
-                      address: str | None, namespace: str, lease_ttl: float,
-                      poll_interval: float, actor_options: Mapping[str, Any] | None,
-                      env_vars: Mapping[str, str] | None = None,
-                      hosts: int | Mapping[str, int] | None = None,
+                      shards: int | None, address: str | None, namespace: str,
+                      deploy: Callable[[], Any] | None = None,
                       ) -> tuple[RayBackend, PlacementRouter]:
-    """Connect to (or start) Ray and build the client of the deployment `namespace`."""
-    if is_postgres_url(store):
-        path = store  # every actor, on any node, connects to the same database
-    else:
-        if store.startswith("sqlite:///"):
-            store = store[len("sqlite:///"):]
-        if store in (":memory:", "sqlite://:memory:", ""):
-            raise InvalidArgumentError(
-                "the Ray backend needs a store every shard actor can open (a PostgreSQL "
-                "URL, or a file on this machine), not an in-memory store")
-        path = os.path.abspath(store)  # noqa: ASYNC240 (string work, no I/O)
-    actor_options = with_env_vars(actor_options or {}, env_vars)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
+    """Connect to Ray (started when not initialized and `address` is None and no
+    cluster is found) and build a client of the deployment `namespace`, after `deploy`
+    (a blocking call declaring this process's release) if given.
+
+    Raises:
+        DeploymentNotFoundError: no deployment `namespace` runs on this Ray cluster.
+        InvalidArgumentError: `store` or `shards` other than the deployment's.
+    """
+    location = store_location(store)
+    started = False
+    if not ray.is_initialized():
         with keeping_sigterm():  # a server's SIGTERM handler stays (`_sigterm`)
             ray.init(address=address, namespace=namespace, log_to_driver=False)
-    try:  # before any actor is created: refused if another cluster hosts the store
-        if shards is None:
-            shards = await deployment_shards(path, namespace)
-        if hosts is not None:
-            check_hosts(hosts, shards)
-        await check_ray_hosting(path, shards, address)
+        node = getattr(ray._private.worker, "_global_node", None)
+        started = bool(getattr(node, "head", False))  # not connected: started here
+    try:
+        if deploy is not None:
+            await asyncio.to_thread(deploy)
+        placer = await asyncio.to_thread(placer_of, namespace)
+        spec: RayHostSpec = await placer.spec_of.remote()
+        if spec.store != location:
+            raise InvalidArgumentError(
+                f"the Ray deployment {namespace!r} runs on another store than "
+                f"{shown_store(location)}: open the runtime on its store, or use another "
+                f"namespace")
+        if shards is not None and shards != spec.shards:
+            raise ShardCountError(
+                f"shards={shards}, but the Ray deployment {namespace!r} has "
+                f"{spec.shards} shards (pass none: the deployment's count is used)",
+                store_shards=spec.shards, shards=shards)
+        release, _ = await placer.current.remote()
+        if release is None:
+            raise DeploymentNotFoundError(
+                f"the Ray deployment {namespace!r} has no release yet: declare one "
+                f"(corral deploy)")
     except BaseException:
-        if owns_ray:
+        if started:
             await asyncio.to_thread(ray.shutdown)
         raise
-    # Every call reaches the owning actor directly; tailing the journal only picks up what
-    # a fenced-out zombie accepted. Polling it every 5 ms costs ~7% of a core per idle
-    # shard actor (measured), so the actors poll at most every 50 ms.
-    spec = RayHostSpec(path, shards, namespace, lease_ttl, max(poll_interval, _MIN_POLL))
-    router = PlacementRouter(shards, definitions)
-    backend = RayBackend(spec, definitions, router, actor_options=actor_options,
-                         hosts=hosts, owns_ray=owns_ray)
-    if hosts is not None:  # the deployment's placer takes an explicit setting at once
-        await asyncio.to_thread(backend.place)
+    router = PlacementRouter(spec.shards, definitions)
+    backend = RayBackend(spec, definitions, router, placer, release, started_ray=started)
     return backend, router

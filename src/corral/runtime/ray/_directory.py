@@ -1,23 +1,19 @@
 """Which Ray actor hosts each shard of a deployment: the directory clients route by.
 
-A deployment starts with one actor per shard under the shard's own name
-(`corral/<namespace>/shard-<k>`). A rolling deploy (`_rolling`) replaces each with an
-actor under a build-qualified name (`.../shard-<k>@<build>`) and records the new name
-here, in Ray's GCS key-value store (namespace `corral/<namespace>`, key `shard-<k>`):
-the same place, with the same lifetime, as the named actors themselves, readable from
-drivers, tasks and actors alike without a store connection. No entry: the shard's
-own name.
+The placer (`_placer`) records here, for each shard, the name of the host actor that
+holds it (`corral/<namespace>/host-<node>-<n>@<release id>`), in Ray's GCS key-value
+store (namespace `corral/<namespace>`, key `shard-<k>`): the same place, with the
+same lifetime, as the named actors themselves, readable from drivers, tasks and actors
+alike without a store connection. No entry: the shard is not placed yet.
 
 How a client stays right (`_connection.RayBackend`): it resolves the name here each time it
 makes a handle (not per call); an actor that has handed its shard off answers
-`ShardMovedError` naming its successor, and the client re-routes. The roll writes the
-entry *before* it kills the old actor, so a client that resolved the old name just
-before and re-creates it by name (`get_if_exists`) makes an actor that reads the new
-entry at start, takes no lease, and answers `ShardMovedError` (`ShardHost`): a stale
-name costs a redirect, never a second holder.
+`ShardMovedError` naming its successor, and the client re-routes. A move writes the
+entry *before* the old host retires the shard: a stale name costs a redirect, never a
+second holder.
 
 The value is an actor name, not "the actor of shard k": several shards name one host
-actor (`corral/<ns>/host-<node>-<n>@<build>`, placed by `_placer`), and every move
+actor (`corral/<ns>/host-<node>-<n>@<release id>`, placed by `_placer`), and every move
 (a rebalance, a drain, a roll) is the same two steps: the hand-off, then this entry.
 The same namespace keeps the nodes an operator drained (`drained-<node id>`), so the
 placer, restarted anywhere, places nothing there again.

@@ -243,14 +243,15 @@ def _emit(entry: dict[str, Any]) -> None:
 
 class LogFollower:
     """A runtime's view of its deployment's host actors' logs (see the module
-    docstring): `open` follows the relay from now on, `close` stops."""
+    docstring): `open` follows the relay from `since` (default: now) on, `close` stops."""
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self._task: asyncio.Task[None] | None = None
 
-    def open(self) -> None:
-        self._task = asyncio.create_task(self._follow(time.time()), name="corral-logs")
+    def open(self, since: float | None = None) -> None:
+        self._task = asyncio.create_task(
+            self._follow(time.time() if since is None else since), name="corral-logs")
 
     async def _follow(self, since: float) -> None:
         import ray

@@ -3,25 +3,27 @@
 Shards are units of placement, host actors are processes: a deployment has a fixed
 number of shards (its store's) and a few host actors (`ShardHost`), by default one per
 alive Ray node, each holding many shards. One detached named actor per deployment,
-`corral/<ns>/placer` (get-or-created by any client that finds a shard unassigned;
-`max_restarts=-1`), decides the assignment and is the only one that changes it, so
-two moves of one shard never race. Its state is the directory (`_directory`, in
-Ray's GCS: shard -> host actor name, and the drained nodes) and the named host actors:
-a restarted placer reads them again and goes on.
+`corral/<ns>/placer` (created by `deploy`, `_deployment`; `max_restarts=-1`), decides
+the assignment and is the only one that changes it, so two moves of one shard never
+race. It holds no entity code: it runs the deployment's current release (`_release`),
+which it reads from the store when it starts, so Ray restarting it on any node changes
+nothing, and which only `declare` (called by `deploy`) changes. Its other state is the
+directory (`_directory`, in Ray's GCS: shard -> host actor name, and the drained
+nodes) and the named host actors: a restarted placer reads them again and goes on.
 
-Host actors are named `corral/<ns>/host-<node id[:12]>-<n>@<build>`, pinned to their
+Host actors are named `corral/<ns>/host-<node id[:12]>-<n>@<release id>`, pinned to their
 node (`NodeAffinitySchedulingStrategy(soft=False)`): a host never wanders to another
 node when Ray restarts it, so "the shards of a node" stays true. `hosts=` (an int: the
 total, spread over the nodes; or {node id: count}) changes how many.
 
 Every round (`PLACER_PERIOD`, and at once when a client asks, `place`):
 
-1. the hosts wanted: `hosts` per alive, undrained node, of the current build
-   (created if missing);
+1. the hosts wanted: the release's `hosts` over the alive, undrained nodes, of the
+   current release (created if missing, with its runtime_env: each imports the app);
 2. shards no host holds yet go to the least-loaded hosts, and so do the shards of a
    host whose node is gone (taken over at a new epoch: the old holder is fenced out);
    both at once, whatever the limit: nobody serves them meanwhile;
-3. shards on a host no longer wanted (its node drained, an older build, one host too
+3. shards on a host no longer wanted (its node drained, another release, one host too
    many) move, at most `limit` per round, preferring a host on the same node;
 4. while the most-loaded host holds more than one shard more than the least-loaded,
    one shard moves from the first to the second, within the same limit (Akka's
@@ -36,6 +38,10 @@ the old host retires the shard (later calls get `ShardMovedError` naming the rec
 and the client re-routes). A client holding a stale name is redirected, never wrong:
 only the lease holder applies, and every write is fenced by its epoch.
 
+Rounds run every `PLACER_PERIOD`, and back to back while shards are misplaced (a roll
+after `declare`, a drain): each moves at most `MOVES_PER_ROUND`, so a roll of 256
+shards pauses 8 shards at a time, never all of them at once.
+
 Known limit: a host actor that Ray restarts while a shard is being moved off it takes
 that shard back (the directory still names it until the move's second step); the
 mover's take is then fenced out and the next round moves the shard again.
@@ -47,21 +53,27 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral._errors import CorralError, InvalidArgumentError
-from corral.actors import Entity, EntityDefinition
+from corral._errors import (
+    CorralError,
+    DeploymentNotFoundError,
+    IncompatibleBuildError,
+    InvalidArgumentError,
+)
+from corral.persistence import Store, open_store
 
+from .._build_registration import refused_release
 from ._directory import assignment, drained_nodes, set_drained, set_host
+from ._release import Release
 from ._shard_host import RayHostSpec, shard_actor_class, start_failure_hint
 
-__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "build_tag", "host_name",
-           "host_node_prefix", "placer_handle", "placer_name", "plan_moves"]
+__all__ = ["PLACER_PERIOD", "Placer", "RollStep", "host_name", "host_node_prefix",
+           "placer_handle", "placer_name", "plan_moves", "release_of"]
 
 log = logging.getLogger("corral.ray")
 
@@ -95,12 +107,6 @@ class RollStep:
     seconds: float
 
 
-def build_tag(definitions: Sequence[EntityDefinition]) -> str:
-    """A short name for a build (every type's fingerprint): host actors' name suffix."""
-    text = "\0".join(sorted(f"{d.name}={d.fingerprint}" for d in definitions))
-    return hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
-
-
 def host_name(namespace: str, node_id: str, n: int, tag: str) -> str:
     """`corral/<namespace>/host-<node id[:12]>-<n>@<build>`."""
     return f"corral/{namespace}/host-{node_id[:12]}-{n}@{tag}"
@@ -111,7 +117,8 @@ def host_node_prefix(name: str) -> str:
     return name.rsplit("/", 1)[-1][len("host-"):].split("-", 1)[0]
 
 
-def _tag_of(name: str) -> str:
+def release_of(name: str) -> str:
+    """The release id in a host actor's name (`host_name`'s last part)."""
     return name.rsplit("@", 1)[-1]
 
 
@@ -120,17 +127,15 @@ def placer_name(namespace: str) -> str:
     return f"corral/{namespace}/placer"
 
 
-def placer_handle(spec: RayHostSpec, entities: Sequence[type[Entity]],
-                  actor_options: Mapping[str, Any] | None = None,
-                  hosts: int | Mapping[str, int] | None = None) -> Any:
-    """Get or create the placer of `spec.namespace` (blocking: a GCS call). The first
-    creator's `entities`, `actor_options` and `hosts` are the ones it uses."""
+def placer_handle(spec: RayHostSpec) -> Any:
+    """Get or create the placer of `spec.namespace` (blocking: a GCS call). It holds
+    no code: it runs the release the store names current (`deploy` declares one)."""
     import ray
 
     return ray.remote(Placer).options(
         name=placer_name(spec.namespace), namespace=spec.namespace, get_if_exists=True,
         lifetime="detached", max_restarts=-1, max_task_retries=-1, num_cpus=0,
-    ).remote(spec, list(entities), dict(actor_options or {}), hosts)
+    ).remote(spec)
 
 
 Move = tuple[int, str, bool]
@@ -189,46 +194,81 @@ def plan_moves(shards: int, directory: Mapping[int, str], wanted: Sequence[str],
 class Placer:
     """The placer actor (see the module docstring)."""
 
-    async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
-        self, spec: RayHostSpec, entities: list[type[Entity]],
-        actor_options: dict[str, Any], hosts: int | Mapping[str, int] | None,
-    ) -> None:
+    async def __init__(self, spec: RayHostSpec) -> None:  # type: ignore[misc]  # Ray awaits
         self.spec = spec
-        self.entities = entities
-        self.tag = build_tag([cls._corral_definition for cls in entities])
-        self.actor_options = actor_options
-        self.hosts = hosts
+        self.store: Store = await open_store(spec.store, shards=spec.shards)
+        releases = [Release.of_record(r)
+                    for r in await self.store.releases(spec.namespace, limit=2)]
+        self.release: Release | None = releases[0] if releases else None
+        """The current release (None until the first `declare`)."""
+        self.previous: Release | None = releases[1] if len(releases) > 1 else None
+        # Ray restarted this placer (shards are placed): go on at once. A new one (the
+        # deployment was stopped, its releases kept) places nothing until `deploy`
+        # declares the release to run, or a client asks.
+        self._placing = bool(await asyncio.to_thread(assignment, spec.namespace))
         self._lock = asyncio.Lock()  # one round (one set of moves) at a time
-        self._held_until = 0.0  # a roll drives the rounds itself until then (monotonic)
+        self._wake = asyncio.Event()  # a round now: a release declared, or shards misplaced
         self._failed: CorralError | None = None  # why the last round's first move failed
+        self.moved = 0  # moves made since start (`progress`)
         self.moves: collections.deque[RollStep] = collections.deque(maxlen=1024)
         """The latest moves, oldest first (for operators and benchmarks)."""
-        await self._adopt_build()
         self._loop_task = asyncio.create_task(self._loop(), name="corral-placer")
+        if self.release is not None:
+            log.info("placer %s: runs %s", spec.namespace, self.release)
 
-    async def _adopt_build(self) -> None:
-        """A restarted placer (Ray re-runs `__init__` with the first creator's entities)
-        takes the build the hosts run now, if a roll replaced it."""
-        import ray
+    # -- what `deploy`, clients, `drain_node` call -----------------------------------
 
-        directory = await asyncio.to_thread(assignment, self.spec.namespace)
-        tags = {_tag_of(name) for name in directory.values()}
-        if len(tags) != 1 or self.tag in tags:
-            return
-        name = next(iter(directory.values()))
-        with contextlib.suppress(ValueError, ray.exceptions.RayError):
-            self.entities = await ray.get_actor(name, namespace=self.spec.namespace
-                                                ).entities.remote()
-            self.tag = tags.pop()
+    async def declare(self, release: Release) -> tuple[Release, Release | None, list[str]]:
+        """Make `release` the deployment's current release (recorded in the store) and
+        roll every shard to it from the next rounds on; (current, previous, notes).
+        Declaring the current release again changes nothing; a release that gives no
+        `hosts` keeps the current one's.
 
-    # -- what clients, `drain_node` and `roll_ray_hosts` call ----------------------------
+        Raises:
+            IncompatibleBuildError: the current release cannot be replaced by this one
+                (naming each difference); nothing was recorded or moved.
+        """
+        async with self._lock:
+            current = self.release
+            if current is not None and release.hosts is None:  # not given: kept
+                release = dataclasses.replace(release, hosts=current.hosts)
+            if current is not None and current.key == release.key:
+                self._placing = True
+                self._wake.set()
+                return current, self.previous, []
+            notes: list[str] = []
+            if current is not None:
+                refused, notes = await refused_release(self.store, current.manifests,
+                                                       release.manifests)
+                if refused:
+                    raise IncompatibleBuildError(
+                        f"{release.app} ({release.id}) cannot replace the current "
+                        f"{current}: " + "; ".join(refused) + ". Declare a compatible "
+                        "release (see `corral builds` and the upgrade hooks), or stop the "
+                        "deployment (corral deploy stop) and start it anew",
+                        entity_type=refused[0].split(" ", 1)[0],
+                        differences=tuple(refused))
+            record = await self.store.declare_release(
+                self.spec.namespace, release.key, release.body(),
+                declared_by=release.declared_by)
+            self.previous, self.release = current, Release.of_record(record)
+            self._placing = True
+            log.info("placer %s: %s declared by %s%s", self.spec.namespace, self.release,
+                     release.declared_by, "".join(f"; {n}" for n in notes))
+        self._wake.set()
+        return self.release, self.previous, notes
 
-    async def place(self, hosts: int | Mapping[str, int] | None = None) -> dict[int, str]:
-        """Place every unplaced shard now (a client found one); the directory. `hosts`:
-        a client's explicit setting, which replaces the placer's (the next rounds
-        start or stop hosts and even the shards out over them)."""
-        if hosts is not None:
-            self.hosts = hosts
+    async def current(self) -> tuple[Release | None, Release | None]:
+        """(the current release, the one before): what clients connect to."""
+        return self.release, self.previous
+
+    async def place(self) -> dict[int, str]:
+        """Place every unplaced shard now (a client found one); the directory."""
+        if self.release is None:
+            raise DeploymentNotFoundError(
+                f"the Ray deployment {self.spec.namespace!r} has no release: declare one "
+                f"with `corral deploy --namespace {self.spec.namespace} --app ...`")
+        self._placing = True
         async with self._lock:
             await self._round(limit=0)
         directory = await asyncio.to_thread(assignment, self.spec.namespace)
@@ -236,9 +276,21 @@ class Placer:
             raise self._failed  # a host could not start: the client reports it
         return directory
 
+    async def progress(self, since: int) -> tuple[int, list[RollStep], int, str]:
+        """(moves made so far, the moves after the first `since` of them (those still
+        kept), shards on the current release's hosts, why the last round's first move
+        failed or ""): a roll's progress."""
+        new = max(0, min(self.moved - since, len(self.moves)))
+        steps = list(self.moves)[len(self.moves) - new:] if new else []
+        directory = await asyncio.to_thread(assignment, self.spec.namespace)
+        on = 0 if self.release is None else sum(
+            1 for name in directory.values() if release_of(name) == self.release.id)
+        return self.moved, steps, on, str(self._failed or "")
+
     async def drain(self, node_id: str) -> tuple[list[RollStep], list[str]]:
         """Move every shard off `node_id`'s hosts, stop them, and place nothing there
-        again (until `undrain`); (the moves, the hosts stopped)."""
+        again (until `undrain`); (the moves, the hosts stopped). `MOVES_PER_ROUND`
+        shards at a time."""
         alive, _, drained, _ = await asyncio.to_thread(self._observe)
         if not alive - drained - {node_id}:
             raise InvalidArgumentError(
@@ -253,7 +305,7 @@ class Placer:
             # none of them (seen under load: `stopped` empty).
             await asyncio.to_thread(set_drained, self.spec.namespace, node_id, True)
             while True:
-                moved, gone = await self._round(limit=self.spec.shards, balance=False)
+                moved, gone = await self._round(limit=MOVES_PER_ROUND, balance=False)
                 steps += moved
                 stopped += gone
                 if not moved:
@@ -264,31 +316,11 @@ class Placer:
         """Let the placer place shards on `node_id` again (from its next round)."""
         await asyncio.to_thread(set_drained, self.spec.namespace, node_id, False)
 
-    async def roll(self, entities: list[type[Entity]], actor_options: dict[str, Any]) -> str:
-        """Make `entities` the build of every host from now on; its tag. The caller
-        (`roll_ray_hosts`) then calls `roll_step` until it answers no move."""
-        async with self._lock:  # a background round in progress moves by the old build
-            self.entities = entities
-            self.tag = build_tag([cls._corral_definition for cls in entities])
-            self.actor_options = actor_options
-            self._held_until = time.monotonic() + 60.0
-        return self.tag
-
-    async def roll_step(self) -> tuple[list[RollStep], list[str]]:
-        """One shard (at most) moved to a host of the current build; (moves, hosts
-        stopped). The background rounds wait while a roll calls this."""
-        self._held_until = time.monotonic() + 60.0
-        async with self._lock:
-            steps, stopped = await self._round(limit=1, balance=False)
-        if not steps:
-            self._held_until = 0.0
-        return steps, stopped
-
     async def state(self) -> dict[str, Any]:
         """The assignment, the settings and the latest moves (for operators, tests and
         benchmarks)."""
         directory = await asyncio.to_thread(assignment, self.spec.namespace)
-        return {"directory": directory, "tag": self.tag, "hosts": self.hosts,
+        return {"directory": directory, "release": self.release, "previous": self.previous,
                 "moves": [dataclasses.asdict(step) for step in self.moves],
                 "drained": sorted(await asyncio.to_thread(drained_nodes,
                                                           self.spec.namespace))}
@@ -301,32 +333,38 @@ class Placer:
         self._loop_task.cancel()
         with contextlib.suppress(BaseException):
             await self._loop_task
+        await self.store.close()
 
     # -- the rounds ---------------------------------------------------------------------
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(PLACER_PERIOD)
+            with contextlib.suppress(asyncio.TimeoutError):  # not the builtin before 3.11
+                await asyncio.wait_for(self._wake.wait(), PLACER_PERIOD)
+            self._wake.clear()
+            if self.release is None or not self._placing:
+                continue
             try:
                 async with self._lock:
-                    # Judged under the lock: a roll that began while this round waited
-                    # for it makes its own moves (and reports them), one at a time.
-                    if time.monotonic() < self._held_until:
-                        continue
-                    await self._round(limit=MOVES_PER_ROUND)
+                    steps, _ = await self._round(limit=MOVES_PER_ROUND)
             except Exception:
                 log.exception("placer %s: a round failed", self.spec.namespace)
+                continue
+            if steps:  # more may be misplaced (a roll): the next round at once
+                self._wake.set()
 
     def _wanted(self, nodes: list[str]) -> list[str]:
         """The host actor names wanted on `nodes` (alive, undrained; sorted)."""
+        assert self.release is not None
+        hosts = self.release.hosts
         counts: dict[str, int]
-        if isinstance(self.hosts, int):
-            counts = {node: self.hosts // len(nodes) + (i < self.hosts % len(nodes))
+        if isinstance(hosts, int):
+            counts = {node: hosts // len(nodes) + (i < hosts % len(nodes))
                       for i, node in enumerate(nodes)}
         else:
-            per_node = dict(self.hosts or {})
+            per_node = dict(hosts or {})
             counts = {node: per_node.get(node, 1) for node in nodes}
-        return [host_name(self.spec.namespace, node, n, self.tag)
+        return [host_name(self.spec.namespace, node, n, self.release.id)
                 for node in nodes for n in range(counts[node])]
 
     async def _round(self, *, limit: int, balance: bool = True
@@ -347,6 +385,7 @@ class Placer:
                 self._start(name, node_ids[host_node_prefix(name)])
         steps = await self._moves(plan, directory)
         self.moves.extend(steps)
+        self.moved += len(steps)
         stopped = await self._sweep(set(wanted), named, alive, steps)
         if steps:
             log.info("placer %s: moved %d shards: %s", self.spec.namespace, len(steps),
@@ -369,25 +408,30 @@ class Placer:
                 named)
 
     def _needs(self) -> dict[str, float]:
-        """The resources one host actor asks for (from the hosts' `ray_options`)."""
-        needs = dict(self.actor_options.get("resources") or {})
+        """The resources one host actor asks for (the release's actor options)."""
+        options = self.release.actor_options if self.release is not None else {}
+        needs = dict(options.get("resources") or {})
         for option, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
-            if self.actor_options.get(option):
-                needs[resource] = float(self.actor_options[option])
+            if options.get(option):
+                needs[resource] = float(options[option])
         return needs
 
     def _start(self, name: str, node_id: str) -> Any:
-        """Get or create host actor `name`, pinned to `node_id`."""
+        """Get or create host actor `name` of the current release, pinned to `node_id`:
+        it imports the release's app in the release's runtime_env."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        release = self.release
+        assert release is not None
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000,
-                                   **self.actor_options}
+                                   **release.actor_options}
+        if release.runtime_env:
+            options["runtime_env"] = release.runtime_env
         options.update(
             name=name, namespace=self.spec.namespace, get_if_exists=True,
             lifetime="detached", max_restarts=-1, max_task_retries=-1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-        return shard_actor_class().options(**options).remote(
-            self.spec, self.entities, None, name)
+        return shard_actor_class().options(**options).remote(self.spec, release, None, name)
 
     def _handle(self, name: str) -> Any | None:
         import ray

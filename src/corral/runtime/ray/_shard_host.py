@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
-import json
 import logging
 import os
 import time
@@ -43,17 +42,17 @@ from corral._errors import (
     CorralError,
     DefinitionMismatchError,
     HandlerNotHostedError,
-    IncompatibleBuildError,
     ShardMovedError,
     UnknownEntityTypeError,
 )
 from corral.actors import (
-    Entity,
     EntityDefinition,
 )
+from corral.actors._manifest import manifest_json
 from corral.persistence import Acceptance, EntryKind, Store, is_postgres_url, open_store
 
-from .._build_registration import BuildRegistration, refused_client, refused_successor
+from .._app_path import load_entities
+from .._build_registration import BuildRegistration, refused_client
 from ..client._requests import AcceptBatch, AnyRequest, Query, WaitUpdate
 from ..client._router import Router
 from ..host._host import LocalHost
@@ -61,8 +60,9 @@ from ..host._local_backend import LocalBackend
 from ._directory import assignment, host_of
 from ._env import ray_hosting
 from ._logs import ship_logs
+from ._release import Release, release_tag
 
-__all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name", "register",
+__all__ = ["PlacementRouter", "RayHostSpec", "ShardHost", "actor_name",
            "shard_actor_class", "start_failure_hint"]
 
 log = logging.getLogger("corral.ray")
@@ -130,11 +130,12 @@ class RayHostSpec:
     """Seconds a dedicated actor lives on with no running run (None: forever)."""
 
 
-HOST_PROTOCOL = 5
+HOST_PROTOCOL = 6
 """The version of what a client and a host actor send each other (2: acceptances and
 their results as `to_wire` tuples; 3: every call is one `_ops` record to `handle`; 4:
 acceptances carry `max_backlog`, `overflow`, `applied`, results `dead_letter_id`, and an
-`AcceptBatch` may be `atomic`; 5: one actor hosts many shards, placed by the placer).
+`AcceptBatch` may be `atomic`; 5: one actor hosts many shards, placed by the placer;
+6: a host imports a declared release's app, nothing is pickled from a client).
 Detached actors outlive their clients, so an upgraded client can meet an actor of an
 older corral: the version is part of the fingerprint both check before the first call,
 and a mismatch is refused clearly."""
@@ -170,23 +171,12 @@ def start_failure_hint(err: BaseException) -> str:
     return ""
 
 
-def register(definitions: dict[str, EntityDefinition],
-             entities: Sequence[type[Entity]]) -> list[str]:
-    """Add entity classes to `definitions` by name (the first class of a name wins)."""
-    added = []
-    for cls in entities:
-        definition: EntityDefinition = cls._corral_definition
-        if definitions.setdefault(definition.name, definition) is definition:
-            added.append(definition.name)
-    return added
-
-
 class ShardHost:
     """A host actor of a deployment (many shards), or one dedicated entity, inside an
     async Ray actor.
 
     Clients send every operation as one request record to `handle(op)`; the other
-    methods are administration (`register`, `check_definitions`, `metrics`, `info`,
+    methods are administration (`check_definitions`, `metrics`, `info`,
     `shutdown`) and placement (`take`, `retire`, called by the placer, `_placer`).
     Every call may run twice (Ray re-executes in-flight calls on a restarted actor,
     `max_task_retries=-1`): accepts are idempotent by message id, updates by update id,
@@ -207,17 +197,32 @@ class ShardHost:
     """
 
     async def __init__(  # type: ignore[misc]  # Ray awaits an async actor's __init__
-        self, spec: RayHostSpec, entities: Sequence[type[Entity]], index: int | None,
+        self, spec: RayHostSpec, release: Release, index: int | None,
         name: str | None = None,
     ) -> None:
-        """`index`: a dedicated entity's pseudo-shard; None for a host actor, which
-        hosts the shards the directory names `name` for (`name` then required)."""
+        """`release`: the code to run (its app is imported here, in the release's
+        runtime_env, which the actor was created with). `index`: a dedicated entity's
+        pseudo-shard; None for a host actor, which hosts the shards the directory names
+        `name` for (`name` then required).
+
+        Raises:
+            CorralError: the app imported here is not the release's build (the code at
+                its import path changed since it was declared: declare it again).
+        """
         self.spec = spec
+        self.release = release
         self.index = index
         self.name = name or actor_name(spec, index or 0)
         self.moved_to: dict[int, str] = {}  # shard -> the actor it was handed to
-        self.definitions: dict[str, EntityDefinition] = {}
-        register(self.definitions, entities)
+        entities = load_entities(release.app)
+        self.definitions: dict[str, EntityDefinition] = {
+            cls._corral_definition.name: cls._corral_definition for cls in entities}
+        found = release_tag({n: manifest_json(d) for n, d in self.definitions.items()})
+        if found != release.tag:
+            raise CorralError(
+                f"{self.name}: the code at {release.app} here is build {found}, not "
+                f"{release}'s build {release.tag}: the code at that path changed since "
+                f"the release was declared; declare it again (corral deploy)")
         self.router = PlacementRouter(spec.shards, self.definitions)
         self._inflight = 0
         self._open = asyncio.Event()  # cleared while deciding to exit: calls wait
@@ -307,13 +312,12 @@ class ShardHost:
         """Accept a batch (one group commit); each item's result (`AcceptResult.to_wire`)
         or its error.
 
-        An entity type this actor does not know fails the whole call before anything is
-        accepted: the client teaches the actor its types (`register`) and sends again.
+        An entity type this actor's release lacks fails the whole call before anything
+        is accepted (`UnknownEntityTypeError` naming the release; the client sends it
+        again while a roll to a release that has it is under way).
         """
         for etype in {acc.entity_type for acc in batch.accs} - set(self.definitions):
-            raise UnknownEntityTypeError(
-                f"entity type {etype!r} is not registered in "
-                f"{self.name}")
+            raise self._unknown(etype)
         if batch.atomic:
             return await self._accept_all(batch)
         results: list[tuple[Any, ...] | BaseException | None] = []
@@ -340,13 +344,13 @@ class ShardHost:
                 if r is None else r for r in results]
 
     def _check_handler(self, etype: str, name: str) -> None:
-        """A name the client's build has and this one lacks: a newer client during a
-        roll (`check_definitions` let it in as a compatible successor); it retries."""
+        """A name the client's build has and this one lacks: a client of a newer build
+        (`check_definitions` let it in as a compatible successor). The client retries
+        while the current release has it (a roll is moving the shard), else raises."""
         if self.definitions[etype].handler(name) is None:
             raise HandlerNotHostedError(
-                f"{self.name} runs a build of {etype} without a handler {name!r} "
-                f"(fingerprint {self.definitions[etype].fingerprint}): roll the hosts to "
-                f"the build that has it (corral.runtime.roll_ray_hosts)",
+                f"{self.name} runs {self.release}, whose {etype} has no handler "
+                f"{name!r}: deploy a release that has it (corral deploy)",
                 entity_type=etype)
 
     async def _accept_all(self, batch: AcceptBatch) -> list[tuple[Any, ...] | BaseException]:
@@ -362,11 +366,14 @@ class ShardHost:
                 self._check_handler(acc.entity_type, acc.name)
         return [r.to_wire() for r in await self.backend.accept_all(batch.accs)]
 
+    def _unknown(self, etype: str) -> UnknownEntityTypeError:
+        return UnknownEntityTypeError(
+            f"entity type {etype!r} is not in {self.release} that {self.name} runs: "
+            f"deploy a release with it (corral deploy)", entity_type=etype)
+
     def _check(self, etype: str, key: str, shard: int) -> None:
         if etype not in self.definitions:
-            raise UnknownEntityTypeError(
-                f"entity type {etype!r} is not registered in {self.name}"
-            )
+            raise self._unknown(etype)
         if self.router.shard_of(etype, key) != shard:
             raise CorralError(f"{etype} {key!r} does not belong to shard {shard}")
 
@@ -421,17 +428,6 @@ class ShardHost:
 
     # -- administration ----------------------------------------------------------------
 
-    async def register(self, entities: Sequence[type[Entity]]) -> list[str]:
-        """Learn entity types a client uses that this actor was not created with.
-
-        Running entities of those types that recovery skipped are activated now.
-        """
-        added = register(self.definitions, entities)
-        if added:
-            for shard in self.host.shards.values():
-                await shard.recover()
-        return added
-
     async def check_definitions(self, fingerprints: dict[str, str],
                                 manifests: dict[str, str] | None = None) -> None:
         """Refuse a client whose entity definitions differ from the ones this actor runs,
@@ -456,10 +452,9 @@ class ShardHost:
                     f"{name} runs a definition of {etype} (fingerprint {mine}) this "
                     f"client ({theirs}) cannot work with: it was started with "
                     f"incompatible entity code or another corral version"
-                    f"{''.join(f'; {d}' for d in why)}. After deploying new "
-                    f"code, stop the old actors with "
-                    f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}); the next call "
-                    f"starts new ones, which recover every entity from the store.",
+                    f"{''.join(f'; {d}' for d in why)}. It runs {self.release}: use "
+                    f"a client whose code is compatible with it, or deploy this code "
+                    f"(corral deploy).",
                     entity_type=etype, client_fingerprint=theirs, host_fingerprint=mine)
 
     async def metrics(self) -> bytes:
@@ -487,34 +482,8 @@ class ShardHost:
             "gc_threshold": gc.get_threshold(), "moved_to": dict(self.moved_to),
             "taken_at": self.taken_at, "spec": dataclasses.asdict(self.spec),  # plain data
             "fingerprints": {n: d.fingerprint for n, d in sorted(self.definitions.items())},
+            "release": self.release.id, "release_seq": self.release.seq,
         }
-
-    async def entities(self) -> list[type[Entity]]:
-        """The entity classes this actor runs (a restarted placer's build, `_placer`)."""
-        return [d.cls for d in self.definitions.values()]
-
-    # -- a rolling deploy (`_rolling.roll_ray_hosts`) ----------------------------------
-
-    async def check_successor(self, manifests: dict[str, str]) -> None:
-        """Refuse a roll to builds (`manifests`, by type) that cannot succeed this
-        actor's (`_build_registration.refused_successor`), before any actor is replaced.
-
-        Raises:
-            IncompatibleBuildError: naming every difference and its fix.
-        """
-        why = [(etype, d) for etype, text in sorted(manifests.items())
-               if etype in self.definitions
-               for d in await refused_successor(self.store, self.definitions[etype], text)]
-        if why:
-            etype = why[0][0]
-            raise IncompatibleBuildError(
-                f"the new build cannot replace the one {self.name} runs: "
-                + "; ".join(f"{t} {d}" for t, d in why)
-                + f". Deploy a compatible build, or stop the deployment with "
-                f"corral.runtime.stop_ray_hosts({self.spec.namespace!r}) and start it anew",
-                entity_type=etype, differences=tuple(d for _, d in why),
-                fingerprint=json.loads(manifests[etype])["fingerprint"],
-                newest_fingerprint=self.definitions[etype].fingerprint)
 
     # -- placement (`_placer`): the one move of a shard -------------------------------
 
