@@ -13,7 +13,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import corral
+
 TESTS_DIR = str(Path(__file__).resolve().parent)
+CORRAL_DIR = str(Path(corral.__file__).resolve().parents[1])
+"""The corral under test (a checkout's `src` run beside an installed corral, say): the
+driver imports this one too."""
 
 
 def run_driver(script: str, argv: list[str], tmp_path: Path, *, timeout: float) -> dict[str, Any]:
@@ -21,8 +26,8 @@ def run_driver(script: str, argv: list[str], tmp_path: Path, *, timeout: float) 
     Fails the test with the tail of its output if it exits non-zero."""
     temp = tempfile.mkdtemp(prefix="corral-c-")  # short: Ray's socket paths are limited
     out, log = tmp_path / "result.json", tmp_path / "cluster.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
-           "RAY_TMPDIR": temp,
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([TESTS_DIR, CORRAL_DIR]), "RAY_TMPDIR": temp,
            # Every node is on loopback; without this, Ray resolves "127.0.0.1" to the
            # machine's external address when a driver connects.
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
