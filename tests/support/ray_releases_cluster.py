@@ -214,11 +214,32 @@ def deploy_from_a_worker(store: str) -> dict[str, Any]:
     return report
 
 
+def placer_on_a_worker(cluster: Any, store: str) -> None:
+    """The deployment's placer, made before the first deploy (which then uses it), on a
+    worker node (`soft`: Ray restarts it on another node once that one is gone), so
+    the test can lose its node: where Ray would put it is not for the test to guess."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from corral.runtime.ray._deployment import MIN_POLL, store_location
+    from corral.runtime.ray._placer import Placer, placer_name
+    from corral.runtime.ray._shard_host import RayHostSpec
+
+    spec = RayHostSpec(store_location(store), SHARDS, NAMESPACE, 10.0, MIN_POLL)
+    node = next(iter(cluster.worker_nodes)).node_id  # a set: any one of them
+    placer = ray.remote(Placer).options(
+        name=placer_name(NAMESPACE), namespace=NAMESPACE, get_if_exists=True,
+        lifetime="detached", max_restarts=-1, max_task_retries=-1, num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(spec)
+    ray.get(placer.spec_of.remote())
+
+
 async def placer_loss(cluster: Any, store: str, temp: Path) -> dict[str, Any]:
     import ray
 
     from ticket_releases import SendLog, load_release, send_notes, start_tickets
 
+    await asyncio.to_thread(placer_on_a_worker, cluster, store)
     first = await asyncio.to_thread(deploy_from_a_worker, store)
     victim = placer_node(cluster)
     assert victim is not None, "the placer started on the head node: cannot lose its node"
