@@ -11,9 +11,9 @@ them from 8 concurrent senders (release 1 clients). Each round:
    roll, and the calls the client sent again (re-routed after `ShardMovedError`,
    or retried while an actor was unavailable).
 2. **stop (peer)**: the stop-the-world deploy it replaces: `stop_ray_hosts` under the
-   same stream, the next calls start fresh actors. Reported: the slowest
-   acknowledgement a caller saw (every shard is down at once until its new actor has
-   started and recovered).
+   same stream, then `deploy` of the release again (fresh host actors). Reported: the
+   slowest acknowledgement a caller saw (every shard is down at once until its new
+   host has started and recovered).
 
 Every acknowledged signal must then be applied exactly once (checked on the entities'
 own records). Timings are the one machine's wall clock; 2 cores shared with Ray's own
@@ -125,7 +125,10 @@ async def one_round(store: str, n: int) -> dict[str, Any]:
             retries = dict(collections.Counter(backend.retries) - before)
             await asyncio.sleep(1.0)
             t2 = time.monotonic()
-            await asyncio.to_thread(stop_ray_hosts, namespace)
+            await asyncio.to_thread(stop_ray_hosts, namespace)  # then the release again:
+            await asyncio.to_thread(  # no client starts hosts, an operator deploys
+                corral.runtime.deploy, namespace, app="_roll_release2:Tally", store=store,
+                runtime_env=RUNTIME_ENV, shards=SHARDS)
             t3 = time.monotonic()
             await asyncio.sleep(1.0)
             while stream.acked and stream.acked[-1][2] < t3:  # until an ack after the stop
