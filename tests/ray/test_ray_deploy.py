@@ -197,3 +197,28 @@ def test_a_release_that_gives_no_hosts_keeps_the_current_count(
                     timeout=120)
     assert second.release.hosts == 2
     assert len([h for h in deploy_status(namespace).hosts if h.shards]) == 2
+
+
+async def test_a_client_goes_on_after_the_deployment_is_stopped_and_deployed_again(
+        tmp_path: Path, namespace: str) -> None:
+    """Between the stop and the next deploy the client is told there is no deployment
+    (typed); after it, the same runtime reaches the new placer and hosts."""
+    import asyncio
+
+    from corral.runtime import stop_ray_hosts
+
+    store = str(tmp_path / "s.db")
+    await asyncio.to_thread(_deploy, store, namespace, release1)
+    async with corral.open_runtime(store, entities=[release1.Counter], backend="ray",
+                                   namespace=namespace) as rt:
+        ref = rt.ref(release1.Counter, "k")
+        await ref.signal_with_start(release1.Counter.add, Item(id="a"),
+                                    start=Start(tenant="t"))
+        await asyncio.to_thread(stop_ray_hosts, namespace)
+        with pytest.raises(corral.DeploymentNotFoundError):
+            await ref.signal(release1.Counter.add, Item(id="b"))
+        await asyncio.to_thread(_deploy, store, namespace, release1)
+        await ref.signal(release1.Counter.add, Item(id="c"))
+        while (d := await ref.describe()).applied_seq != d.accepted_seq:
+            await asyncio.sleep(0.05)
+        assert (await ref.query(release1.Counter.seen)).items == ["a", "c"]

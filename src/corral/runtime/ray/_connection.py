@@ -160,8 +160,12 @@ class RayBackend:
         `RELEASE_READ` seconds)."""
         if time.monotonic() - self._release_read >= RELEASE_READ:
             self._release_read = time.monotonic()
-            with contextlib.suppress(rex.RayError):
-                release, _ = await self._placer.current.remote()
+            with contextlib.suppress(rex.RayError, DeploymentNotFoundError):
+                try:
+                    release, _ = await self._placer.current.remote()
+                except rex.RayActorError:  # stopped, and maybe deployed again
+                    self._placer = await asyncio.to_thread(placer_of, self.spec.namespace)
+                    release, _ = await self._placer.current.remote()
                 if release is not None:
                     self.release = release
         return self.release
@@ -217,17 +221,20 @@ class RayBackend:
 
     def place(self) -> None:
         """Ask the placer to place every shard now (this client found one unplaced).
-        Blocking."""
+        Blocking.
+
+        Raises:
+            DeploymentNotFoundError: the deployment was stopped (and not deployed again).
+        """
         try:
             ray.get(self._placer.place.remote(), timeout=self._retry_timeout)
         except rex.RayTaskError as err:
             if isinstance(err.cause, CorralError):
                 raise err.cause from None
             raise
-        except rex.RayActorError as err:
-            raise DeploymentNotFoundError(
-                f"the placer of {self.spec.namespace!r} is gone (the deployment was "
-                f"stopped?): {err}") from err
+        except rex.RayActorError:  # stopped; deployed again since? the new placer
+            self._placer = placer_of(self.spec.namespace)
+            ray.get(self._placer.place.remote(), timeout=self._retry_timeout)
 
     async def _handle(self, index: int, etype: str) -> Any:
         handle = self._handles.get(index)
