@@ -66,6 +66,7 @@ class Stream:
         self.rt, self.keys, self.who = rt, keys, who
         self.acked: list[tuple[str, str, float, float]] = []  # key, id, sent at, latency
         self.errors: list[str] = []
+        self.failed_at: list[float] = []  # when each error was seen
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -87,6 +88,8 @@ class Stream:
                     release1.Tally.add, release1.Item(id=mid), message_id=mid)
             except Exception as err:
                 self.errors.append(f"{mid}: {type(err).__name__}: {err}")
+                self.failed_at.append(time.monotonic())
+                await asyncio.sleep(0.01)  # a stopped deployment answers at once
             else:
                 self.acked.append((key, mid, began, time.monotonic() - began))
 
@@ -154,6 +157,7 @@ async def one_round(store: str, n: int) -> dict[str, Any]:
                 "steady_ack_p50_ms": statistics.median(
                     lat for _, _, t, lat in stream.acked if t < t0) * 1000,
                 "retries": retries, "errors": len(stream.errors),
+                "roll_errors": sum(t0 <= t <= t1 for t in stream.failed_at),
                 "error_samples": stream.errors[:3], "acked": len(stream.acked),
                 "lost": lost, "doubled": doubled,
             }
@@ -168,7 +172,8 @@ async def measure(store: str, rounds: int) -> dict[str, Any]:
         print(f"  round {n + 1}: rolled {r['shards_moved']} shards in {r['roll_s']:.1f} s, "
               f"pause p50 {r['pause_p50_ms']:.0f} ms p99 {r['pause_p99_ms']:.0f} ms; slowest "
               f"ack {r['roll_slowest_ack_ms']:.0f} ms (stop: {r['stop_slowest_ack_ms']:.0f} ms);"
-              f" retries {r['retries']}; errors {r['errors']}; lost {r['lost']}, doubled "
+              f" retries {r['retries']}; errors {r['errors']} ({r['roll_errors']} during the"
+              f" roll); lost {r['lost']}, doubled "
               f"{r['doubled']} of {r['acked']}", flush=True)
         runs.append(r)
     pauses = [r["pause_p50_ms"] for r in runs]
