@@ -106,8 +106,8 @@ def deploy(namespace: str = "corral", *, app: str, store: str | None = None,
         env_vars: environment variables of the hosts, merged into runtime_env's.
         shards: the store's shard count (first release only; default: the store's, else
             `RAY_SHARDS`).
-        lease_ttl, poll_interval: the hosts' lease term and journal tail period (first
-            release only).
+        lease_ttl: the hosts' lease term (first release only).
+        poll_interval: how often the hosts tail the journal (first release only).
         check_snapshots: before declaring, restore a sample of the stored snapshots
             with the release's code (in its runtime_env); refuse it if any fails.
         wait: wait until every shard is on the release (else return once declared).
