@@ -227,11 +227,17 @@ def placer_on_a_worker(cluster: Any, store: str) -> None:
 
     spec = RayHostSpec(store_location(store), SHARDS, NAMESPACE, 10.0, MIN_POLL)
     node = next(iter(cluster.worker_nodes)).node_id  # a set: any one of them
-    placer = ray.remote(Placer).options(
-        name=placer_name(NAMESPACE), namespace=NAMESPACE, get_if_exists=True,
-        lifetime="detached", max_restarts=-1, max_task_retries=-1, num_cpus=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(spec)
-    ray.get(placer.spec_of.remote())
+    for _ in range(20):  # soft affinity may still start it elsewhere (a node not ready)
+        placer = ray.remote(Placer).options(
+            name=placer_name(NAMESPACE), namespace=NAMESPACE, get_if_exists=True,
+            lifetime="detached", max_restarts=-1, max_task_retries=-1, num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(spec)
+        ray.get(placer.spec_of.remote())
+        if placer_node(cluster) is not None:
+            return
+        ray.kill(placer, no_restart=True)
+        time.sleep(0.5)
+    raise AssertionError("the placer never started on a worker node")
 
 
 async def placer_loss(cluster: Any, store: str, temp: Path) -> dict[str, Any]:
