@@ -188,10 +188,14 @@ async def runs(q: Txn, etype: str, key: str) -> list[RunRecord]:
     return [_run(etype, key, r) for r in rows]
 
 
+RUNNING_ENTITIES = (
+    "SELECT etype, key FROM entities WHERE shard = ? AND status = 'running' AND "
+    "(passivated_seq IS NULL OR next_seq - 1 > passivated_seq)")
+"""A shard's recovery read: a seek of the partial index `entities_running` (shard)."""
+
+
 async def running_entities(q: Txn, shard: int) -> list[tuple[str, str]]:
-    rows = await q.fetchall(
-        "SELECT etype, key FROM entities WHERE shard = ? AND status = 'running' AND "
-        "(passivated_seq IS NULL OR next_seq - 1 > passivated_seq)", shard)
+    rows = await q.fetchall(RUNNING_ENTITIES, shard)
     return [(r[0], r[1]) for r in rows]
 
 

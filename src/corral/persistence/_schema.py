@@ -63,6 +63,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          *create("outbox", "sqlite")[1:]),
     # Declared releases of each deployment (`_releases`).
     14: create("releases", "sqlite"),
+    # A shard's recovery read seeks its running entities (PostgreSQL has had it from 1):
+    # `entities_status` walked every running entity of every shard (116 ms a shard at
+    # 100,000 running).
+    15: ("CREATE INDEX IF NOT EXISTS entities_running ON entities (shard) "
+         "WHERE status = 'running'",),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

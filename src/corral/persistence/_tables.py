@@ -54,7 +54,9 @@ TABLES = (
         status TEXT NOT NULL, next_seq BIGINT NOT NULL, passivated_seq BIGINT,
         updated_at REAL,
         PRIMARY KEY (etype, key)""", (
-        "postgres: entities_running (shard) WHERE status = 'running'",
+        # A host's recovery read: the running entities of one shard (never a walk of
+        # every running entity of every shard).
+        "entities_running (shard) WHERE status = 'running'",
         # A key-prefix search seeks it whatever the database's collation (the primary
         # key serves one only under "C"); SQLite compares bytes, so its key is enough.
         "postgres: entities_key_prefix (etype, key text_pattern_ops)",

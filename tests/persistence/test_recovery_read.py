@@ -1,0 +1,35 @@
+"""A shard's recovery read seeks its own running entities (issue 42): on SQLite too, the
+partial index `entities_running` (shard) WHERE status = 'running', never a walk of every
+running entity of every shard through `entities_status`."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+from corral.persistence import open_store
+from corral.persistence._reads import RUNNING_ENTITIES
+from corral.persistence._schema import SCHEMA_VERSION
+
+
+async def test_the_recovery_read_of_a_shard_seeks_the_running_index(tmp_path: Path) -> None:
+    path = str(tmp_path / "store.db")
+    await (await open_store(path, shards=4)).close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {RUNNING_ENTITIES}", (2,))]
+    assert plan == ["SEARCH entities USING INDEX entities_running (shard=?)"], plan
+
+
+async def test_a_store_of_the_previous_schema_gains_the_running_index(tmp_path: Path) -> None:
+    path = str(tmp_path / "store.db")
+    await (await open_store(path, shards=4)).close()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP INDEX entities_running")
+        db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION - 1),))
+    await (await open_store(path, shards=4)).close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND "
+                          "name = 'entities_running'").fetchone() == (1,)
+        assert db.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == \
+            (str(SCHEMA_VERSION),)
