@@ -281,8 +281,9 @@ def _follow(placer: Any, spec: RayHostSpec, release: Release, since: int,
             return steps
         now = time.monotonic()
         if failed and on == last_on and not new:
-            _blocking(check_ray_hosting(spec.store, spec.shards, None))
-            stalled_since = stalled_since or now
+            if stalled_since is None:  # once a stall: it opens the store
+                _blocking(check_ray_hosting(spec.store, spec.shards, None))
+                stalled_since = now
             if now - stalled_since > STALLED:
                 raise CorralError(f"the roll to {release} is stuck at {on} of "
                                   f"{spec.shards} shards: {failed}")
@@ -420,7 +421,7 @@ def roll_ray_hosts(namespace: str, entities: Any, *,
     runtime_env = options.pop("runtime_env", None)
     app = app_path(list(entities))
     connect(namespace, address)
-    placer_of(namespace)
+    placer_of(namespace)  # a roll needs a deployment running: DeploymentNotFoundError
     report = deploy(namespace, app=app, runtime_env=runtime_env, actor_options=options,
                     address=address, on_step=on_step, timeout=timeout)
     return RollReport(report.steps, report.skipped, report.seconds)
