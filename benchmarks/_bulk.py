@@ -57,7 +57,7 @@ import corral
 from corral.persistence import _census, open_store
 from corral.persistence._codec import payload_hash
 
-__all__ = ["ENTITY_TYPES", "KEY_FORMAT", "SIZES_ENV", "build", "entity_types", "key_of",
+__all__ = ["APP", "ENTITY_TYPES", "KEY_FORMAT", "SIZES_ENV", "build", "entity_types", "key_of",
            "kind_of", "progress_printer", "running_keys", "sizes"]
 
 KEY_FORMAT = "key-{:08d}"
@@ -138,6 +138,9 @@ def progress_printer(label: str) -> Callable[[int, int], None]:
     def report(done: int, total: int) -> None:
         print(f"  {label}: built {done:,} / {total:,} entities", flush=True)
     return report
+
+
+APP = corral.App(entities=ENTITY_TYPES)  # `corral ls --app _bulk:APP` (benchmarks/ on the path)
 
 
 def entity_types(types: int) -> list[type[corral.Entity]]:
