@@ -31,10 +31,10 @@ the same entity class: `Bulk` below), per entity `i` of type `i % types`, key
   at seq 1, no snapshot; one in 100 of them is suspended (a `crash` signal at seq 2, a
   `suspensions` row, its `run()` raises when activated).
 
-How long it takes (a 2-core machine shared with other work; `python -m benchmarks.scale`
-prints it at each size): SQLite 10k 0.3 s, 100k 3 s, 1M ~35 s (~7M rows);
-PostgreSQL (COPY, fsync on) 10k 0.5 s, 100k 4 s, 1M ~60 s including `VACUUM ANALYZE`.
-Figures updated by the last full run in `benchmarks/results/scale.json` (`build_s`).
+How long it takes (2 cores shared with other work, load ~3-5; `scale.py` prints it at
+each size and records it as item "build" in `benchmarks/results/scale.json`): SQLite
+10k 0.3 s, 100k 3.2 s, 1M 39 s (6.4M rows); PostgreSQL (COPY, fsync on) 10k 0.5 s, 100k
+4.7 s, 1M 41 s, `VACUUM ANALYZE` included.
 
 Maintained census counters (issue 42, item 1, another engineer's work) would be left
 stale by a loader that bypasses the accepting and closing transactions: the one call
