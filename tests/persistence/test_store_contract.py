@@ -297,9 +297,9 @@ async def test_snapshots_keep_the_newest_and_truncate_the_journal_and_the_window
     # Passivated with everything applied: not recovered at startup until a message comes.
     await store.write_snapshot(fence, "E", "k", 1, applied_seq=11, state=b"11", keep=1,
                                passivate=True)
-    assert await store.running_entities(1) == []
+    assert await store.running_entities(1, 0.0) == []
     await store.accept(acc("k", "wake", start=None))
-    assert await store.running_entities(1) == [("E", "k")]
+    assert await store.running_entities(1, 0.0) == [("E", "k", True)]  # a backlog
 
 async def test_reads_list_entities_page_by_page_and_count_the_running_per_shard(
     store: Store,
@@ -325,7 +325,8 @@ async def test_reads_list_entities_page_by_page_and_count_the_running_per_shard(
     assert (run.run_id, run.status, run.result, next_seq) == (
         1, corral.RunStatus.COMPLETED, '"done"', 2)
     assert (await store.count_running(1), await store.count_running(2)) == (2, 1)
-    assert sorted(await store.running_entities(1)) == [("E", "a"), ("E", "b")]
+    assert sorted(await store.running_entities(1, 0.0)) == [
+        ("E", "a", True), ("E", "b", True)]  # nothing applied yet: a backlog each
 
 
 async def test_a_passivated_entity_is_marked_and_an_activation_unmarks_it(

@@ -189,14 +189,41 @@ async def runs(q: Txn, etype: str, key: str) -> list[RunRecord]:
 
 
 RUNNING_ENTITIES = (
-    "SELECT etype, key FROM entities WHERE shard = ? AND status = 'running' AND "
+    "SELECT etype, key, {urgent} FROM entities WHERE shard = ? AND status = 'running' AND "
     "(passivated_seq IS NULL OR next_seq - 1 > passivated_seq)")
-"""A shard's recovery read: a seek of the partial index `entities_running` (shard)."""
+"""A shard's recovery read: a seek of the partial index `entities_running` (shard), each
+row with whether it is urgent (`URGENT`); `{urgent}` is filled in per engine."""
+
+URGENT = (
+    # a backlog: accepted beyond the applied watermark (`_progress.applied_sql`, read by
+    # primary-key lookups here: a join may walk `runs` and `progress` on PostgreSQL)
+    "next_seq - 1 > {greatest}(coalesce(passivated_seq, 0), "
+    "coalesce((SELECT p.applied_seq FROM progress p WHERE p.etype = entities.etype "
+    "AND p.key = entities.key), 0), "
+    "(SELECT r.first_seq - 1 FROM runs r WHERE r.etype = entities.etype "
+    "AND r.key = entities.key AND r.run_id = entities.run_id)) "
+    # a durable timer due (a sleep, or a signal wait's deadline)
+    "OR EXISTS (SELECT 1 FROM timers t WHERE t.etype = entities.etype "
+    "AND t.key = entities.key AND t.due_at <= ?) "
+    # a step recorded that no checkpoint covers yet: run() was between its steps
+    "OR EXISTS (SELECT 1 FROM steps s WHERE s.etype = entities.etype "
+    "AND s.key = entities.key AND s.run_id = entities.run_id)")
+"""Whether a running entity needs its activation before the rest of its shard's
+(`runtime/host/_shard.Shard.recover`): something of it is waiting to be done. Updates
+waiting for their callers and deliveries to signal waits are journal entries: a
+backlog. An entity whose progress its last host did not record yet reads as urgent
+(its applied watermark is behind): it is activated early, which costs nothing but its
+place in the line."""
 
 
-async def running_entities(q: Txn, shard: int) -> list[tuple[str, str]]:
-    rows = await q.fetchall(RUNNING_ENTITIES, shard)
-    return [(r[0], r[1]) for r in rows]
+def running_sql(q: Txn) -> str:
+    """`RUNNING_ENTITIES` with its urgency column, for the engine of `q`."""
+    return RUNNING_ENTITIES.format(urgent=URGENT.format(greatest=q.GREATEST))
+
+
+async def running_entities(q: Txn, shard: int, now: float) -> list[tuple[str, str, bool]]:
+    rows = await q.fetchall(running_sql(q), now, shard)
+    return [(r[0], r[1], bool(r[2])) for r in rows]
 
 
 async def count_running(q: Txn, shard: int) -> int:
