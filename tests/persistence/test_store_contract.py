@@ -329,6 +329,25 @@ async def test_reads_list_entities_page_by_page_and_count_the_running_per_shard(
         ("E", "a", True), ("E", "b", True)]  # nothing applied yet: a backlog each
 
 
+async def test_the_recovery_read_marks_urgent_a_backlog_and_a_due_timer_of_the_shard(
+    store: Store,
+) -> None:
+    fence = await fence_for(store, 1)
+    for key in ("a", "b", "c"):
+        await store.accept(acc(key, "m"))
+    await store.accept(acc("b", "m", shard=2, etype="T"))
+    await store.record_progress(fence, [("E", key, 1, 0) for key in "abc"], at=1.0)
+    assert sorted(await store.running_entities(1, 30.0)) == [
+        ("E", "a", False), ("E", "b", False), ("E", "c", False)]  # all applied
+    await store.set_timer(fence, "E", "a", 1, "t", 50.0)
+    await store.set_timer(fence, "E", "b", 1, "t", 20.0)
+    await store.set_timer(await fence_for(store, 2), "T", "b", 1, "t", 10.0)
+    await store.accept(acc("c", "again"))
+    assert sorted(await store.running_entities(1, 30.0)) == [
+        ("E", "a", False), ("E", "b", True), ("E", "c", True)]  # due; a backlog
+    assert await store.running_entities(2, 30.0) == [("T", "b", True)]
+
+
 async def test_a_passivated_entity_is_marked_and_an_activation_unmarks_it(
     store: Store,
 ) -> None:
