@@ -15,8 +15,10 @@ round, with fresh host processes:
    D takes each shard when its lease expires. Pause = D took it - the stop.
 
 Times come from each host's lifecycle events (`lease handed off` carries when the
-shard was stopped; `lease taken` is logged once the shard is recovered) on the one
-machine's wall clock. The lease term is `TTL` (renewal ticks every third of it), so a
+shard was stopped; `lease taken` is logged once the new holder read the shard's running
+entities: from then on it serves the shard, activating on demand what a message needs,
+while the rest load in the background until `shard recovered`) on the one machine's
+wall clock. The lease term is `TTL` (renewal ticks every third of it), so a
 request waits up to TTL/3 to be noticed: that wait is reported apart (`notice`), it is
 not a pause (the holder still serves meanwhile). At the end every acknowledged signal
 must have been applied exactly once.

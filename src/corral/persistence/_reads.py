@@ -188,15 +188,44 @@ async def runs(q: Txn, etype: str, key: str) -> list[RunRecord]:
     return [_run(etype, key, r) for r in rows]
 
 
+URGENT = (
+    # a durable timer due (a sleep, or a signal wait's deadline): one seek of the
+    # shard's due timers (`timers_shard_due`), hashed, never a lookup per entity
+    "((etype, key) IN (SELECT t.etype, t.key FROM timers t WHERE t.shard = ? "
+    "AND t.due_at <= ?) "
+    # a backlog: accepted beyond the applied watermark (`_progress.applied_sql`: its
+    # passivation, its recorded progress, its run's first seq - 1), read by primary-key
+    # lookups in that order, each only if the ones before leave it a backlog (a join
+    # may walk `runs` and `progress` on PostgreSQL); the run's, seldom needed, last
+    "OR CASE WHEN next_seq - 1 <= coalesce(passivated_seq, 0) THEN 0 "
+    "WHEN next_seq - 1 <= coalesce((SELECT p.applied_seq FROM progress p "
+    "WHERE p.etype = entities.etype AND p.key = entities.key), 0) THEN 0 "
+    "WHEN next_seq - 1 > (SELECT r.first_seq - 1 FROM runs r WHERE r.etype = "
+    "entities.etype AND r.key = entities.key AND r.run_id = entities.run_id) THEN 1 "
+    "ELSE 0 END = 1 "
+    # a step recorded that no checkpoint covers yet: run() was between its steps
+    "OR EXISTS (SELECT 1 FROM steps s WHERE s.etype = entities.etype "
+    "AND s.key = entities.key AND s.run_id = entities.run_id))")
+"""Whether a running entity needs its activation before the rest of its shard's
+(`runtime/host/_shard.Shard.recover`): something of it is waiting to be done. Updates
+waiting for their callers and deliveries to signal waits are journal entries: a
+backlog. An entity whose progress its last host did not record yet reads as urgent
+(its applied watermark is behind): it is activated early, which costs nothing but its
+place in the line. Parameters: the shard, then the time timers are due by."""
+
 RUNNING_ENTITIES = (
-    "SELECT etype, key FROM entities WHERE shard = ? AND status = 'running' AND "
-    "(passivated_seq IS NULL OR next_seq - 1 > passivated_seq)")
-"""A shard's recovery read: a seek of the partial index `entities_running` (shard)."""
+    f"SELECT etype, key, {URGENT} FROM entities WHERE shard = ? AND status = 'running' "
+    "AND (passivated_seq IS NULL OR next_seq - 1 > passivated_seq)")
+"""A shard's recovery read: a seek of the partial index `entities_running` (shard), each
+row with whether it is urgent (`URGENT`). Parameters: the shard, the time, the shard.
+Per entity it costs the lookup of its progress (and of a step): what is urgent is
+known from other tables' rows, and an index of entities over it would be updated by
+every accept (`next_seq`), which then could no longer update the row in place."""
 
 
-async def running_entities(q: Txn, shard: int) -> list[tuple[str, str]]:
-    rows = await q.fetchall(RUNNING_ENTITIES, shard)
-    return [(r[0], r[1]) for r in rows]
+async def running_entities(q: Txn, shard: int, now: float) -> list[tuple[str, str, bool]]:
+    rows = await q.fetchall(RUNNING_ENTITIES, shard, now, shard)
+    return [(r[0], r[1], bool(r[2])) for r in rows]
 
 
 async def count_running(q: Txn, shard: int) -> int:

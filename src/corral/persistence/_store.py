@@ -267,9 +267,11 @@ class HostStore(Protocol):
 
     async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None: ...
 
-    async def running_entities(self, shard: int) -> list[tuple[str, str]]:
+    async def running_entities(self, shard: int, now: float
+                               ) -> list[tuple[str, str, bool]]:
         """Running entities of `shard` to activate on recovery (not the passivated ones
-        with nothing new to apply)."""
+        with nothing new to apply): (type, key, urgent) each, urgent when it has a
+        backlog, a durable timer due at `now` or a step recorded (see `_reads.URGENT`)."""
         ...
 
     async def count_running(self, shard: int) -> int:

@@ -309,8 +309,9 @@ class StoreCore:
     async def runs(self, etype: str, key: str) -> list[RunRecord]:
         return await self.query(reads.runs, etype, key)
 
-    async def running_entities(self, shard: int) -> list[tuple[str, str]]:
-        return await self.query(reads.running_entities, shard)
+    async def running_entities(self, shard: int, now: float
+                               ) -> list[tuple[str, str, bool]]:
+        return await self.query(reads.running_entities, shard, now)
 
     async def count_running(self, shard: int) -> int:
         return await self.query(reads.count_running, shard)

@@ -31,6 +31,7 @@ from ._handoff import hand_off, hand_off_all, request_shards
 from ._newest import Plan, moves_per_round, plan
 from ._outbox import Postman
 from ._progress import ProgressLog
+from ._recovery_window import RecoveryWindow
 from ._shard import Shard
 
 __all__ = ["LocalHost"]
@@ -86,6 +87,8 @@ class LocalHost:
         # A live host of a newer build supersedes this one: take only shards handed here.
         self._yielding = False
         self.progress = ProgressLog()
+        # The shards' recoveries share it: a few activations at once, host-wide.
+        self.recovery_window = RecoveryWindow()
         # Read at construction, so a benchmark may set it to None (never recorded).
         self.progress_interval: float | None = _progress.PROGRESS_INTERVAL
 
@@ -200,7 +203,7 @@ class LocalHost:
     async def _host(self, index: int, epoch: int) -> None:
         """Start hosting shard `index`, just taken at `epoch`: recover its entities."""
         shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
-                      self.clock)
+                      self.clock, self.recovery_window)
         shard.postman = self.postman
         self.shards[index] = shard
         try:

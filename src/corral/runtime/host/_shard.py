@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 
 import corral.metrics as metrics
@@ -29,6 +29,7 @@ from .._clock import Clock
 from ._activation import Activation
 from ._events import lifecycle
 from ._outbox import Postman
+from ._recovery_window import RecoveryWindow
 from ._residence import HeldRun
 
 __all__ = ["Shard", "ShardStopped"]
@@ -47,7 +48,8 @@ class Shard:
     """Hosts the activations of one shard for as long as this process holds its lease."""
 
     def __init__(self, fence: Fence, store: Store,
-                 definitions: Mapping[str, EntityDefinition], clock: Clock) -> None:
+                 definitions: Mapping[str, EntityDefinition], clock: Clock,
+                 window: RecoveryWindow | None = None) -> None:
         self.fence = fence
         self.store = store
         self.clock = clock
@@ -60,32 +62,83 @@ class Shard:
         self._held: dict[_Ident, HeldRun] = {}  # suspended runs (see `_suspension`)
         self._stopped = False
         self.postman: Postman | None = None  # its host's, which delivers entities' sends
+        # Recovery (`recover`): the running entities not activated yet, and the task
+        # activating them in the background, as `window` admits them.
+        self.window = window or RecoveryWindow()
+        self._unrecovered: set[_Ident] = set()
+        self._recovering: asyncio.Task[None] | None = None
 
     @property
     def index(self) -> int:
         return self.fence.shard
 
     async def recover(self) -> int:
-        """Activate every running entity of this shard (recovery after a restart/takeover).
+        """Take up this shard's running entities (a restart, a takeover, a hand-off): how
+        many. Returns once the urgent ones are in line; the rest load in the background.
 
-        Suspended runs too, at once: this host may run the fixed code. Their count of
-        attempts goes on from the store's record.
+        An entity is activated on demand (a message routed to it, a due timer, a query)
+        or by the shard's recovery (`_recovery_line`): the urgent ones first (a backlog,
+        a timer due, a step recorded: `persistence._reads.URGENT`), then the rest, never
+        more at once than the host's `RecoveryWindow` admits, so the store serves the
+        urgent ones and the messages arriving now without waiting behind every other
+        activation. Suspended runs are among them: this host may run the fixed code.
+        Their count of attempts goes on from the store's record.
         """
         for s in await self.store.suspensions(self.index):
             self._held[(s.entity_type, s.key)] = HeldRun(s.run_id, s.attempts, s.since)
-        running = await self.store.running_entities(self.index)
-        for etype, key in running:
+        running = await self.store.running_entities(self.index, self.clock.time())
+        line: list[tuple[_Ident, bool]] = []
+        for etype, key, urgent in running:
             if etype in self._definitions:
-                self._get_or_create(etype, key)
+                line.append(((etype, key), urgent))
             else:
                 log.error("shard %d: entity type %r is not registered in this process; its "
                           "entity %r stays unhosted", self.index, etype, key)
+        line.sort(key=lambda item: not item[1])  # stable: the urgent ones first
+        self._unrecovered.update(ident for ident, _ in line)
+        if line and not self._stopped:
+            self._recovering = asyncio.create_task(
+                self._recovery_line(deque(line)), name=f"corral-recover-{self.index}")
         if self.postman is not None:  # sends the previous holder wrote, not delivered
             await self.postman.recover(self.fence)
         return len(running)
 
+    async def _recovery_line(self, line: deque[tuple[_Ident, bool]]) -> None:
+        """Activate the entities of `line` in order, as the window admits them (a few
+        workers per shard; the window bounds them host-wide), skipping those that were
+        activated on demand meanwhile."""
+        async def worker() -> None:
+            while line:
+                ident, urgent = line.popleft()
+                if ident not in self._unrecovered:
+                    continue
+                async with self.window.slot(urgent=urgent):
+                    if self._stopped:
+                        return
+                    if ident not in self._unrecovered:
+                        continue  # activated on demand while it waited for a slot
+                    act = self.activate(*ident)
+                    self._unrecovered.discard(ident)  # None: suspended, back on its own
+                    if act is not None:
+                        await act.wait_settled()
+        total = len(line)
+        await asyncio.gather(*(worker() for _ in range(min(self.window.size, total))))
+        if not self._stopped:
+            lifecycle("shard recovered", shard=self.index, epoch=self.fence.epoch,
+                      running=total)
+
+    @property
+    def recovering(self) -> int:
+        """Running entities of the shard's recovery not activated yet."""
+        return len(self._unrecovered)
+
     async def stop(self) -> None:
         self._stopped = True
+        if self._recovering is not None:  # no more background activations: they'd stop
+            self._recovering.cancel()
+            await asyncio.gather(self._recovering, return_exceptions=True)
+            self._recovering = None
+        self._unrecovered.clear()
         for handle in self._later:
             handle.cancel()
         self._later.clear()
@@ -148,6 +201,7 @@ class Shard:
             # latest, and forwards entries of a newer run to a successor itself.
             previous.queue(entry)
             return
+        self._unrecovered.discard(ident)
         self._activations[ident] = Activation(
             self._residence(*ident), previous, entry, start_input)
 
@@ -162,6 +216,7 @@ class Shard:
         ident = (etype, key)
         act = self._activations.get(ident)
         if act is None or force_new or act.is_finished:
+            self._unrecovered.discard(ident)
             act = Activation(self._residence(etype, key), previous=act)
             self._activations[ident] = act
         return act
