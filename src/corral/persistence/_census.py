@@ -4,18 +4,41 @@ What a Prometheus scrape shows (`corral._scrape`) whichever process serves it: e
 by type and status, the backlog (messages accepted and not applied) with the age of the
 oldest unapplied message, dead letters, open signal waits, suspended runs, and the live
 processes with their builds and the shards held. Each number is one aggregate query
-(GROUP BY in SQL, never a row per entity brought into Python), so a scrape costs a few
-index scans however the store is used.
+(never a row per entity brought into Python) that reads only the rows it counts or a
+counter, never every entity:
+
+- Entities by type and status: the sums of `entity_counts` (etype, status, shard, n),
+  a few rows per type and shard. The counters are kept in the transactions that write
+  entity rows: `Txn.tally` counts a row a flush creates or whose status it changes
+  (start, re-run, close, failure, terminate; continue-as-new keeps the status and
+  changes none), retention's purge uncounts the rows it deletes, and `Txn.count`
+  writes the changes once, last, in one order. An acceptance into a running entity
+  changes no counter. `recount` recomputes them from the rows (a migration's backfill,
+  a bulk load).
+- Dead letters, open signal waits, suspended runs: only those rows (dead letters by
+  their type's index, open waits through `signal_waits_open`, suspensions each
+  checked against its entity's row by primary key: no walk of the running entities).
+- The backlog: the running entities (a seek of `entities_running`/`entities_status`,
+  never a walk of every entity nor of `runs`), each with its run, progress and oldest
+  unapplied entry looked up by key. Its cost grows with the running entities, not
+  with the closed ones an old store holds by the million.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._progress import applied_sql, oldest_unapplied_sql, progress_from
 from ._txn import Txn
 
-__all__ = ["Census", "TypeBacklog", "census"]
+__all__ = ["RECOUNT", "Census", "TypeBacklog", "census", "recount"]
+
+RECOUNT = (
+    "DELETE FROM entity_counts",
+    "INSERT INTO entity_counts (etype, status, shard, n) SELECT etype, status, shard, "
+    "count(*) FROM entities GROUP BY etype, status, shard",
+)
+"""The statements that recompute `entity_counts` from the entity rows (a walk of every
+row: for a migration and a bulk load, never a scrape)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +82,56 @@ class Census:
     shards_held: int
 
 
+async def recount(q: Txn) -> None:
+    """Recompute the census's counters from the entity rows, through `q` (a write
+    transaction): after rows were loaded or changed in bulk outside corral's writes."""
+    for statement in RECOUNT:
+        await q.execute(statement)
+
+
+# Each running entity's accepted and applied seqs (`_progress.applied_sql`), its run and
+# progress looked up by key per entity (scalar subqueries: never a join the planner may
+# turn into a walk of `runs`); the oldest unapplied entry of those behind, by its seq.
+_BEHIND = """
+SELECT etype, sum(accepted - applied), count(*), min(oldest) FROM (
+    SELECT etype, accepted, applied, (SELECT j.accepted_at FROM journal j
+        WHERE j.etype = b.etype AND j.key = b.key AND j.seq > b.applied
+        ORDER BY j.seq LIMIT 1) AS oldest
+    FROM (SELECT e.etype AS etype, e.key AS key, e.next_seq - 1 AS accepted, {greatest}(
+            coalesce((SELECT p.applied_seq FROM progress p
+                      WHERE p.etype = e.etype AND p.key = e.key), 0),
+            coalesce(e.passivated_seq, 0),
+            (SELECT r.first_seq FROM runs r WHERE r.etype = e.etype AND r.key = e.key
+             AND r.run_id = e.run_id) - 1) AS applied
+          FROM entities e WHERE e.status = 'running') b
+    WHERE accepted > applied) t
+GROUP BY etype ORDER BY etype
+"""
+
+COUNTS = ("SELECT etype, status, sum(n) FROM entity_counts GROUP BY etype, status "
+          "HAVING sum(n) <> 0 ORDER BY etype, status")
+DEAD = "SELECT etype, count(*) FROM dead_letters GROUP BY etype ORDER BY etype"
+WAITS = ("SELECT etype, count(*) FROM signal_waits WHERE status = 'open' "
+         "GROUP BY etype ORDER BY etype")
+SUSPENDED = (
+    "SELECT s.etype, count(*) FROM suspensions s WHERE (SELECT e.status FROM entities e "
+    "WHERE e.etype = s.etype AND e.key = s.key AND e.run_id = s.run_id) = 'running' "
+    "GROUP BY s.etype ORDER BY s.etype")
+
+
+def behind_sql(q: Txn) -> str:
+    """The backlog's statement on `q`'s engine."""
+    return _BEHIND.format(greatest=q.GREATEST)
+
+
 async def census(q: Txn) -> Census:
     """Read the census through `q` (a read-only `Txn`)."""
     now = await q.clock()
-    entities = await q.fetchall("SELECT etype, status, count(*) FROM entities "
-                                "GROUP BY etype, status ORDER BY etype, status")
-    behind = await q.fetchall(
-        "SELECT etype, sum(accepted - applied), count(*), min(oldest) FROM ("
-        f"SELECT entities.etype AS etype, entities.next_seq - 1 AS accepted, "
-        f"{applied_sql(q)} AS applied, {oldest_unapplied_sql(q)} AS oldest "
-        f"FROM {progress_from()} WHERE entities.status = 'running') t "
-        "WHERE accepted > applied GROUP BY etype ORDER BY etype")
-    dead = await q.fetchall("SELECT etype, count(*) FROM dead_letters GROUP BY etype "
-                            "ORDER BY etype")
-    waits = await q.fetchall("SELECT etype, count(*) FROM signal_waits WHERE status = 'open' "
-                             "GROUP BY etype ORDER BY etype")
-    suspended = await q.fetchall(
-        "SELECT s.etype, count(*) FROM suspensions s JOIN entities e ON e.etype = s.etype "
-        "AND e.key = s.key AND e.run_id = s.run_id WHERE e.status = 'running' "
-        "GROUP BY s.etype ORDER BY s.etype")
+    entities = await q.fetchall(COUNTS)
+    behind = await q.fetchall(behind_sql(q))
+    dead = await q.fetchall(DEAD)
+    waits = await q.fetchall(WAITS)
+    suspended = await q.fetchall(SUSPENDED)
     processes = await q.fetchall(
         "SELECT etype, fingerprint, role, count(*) FROM build_processes "
         "WHERE expires_at >= ? GROUP BY etype, fingerprint, role "

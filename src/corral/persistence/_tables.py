@@ -61,6 +61,12 @@ TABLES = (
         # key serves one only under "C"); SQLite compares bytes, so its key is enough.
         "postgres: entities_key_prefix (etype, key text_pattern_ops)",
         "entities_status (status, etype, key)")),  # operators list by status, type, key
+    # The census's counts of entities by type, status and shard (`_census`), kept by
+    # the transactions that create an entity row, change its status or delete it; per
+    # shard, so PostgreSQL's transactions of different shards update different rows.
+    Table("entity_counts", """
+        etype TEXT NOT NULL, status TEXT NOT NULL, shard INT NOT NULL, n BIGINT NOT NULL,
+        PRIMARY KEY (etype, status, shard)"""),
     # Every run ever started; `continued_from` links continue-as-new chains.
     Table("runs", """
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, status TEXT NOT NULL,
