@@ -18,16 +18,17 @@ counter, never every entity:
 - Dead letters, open signal waits, suspended runs: only those rows (dead letters by
   their type's index, open waits through `signal_waits_open`, suspensions each
   checked against its entity's row by primary key: no walk of the running entities).
-- The backlog: the running entities (a seek of `entities_running`/`entities_status`,
-  never a walk of every entity nor of `runs`), each with its run, progress and oldest
-  unapplied entry looked up by key. Its cost grows with the running entities, not
-  with the closed ones an old store holds by the million.
+- The backlog: the summaries the shards' live holders write with their progress
+  rounds, a few rows per shard and type; a shard no live holder vouches for (none
+  running, or changing hands) is counted exactly from its running entities, a seek
+  per entity (see `_backlog`: the degraded mode, exact but not flat).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._backlog import TypeBacklog, backlog
 from ._txn import Txn
 
 __all__ = ["RECOUNT", "Census", "TypeBacklog", "census", "recount"]
@@ -39,17 +40,6 @@ RECOUNT = (
 )
 """The statements that recompute `entity_counts` from the entity rows (a walk of every
 row: for a migration and a bulk load, never a scrape)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TypeBacklog:
-    """The running entities of one type that are behind: how many, by how much in all,
-    and when the oldest message none of them applied yet was accepted."""
-
-    entity_type: str
-    messages: int
-    entities: int
-    oldest_unapplied_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,25 +79,6 @@ async def recount(q: Txn) -> None:
         await q.execute(statement)
 
 
-# Each running entity's accepted and applied seqs (`_progress.applied_sql`), its run and
-# progress looked up by key per entity (scalar subqueries: never a join the planner may
-# turn into a walk of `runs`); the oldest unapplied entry of those behind, by its seq.
-_BEHIND = """
-SELECT etype, sum(accepted - applied), count(*), min(oldest) FROM (
-    SELECT etype, accepted, applied, (SELECT j.accepted_at FROM journal j
-        WHERE j.etype = b.etype AND j.key = b.key AND j.seq > b.applied
-        ORDER BY j.seq LIMIT 1) AS oldest
-    FROM (SELECT e.etype AS etype, e.key AS key, e.next_seq - 1 AS accepted, {greatest}(
-            coalesce((SELECT p.applied_seq FROM progress p
-                      WHERE p.etype = e.etype AND p.key = e.key), 0),
-            coalesce(e.passivated_seq, 0),
-            (SELECT r.first_seq FROM runs r WHERE r.etype = e.etype AND r.key = e.key
-             AND r.run_id = e.run_id) - 1) AS applied
-          FROM entities e WHERE e.status = 'running') b
-    WHERE accepted > applied) t
-GROUP BY etype ORDER BY etype
-"""
-
 COUNTS = ("SELECT etype, status, sum(n) FROM entity_counts GROUP BY etype, status "
           "HAVING sum(n) <> 0 ORDER BY etype, status")
 DEAD = "SELECT etype, count(*) FROM dead_letters GROUP BY etype ORDER BY etype"
@@ -119,16 +90,10 @@ SUSPENDED = (
     "GROUP BY s.etype ORDER BY s.etype")
 
 
-def behind_sql(q: Txn) -> str:
-    """The backlog's statement on `q`'s engine."""
-    return _BEHIND.format(greatest=q.GREATEST)
-
-
 async def census(q: Txn) -> Census:
     """Read the census through `q` (a read-only `Txn`)."""
     now = await q.clock()
     entities = await q.fetchall(COUNTS)
-    behind = await q.fetchall(behind_sql(q))
     dead = await q.fetchall(DEAD)
     waits = await q.fetchall(WAITS)
     suspended = await q.fetchall(SUSPENDED)
@@ -140,9 +105,10 @@ async def census(q: Txn) -> Census:
                             "WHERE expires_at >= ? AND owner <> ''", now)
     shards = await q.fetchone("SELECT v FROM meta WHERE k = 'shards'")
     assert held is not None
+    behind = await backlog(q, now, None if shards is None else int(shards[0]))
     return Census(
         now, tuple((r[0], r[1], int(r[2])) for r in entities),
-        tuple(TypeBacklog(r[0], int(r[1]), int(r[2]), r[3]) for r in behind),
+        behind,
         tuple((r[0], int(r[1])) for r in dead), tuple((r[0], int(r[1])) for r in waits),
         tuple((r[0], int(r[1])) for r in suspended),
         tuple((r[0], r[1], r[2], int(r[3])) for r in processes),

@@ -69,7 +69,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     13: create("releases", "postgres"),
     # The census counts entities from counters its writers keep (`_census`): it
     # counted every row (1.0 s a scrape at 1,000,000 entities).
-    14: (*create("entity_counts", "postgres"), *RECOUNT),
+    # ... and the backlog from its hosts' summaries per shard (`_backlog`): it sought
+    # every running entity.
+    14: (*create("entity_counts", "postgres"), *RECOUNT, *create("backlogs", "postgres")),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

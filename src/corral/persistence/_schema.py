@@ -71,7 +71,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          "WHERE status = 'running'",),
     # The census counts entities from counters its writers keep (`_census`): it
     # counted every row (0.7 s a scrape at 1,000,000 entities).
-    16: (*create("entity_counts", "sqlite"), *RECOUNT),
+    # ... and the backlog from its hosts' summaries per shard (`_backlog`): it sought
+    # every running entity.
+    16: (*create("entity_counts", "sqlite"), *RECOUNT, *create("backlogs", "sqlite")),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

@@ -173,6 +173,13 @@ TABLES = (
         ok BOOL NOT NULL, result TEXT, error TEXT, attempts INT NOT NULL,
         recorded_at REAL NOT NULL,
         PRIMARY KEY (etype, key, run_id, name)"""),
+    # The backlog of each shard by type as its holder summarized it (`_backlog`): the
+    # row of type '' says which lease epoch vouches for the shard's rows (0: none).
+    Table("backlogs", """
+        shard INT NOT NULL, etype TEXT NOT NULL, epoch BIGINT NOT NULL,
+        messages BIGINT NOT NULL, entities BIGINT NOT NULL, oldest_at REAL,
+        recorded_at REAL NOT NULL,
+        PRIMARY KEY (shard, etype)"""),
     # Entity-to-entity messages (`_ops_outbox`), written with the sender's progress and
     # delivered by its host; a host taking a shard delivers what its senders left.
     Table("outbox", """

@@ -59,6 +59,10 @@ class Shard:
         self._later: set[asyncio.TimerHandle] = set()
         self._held: dict[_Ident, HeldRun] = {}  # suspended runs (see `_suspension`)
         self._stopped = False
+        # Running entities it cannot host (a type not registered here), and whether its
+        # recovery created the activations of all the others (`backlog`).
+        self._unhosted = 0
+        self._recovered = False
         self.postman: Postman | None = None  # its host's, which delivers entities' sends
 
     @property
@@ -78,11 +82,39 @@ class Shard:
             if etype in self._definitions:
                 self._get_or_create(etype, key)
             else:
+                self._unhosted += 1
                 log.error("shard %d: entity type %r is not registered in this process; its "
                           "entity %r stays unhosted", self.index, etype, key)
+        self._recovered = True
         if self.postman is not None:  # sends the previous holder wrote, not delivered
             await self.postman.recover(self.fence)
         return len(running)
+
+    def backlog(self) -> dict[str, tuple[int, int, float | None]] | None:
+        """The shard's backlog by type, from its activations: type -> (messages behind,
+        entities behind, oldest unapplied accepted_at) of the types with some; None
+        while some running entity's backlog is not known here: before its recovery
+        created the activations, a type not registered here, a suspended run waiting
+        for its next attempt (its entries stay in the journal), an activation not
+        built yet or reading its journal. (A shard that activates its entities lazily
+        must answer None until every running one is resident.)"""
+        if not self._recovered or self._unhosted \
+                or any(held.waiting for held in self._held.values()):
+            return None
+        totals: dict[str, tuple[int, int, float | None]] = {}
+        for act in self._activations.values():
+            if act.is_finished:
+                continue
+            known = act.backlog()
+            if known is None:
+                return None
+            behind, oldest = known
+            if behind:
+                messages, entities, first = totals.get(act.entity_type, (0, 0, None))
+                totals[act.entity_type] = (messages + behind, entities + 1, oldest
+                                           if first is None or (oldest is not None
+                                                                and oldest < first) else first)
+        return totals
 
     async def stop(self) -> None:
         self._stopped = True
