@@ -26,13 +26,18 @@ to an activation, which holds what it has not applied yet. So:
   backlog.
 - Between two rounds the summary is the holder's view as of `recorded_at`: it lags
   the journal by up to a round (and the journal tail's poll, for entries other
-  processes accepted); an entity passivated or closed leaves it at the next round.
+  processes accepted); an entity passivated or closed leaves it at the next round. A
+  holder that died is trusted until its lease expires (a lease term: the window in
+  which its shards are not served at all); a live one whose rounds keep failing
+  (logged, with backoff) keeps its last summary.
 
 The cost: with live holders vouching for every shard, the census reads a few rows
 per shard and type, whatever the number of entities. Without hosts (a store read by
 an operator's CLI while nothing runs) or while shards change hands, their shards
 fall back to the exact count, whose cost grows with those shards' running entities:
-the degraded mode, exact but not flat.
+the degraded mode, exact but not flat. So does a shard whose holder activates its
+entities lazily after a takeover, until every running one is resident (or until such
+a holder can tell the backlog of the ones it has not activated).
 
 Considered and not chosen: counters kept by the accepting and recording transactions.
 Messages behind would be a counter (accept adds one, a progress row subtracts what it
