@@ -26,12 +26,12 @@ async def test_the_recovery_read_of_a_shard_seeks_the_running_index(tmp_path: Pa
     assert not [step for step in plan if step.startswith("SCAN")], plan
 
 
-async def test_a_store_of_the_previous_schema_gains_the_running_index(tmp_path: Path) -> None:
+async def test_a_store_of_schema_14_gains_the_running_index(tmp_path: Path) -> None:
     path = str(tmp_path / "store.db")
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP INDEX entities_running")
-        db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION - 1),))
+        db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", ("14",))
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND "

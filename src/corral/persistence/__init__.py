@@ -12,6 +12,7 @@ ops driven to completion there) and `_pg_txn` / `_pg_writer` / `_postgres` (asyn
 the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tail`).
 """
 
+from ._backlog import ShardBacklog
 from ._build_registry import (
     BuildCheck,
     BuildFacts,
@@ -88,6 +89,7 @@ __all__ = [
     "Row",
     "RunRecord",
     "Send",
+    "ShardBacklog",
     "SqliteStore",
     "StepRecord",
     "Store",

@@ -4,29 +4,42 @@ What a Prometheus scrape shows (`corral._scrape`) whichever process serves it: e
 by type and status, the backlog (messages accepted and not applied) with the age of the
 oldest unapplied message, dead letters, open signal waits, suspended runs, and the live
 processes with their builds and the shards held. Each number is one aggregate query
-(GROUP BY in SQL, never a row per entity brought into Python), so a scrape costs a few
-index scans however the store is used.
+(never a row per entity brought into Python) that reads only the rows it counts or a
+counter, never every entity:
+
+- Entities by type and status: the sums of `entity_counts` (etype, status, shard, n),
+  a few rows per type and shard. The counters are kept in the transactions that write
+  entity rows: `Txn.tally` counts a row a flush creates or whose status it changes
+  (start, re-run, close, failure, terminate; continue-as-new keeps the status and
+  changes none), retention's purge uncounts the rows it deletes, and `Txn.count`
+  writes the changes once, last, in one order. An acceptance into a running entity
+  changes no counter. `recount` recomputes them from the rows (a migration's backfill,
+  a bulk load).
+- Dead letters, open signal waits, suspended runs: only those rows (dead letters by
+  their type's index, open waits through `signal_waits_open`, suspensions each
+  checked against its entity's row by primary key: no walk of the running entities).
+- The backlog: the summaries the shards' live holders write with their progress
+  rounds, a few rows per shard and type; a shard no live holder vouches for (none
+  running, or changing hands) is counted exactly from its running entities, a seek
+  per entity (see `_backlog`: the degraded mode, exact but not flat).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._progress import applied_sql, oldest_unapplied_sql, progress_from
+from ._backlog import TypeBacklog, backlog
 from ._txn import Txn
 
-__all__ = ["Census", "TypeBacklog", "census"]
+__all__ = ["RECOUNT", "Census", "TypeBacklog", "census", "recount"]
 
-
-@dataclass(frozen=True, slots=True)
-class TypeBacklog:
-    """The running entities of one type that are behind: how many, by how much in all,
-    and when the oldest message none of them applied yet was accepted."""
-
-    entity_type: str
-    messages: int
-    entities: int
-    oldest_unapplied_at: float | None
+RECOUNT = (
+    "DELETE FROM entity_counts",
+    "INSERT INTO entity_counts (etype, status, shard, n) SELECT etype, status, shard, "
+    "count(*) FROM entities GROUP BY etype, status, shard",
+)
+"""The statements that recompute `entity_counts` from the entity rows (a walk of every
+row: for a migration and a bulk load, never a scrape)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +72,31 @@ class Census:
     shards_held: int
 
 
+async def recount(q: Txn) -> None:
+    """Recompute the census's counters from the entity rows, through `q` (a write
+    transaction): after rows were loaded or changed in bulk outside corral's writes."""
+    for statement in RECOUNT:
+        await q.execute(statement)
+
+
+COUNTS = ("SELECT etype, status, sum(n) FROM entity_counts GROUP BY etype, status "
+          "HAVING sum(n) <> 0 ORDER BY etype, status")
+DEAD = "SELECT etype, count(*) FROM dead_letters GROUP BY etype ORDER BY etype"
+WAITS = ("SELECT etype, count(*) FROM signal_waits WHERE status = 'open' "
+         "GROUP BY etype ORDER BY etype")
+SUSPENDED = (
+    "SELECT s.etype, count(*) FROM suspensions s WHERE (SELECT e.status FROM entities e "
+    "WHERE e.etype = s.etype AND e.key = s.key AND e.run_id = s.run_id) = 'running' "
+    "GROUP BY s.etype ORDER BY s.etype")
+
+
 async def census(q: Txn) -> Census:
     """Read the census through `q` (a read-only `Txn`)."""
     now = await q.clock()
-    entities = await q.fetchall("SELECT etype, status, count(*) FROM entities "
-                                "GROUP BY etype, status ORDER BY etype, status")
-    behind = await q.fetchall(
-        "SELECT etype, sum(accepted - applied), count(*), min(oldest) FROM ("
-        f"SELECT entities.etype AS etype, entities.next_seq - 1 AS accepted, "
-        f"{applied_sql(q)} AS applied, {oldest_unapplied_sql(q)} AS oldest "
-        f"FROM {progress_from()} WHERE entities.status = 'running') t "
-        "WHERE accepted > applied GROUP BY etype ORDER BY etype")
-    dead = await q.fetchall("SELECT etype, count(*) FROM dead_letters GROUP BY etype "
-                            "ORDER BY etype")
-    waits = await q.fetchall("SELECT etype, count(*) FROM signal_waits WHERE status = 'open' "
-                             "GROUP BY etype ORDER BY etype")
-    suspended = await q.fetchall(
-        "SELECT s.etype, count(*) FROM suspensions s JOIN entities e ON e.etype = s.etype "
-        "AND e.key = s.key AND e.run_id = s.run_id WHERE e.status = 'running' "
-        "GROUP BY s.etype ORDER BY s.etype")
+    entities = await q.fetchall(COUNTS)
+    dead = await q.fetchall(DEAD)
+    waits = await q.fetchall(WAITS)
+    suspended = await q.fetchall(SUSPENDED)
     processes = await q.fetchall(
         "SELECT etype, fingerprint, role, count(*) FROM build_processes "
         "WHERE expires_at >= ? GROUP BY etype, fingerprint, role "
@@ -86,9 +105,10 @@ async def census(q: Txn) -> Census:
                             "WHERE expires_at >= ? AND owner <> ''", now)
     shards = await q.fetchone("SELECT v FROM meta WHERE k = 'shards'")
     assert held is not None
+    behind = await backlog(q, now, None if shards is None else int(shards[0]))
     return Census(
         now, tuple((r[0], r[1], int(r[2])) for r in entities),
-        tuple(TypeBacklog(r[0], int(r[1]), int(r[2]), r[3]) for r in behind),
+        behind,
         tuple((r[0], int(r[1])) for r in dead), tuple((r[0], int(r[1])) for r in waits),
         tuple((r[0], int(r[1])) for r in suspended),
         tuple((r[0], r[1], r[2], int(r[3])) for r in processes),

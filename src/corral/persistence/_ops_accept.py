@@ -131,6 +131,7 @@ class AcceptAllOp:
             AcceptOp(acc).plan(plan)
 
     async def apply(self, txn: Txn) -> list[AcceptResult]:
+        counts = dict(txn.counts)
         await txn.execute("SAVEPOINT accept_all")
         results: list[AcceptResult] = []
         for index, acc in enumerate(self.accs):
@@ -139,7 +140,7 @@ class AcceptAllOp:
             except CorralError as err:
                 await txn.execute("ROLLBACK TO SAVEPOINT accept_all")
                 await txn.execute("RELEASE SAVEPOINT accept_all")
-                txn.forget_all()
+                txn.forget_all(counts)
                 raise BatchRefusedError.of(index, err) from err
         await txn.execute("RELEASE SAVEPOINT accept_all")
         return results

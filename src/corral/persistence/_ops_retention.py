@@ -142,11 +142,12 @@ class PurgeClosedOp:
         if not budget.left:
             return Purged(), set()
         marks = ", ".join("?" * len(runs))
-        found = await txn.fetchall(f"SELECT key, run_id, status FROM entities WHERE etype = ? "
-                                   f"AND key IN ({marks}){txn.SKIP_LOCKED}",
+        found = await txn.fetchall(f"SELECT key, run_id, status, shard FROM entities "
+                                   f"WHERE etype = ? AND key IN ({marks}){txn.SKIP_LOCKED}",
                                    self.entity_type, *runs)
-        keys = sorted(key for key, run_id, status in found
-                      if runs[key] == run_id and status != RunStatus.RUNNING.value)
+        counted = {key: (shard, status) for key, run_id, status, shard in found
+                   if runs[key] == run_id and status != RunStatus.RUNNING.value}
+        keys = sorted(counted)
         if not keys:
             return Purged(), set()
         marks = ", ".join("?" * len(keys))
@@ -174,7 +175,8 @@ class PurgeClosedOp:
                 f"DELETE FROM {table} WHERE etype = ? AND key IN ({marks})",
                 self.entity_type, *keys))
         for key in keys:  # this batch's later ops read the truth: no entity, no window
-            txn.entities[(self.entity_type, key)] = None
+            txn.uncount(self.entity_type, *counted[key])
+            txn.read_entity((self.entity_type, key), None)
             txn.forget_window(self.entity_type, key)
         return Purged(n + len(keys), len(keys), deleted), set(keys)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from corral._errors import StoreError
 
+from ._census import RECOUNT
 from ._schema import parse_schema_version, shard_count_error
 from ._tables import create, create_all
 
@@ -66,6 +67,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          "(etype, key text_pattern_ops)",),
     # Declared releases of each deployment (`_releases`).
     13: create("releases", "postgres"),
+    # The census counts entities from counters its writers keep (`_census`): it
+    # counted every row (1.0 s a scrape at 1,000,000 entities).
+    # ... and the backlog from its hosts' summaries per shard (`_backlog`): it sought
+    # every running entity.
+    14: (*create("entity_counts", "postgres"), *RECOUNT, *create("backlogs", "postgres")),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

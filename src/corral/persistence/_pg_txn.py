@@ -153,6 +153,14 @@ WITH r AS (
 SELECT pg_notify($6, $7) WHERE $7 <> ''
 """
 
+# One statement for a transaction's changes to the counts (rows in a fixed order, one
+# per counter: `Txn.count`).
+_ADD_COUNTS = """
+INSERT INTO entity_counts (etype, status, shard, n)
+SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[])
+ON CONFLICT (etype, status, shard) DO UPDATE SET n = entity_counts.n + excluded.n
+"""
+
 
 # After the snapshot row is written: keep the newest `keep`, delete the journal they
 # cover and the dedupe ids that left the window, mark passivation; returns the floor.
@@ -232,6 +240,9 @@ class PgTxn(Txn):
         statement = await self.conn.prepare(numbered(sql))
         return list(await statement.fetch(*args))
 
+    async def add_counts(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        await self.conn.execute(_ADD_COUNTS, *(list(c) for c in zip(*rows, strict=True)))
+
     async def insert_id(self, sql: str, *args: Any) -> int:
         return int(await self.conn.fetchval(numbered(sql) + " RETURNING id", *args))
 
@@ -273,10 +284,10 @@ class PgTxn(Txn):
 
     async def _lock_entities(self, keys: list[_Ident]) -> None:
         for ident in keys:  # absent unless found: only an acceptance creates an entity
-            self.entities[ident] = None  # row, holding its shard's tick row (held by now)
+            self.read_entity(ident, None)  # row, holding its shard's tick row (held by now)
         rows = await self.conn.fetch(_LOCK_ENTITIES, [k[0] for k in keys], [k[1] for k in keys])
         for r in rows:
-            self.entities[(r[0], r[1])] = EntityRow(r[2], r[3], RunStatus(r[4]), r[5])
+            self.read_entity((r[0], r[1]), EntityRow(r[2], r[3], RunStatus(r[4]), r[5]))
 
     async def _lock_entities_and_read_windows(self, keys: list[_Ident],
                                               ids: list[tuple[str, str, str]]) -> None:
@@ -284,7 +295,7 @@ class PgTxn(Txn):
         before it waits for an entity row, which is safe for the dedupe rows: only an
         acceptance adds them, holding its shard's tick row, which this batch holds."""
         for ident in keys:
-            self.entities[ident] = None
+            self.read_entity(ident, None)
         for etype, key, mid in ids:
             self.dedupe.setdefault((etype, key), {})[mid] = None
         rows = await self.conn.fetch(
@@ -292,7 +303,7 @@ class PgTxn(Txn):
             [i[1] for i in ids], [i[2] for i in ids])
         for r in rows:
             if r[0]:
-                self.entities[(r[1], r[2])] = EntityRow(r[4], r[5], RunStatus(r[6]), r[7])
+                self.read_entity((r[1], r[2]), EntityRow(r[4], r[5], RunStatus(r[6]), r[7]))
             else:
                 self.dedupe[(r[1], r[2])][r[3]] = (r[7], r[5], bytes(r[8]), r[9], r[10])
 
@@ -329,6 +340,7 @@ class PgTxn(Txn):
         dirty = self.dirty_entities()
         if not (self.runs_rows or self.appended or dirty):
             return
+        self.tally(dirty)
         unplanned = sorted({s for s, _, _ in self.appended} - set(self.ticks))
         if unplanned:
             await self._lock_ticks(unplanned)  # not planned: lock them now (still correct)

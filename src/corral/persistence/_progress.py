@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._backlog import SUMMARIZE
 from ._txn import Fence, Fenced, Txn
 
 __all__ = ["RECORD", "RecordProgressOp", "applied_sql", "oldest_unapplied_sql",
@@ -65,16 +66,22 @@ def oldest_unapplied_sql(q: Txn) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RecordProgressOp(Fenced):
-    """Record the applied watermark and mailbox depth of entities of one shard (fenced).
+    """Record the applied watermark and mailbox depth of entities of one shard, and
+    its holder's summary of the shard's backlog when it changed (fenced).
 
     `rows`: (etype, key, applied_seq, mailbox depth) each. A row whose watermark is
-    below the recorded one is left out by the statement itself.
+    below the recorded one is left out by the statement itself. `backlog`: the rows of
+    `_backlog.SUMMARIZE` (`_backlog.summary_rows`), empty when unchanged.
     """
 
     fence: Fence
     rows: tuple[tuple[str, str, int, int], ...]
     at: float
+    backlog: tuple[tuple[object, ...], ...] = ()
 
     async def apply(self, txn: Txn) -> None:
         await txn.check(self.fence)
-        await txn.executemany(RECORD, [(*row, self.at) for row in self.rows])
+        if self.rows:
+            await txn.executemany(RECORD, [(*row, self.at) for row in self.rows])
+        if self.backlog:
+            await txn.executemany(SUMMARIZE, self.backlog)

@@ -290,8 +290,11 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
                         ) -> list[EntityRecord | UnreadableRow]:
     """A page of entities in (etype, key) order after `after`, optionally only those
     whose key starts with `key_prefix` (a seek for one type: SQLite's key range, or
-    PostgreSQL's `entities_key_prefix`; across types a filter on the walk). A row that
-    does not decode is an `UnreadableRow` in its place."""
+    PostgreSQL's `entities_key_prefix`; across types, the same seek type after type,
+    `_prefix_across_types`). A row that does not decode is an `UnreadableRow` in its
+    place."""
+    if key_prefix and etype is None:
+        return await _prefix_across_types(q, status, limit, after, key_prefix)
     start = after_within(etype, after)
     if start is False:
         return []
@@ -314,16 +317,43 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
         where.append("(entities.etype, entities.key) > (?, ?)")
         args.extend(start)
     # One type and a prefix: planned for the prefix, a seek of `entities_key_prefix` on
-    # PostgreSQL (a cached generic plan walks the type's keys). Every type: a walk in key
-    # order that stops at a page, which the generic plan does and a plan for the prefix
-    # does not (it scans them all).
-    fetch = q.fetchall_replanned if key_prefix and etype is not None else q.fetchall
+    # PostgreSQL (a cached generic plan walks the type's keys).
+    fetch = q.fetchall_replanned if key_prefix else q.fetchall
     page = (f"SELECT * FROM entities {'WHERE ' if where else ''}{' AND '.join(where)} "
             "ORDER BY entities.etype, entities.key LIMIT ?")
     rows = await fetch(
         f"SELECT {_ENTITY_COLUMNS}, {_progress_columns(q)} FROM {progress_from(page)} "
         "ORDER BY entities.etype, entities.key", *args, limit)
     return [_listed(r) for r in rows]
+
+
+async def _prefix_across_types(q: Txn, status: RunStatus | None, limit: int,
+                               after: tuple[str, str] | None, key_prefix: str
+                               ) -> list[EntityRecord | UnreadableRow]:
+    """A key-prefix page across every type: the types in order from the cursor's, each
+    found by one seek of the primary key (the next type after the last), and each
+    searched with the one-type seek for what the page still needs. Its cost grows with
+    the number of types and the page, never with the entities (a filter on a walk of
+    the whole table read every row when fewer than a page matched: 3.0M SQLite VM
+    steps at 1M entities)."""
+    found: list[EntityRecord | UnreadableRow] = []
+    etype = await _next_type(q, None if after is None else after[0], inclusive=True)
+    while etype is not None and len(found) < limit:
+        found += await list_entities(q, etype, status, limit - len(found), after, key_prefix)
+        etype = await _next_type(q, etype, inclusive=False)
+    return found
+
+
+async def _next_type(q: Txn, etype: str | None, *, inclusive: bool) -> str | None:
+    """The first entity type from `etype` on (after it unless `inclusive`; None: from
+    the first): one seek of the primary key, whatever the entities of each type."""
+    if etype is None:
+        row = await q.fetchone("SELECT min(etype) FROM entities")
+    else:
+        row = await q.fetchone(
+            f"SELECT min(etype) FROM entities WHERE etype {'>=' if inclusive else '>'} ?",
+            etype)
+    return None if row is None else row[0]
 
 
 def _listed(r: Sequence[Any]) -> EntityRecord | UnreadableRow:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from ._txn import Txn
 
-__all__ = ["SWEEP_DEDUPE", "SqliteTxn"]
+__all__ = ["ADD_COUNTS", "SWEEP_DEDUPE", "SqliteTxn"]
 
 _JOURNAL_INSERT = (
     "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, payload, "
@@ -35,6 +35,10 @@ _ENTITIES_UPSERT = (
     "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
     "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq, "
     "updated_at=excluded.updated_at"
+)
+ADD_COUNTS = (
+    "INSERT INTO entity_counts (etype, status, shard, n) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (etype, status, shard) DO UPDATE SET n = entity_counts.n + excluded.n"
 )
 
 # The dedupe window: forget applied ids (seq <= ?5) that are too many messages ago
@@ -78,6 +82,9 @@ class SqliteTxn(Txn):
 
     async def fetchall(self, sql: str, *args: Any) -> list[Sequence[Any]]:
         return self.db.execute(sql, args).fetchall()
+
+    async def add_counts(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        self.db.executemany(ADD_COUNTS, rows)
 
     async def insert_id(self, sql: str, *args: Any) -> int:
         cur = self.db.execute(sql, args)
@@ -129,6 +136,7 @@ class SqliteTxn(Txn):
             self.appended.clear()
         dirty = self.dirty_entities()
         if dirty:
+            self.tally(dirty)
             now = time.time()
             db.executemany(_ENTITIES_UPSERT, [
                 (e, k, r.shard, r.run_id, r.status._value_, r.next_seq, now)

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from corral._common import PURGE_ROWS, RunStatus
 
+from ._backlog import ShardBacklog
 from ._build_registry import BuildRegistry
 from ._census import Census
 from ._hosting import HostingRegistry
@@ -295,11 +296,12 @@ class HostStore(Protocol):
     async def dead_letter_seqs(self, etype: str, key: str, run_id: int) -> frozenset[int]: ...
 
     async def record_progress(self, fence: Fence,
-                              rows: Sequence[tuple[str, str, int, int]], *, at: float
-                              ) -> None:
+                              rows: Sequence[tuple[str, str, int, int]], *, at: float,
+                              backlog: ShardBacklog | None = None) -> None:
         """Record (etype, key, applied seq, mailbox depth) of entities of the fence's
         shard, as of `at` (fenced); a watermark below the recorded one is left out, so
-        progress never moves back (see `_progress`)."""
+        progress never moves back (see `_progress`). `backlog`: the holder's summary
+        of the shard's backlog, when it changed (None: unchanged; see `_backlog`)."""
     async def purge_closed(self, etype: str, closed_before: float, *, limit: int,
                            fences: Sequence[Fence] = (), rows: int = PURGE_ROWS) -> Purged:
         """Retention: purge at most `limit` runs of `etype` closed before

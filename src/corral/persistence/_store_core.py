@@ -16,6 +16,7 @@ import corral.persistence._entity_history as history
 import corral.persistence._reads as reads
 from corral._common import PURGE_ROWS, RunStatus
 
+from ._backlog import ShardBacklog, summary_rows
 from ._batch import CommitQueue
 from ._build_registry import BuildCheck, BuildRecord
 from ._census import Census, census
@@ -225,9 +226,10 @@ class StoreCore:
         return await self.write(ActivatedOp(fence, etype, key))  # type: ignore[no-any-return]
 
     async def record_progress(self, fence: Fence,
-                              rows: Sequence[tuple[str, str, int, int]], *, at: float
-                              ) -> None:
-        await self.write(RecordProgressOp(fence, tuple(rows), at))
+                              rows: Sequence[tuple[str, str, int, int]], *, at: float,
+                              backlog: ShardBacklog | None = None) -> None:
+        summary = () if backlog is None else tuple(summary_rows(fence, backlog, at))
+        await self.write(RecordProgressOp(fence, tuple(rows), at, summary))
 
     async def suspend_run(self, fence: Fence, record: Suspension) -> None:
         await self.write(SuspendOp(fence, record))

@@ -61,6 +61,12 @@ TABLES = (
         # key serves one only under "C"); SQLite compares bytes, so its key is enough.
         "postgres: entities_key_prefix (etype, key text_pattern_ops)",
         "entities_status (status, etype, key)")),  # operators list by status, type, key
+    # The census's counts of entities by type, status and shard (`_census`), kept by
+    # the transactions that create an entity row, change its status or delete it; per
+    # shard, so PostgreSQL's transactions of different shards update different rows.
+    Table("entity_counts", """
+        etype TEXT NOT NULL, status TEXT NOT NULL, shard INT NOT NULL, n BIGINT NOT NULL,
+        PRIMARY KEY (etype, status, shard)"""),
     # Every run ever started; `continued_from` links continue-as-new chains.
     Table("runs", """
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, status TEXT NOT NULL,
@@ -167,6 +173,13 @@ TABLES = (
         ok BOOL NOT NULL, result TEXT, error TEXT, attempts INT NOT NULL,
         recorded_at REAL NOT NULL,
         PRIMARY KEY (etype, key, run_id, name)"""),
+    # The backlog of each shard by type as its holder summarized it (`_backlog`): the
+    # row of type '' says which lease epoch vouches for the shard's rows (0: none).
+    Table("backlogs", """
+        shard INT NOT NULL, etype TEXT NOT NULL, epoch BIGINT NOT NULL,
+        messages BIGINT NOT NULL, entities BIGINT NOT NULL, oldest_at REAL,
+        recorded_at REAL NOT NULL,
+        PRIMARY KEY (shard, etype)"""),
     # Entity-to-entity messages (`_ops_outbox`), written with the sender's progress and
     # delivered by its host; a host taking a shard delivers what its senders left.
     Table("outbox", """

@@ -111,6 +111,7 @@ async def apply_ops(txn: Txn, ops: Sequence[WriteOp]) -> list[Any]:
         except CorralError as err:
             results.append(err)
     await txn.flush()
+    await txn.count()
     return results
 
 
@@ -140,6 +141,11 @@ class Txn:
     runs_rows: list[tuple[Any, ...]] = field(default_factory=list)
     appended: list[tuple[int, JournalEntry, bytes]] = field(default_factory=list)
     floors: dict[Ident, int] = field(default_factory=dict)  # latest snapshot's applied seq
+    # The census's counters (`_census`): each entity row this transaction read, as the
+    # database holds it (shard, status; None: no row), and the changes to the counts of
+    # `entity_counts` its writes made, written once by `count` at the end.
+    counted: dict[Ident, tuple[int, str] | None] = field(default_factory=dict)
+    counts: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
     # -- the engine's primitives ------------------------------------------------------
 
@@ -161,6 +167,10 @@ class Txn:
         plan depends on them (a key prefix: PostgreSQL's cached generic plan walked every
         key of a type for a prefix that matched none, 19 ms against 0.6)."""
         return await self.fetchall(sql, *args)
+
+    async def add_counts(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Add to `entity_counts` (etype, status, shard, n) each, in this order."""
+        raise NotImplementedError
 
     async def insert_id(self, sql: str, *args: Any) -> int:
         """Insert one row; its generated `id`."""
@@ -212,9 +222,42 @@ class Txn:
         if ident not in self.entities:
             r = await self.fetchone("SELECT shard, run_id, status, next_seq FROM entities "
                                     f"WHERE etype = ? AND key = ?{self.ROW_LOCK}", etype, key)
-            self.entities[ident] = None if r is None else EntityRow(r[0], r[1],
-                                                                    RunStatus(r[2]), r[3])
+            self.read_entity(ident, None if r is None else EntityRow(r[0], r[1],
+                                                                     RunStatus(r[2]), r[3]))
         return self.entities[ident]
+
+    def read_entity(self, ident: Ident, row: EntityRow | None) -> None:
+        """Keep an entity row as read from the database (None: it has none)."""
+        self.entities[ident] = row
+        self.counted[ident] = None if row is None else (row.shard, row.status._value_)
+
+    def tally(self, dirty: Sequence[tuple[str, str, EntityRow]]) -> None:
+        """Count the entity rows a flush writes: a row created, or whose status changed,
+        moves one entity between the counts of `entity_counts` (an acceptance into a
+        running entity changes none). The upsert keeps an existing row's shard."""
+        for etype, key, row in dirty:
+            was = self.counted[(etype, key)]  # read before written: `entity`, `lock`
+            now = (row.shard if was is None else was[0], row.status._value_)
+            if was != now:
+                if was is not None:
+                    self.uncount(etype, *was)
+                self.counts[(etype, now[1], now[0])] = self.counts.get(
+                    (etype, now[1], now[0]), 0) + 1
+                self.counted[(etype, key)] = now
+
+    def uncount(self, etype: str, shard: int, status: str) -> None:
+        """One entity of `etype` in `status` on `shard` is no more (or changed)."""
+        self.counts[(etype, status, shard)] = self.counts.get((etype, status, shard), 0) - 1
+
+    async def count(self) -> None:
+        """Write the transaction's changes to the counts, last and in one order (on
+        PostgreSQL two transactions then never wait for each other's counter rows in a
+        cycle: each takes them in (etype, status, shard) order, holding nothing else it
+        will wait for)."""
+        rows = sorted((*k, n) for k, n in self.counts.items() if n)
+        self.counts.clear()
+        if rows:
+            await self.add_counts(rows)
 
     def put_entity(self, etype: str, key: str, row: EntityRow) -> None:
         row.dirty = True
@@ -233,12 +276,15 @@ class Txn:
             window[message_id] = None if r is None else (r[0], r[1], bytes(r[2]), r[3], r[4])
         return window[message_id]
 
-    def forget_all(self) -> None:
+    def forget_all(self, counts: dict[tuple[str, str, int], int]) -> None:
         """Drop every buffered row and cached read: after a rollback to a savepoint
-        taken on a flushed transaction (`AcceptAllOp`), the database holds the truth."""
+        taken on a flushed transaction (`AcceptAllOp`), the database holds the truth.
+        `counts`: the changes to the counts as they were at the savepoint."""
         self.appended.clear()
         self.runs_rows.clear()
         self.entities.clear()
+        self.counted.clear()
+        self.counts = counts
         self.dedupe.clear()
         self.floors.clear()
 

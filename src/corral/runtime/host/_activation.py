@@ -119,8 +119,8 @@ class Activation(RunContext):
 
     What the entity's code calls (its `EntityContext`) is the `RunContext` part."""
 
-    __slots__ = ("_applying", "_inbox", "_last_active", "_phase", "_phase_waiters",
-                 "_snapshot_seq", "_worker", "entity")
+    __slots__ = ("_applying", "_current", "_inbox", "_last_active", "_phase", "_phase_waiters",
+                 "_reading", "_replaying", "_snapshot_seq", "_worker", "entity")
 
     def __init__(self, home: Residence, previous: Activation | None = None,
                  fresh: JournalEntry | None = None, start_input: str | None = None) -> None:
@@ -139,6 +139,11 @@ class Activation(RunContext):
         # callers queue while the load task has not run yet would otherwise precede
         # it and open a gap.
         self._inbox: deque[JournalEntry] | None = None if fresh is None else deque([fresh])
+        # What else it holds unapplied (`backlog`): the entry being applied, the entries
+        # of a replay, and whether a replay is reading them from the store.
+        self._current: JournalEntry | None = None
+        self._replaying: list[JournalEntry] = []
+        self._reading = False
         # The task applying entries (the load task in LOADING); None while none wait.
         self._worker: asyncio.Task[None] | None = asyncio.create_task(
             self._load(previous, fresh, start_input)
@@ -213,6 +218,23 @@ class Activation(RunContext):
         if self.entity is None:
             return []
         return [t for t in self.entity.mailbox.pending_tokens() if isinstance(t, JournalEntry)]
+
+    def backlog(self) -> tuple[int, float | None] | None:
+        """(messages accepted and not applied, when the oldest of them was accepted) as
+        this activation holds them (its inbox, a replay, the entry being applied); None
+        while it cannot know: not built, or reading its journal from the store.
+
+        Its journal's entries of its run after its watermark are all here once loaded,
+        but for a gap the journal tail has not filled yet (counted: the highest seq
+        held minus the watermark)."""
+        if not self.has_progress or self._reading:
+            return None
+        held = [e for e in (*(self._inbox or ()), *self._replaying, self._current)
+                if e is not None and e.run_id == self._run_id and e.seq > self.applied_seq]
+        if not held:
+            return 0, None
+        oldest = min(held, key=lambda e: e.seq)
+        return max(e.seq for e in held) - self.applied_seq, oldest.accepted_at
 
     @property
     def mailbox_depth(self) -> int:
@@ -389,13 +411,21 @@ class Activation(RunContext):
         a chain of continue-as-new runs was otherwise snapshotted every `every` entries
         of every run: quadratic in the backlog.)
         """
-        entries = await self._home.store.journal(
-            self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
-        )
-        for entry in entries:
-            if not self._applies:
-                return  # closed, or continue-as-new carries the rest to the next run
-            await self._apply(entry, replaying=True)
+        self._reading = True
+        try:
+            entries = await self._home.store.journal(
+                self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
+            )
+        finally:
+            self._reading = False
+        self._replaying = entries
+        try:
+            for entry in entries:
+                if not self._applies:
+                    return  # closed, or continue-as-new carries the rest to the next run
+                await self._apply(entry, replaying=True)
+        finally:
+            self._replaying = []
         if self._snapshot_due() or self._sends_due():
             await self.snapshot()
 
@@ -436,7 +466,11 @@ class Activation(RunContext):
 
     async def _apply(self, entry: JournalEntry, *, replaying: bool) -> None:
         """Hand `entry` to the `_apply_<kind>` method of its kind (`_APPLY`, below)."""
-        await _APPLY[entry.kind](self, entry, replaying)
+        self._current = entry
+        try:
+            await _APPLY[entry.kind](self, entry, replaying)
+        finally:
+            self._current = None
 
     async def _apply_signal(self, entry: JournalEntry, replaying: bool) -> None:
         """A replay passes over a signal dead-lettered before (its snapshot may be gone)."""

@@ -10,6 +10,11 @@ still recorded in turn, every `moving / PROGRESS_ROWS` intervals (10,000 rows co
 SQLite writer ~100 ms, so the cap keeps recording to a few per cent of it). What
 operators see may therefore lag the host by an interval or a few (see
 `persistence/_progress`).
+
+With the same write each shard records its backlog by type (`Shard.backlog`) when it
+changed since the shard's last write at its lease's epoch (`persistence/_backlog`):
+the census sums these summaries instead of seeking every running entity. A shard whose
+summary moved and no row did writes the summary alone; an idle shard writes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import itertools
 from collections.abc import Sequence
 
 from corral._errors import LeaseLostError
+from corral.persistence import ShardBacklog
 
 from ._shard import Shard
 
@@ -33,6 +39,7 @@ PROGRESS_ROWS = 2048
 
 _Ident = tuple[str, str]
 _Row = tuple[str, str, int, int]
+_Types = dict[str, tuple[int, int, float | None]]
 
 
 def share(wanted: Sequence[int], budget: int) -> list[int]:
@@ -54,30 +61,61 @@ class ProgressLog:
     def __init__(self) -> None:
         self._recorded: dict[int, dict[_Ident, tuple[int, int]]] = {}
         self._cursor: dict[int, int] = {}
+        # shard -> (lease epoch, its backlog summary as last written (None: unknown),
+        # the types whose rows at that epoch are not zero).
+        self._summaries: dict[int, tuple[int, _Types | None, frozenset[str]]] = {}
 
     async def record(self, shards: Sequence[Shard], at: float) -> int:
         """Record the entities of `shards` whose progress moved (at most
         `PROGRESS_ROWS`); how many rows were written."""
+        held = {shard.index for shard in shards}
+        self._summaries = {i: v for i, v in self._summaries.items() if i in held}
         moved = [self._moved(shard) for shard in shards]
         quota = share([len(rows) for rows, _ in moved], PROGRESS_ROWS)
-        batches = [(shard, rows[:n], ends[:n])
-                   for shard, (rows, ends), n in zip(shards, moved, quota, strict=True) if n]
+        summaries = [self._summary(shard) for shard in shards]
+        batches = [(shard, rows[:n], ends[:n], summary)
+                   for shard, (rows, ends), n, summary
+                   in zip(shards, moved, quota, summaries, strict=True)
+                   if n or summary is not None]
         outcomes = await asyncio.gather(
-            *(shard.store.record_progress(shard.fence, rows, at=at)
-              for shard, rows, _ in batches), return_exceptions=True)
+            *(shard.store.record_progress(
+                shard.fence, rows, at=at,
+                backlog=None if summary is None else ShardBacklog(*summary))
+              for shard, rows, _, summary in batches), return_exceptions=True)
         written = 0
-        for (shard, rows, ends), outcome in zip(batches, outcomes, strict=True):
+        for (shard, rows, ends, summary), outcome in zip(batches, outcomes, strict=True):
             if isinstance(outcome, LeaseLostError):
                 self._recorded.pop(shard.index, None)  # no longer ours to record
+                self._summaries.pop(shard.index, None)
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
                 seen = self._recorded.setdefault(shard.index, {})
                 seen.update(((etype, key), (applied, depth))
                             for etype, key, applied, depth in rows)
-                self._cursor[shard.index] = ends[-1]
+                if ends:
+                    self._cursor[shard.index] = ends[-1]
+                if summary is not None:
+                    types = summary[0]
+                    was = self._summaries.get(shard.index)
+                    nonzero = was[2] if was is not None and was[0] == shard.fence.epoch \
+                        else frozenset()
+                    if types is not None:
+                        nonzero = frozenset(types)
+                    self._summaries[shard.index] = (shard.fence.epoch, types, nonzero)
                 written += len(rows)
         return written
+
+    def _summary(self, shard: Shard) -> tuple[_Types | None, tuple[str, ...]] | None:
+        """The shard's backlog summary and the types gone from it since last written at
+        its lease's epoch, or None when unchanged."""
+        types = shard.backlog()
+        last = self._summaries.get(shard.index)
+        if last is None or last[0] != shard.fence.epoch:
+            return types, ()  # rows of an earlier epoch are never read
+        if last[1] == types:
+            return None
+        return types, tuple(sorted(last[2] - set(types or ())))
 
     def _moved(self, shard: Shard) -> tuple[list[_Row], list[int]]:
         """The resident entities of `shard` whose progress moved since recorded (loading

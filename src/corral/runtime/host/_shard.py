@@ -61,6 +61,10 @@ class Shard:
         self._later: set[asyncio.TimerHandle] = set()
         self._held: dict[_Ident, HeldRun] = {}  # suspended runs (see `_suspension`)
         self._stopped = False
+        # Running entities it cannot host (a type not registered here), and whether its
+        # recovery read is done (`backlog`).
+        self._unhosted = 0
+        self._recovered = False
         self.postman: Postman | None = None  # its host's, which delivers entities' sends
         # Recovery (`recover`): the running entities not activated yet, and the task
         # activating them in the background, as `window` admits them.
@@ -92,10 +96,12 @@ class Shard:
             if etype in self._definitions:
                 line.append(((etype, key), urgent))
             else:
+                self._unhosted += 1
                 log.error("shard %d: entity type %r is not registered in this process; its "
                           "entity %r stays unhosted", self.index, etype, key)
         line.sort(key=lambda item: not item[1])  # stable: the urgent ones first
         self._unrecovered.update(ident for ident, _ in line)
+        self._recovered = True
         if line and not self._stopped:
             self._recovering = asyncio.create_task(
                 self._recovery_line(deque(line)), name=f"corral-recover-{self.index}")
@@ -131,6 +137,32 @@ class Shard:
     def recovering(self) -> int:
         """Running entities of the shard's recovery not activated yet."""
         return len(self._unrecovered)
+
+    def backlog(self) -> dict[str, tuple[int, int, float | None]] | None:
+        """The shard's backlog by type, from its activations: type -> (messages behind,
+        entities behind, oldest unapplied accepted_at) of the types with some; None
+        while some running entity's backlog is not known here: before its recovery
+        read them or while some are not activated yet (`recover` activates them in the
+        background), a type not registered here, a suspended run waiting for its next
+        attempt (its entries stay in the journal), an activation not built yet or
+        reading its journal."""
+        if not self._recovered or self._unrecovered or self._unhosted \
+                or any(held.waiting for held in self._held.values()):
+            return None
+        totals: dict[str, tuple[int, int, float | None]] = {}
+        for act in self._activations.values():
+            if act.is_finished:
+                continue
+            known = act.backlog()
+            if known is None:
+                return None
+            behind, oldest = known
+            if behind:
+                messages, entities, first = totals.get(act.entity_type, (0, 0, None))
+                totals[act.entity_type] = (messages + behind, entities + 1, oldest
+                                           if first is None or (oldest is not None
+                                                                and oldest < first) else first)
+        return totals
 
     async def stop(self) -> None:
         self._stopped = True

@@ -1,0 +1,275 @@
+"""The census reads counters and index seeks, never a walk of the entities (issue 42).
+
+Entities by type and status come from `entity_counts`, kept by the transactions that
+write entity rows: after a mixed workload through the `Store` API (racing starts from
+two writers, a refused `accept_all`, closes, failures, terminations, continue-as-new,
+re-runs, retention, dead letters, suspensions) they equal a GROUP BY of the rows. The
+census and the key-prefix search across types read what they count or seek: their
+plans (SQLite's EXPLAIN QUERY PLAN, PostgreSQL's EXPLAIN on a store large enough for a
+scan to tempt the planner) never scan `entities` or `runs`, and their SQLite VM steps
+at 20,000 entities are within 1.5x of those at 2,000 (`read_work`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+
+import corral
+from acceptances import acc, fence_for, opened
+from corral.persistence import EntryKind, Suspension, open_store
+from corral.persistence._census import census, recount
+from corral.persistence._pg_txn import numbered
+from corral.persistence._reads import list_entities
+from corral.persistence._sqlite_txn import SqliteTxn
+from corral.persistence._txn import Txn, drive
+from stores import is_postgres, sql
+
+SHARDS = 4
+COMPLETED, FAILED = corral.RunStatus.COMPLETED, corral.RunStatus.FAILED
+
+
+def _truth(location: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in sql(
+        location, "SELECT etype, status, shard, count(*) FROM entities "
+        "GROUP BY etype, status, shard"))
+
+
+def _counters(location: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in sql(
+        location, "SELECT etype, status, shard, n FROM entity_counts WHERE n <> 0"))
+
+
+async def test_the_entity_counters_equal_the_rows_after_a_mixed_workload(
+        db_path: str) -> None:
+    async with opened(db_path, SHARDS) as store, opened(db_path, SHARDS) as other:
+        fence = await fence_for(store, 1)
+        # Racing signal-with-starts from two writers: one start per key.
+        await asyncio.gather(*(s.accept(acc(f"k{i}", f"{n}-{w}"))
+                               for i in range(6) for n in range(3)
+                               for w, s in enumerate((store, other))))
+        await store.accept(acc("t", "x", etype="T", shard=2))
+        # A refused all-or-nothing batch starts nothing (its start rolled back, after a
+        # terminate flushed it).
+        with pytest.raises(corral.BatchRefusedError):
+            await store.accept_all([acc("never", "a"), acc("never", "end", start=None,
+                                                            kind=EntryKind.TERMINATE),
+                                    acc("nope", "b", start=None)])
+        # Start and terminate in one batch; terminate a running one.
+        await store.accept_many([acc("brief", "a"), acc("brief", "end", start=None,
+                                                        kind=EntryKind.TERMINATE)])
+        await store.accept(acc("k0", "end", start=None, kind=EntryKind.TERMINATE))
+        assert await store.close_run(fence, "E", "k1", 1, applied_seq=6, status=COMPLETED,
+                                     result=None, error=None)
+        pending = await store.journal("E", "k2", run_id=1, after_seq=0)
+        assert await store.close_run(fence, "E", "k2", 1, applied_seq=0, status=FAILED,
+                                     result=None, error="boom", force=True,
+                                     pending=pending)
+        assert await store.continue_as_new(fence, "E", "k3", 1, applied_seq=6,
+                                           next_input="{}", carried=()) == 2
+        await store.accept(acc("k1", "again"))  # a re-run of a closed entity
+        await store.suspend_run(fence, Suspension("E", "k4", 1, "RuntimeError", 1, 1.0, 9.0))
+        await store.open_wait(fence, "E", "k5", 1, "approval", deadline=None, now=1.0)
+        first = (await store.journal("E", "k5", run_id=1, after_seq=0))[0]
+        await store.record_dead_letter(fence, first, error="e", traceback="", attempts=1,
+                                       failed_at=1.0)
+        assert _counters(db_path) == _truth(db_path)
+        purged = await store.purge_closed("E", 1e12, limit=10)
+        assert purged.entities == 3  # "brief", "k0", "k2" ("k1" runs again)
+        assert _counters(db_path) == _truth(db_path)
+        found = await store.census()
+        assert found.entities == tuple(sql(
+            db_path, "SELECT etype, status, count(*) FROM entities GROUP BY etype, status "
+            "ORDER BY etype, status"))
+        assert found.dead_letters == (("E", 1),)  # k5's (k2's went with it)
+        assert found.suspended_runs == (("E", 1),)
+        assert found.open_waits == (("E", 1),)
+
+
+async def test_recount_rebuilds_the_counters_from_the_rows(db_path: str) -> None:
+    async with opened(db_path, SHARDS) as store:
+        for i in range(5):
+            await store.accept(acc(f"k{i}", "m", shard=i % SHARDS))
+    sql(db_path, "DELETE FROM entity_counts")
+    sql(db_path, "INSERT INTO entity_counts VALUES ('E', 'running', 0, 99)")
+    await _on_store(db_path, recount)
+    assert _counters(db_path) == _truth(db_path)
+
+
+# -- plans and work: index seeks and counters, never a walk ---------------------------
+
+
+class _Recording(Txn):
+    """A read-only `Txn` over an engine's own, recording each statement it runs."""
+
+    def __init__(self, inner: Txn) -> None:
+        super().__init__()
+        self.inner, self.statements = inner, list[tuple[str, tuple[Any, ...]]]()
+        self.GREATEST = inner.GREATEST  # type: ignore[misc]
+
+    async def fetchone(self, query: str, *args: Any) -> Sequence[Any] | None:
+        self.statements.append((query, args))
+        return await self.inner.fetchone(query, *args)
+
+    async def fetchall(self, query: str, *args: Any) -> list[Sequence[Any]]:
+        self.statements.append((query, args))
+        return await self.inner.fetchall(query, *args)
+
+    async def fetchall_replanned(self, query: str, *args: Any) -> list[Sequence[Any]]:
+        self.statements.append((query, args))
+        return await self.inner.fetchall_replanned(query, *args)
+
+    async def clock(self) -> float:
+        return await self.inner.clock()
+
+    def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        return self.inner.starts_with(column, prefix)
+
+
+_READS: dict[str, Callable[[Txn], Awaitable[object]]] = {
+    "census": census,
+    # Fewer matches than a page, past the cursor's type: every type is sought.
+    "prefix across types": lambda q: list_entities(q, None, None, 50, ("A", "k-0"), "k-0000100"),
+}
+
+
+async def _on_store(location: str, read: Callable[[Txn], Awaitable[Any]]) -> Any:
+    """`read` through an engine's `Txn` on its own connection (committed after)."""
+    if not is_postgres(location):
+        db = sqlite3.connect(location, isolation_level=None)
+        try:
+            return drive(read(SqliteTxn(db=db)))  # type: ignore[arg-type]
+        finally:
+            db.close()
+    import asyncpg
+
+    from corral.persistence._pg_txn import PgTxn
+    conn = await asyncpg.connect(location)
+    try:
+        return await read(PgTxn(conn=conn, token="test"))
+    finally:
+        await conn.close()
+
+
+def _build(location: str, entities: int) -> None:
+    """`entities` entities of types A, B, C (closed but for 30 running, 10 behind), their
+    runs, a few dead letters, open waits and suspensions, and a delivered wait for one
+    entity in ten (retained waits grow with the store), written in bulk, then counted
+    (`recount`) and, on PostgreSQL, analyzed."""
+    if is_postgres(location):
+        series = f"generate_series(0, {entities - 1}) AS g(i)"
+        pad = "lpad(i::text, 8, '0')"
+        etype = "chr(65 + i % 3)"
+    else:
+        series = (f"(WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g "
+                  f"WHERE i < {entities - 1}) SELECT i FROM g) g")
+        pad = "substr('0000000' || i, -8, 8)"
+        etype = "char(65 + i % 3)"
+    status = "CASE WHEN i < 30 THEN 'running' ELSE 'completed' END"
+    sql(location, f"INSERT INTO entities (etype, key, shard, run_id, status, next_seq, "
+        f"updated_at) SELECT {etype}, 'k-' || {pad}, i % {SHARDS}, 1, {status}, "
+        f"CASE WHEN i < 10 THEN 5 ELSE 2 END, 1.0 FROM {series}")
+    sql(location, "INSERT INTO runs (etype, key, run_id, status, started_at, closed_at, "
+        "first_seq) SELECT etype, key, 1, status, 1.0, CASE WHEN status = 'running' "
+        "THEN NULL ELSE 2.0 END, 1 FROM entities")
+    sql(location, "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, "
+        f"message_id, payload, sender, accepted_at{', tick' if is_postgres(location) else ''}"
+        ") SELECT etype, key, 4, 1, shard, 'signal', 'n', 'm', '{}', NULL, 3.0"
+        f"{', 0' if is_postgres(location) else ''} FROM entities WHERE next_seq = 5")
+    sql(location, "INSERT INTO suspensions SELECT etype, key, 1, shard, 'e', 1, 1.0, 2.0 "
+        "FROM entities WHERE status = 'running' AND key < 'k-00000006'")
+    sql(location, "INSERT INTO signal_waits (etype, key, run_id, name, shard, status, "
+        "opened_at) SELECT etype, key, 1, 'w', shard, 'open', 1.0 FROM entities "
+        "WHERE status = 'running' AND key < 'k-00000020'")
+    sql(location, "INSERT INTO signal_waits (etype, key, run_id, name, shard, status, "
+        "opened_at) SELECT etype, key, 1, 'w', shard, 'delivered', 1.0 FROM entities "
+        "WHERE status <> 'running' AND key LIKE '%0'")
+    for i in range(5):
+        sql(location, "INSERT INTO dead_letters (etype, key, run_id, seq, message_id, name, "
+            "payload, error, traceback, attempts, failed_at) "
+            "VALUES ('A', ?, 1, 1, 'm', 'n', '{}', 'e', '', 1, 1.0)", f"k-{i * 3:08d}")
+    if is_postgres(location):  # autovacuum's statistics (corral never analyzes SQLite)
+        sql(location, "ANALYZE")
+
+
+async def _built(location: str, entities: int) -> None:
+    store = await open_store(location, shards=SHARDS)
+    await store.close()
+    _build(location, entities)
+    await _on_store(location, recount)
+
+
+async def _plans(location: str, name: str) -> list[list[str]]:
+    """The plan of every statement read `name` runs on the store at `location`."""
+    recording = await _on_store(location, lambda q: _record(q, name))
+    plans = []
+    for query, args in recording:
+        if is_postgres(location):
+            explain = "EXPLAIN " + numbered(query)
+            plans.append([str(r[0]) for r in await _on_store(
+                location, lambda q, s=explain, a=args: q.conn.fetch(  # type: ignore[attr-defined]
+                    s, *a))])
+        else:
+            plans.append([str(r[3]) for r in sql(location, "EXPLAIN QUERY PLAN " + query,
+                                                  *args)])
+    return plans
+
+
+async def _record(q: Txn, name: str) -> list[tuple[str, tuple[Any, ...]]]:
+    recording = _Recording(q)
+    await _READS[name](recording)
+    return recording.statements
+
+
+# SQLite names a table by its alias in a plan: e (entities), r (runs).
+_WALK = re.compile(r"^(SCAN|Seq Scan on|Parallel Seq Scan on) (entities|runs|e|r)\b"
+                   r"|Seq Scan on (entities|runs)\b")
+
+
+@pytest.mark.parametrize("name", sorted(_READS))
+async def test_the_census_and_the_prefix_search_across_types_never_walk_the_entities(
+        db_path: str, name: str) -> None:
+    await _built(db_path, 20_000)
+    plans = await _plans(db_path, name)
+    assert plans
+    for plan in plans:
+        # A listing page is a subquery named `entities` (`progress_from`): SQLite's scan
+        # of it, once made, reads the page.
+        page = "MATERIALIZE entities" in plan
+        walks = [line for line in plan if _WALK.search(line.strip().lstrip("-> ").strip())
+                 and not (page and line == "SCAN entities")]
+        assert not walks, "\n".join(plan)
+
+
+def read_work(location: str, read: Callable[[Txn], Awaitable[object]]) -> int:
+    """SQLite VM steps of `read` on the store at `location` (a progress handler called
+    at every instruction): work that the machine's load cannot change."""
+    db = sqlite3.connect(location, isolation_level=None)
+    steps = [0]
+
+    def step() -> int:
+        steps[0] += 1
+        return 0
+
+    db.set_progress_handler(step, 1)
+    try:
+        drive(read(SqliteTxn(db=db)))  # type: ignore[arg-type]
+    finally:
+        db.close()
+    return steps[0]
+
+
+@pytest.mark.parametrize("name", sorted(_READS))
+async def test_the_census_and_the_prefix_search_do_the_same_work_at_ten_times_the_entities(
+        tmp_path: Any, name: str) -> None:
+    work = []
+    for entities in (2_000, 20_000):
+        location = str(tmp_path / f"{entities}.db")
+        await _built(location, entities)
+        work.append(read_work(location, _READS[name]))
+    assert work[1] <= 1.5 * work[0], work
