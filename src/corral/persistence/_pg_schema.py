@@ -25,7 +25,7 @@ from typing import Any
 from corral._errors import StoreError
 
 from ._schema import parse_schema_version, shard_count_error
-from ._tables import create, create_all
+from ._tables import create, create_all, set_storage
 
 __all__ = ["NOTIFY_CHANNEL", "SCHEMA_VERSION", "ensure_schema"]
 
@@ -66,6 +66,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          "(etype, key text_pattern_ops)",),
     # Declared releases of each deployment (`_releases`).
     13: create("releases", "postgres"),
+    14: (),  # another change of issue 42 (numbered at merge)
+    # A hot entity's storage bounded by its snapshot policy: room for HOT updates of the
+    # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
+    # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
+    15: set_storage("postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""
