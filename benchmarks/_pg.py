@@ -81,8 +81,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def throwaway_server(bindir: Path | None = None) -> Iterator[Server]:
+def throwaway_server(bindir: Path | None = None, *, settings: str = "") -> Iterator[Server]:
     """Start a server in a temp dir; stop and remove it on the way out (Ctrl-C included).
+
+    `settings`: more `-c name=value` (e.g. `shared_preload_libraries=pg_stat_statements`).
 
     Raises:
         ServerUnavailable: no server binaries (see `INSTALL_HINT`), or root without a
@@ -95,7 +97,7 @@ def throwaway_server(bindir: Path | None = None) -> Iterator[Server]:
     launcher.reap_stale(bindir, _PREFIX)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
     try:
-        port = launcher.start(bindir, temp, settings="-c max_connections=200")
+        port = launcher.start(bindir, temp, settings=f"-c max_connections=200 {settings}")
         yield Server(bindir, temp, port)
     finally:
         launcher.remove(bindir, temp)
