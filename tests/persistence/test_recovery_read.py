@@ -11,6 +11,7 @@ from pathlib import Path
 from corral.persistence import open_store
 from corral.persistence._reads import RUNNING_ENTITIES
 from corral.persistence._schema import SCHEMA_VERSION
+from corral.persistence._unapplied import DEAD_LETTER_COLUMNS
 
 
 async def test_the_recovery_read_of_a_shard_seeks_the_running_index(tmp_path: Path) -> None:
@@ -38,3 +39,22 @@ async def test_a_store_of_schema_14_gains_the_running_index(tmp_path: Path) -> N
                           "name = 'entities_running'").fetchone() == (1,)
         assert db.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == \
             (str(SCHEMA_VERSION),)
+
+
+def _plan(path: str, sql: str, *args: object) -> list[str]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+
+
+async def test_a_page_of_one_types_or_one_entitys_dead_letters_is_a_seek(
+        tmp_path: Path) -> None:
+    """Operators page dead letters in id order by type, or by entity: a seek of an index
+    in that order (it sorted every letter of the type: x37 from 10k to 1M entities)."""
+    path = str(tmp_path / "store.db")
+    await (await open_store(path, shards=4)).close()
+    page = (f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE id > ? AND etype = ? "
+            "{} ORDER BY id LIMIT ?")  # as `_reads.dead_letters` pages them
+    assert _plan(path, page.format(""), 0, "T", 10) == [
+        "SEARCH dead_letters USING INDEX dead_letters_type (etype=? AND id>?)"]
+    assert _plan(path, page.format("AND key = ?"), 0, "T", "k", 10) == [
+        "SEARCH dead_letters USING INDEX dead_letters_key (etype=? AND key=? AND id>?)"]

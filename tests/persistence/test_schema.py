@@ -103,7 +103,10 @@ def schema(location: str) -> dict[str, object]:
                            "column_default, is_identity FROM information_schema.columns WHERE "
                            "table_schema = current_schema() ORDER BY table_name, ordinal_position"),
             "indexes": set(sql(location, "SELECT tablename, indexname, indexdef FROM pg_indexes "
-                               "WHERE schemaname = current_schema()"))}
+                               "WHERE schemaname = current_schema()")),
+            "storage": set(sql(location, "SELECT relname, array_to_string(reloptions, ',') "
+                               "FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+                               "AND reloptions IS NOT NULL"))}
     found: dict[str, object] = {}
     for name, create in sql(location, "SELECT name, sql FROM sqlite_master WHERE type='table'"):
         found[name] = (sql(location, f"PRAGMA table_info({name})"),
@@ -123,6 +126,11 @@ async def test_a_new_store_has_exactly_the_schema_of_one_migrated_from_schema_1(
     if is_postgres(db_path):  # back to what a corral of schema 1 wrote
         for statement in ("DROP TABLE signal_waits", "DROP TABLE suspensions",
                           "DROP INDEX dedupe_sweep", "ALTER TABLE entities DROP COLUMN updated_at",
+                          "ALTER TABLE entities RESET (fillfactor)",
+                          "ALTER TABLE shard_ticks RESET (fillfactor)",
+                          *(f"ALTER TABLE {t} RESET (autovacuum_vacuum_threshold, "
+                            "autovacuum_vacuum_scale_factor, autovacuum_vacuum_cost_delay)"
+                            for t in ("journal", "dedupe", "snapshots")),
                           "UPDATE meta SET v = '1' WHERE k = 'schema_version'"):
             sql(db_path, statement)
         old = db_path

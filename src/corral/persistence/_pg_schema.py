@@ -26,7 +26,7 @@ from corral._errors import StoreError
 
 from ._census import RECOUNT
 from ._schema import parse_schema_version, shard_count_error
-from ._tables import create, create_all
+from ._tables import create, create_all, set_storage
 
 __all__ = ["NOTIFY_CHANNEL", "SCHEMA_VERSION", "ensure_schema"]
 
@@ -71,7 +71,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # counted every row (1.0 s a scrape at 1,000,000 entities).
     # ... and the backlog from its hosts' summaries per shard (`_backlog`): it sought
     # every running entity.
-    14: (*create("entity_counts", "postgres"), *RECOUNT, *create("backlogs", "postgres")),
+    14: (*create("entity_counts", "postgres"), *RECOUNT, *create("backlogs", "postgres"),
+         # ... and operators page one type's or entity's dead letters by a seek.
+         "CREATE INDEX IF NOT EXISTS dead_letters_type ON dead_letters (etype, id)",
+         "CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (etype, key, id)"),
+    # A hot entity's storage bounded by its snapshot policy: room for HOT updates of the
+    # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
+    # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
+    15: set_storage("postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -163,7 +163,8 @@ ON CONFLICT (etype, status, shard) DO UPDATE SET n = entity_counts.n + excluded.
 
 
 # After the snapshot row is written: keep the newest `keep`, delete the journal they
-# cover and the dedupe ids that left the window, mark passivation; returns the floor.
+# cover and the dedupe ids that left the window, mark passivation; returns the floor
+# and the journal and dedupe rows deleted (the dead rows a vacuum reclaims: `_pg_vacuum`).
 # The dedupe sweep is SQLite's (`_sqlite_txn.SWEEP_DEDUPE`): applied ids ($4) past the
 # count bound ($5), and too old ones ($6) before the first id kept in seq order, read
 # through the partial index `dedupe_sweep` (its predicate `seq > 0` is in both WHEREs).
@@ -178,13 +179,15 @@ WITH kept AS (
 ), floor AS (SELECT min(applied_seq) AS seq FROM kept),
 s AS (DELETE FROM snapshots WHERE etype = $1 AND key = $2
       AND applied_seq < (SELECT seq FROM floor)),
-j AS (DELETE FROM journal WHERE etype = $1 AND key = $2 AND seq <= (SELECT seq FROM floor)),
+j AS (DELETE FROM journal WHERE etype = $1 AND key = $2 AND seq <= (SELECT seq FROM floor)
+      RETURNING 1),
 d AS (DELETE FROM dedupe WHERE (etype, key, seq) > ($1, $2, 0) AND seq > 0
       AND (etype, key, seq) < ($1, $2, LEAST($4 + 1, GREATEST($5 + 1, COALESCE(
           (SELECT seq FROM dedupe WHERE etype = $1 AND key = $2 AND seq > 0
-           AND (accepted_at >= $6 OR seq > $4) ORDER BY seq LIMIT 1), $4 + 1))))),
+           AND (accepted_at >= $6 OR seq > $4) ORDER BY seq LIMIT 1), $4 + 1))))
+      RETURNING 1),
 p AS (UPDATE entities SET passivated_seq = $4 WHERE $7 AND etype = $1 AND key = $2)
-SELECT seq FROM floor
+SELECT (SELECT seq FROM floor), (SELECT count(*) FROM j) + (SELECT count(*) FROM d)
 """
 
 
@@ -215,6 +218,7 @@ class PgTxn(Txn):
     quiet: frozenset[int] = frozenset()
     now: float = 0.0  # the server's clock when the lease rows were locked
     ticks: dict[int, int] = field(default_factory=dict)
+    deleted: int = 0  # journal and dedupe rows its trims deleted (see `_pg_vacuum`)
 
     # -- statements -----------------------------------------------------------------
 
@@ -251,8 +255,10 @@ class PgTxn(Txn):
 
     async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
                    forget_seq: int, forget_before: float, passivate: bool) -> int:
-        return int(await self.conn.fetchval(_TRIM, etype, key, keep, applied_seq, forget_seq,
-                                            forget_before, passivate))
+        floor, deleted = await self.conn.fetchrow(
+            _TRIM, etype, key, keep, applied_seq, forget_seq, forget_before, passivate)
+        self.deleted += deleted
+        return int(floor)
 
     # -- locking ------------------------------------------------------------------
 

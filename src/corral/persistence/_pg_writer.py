@@ -23,6 +23,7 @@ import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from corral._errors import StoreError
 
 from ._pg_txn import PgTxn, is_connection_error, store_error
+from ._pg_vacuum import Vacuum
 from ._txn import LockPlan, WriteOp, apply_ops
 
 __all__ = ["GroupCommit", "txn_limits"]
@@ -33,10 +34,13 @@ class GroupCommit:
 
     `held` is the store's live set of shards it holds or is acquiring: acceptances for
     them send no commit notification (this process hosts them and delivers its own).
+    `vacuum` hears of the rows each committed transaction's trims deleted.
     """
 
-    def __init__(self, pool: Any, token: str, held: set[int], *, timeout: float) -> None:
+    def __init__(self, pool: Any, token: str, held: set[int], *, timeout: float,
+                 vacuum: Vacuum | None = None) -> None:
         self._pool = pool
+        self._vacuum = vacuum
         self._token = token  # the store's identity in commit notifications
         self._held = held  # the store's shards: accepted for them, nobody is notified
         self._timeout = timeout
@@ -102,6 +106,8 @@ class GroupCommit:
             results = await apply_ops(txn, ops)
             sent_commit = True
             await conn.execute("COMMIT")
+            if txn.deleted and self._vacuum is not None:
+                self._vacuum.note(txn.deleted)
         except Exception as err:
             lost = is_connection_error(err) or self._conn is None or not _usable(self._conn)
             await (self._drop() if lost else self._rollback())

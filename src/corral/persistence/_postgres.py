@@ -14,6 +14,8 @@ Any number of processes, on any number of machines, share one database. The piec
   shards at once; a slow poll is the safety net) and per-shard advisory locks (a dead
   holder's shards are taken over at once, as with the SQLite store's file locks).
 - `_pg_schema`: the versioned schema, created or migrated on open.
+- `_pg_vacuum`: the rows a snapshot deletes are vacuumed by the store itself, so a hot
+  entity's storage is bounded by its snapshot policy, not by autovacuum's schedule.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
 from ._pg_txn import PgTxn, is_connection_error, store_error
+from ._pg_vacuum import Vacuum
 from ._pg_writer import GroupCommit, txn_limits
 from ._records import JournalEntry
 from ._store_core import StoreCore
@@ -99,6 +102,7 @@ class PostgresStore(StoreCore):
                                     fallback=poll_fallback)
         self._pool: Any = None
         self._writer: GroupCommit | None = None
+        self._vacuum: Vacuum | None = None
         self._queue: CommitQueue[WriteOp] = CommitQueue("postgresql")
         self._closed = False
 
@@ -124,8 +128,9 @@ class PostgresStore(StoreCore):
         except Exception as err:
             await self.close()
             raise store_error(f"cannot open store {where}", err) from err
+        self._vacuum = Vacuum(self._pool, timeout=self._timeout)
         self._writer = GroupCommit(self._pool, self._token, self._held,
-                                   timeout=self._timeout)
+                                   timeout=self._timeout, vacuum=self._vacuum)
         self._queue.open(self._writer.commit, self._writer.failed,
                           fails_all=self._writer.fails_all)
 
@@ -279,6 +284,8 @@ class PostgresStore(StoreCore):
             return
         self._closed = True
         await self._queue.close()  # commits what is queued first
+        if self._vacuum is not None:
+            await self._vacuum.close()
         if self._writer is not None:
             await self._writer.close()
         await self._session.close()
