@@ -36,9 +36,9 @@ each size and records it as item "build" in `benchmarks/results/scale.json`): SQ
 10k 0.3 s, 100k 3.2 s, 1M 39 s (6.4M rows); PostgreSQL (COPY, fsync on) 10k 0.5 s, 100k
 4.7 s, 1M 41 s, `VACUUM ANALYZE` included.
 
-Maintained census counters (issue 42, item 1, another engineer's work) would be left
-stale by a loader that bypasses the accepting and closing transactions: the one call
-site that recounts them after a load is `_recount` below.
+The census's counters (`census_counts`: entities by status, dead letters, open waits,
+suspended runs) would be left stale by a loader that bypasses the transactions that
+keep them: `_recount` below recomputes them after a load (`_census.recount`).
 """
 
 from __future__ import annotations
@@ -348,15 +348,8 @@ async def _load_postgres(url: str, rows: Iterator[tuple[str, tuple[Any, ...]]]) 
 
 
 async def _recount(url: str) -> None:
-    """Recompute the census's maintained counters after a load that bypassed the
-    transactions maintaining them.
-
-    TODO(lead, issue 42 merge): `_census.recount(q)` is the census engineer's; wire the
-    call here (one write transaction over the loaded store) and drop the `hasattr`.
-    """
-    recount = getattr(_census, "recount", None)
-    if recount is None:
-        return
+    """Recompute the census's counters (one write transaction over the loaded store)
+    after a load that bypassed the transactions that keep them."""
     if url.startswith(("postgres://", "postgresql://")):
         import asyncpg
 
@@ -365,7 +358,7 @@ async def _recount(url: str) -> None:
         conn = await asyncpg.connect(url)
         try:
             async with conn.transaction():
-                await recount(PgTxn(conn=conn, token=""))
+                await _census.recount(PgTxn(conn=conn, token=""))
         finally:
             await conn.close()
         return
@@ -374,5 +367,5 @@ async def _recount(url: str) -> None:
 
     with closing(sqlite3.connect(url, isolation_level=None)) as db:
         db.execute("BEGIN IMMEDIATE")
-        drive(recount(SqliteTxn(db=db)))
+        drive(_census.recount(SqliteTxn(db=db)))
         db.execute("COMMIT")

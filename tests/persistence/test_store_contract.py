@@ -1119,7 +1119,8 @@ def _rows_of(location: str, key: str, run_id: int | None = None) -> dict[str, in
 async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -> None:
     """Entity `key` on shard 1 with journal, dedupe, snapshot, dead letter, wait,
     suspension, step, outbox and progress rows, then terminated (closed at its acceptance
-    time: the test clock's small numbers, long before any wall-clock cutoff)."""
+    time: the test clock's small numbers, long before any wall-clock cutoff; the close
+    deletes its timers, steps and suspension)."""
     first = (await store.accept(acc(key, "m1"))).entry
     await store.accept(acc(key, "m2", start=None))
     await store.write_snapshot(fence, "E", key, 1, applied_seq=1, state=b"s", keep=1)
@@ -1146,7 +1147,7 @@ async def test_retention_purges_a_closed_entity_with_all_its_rows_and_nothing_el
     await store.accept(acc("elsewhere", "m1", shard=2))
     await store.accept(acc("elsewhere", "end", shard=2, kind=EntryKind.TERMINATE, start=None))
     old = _rows_of(db_path, "old")
-    assert set(old) == set(_ENTITY_TABLES) - {"timers", "steps"}  # a close drops steps
+    assert set(old) == set(_ENTITY_TABLES) - {"timers", "steps", "suspensions"}
     before = {key: _rows_of(db_path, key) for key in ("live", "recent", "elsewhere")}
 
     cutoff = 1e9  # after the test clock's terminations, before any wall-clock close

@@ -15,7 +15,7 @@ from __future__ import annotations
 from corral._errors import EntityOverloadedError
 
 from ._records import Acceptance, AcceptResult, JournalEntry
-from ._txn import EntityRow, Txn
+from ._txn import DEAD_LETTERS, EntityRow, Txn
 from ._unapplied import DEAD_LETTER_COLUMNS
 
 __all__ = ["overflow", "retry_after"]
@@ -70,6 +70,7 @@ async def _dead_letter(txn: Txn, acc: Acceptance, row: EntityRow, reason: str) -
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         acc.entity_type, acc.key, row.run_id, 0, acc.message_id, acc.name, acc.payload,
         acc.sender, reason, "", 0, acc.accepted_at)
+    txn.add_count(acc.entity_type, DEAD_LETTERS, row.shard, 1)
     entry = JournalEntry(acc.entity_type, acc.key, 0, row.run_id, acc.kind, acc.name,
                          acc.message_id, acc.payload, acc.sender, acc.accepted_at)
     return AcceptResult(duplicate=False, started=False, entry=entry, dead_letter_id=letter)

@@ -4,20 +4,28 @@ What a Prometheus scrape shows (`corral._scrape`) whichever process serves it: e
 by type and status, the backlog (messages accepted and not applied) with the age of the
 oldest unapplied message, dead letters, open signal waits, suspended runs, and the live
 processes with their builds and the shards held. Each number is one aggregate query
-(never a row per entity brought into Python) that reads only the rows it counts or a
-counter, never every entity:
+(never a row per entity brought into Python) that reads only a few rows per shard and
+type, never every entity or every dead letter, wait or suspension:
 
-- Entities by type and status: the sums of `entity_counts` (etype, status, shard, n),
-  a few rows per type and shard. The counters are kept in the transactions that write
-  entity rows: `Txn.tally` counts a row a flush creates or whose status it changes
-  (start, re-run, close, failure, terminate; continue-as-new keeps the status and
-  changes none), retention's purge uncounts the rows it deletes, and `Txn.count`
-  writes the changes once, last, in one order. An acceptance into a running entity
-  changes no counter. `recount` recomputes them from the rows (a migration's backfill,
-  a bulk load).
-- Dead letters, open signal waits, suspended runs: only those rows (dead letters by
-  their type's index, open waits through `signal_waits_open`, suspensions each
-  checked against its entity's row by primary key: no walk of the running entities).
+- Entities by type and status, dead letters, open signal waits and suspended runs: the
+  sums of `census_counts` (etype, what, shard, n), `what` an entity status or one of
+  `DEAD_LETTERS`, `OPEN_WAITS`, `SUSPENDED_RUNS`. The transactions that write those
+  rows keep them (`Txn.add_count`), and `Txn.count` writes a transaction's changes
+  once, last, in one order:
+  - entities: `Txn.tally` counts a row a flush creates or whose status it changes
+    (start, re-run, close, failure, terminate; continue-as-new keeps the status and
+    changes none; an acceptance into a running entity changes none), retention's purge
+    uncounts the rows it deletes;
+  - dead letters: each insert (a poison verdict, a close's or a terminate's leftovers,
+    an overflowing acceptance) and delete (replay, discard, purge), on the entity's
+    shard;
+  - open waits: a wait stored open, or stored otherwise after it was open (delivered,
+    timed out, renamed), and a run's end closing its open waits. Only a running run
+    has open waits, so a purge (of closed runs) and the end's delete of older runs'
+    waits remove none;
+  - suspended runs: a suspension recorded for the running run, cleared, or deleted
+    with its run's end (close, terminate, continue-as-new).
+  `recount` recomputes them all from the rows (a migration's backfill, a bulk load).
 - The backlog: the summaries the shards' live holders write with their progress
   rounds, a few rows per shard and type; a shard no live holder vouches for (none
   running, or changing hands) is counted exactly from its running entities, a seek
@@ -29,17 +37,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._backlog import TypeBacklog, backlog
-from ._txn import Txn
+from ._txn import DEAD_LETTERS, OPEN_WAITS, SUSPENDED_RUNS, Txn
 
 __all__ = ["RECOUNT", "Census", "TypeBacklog", "census", "recount"]
 
+_INSERT = "INSERT INTO census_counts (etype, what, shard, n) "
 RECOUNT = (
-    "DELETE FROM entity_counts",
-    "INSERT INTO entity_counts (etype, status, shard, n) SELECT etype, status, shard, "
-    "count(*) FROM entities GROUP BY etype, status, shard",
+    "DELETE FROM census_counts",
+    _INSERT + "SELECT etype, status, shard, count(*) FROM entities "
+    "GROUP BY etype, status, shard",
+    # A dead letter counts on its entity's shard (0 for one whose entity is gone: a
+    # removal finds that shard too, `Txn.shard_of`).
+    _INSERT + f"SELECT d.etype, '{DEAD_LETTERS}', coalesce(e.shard, 0), count(*) "
+    "FROM dead_letters d LEFT JOIN entities e ON e.etype = d.etype AND e.key = d.key "
+    "GROUP BY d.etype, coalesce(e.shard, 0)",
+    _INSERT + f"SELECT etype, '{OPEN_WAITS}', shard, count(*) FROM signal_waits "
+    "WHERE status = 'open' GROUP BY etype, shard",
+    _INSERT + f"SELECT s.etype, '{SUSPENDED_RUNS}', s.shard, count(*) FROM suspensions s "
+    "JOIN entities e ON e.etype = s.etype AND e.key = s.key AND e.run_id = s.run_id "
+    "WHERE e.status = 'running' GROUP BY s.etype, s.shard",
 )
-"""The statements that recompute `entity_counts` from the entity rows (a walk of every
-row: for a migration and a bulk load, never a scrape)."""
+"""The statements that recompute `census_counts` from the rows they count (a walk of
+every row: for a migration and a bulk load, never a scrape)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,30 +92,22 @@ class Census:
 
 
 async def recount(q: Txn) -> None:
-    """Recompute the census's counters from the entity rows, through `q` (a write
+    """Recompute the census's counters from the rows they count, through `q` (a write
     transaction): after rows were loaded or changed in bulk outside corral's writes."""
     for statement in RECOUNT:
         await q.execute(statement)
 
 
-COUNTS = ("SELECT etype, status, sum(n) FROM entity_counts GROUP BY etype, status "
-          "HAVING sum(n) <> 0 ORDER BY etype, status")
-DEAD = "SELECT etype, count(*) FROM dead_letters GROUP BY etype ORDER BY etype"
-WAITS = ("SELECT etype, count(*) FROM signal_waits WHERE status = 'open' "
-         "GROUP BY etype ORDER BY etype")
-SUSPENDED = (
-    "SELECT s.etype, count(*) FROM suspensions s WHERE (SELECT e.status FROM entities e "
-    "WHERE e.etype = s.etype AND e.key = s.key AND e.run_id = s.run_id) = 'running' "
-    "GROUP BY s.etype ORDER BY s.etype")
+COUNTS = ("SELECT etype, what, sum(n) FROM census_counts GROUP BY etype, what "
+          "HAVING sum(n) <> 0 ORDER BY etype, what")
+_ROWS = (DEAD_LETTERS, OPEN_WAITS, SUSPENDED_RUNS)  # the other `what`s are statuses
 
 
 async def census(q: Txn) -> Census:
     """Read the census through `q` (a read-only `Txn`)."""
     now = await q.clock()
-    entities = await q.fetchall(COUNTS)
-    dead = await q.fetchall(DEAD)
-    waits = await q.fetchall(WAITS)
-    suspended = await q.fetchall(SUSPENDED)
+    counted = [(str(r[0]), str(r[1]), int(r[2])) for r in await q.fetchall(COUNTS)]
+    rows = {what: tuple((t, n) for t, w, n in counted if w == what) for what in _ROWS}
     processes = await q.fetchall(
         "SELECT etype, fingerprint, role, count(*) FROM build_processes "
         "WHERE expires_at >= ? GROUP BY etype, fingerprint, role "
@@ -107,9 +118,7 @@ async def census(q: Txn) -> Census:
     assert held is not None
     behind = await backlog(q, now, None if shards is None else int(shards[0]))
     return Census(
-        now, tuple((r[0], r[1], int(r[2])) for r in entities),
-        behind,
-        tuple((r[0], int(r[1])) for r in dead), tuple((r[0], int(r[1])) for r in waits),
-        tuple((r[0], int(r[1])) for r in suspended),
+        now, tuple(c for c in counted if c[1] not in _ROWS), behind,
+        rows[DEAD_LETTERS], rows[OPEN_WAITS], rows[SUSPENDED_RUNS],
         tuple((r[0], r[1], r[2], int(r[3])) for r in processes),
         int(held[0]), 0 if shards is None else int(shards[0]), int(held[1]))

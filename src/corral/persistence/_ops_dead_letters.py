@@ -12,7 +12,7 @@ from corral._errors import DeadLetterNotFoundError, EntityNotRunningError
 from ._codec import payload_hash, storable_text
 from ._ops_accept import AcceptOp
 from ._records import Acceptance, AcceptResult, EntryKind, JournalEntry
-from ._txn import Fence, Fenced, LockPlan, Txn
+from ._txn import DEAD_LETTERS, Fence, Fenced, LockPlan, Txn
 from ._unapplied import DEAD_LETTER_COLUMNS
 
 __all__ = [
@@ -46,12 +46,15 @@ class RecordDeadLetterOp(Fenced):
             "AND seq = ?", e.entity_type, e.key, e.run_id, e.seq)
         if found is not None:
             return int(found[0])
-        return await txn.insert_id(
+        letter = await txn.insert_id(
             f"INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             e.entity_type, e.key, e.run_id, e.seq, e.message_id, e.name, e.payload, e.sender,
             storable_text(self.error), storable_text(self.traceback), self.attempts,
             self.failed_at)
+        txn.add_count(e.entity_type, DEAD_LETTERS, await txn.shard_of(e.entity_type, e.key),
+                      1)
+        return letter
 
 
 def replay_message_id(dead_letter_id: int, message_id: str) -> str:
@@ -105,6 +108,8 @@ class ReplayDeadLetterOp:
                 message_id=acc.message_id,
             ) from err
         await txn.execute("DELETE FROM dead_letters WHERE id = ?", self.dead_letter_id)
+        txn.add_count(self.entity_type, DEAD_LETTERS,
+                      await txn.shard_of(self.entity_type, self.key), -1)
         return result
 
     async def _replayed_before(self, txn: Txn) -> AcceptResult:
@@ -145,4 +150,7 @@ class DiscardDeadLetterOp:
         deleted = await txn.execute("DELETE FROM dead_letters WHERE id = ? AND etype = ? "
                                     "AND key = ?", self.dead_letter_id, self.entity_type,
                                     self.key)
+        if deleted:
+            txn.add_count(self.entity_type, DEAD_LETTERS,
+                          await txn.shard_of(self.entity_type, self.key), -deleted)
         return deleted == 1

@@ -31,13 +31,14 @@ accepted, by the purged run).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from corral._common import PURGE_ROWS, RunStatus
 
-from ._txn import Fence, LockPlan, Txn
+from ._txn import DEAD_LETTERS, Fence, LockPlan, Txn
 
 __all__ = ["PurgeClosedOp", "Purged", "purgeable"]
 
@@ -153,10 +154,11 @@ class PurgeClosedOp:
         marks = ", ".join("?" * len(keys))
         where, args = f"etype = ? AND key IN ({marks})", (self.entity_type, *keys)
         deleted = 0
+        shards = {key: shard for key, (shard, _) in counted.items()}
         for table in _ENTITY_TABLES:
             if table in _NAMING:
                 continue
-            n, complete = await budget.delete(txn, table, where, args)
+            n, complete = await self._delete(txn, budget, table, where, args, shards)
             deleted += n
             if not complete:
                 return Purged(0, 0, deleted), set()
@@ -175,7 +177,8 @@ class PurgeClosedOp:
                 f"DELETE FROM {table} WHERE etype = ? AND key IN ({marks})",
                 self.entity_type, *keys))
         for key in keys:  # this batch's later ops read the truth: no entity, no window
-            txn.uncount(self.entity_type, *counted[key])
+            shard, status = counted[key]
+            txn.add_count(self.entity_type, status, shard, -1)
             txn.read_entity((self.entity_type, key), None)
             txn.forget_window(self.entity_type, key)
         return Purged(n + len(keys), len(keys), deleted), set(keys)
@@ -189,7 +192,7 @@ class PurgeClosedOp:
         args = (self.entity_type, *(value for pair in pairs for value in pair))
         deleted = 0
         for table in _RUN_TABLES:
-            n, complete = await budget.delete(txn, table, where, args)
+            n, complete = await self._delete(txn, budget, table, where, args, {})
             deleted += n
             if not complete:
                 return Purged(0, 0, deleted)
@@ -201,6 +204,20 @@ class PurgeClosedOp:
             f"DELETE FROM runs WHERE etype = ? AND ({which})", self.entity_type,
             *(value for pair in pairs for value in pair)))
         return Purged(len(pairs), 0, deleted)
+
+    async def _delete(self, txn: Txn, budget: _Budget, table: str, where: str,
+                      args: Sequence[object], shards: Mapping[str, int]) -> tuple[int, bool]:
+        """`budget.delete`, uncounting the dead letters it deletes on their entities'
+        shards (`shards` by key, else read). The other counted rows a purge deletes
+        count for nothing: the waits and suspensions of closed runs are closed or stale
+        (`_census`)."""
+        if table != "dead_letters":
+            return await budget.delete(txn, table, where, args)
+        keys, complete = await budget.delete_letters(txn, where, args)
+        for key, n in sorted(Counter(keys).items()):
+            shard = shards[key] if key in shards else await txn.shard_of(self.entity_type, key)
+            txn.add_count(self.entity_type, DEAD_LETTERS, shard, -n)
+        return len(keys), complete
 
 
 class _Budget:
@@ -219,14 +236,30 @@ class _Budget:
                      ) -> tuple[int, bool]:
         """Delete the rows of `table` matching `where`, at most as many as are left:
         how many went, and whether they were all (False: the budget ran out)."""
-        limit = self.left
-        if not limit:
+        if not self.left:
             return 0, False
+        n = self.spend(await txn.execute(self._statement(table, where), *args, *args,
+                                         self.left))
+        return n, self.left > 0
+
+    async def delete_letters(self, txn: Txn, where: str, args: Sequence[object]
+                             ) -> tuple[list[str], bool]:
+        """`delete` of dead letters, returning the key of each one deleted: read (and
+        on PostgreSQL locked) first, then deleted by id (no `RETURNING`: SQLite has it
+        only from 3.35)."""
+        if not self.left:
+            return [], False
+        rows = await txn.fetchall(f"SELECT id, key FROM dead_letters WHERE {where} "
+                                  f"LIMIT ?{txn.ROW_LOCK}", *args, self.left)
+        await txn.executemany("DELETE FROM dead_letters WHERE id = ?", [(r[0],) for r in rows])
+        self.spend(len(rows))
+        return [str(r[1]) for r in rows], self.left > 0
+
+    @staticmethod
+    def _statement(table: str, where: str) -> str:
         row = ", ".join(("key", *filter(None, [_ROW_KEYS[table]])))
-        n = await txn.execute(f"DELETE FROM {table} WHERE {where} AND ({row}) IN "
-                              f"(SELECT {row} FROM {table} WHERE {where} LIMIT ?)",
-                              *args, *args, limit)
-        return self.spend(n), n < limit
+        return (f"DELETE FROM {table} WHERE {where} AND ({row}) IN "
+                f"(SELECT {row} FROM {table} WHERE {where} LIMIT ?)")
 
 
 _CHUNK = 400  # keys per statement (twice, and a limit): under SQLite's oldest limit of

@@ -17,6 +17,7 @@ from ._ops_outbox import Send, write_sends
 from ._ops_steps import forget_run_steps, forget_steps
 from ._ops_waits import SET_TIMER, close_waits, end_run
 from ._records import JournalEntry
+from ._suspensions import end_suspension
 from ._txn import Fence, Fenced, LockPlan, Txn
 from ._unapplied import settle_run
 
@@ -205,6 +206,7 @@ class ContinueAsNewOp(Fenced):
                           "WHERE etype = ? AND key = ?"):
             await txn.execute(statement, *ident)
         await close_waits(txn, *ident, self.run_id, carry_to=new)
+        await end_suspension(txn, *ident, self.run_id)
         await forget_run_steps(txn, *ident, self.run_id)
         first = self.applied_seq + 1  # carried entries do not count as this run's intake
         await txn.execute(

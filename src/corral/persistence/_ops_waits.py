@@ -10,13 +10,16 @@ exactly one delivery wins a wait.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from corral._common import WaitStatus
+
 from ._ops_steps import forget_run_steps
 from ._records import DeliveryRequest, DeliveryResult, EntryKind, JournalEntry, WaitRecord
-from ._txn import Fence, Fenced, LockPlan, Txn
+from ._suspensions import end_suspension
+from ._txn import OPEN_WAITS, Fence, Fenced, LockPlan, Txn
 from ._waits import (
     WAIT_COLUMNS,
     Decision,
@@ -64,35 +67,45 @@ async def _wait(txn: Txn, etype: str, key: str, run_id: int, name: str) -> WaitR
     return None if r is None else wait_from_row(r)
 
 
-async def _store(txn: Txn, w: WaitRecord, shard: int) -> None:
+async def _store(txn: Txn, w: WaitRecord, shard: int, was: WaitStatus | None) -> None:
+    """Write wait `w` over its row, which was in status `was` (None: no row), and count
+    an open wait more or fewer (`_census`)."""
     await txn.execute(_STORE, w.entity_type, w.key, w.run_id, w.name, w.status.value,
                       w.opened_at, w.deadline, w.delivery_key, w.payload, w.sender,
                       w.delivered_at, shard)
+    txn.add_count(w.entity_type, OPEN_WAITS, shard,
+                  (w.status is WaitStatus.OPEN) - (was is WaitStatus.OPEN))
 
 
 async def close_waits(txn: Txn, etype: str, key: str, run_id: int, *,
                       carry_to: int | None = None) -> None:
-    """The run ends: close its waits still open or buffered, and forget the waits of
-    the runs before it (a delivery's key is remembered for this run and the next).
+    """The run ends: close its waits still open or buffered (an open wait fewer each,
+    `_census`), and forget the waits of the runs before it (a delivery's key is
+    remembered for this run and the next; none of theirs is open: their runs ended).
 
     With `carry_to` (continue-as-new) a buffered delivery moves to that run's wait of
     the same name, still buffered; the closed wait left in this run keeps none."""
     if carry_to is not None:
         await txn.execute(_CARRY, carry_to, etype, key, run_id)
         await txn.execute(_FORGET_CARRIED, etype, key, run_id)
-    await txn.execute("UPDATE signal_waits SET status = 'closed' WHERE etype = ? AND key = ? "
-                      "AND run_id = ? AND status IN ('open', 'buffered')", etype, key, run_id)
+    for status in ("open", "buffered"):
+        closed = await txn.execute("UPDATE signal_waits SET status = 'closed' WHERE etype = ? "
+                                   "AND key = ? AND run_id = ? AND status = ?",
+                                   etype, key, run_id, status)
+        if closed and status == "open":
+            txn.add_count(etype, OPEN_WAITS, await txn.shard_of(etype, key), -closed)
     await txn.execute("DELETE FROM signal_waits WHERE etype = ? AND key = ? AND run_id < ?",
                       etype, key, run_id)
 
 
 async def end_run(txn: Txn, etype: str, key: str, run_id: int, status: str,
                   result: str | None, error: str | None, at: float) -> None:
-    """The run closed (`status`): its timers and step records go, its waits close, its
-    row records how."""
+    """The run closed (`status`): its timers, step records and suspension go, its waits
+    close, its row records how."""
     await txn.execute("DELETE FROM timers WHERE etype = ? AND key = ?", etype, key)
     await forget_run_steps(txn, etype, key, run_id)
     await close_waits(txn, etype, key, run_id)
+    await end_suspension(txn, etype, key, run_id)
     await txn.execute("UPDATE runs SET status = ?, result = ?, error = ?, closed_at = ? "
                       "WHERE etype = ? AND key = ? AND run_id = ?",
                       status, result, error, at, etype, key, run_id)
@@ -136,7 +149,8 @@ class DeliverOp:
         entry = None
         if decision.write:
             assert decision.wait is not None
-            await _store(txn, decision.wait, r.shard)
+            await _store(txn, decision.wait, r.shard,
+                         None if target is None else target.status)
         if decision.wake:
             assert row is not None
             entry = JournalEntry(
@@ -172,7 +186,8 @@ class OpenWaitOp(Fenced):
         d = decide_open(await txn.entity(self.entity_type, self.key), wait, self.entity_type,
                         self.key, self.run_id, self.name, deadline=self.deadline, now=self.now,
                         olds=olds, aliases=self.aliases)
-        return await _settle(txn, self.fence, d)
+        was = {w.name: w.status for w in (wait, *olds) if w is not None}
+        return await _settle(txn, self.fence, d, was)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,18 +205,21 @@ class ExpireWaitOp(Fenced):
     async def apply(self, txn: Txn) -> WaitRecord:
         await txn.check(self.fence)
         wait = await _wait(txn, self.entity_type, self.key, self.run_id, self.name)
-        return await _settle(txn, self.fence, decide_expiry(wait, now=self.now))
+        was = {} if wait is None else {wait.name: wait.status}
+        return await _settle(txn, self.fence, decide_expiry(wait, now=self.now), was)
 
 
-async def _settle(txn: Txn, fence: Fence, d: Decision) -> WaitRecord:
-    """Store a host's wait decision, with the wait's durable timer armed while it is open."""
+async def _settle(txn: Txn, fence: Fence, d: Decision, was: Mapping[str, WaitStatus]
+                  ) -> WaitRecord:
+    """Store a host's wait decision, with the wait's durable timer armed while it is open.
+    `was`: the status of each of this run's rows it may write, by name, as read."""
     w = d.wait
     assert w is not None
     for alias in d.aliases:  # an old name: its row now points here, its timer is gone
-        await _store(txn, alias, fence.shard)
+        await _store(txn, alias, fence.shard, was.get(alias.name))
         await txn.execute(_DELETE_TIMER, w.entity_type, w.key, timer_id(alias.name))
     if d.write:
-        await _store(txn, w, fence.shard)
+        await _store(txn, w, fence.shard, was.get(w.name))
     if w.deadline is not None and w.status.value == "open":
         await txn.execute(SET_TIMER, w.entity_type, w.key, w.run_id, timer_id(w.name),
                           fence.shard, w.deadline)

@@ -156,9 +156,9 @@ SELECT pg_notify($6, $7) WHERE $7 <> ''
 # One statement for a transaction's changes to the counts (rows in a fixed order, one
 # per counter: `Txn.count`).
 _ADD_COUNTS = """
-INSERT INTO entity_counts (etype, status, shard, n)
+INSERT INTO census_counts (etype, what, shard, n)
 SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[])
-ON CONFLICT (etype, status, shard) DO UPDATE SET n = entity_counts.n + excluded.n
+ON CONFLICT (etype, what, shard) DO UPDATE SET n = census_counts.n + excluded.n
 """
 
 

@@ -73,7 +73,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # counted every row (0.7 s a scrape at 1,000,000 entities).
     # ... and the backlog from its hosts' summaries per shard (`_backlog`): it sought
     # every running entity.
-    16: (*create("entity_counts", "sqlite"), *RECOUNT, *create("backlogs", "sqlite"),
+    16: (*create("census_counts", "sqlite"), *RECOUNT, *create("backlogs", "sqlite"),
          # ... and operators page one type's or entity's dead letters by a seek.
          "CREATE INDEX IF NOT EXISTS dead_letters_type ON dead_letters (etype, id)",
          "CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (etype, key, id)"),

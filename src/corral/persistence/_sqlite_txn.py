@@ -37,8 +37,8 @@ _ENTITIES_UPSERT = (
     "updated_at=excluded.updated_at"
 )
 ADD_COUNTS = (
-    "INSERT INTO entity_counts (etype, status, shard, n) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (etype, status, shard) DO UPDATE SET n = entity_counts.n + excluded.n"
+    "INSERT INTO census_counts (etype, what, shard, n) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (etype, what, shard) DO UPDATE SET n = census_counts.n + excluded.n"
 )
 
 # The dedupe window: forget applied ids (seq <= ?5) that are too many messages ago

@@ -80,12 +80,14 @@ TABLES = (
         # (HOT) from the first update on (issue 42: over six rounds of one acceptance
         # to each of 2,000 entities, 96% of updates HOT; 86% with the default 100).
         storage="fillfactor=70"),
-    # The census's counts of entities by type, status and shard (`_census`), kept by
-    # the transactions that create an entity row, change its status or delete it; per
-    # shard, so PostgreSQL's transactions of different shards update different rows.
-    Table("entity_counts", """
-        etype TEXT NOT NULL, status TEXT NOT NULL, shard INT NOT NULL, n BIGINT NOT NULL,
-        PRIMARY KEY (etype, status, shard)"""),
+    # The census's counters (`_census`) by type, what they count and shard: entities by
+    # status (`what` the status), dead letters, open signal waits and suspended runs
+    # (`_txn.DEAD_LETTERS`, `OPEN_WAITS`, `SUSPENDED_RUNS`), kept by the transactions
+    # that write those rows; per shard (an entity's), so PostgreSQL's transactions of
+    # different shards update different rows.
+    Table("census_counts", """
+        etype TEXT NOT NULL, what TEXT NOT NULL, shard INT NOT NULL, n BIGINT NOT NULL,
+        PRIMARY KEY (etype, what, shard)"""),
     # Every run ever started; `continued_from` links continue-as-new chains.
     Table("runs", """
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, status TEXT NOT NULL,

@@ -26,13 +26,19 @@ from corral._errors import CorralError, LeaseLostError
 
 from ._records import JournalEntry
 
-__all__ = ["EntityRow", "Fence", "Fenced", "Lease", "LockPlan", "Seen", "Txn", "WriteOp",
-           "apply_ops", "drive"]
+__all__ = ["DEAD_LETTERS", "OPEN_WAITS", "SUSPENDED_RUNS", "EntityRow", "Fence", "Fenced",
+           "Lease", "LockPlan", "Seen", "Txn", "WriteOp", "apply_ops", "drive"]
 
 T = TypeVar("T")
 Ident = tuple[str, str]
 Seen = tuple[int, int, bytes, str | None, float]  # seq, run_id, hash, sender, accepted_at
 Lease = tuple[str, int, float]  # owner, epoch, expires_at
+
+# What `census_counts` counts besides entities by status (`_census`): each a count of
+# rows, kept by the writes that add or remove them.
+DEAD_LETTERS = "dead_letters"  # rows of `dead_letters`
+OPEN_WAITS = "open_waits"  # rows of `signal_waits` in status open
+SUSPENDED_RUNS = "suspended_runs"  # rows of `suspensions` whose run is running
 
 
 @dataclass(slots=True)
@@ -143,7 +149,7 @@ class Txn:
     floors: dict[Ident, int] = field(default_factory=dict)  # latest snapshot's applied seq
     # The census's counters (`_census`): each entity row this transaction read, as the
     # database holds it (shard, status; None: no row), and the changes to the counts of
-    # `entity_counts` its writes made, written once by `count` at the end.
+    # `census_counts` (etype, what, shard) its writes made, written once by `count`.
     counted: dict[Ident, tuple[int, str] | None] = field(default_factory=dict)
     counts: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
@@ -169,7 +175,7 @@ class Txn:
         return await self.fetchall(sql, *args)
 
     async def add_counts(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
-        """Add to `entity_counts` (etype, status, shard, n) each, in this order."""
+        """Add to `census_counts` (etype, what, shard, n) each, in this order."""
         raise NotImplementedError
 
     async def insert_id(self, sql: str, *args: Any) -> int:
@@ -233,26 +239,38 @@ class Txn:
 
     def tally(self, dirty: Sequence[tuple[str, str, EntityRow]]) -> None:
         """Count the entity rows a flush writes: a row created, or whose status changed,
-        moves one entity between the counts of `entity_counts` (an acceptance into a
+        moves one entity between the counts of `census_counts` (an acceptance into a
         running entity changes none). The upsert keeps an existing row's shard."""
         for etype, key, row in dirty:
             was = self.counted[(etype, key)]  # read before written: `entity`, `lock`
             now = (row.shard if was is None else was[0], row.status._value_)
             if was != now:
                 if was is not None:
-                    self.uncount(etype, *was)
-                self.counts[(etype, now[1], now[0])] = self.counts.get(
-                    (etype, now[1], now[0]), 0) + 1
+                    self.add_count(etype, was[1], was[0], -1)
+                self.add_count(etype, now[1], now[0], 1)
                 self.counted[(etype, key)] = now
 
-    def uncount(self, etype: str, shard: int, status: str) -> None:
-        """One entity of `etype` in `status` on `shard` is no more (or changed)."""
-        self.counts[(etype, status, shard)] = self.counts.get((etype, status, shard), 0) - 1
+    def add_count(self, etype: str, what: str, shard: int, n: int) -> None:
+        """`n` more (or fewer) of `what` (an entity status, `DEAD_LETTERS`, `OPEN_WAITS`,
+        `SUSPENDED_RUNS`) of `etype` on `shard`, written by `count` at the end."""
+        if n:
+            self.counts[(etype, what, shard)] = self.counts.get((etype, what, shard), 0) + n
+
+    async def shard_of(self, etype: str, key: str) -> int:
+        """The shard of an entity's row (0 when it has none), for the counts of its rows
+        in other tables: as this transaction holds it, else read without a lock (a row
+        keeps its shard)."""
+        row = self.entities.get((etype, key))
+        if row is None:
+            r = await self.fetchone("SELECT shard FROM entities WHERE etype = ? AND key = ?",
+                                    etype, key)
+            return 0 if r is None else int(r[0])
+        return row.shard
 
     async def count(self) -> None:
         """Write the transaction's changes to the counts, last and in one order (on
         PostgreSQL two transactions then never wait for each other's counter rows in a
-        cycle: each takes them in (etype, status, shard) order, holding nothing else it
+        cycle: each takes them in (etype, what, shard) order, holding nothing else it
         will wait for)."""
         rows = sorted((*k, n) for k, n in self.counts.items() if n)
         self.counts.clear()

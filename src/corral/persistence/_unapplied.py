@@ -25,7 +25,7 @@ from corral._common import RunStatus
 from ._codec import storable_text
 from ._progress import RECORD
 from ._records import EntryKind, JournalEntry
-from ._txn import Fence, Fenced, Txn
+from ._txn import DEAD_LETTERS, Fence, Fenced, Txn
 
 __all__ = ["DEAD_LETTER_COLUMNS", "SettleRunOp", "settle_run", "unapplied_letters",
            "unapplied_reason"]
@@ -100,6 +100,8 @@ async def settle_run(txn: Txn, etype: str, key: str, run_id: int,
                           etype, key, run_id, seq, mid, name, payload, sender,
                           storable_text(reason), "", 0, failed_at)
         added += 1
+    if added:
+        txn.add_count(etype, DEAD_LETTERS, await txn.shard_of(etype, key), added)
     return added
 
 
