@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import corral.metrics as metrics
-from corral._errors import CorralError
+from corral._errors import CorralError, StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import (
     AcceptResult,
@@ -37,6 +37,7 @@ __all__ = ["Shard", "ShardStopped"]
 log = logging.getLogger("corral.shard")
 _Ident = tuple[str, str]
 _DEAD_SEQS_CACHED = 4096  # runs whose dead-lettered seqs a shard keeps
+_SENDS_RETRY = 1.0  # seconds before reading the undelivered sends again after an error
 
 
 class ShardStopped(Exception):
@@ -67,6 +68,8 @@ class Shard:
         self.window = window or RecoveryWindow()
         self._unrecovered: set[_Ident] = set()
         self._recovering: asyncio.Task[None] | None = None
+        self._recovering_sends: asyncio.Task[None] | None = None
+        self._release_hold: Callable[[], None] = lambda: None  # the window's (`recover`)
 
     @property
     def index(self) -> int:
@@ -84,9 +87,17 @@ class Shard:
         activation. Suspended runs are among them: this host may run the fixed code.
         Their count of attempts goes on from the store's record.
         """
-        for s in await self.store.suspensions(self.index):
+        release = self.window.hold_back()  # the rest wait for this shard's urgent ones
+        self._release_hold = release
+        try:  # side by side: one round trip's wait, not two
+            suspended, running = await asyncio.gather(
+                self.store.suspensions(self.index),
+                self.store.running_entities(self.index, self.clock.time()))
+        except BaseException:
+            release()
+            raise
+        for s in suspended:  # known before any of them is activated
             self._held[(s.entity_type, s.key)] = HeldRun(s.run_id, s.attempts, s.since)
-        running = await self.store.running_entities(self.index, self.clock.time())
         line: list[tuple[_Ident, bool]] = []
         for etype, key, urgent in running:
             if etype in self._definitions:
@@ -96,36 +107,77 @@ class Shard:
                           "entity %r stays unhosted", self.index, etype, key)
         line.sort(key=lambda item: not item[1])  # stable: the urgent ones first
         self._unrecovered.update(ident for ident, _ in line)
-        if line and not self._stopped:
-            self._recovering = asyncio.create_task(
-                self._recovery_line(deque(line)), name=f"corral-recover-{self.index}")
-        if self.postman is not None:  # sends the previous holder wrote, not delivered
-            await self.postman.recover(self.fence)
+        if self._stopped:
+            release()
+            return len(running)
+        self._recovering = asyncio.create_task(
+            self._recovery_line(deque(line), release), name=f"corral-recover-{self.index}")
+        if self.postman is not None:
+            self._recovering_sends = asyncio.create_task(
+                self._recover_sends(self.postman), name=f"corral-recover-sends-{self.index}")
         return len(running)
 
-    async def _recovery_line(self, line: deque[tuple[_Ident, bool]]) -> None:
+    async def _recover_sends(self, postman: Postman) -> None:
+        """Deliver the sends the shard's previous holder wrote and did not deliver, once
+        the urgent activations of the host's recoveries loaded (their reads go first on
+        the store; a handler's send is delivered at once, the postman reads the whole
+        outbox of its sender), retried on a store error until the shard stops (its next
+        holder delivers them then)."""
+        await self.window.wait_urgent_loaded()
+        while not self._stopped:
+            try:
+                await postman.recover(self.fence)
+                return
+            except StoreError as err:
+                log.warning("shard %d: reading its undelivered sends failed (%s); retrying "
+                            "in %.1fs", self.index, err, _SENDS_RETRY)
+                await asyncio.sleep(_SENDS_RETRY)
+
+    async def _recovery_line(self, line: deque[tuple[_Ident, bool]],
+                             release: Callable[[], None]) -> None:
         """Activate the entities of `line` in order, as the window admits them (a few
         workers per shard; the window bounds them host-wide), skipping those that were
-        activated on demand meanwhile."""
+        activated on demand meanwhile; `release` the window's hold once the urgent ones
+        (first in `line`) loaded."""
+        urgent_left = sum(urgent for _, urgent in line)
+
+        def urgent_loaded() -> None:
+            nonlocal urgent_left
+            urgent_left -= 1
+            if urgent_left <= 0:
+                release()
+
         async def worker() -> None:
-            while line:
+            while line and not self._stopped:
                 ident, urgent = line.popleft()
-                if ident not in self._unrecovered:
-                    continue
-                async with self.window.slot(urgent=urgent):
-                    if self._stopped:
-                        return
-                    if ident not in self._unrecovered:
-                        continue  # activated on demand while it waited for a slot
-                    act = self.activate(*ident)
-                    self._unrecovered.discard(ident)  # None: suspended, back on its own
-                    if act is not None:
-                        await act.wait_settled()
+                try:
+                    await self._recover_one(ident, urgent)
+                finally:
+                    if urgent:
+                        urgent_loaded()
         total = len(line)
-        await asyncio.gather(*(worker() for _ in range(min(self.window.size, total))))
+        if not urgent_left:
+            release()
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(self.window.size, total))))
+        finally:
+            release()
         if not self._stopped:
             lifecycle("shard recovered", shard=self.index, epoch=self.fence.epoch,
                       running=total)
+
+    async def _recover_one(self, ident: _Ident, urgent: bool) -> None:
+        """Activate the entity of the shard's recovery when the window admits it, and
+        wait until it loaded (unless activated on demand meanwhile)."""
+        if ident not in self._unrecovered:
+            return
+        async with self.window.slot(urgent=urgent):
+            if self._stopped or ident not in self._unrecovered:
+                return  # stopped, or activated on demand while it waited for a slot
+            act = self.activate(*ident)
+            self._unrecovered.discard(ident)  # None: suspended, back on its own
+            if act is not None:
+                await act.wait_settled()
 
     @property
     def recovering(self) -> int:
@@ -134,10 +186,12 @@ class Shard:
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._recovering is not None:  # no more background activations: they'd stop
-            self._recovering.cancel()
-            await asyncio.gather(self._recovering, return_exceptions=True)
-            self._recovering = None
+        recovering = [t for t in (self._recovering, self._recovering_sends) if t is not None]
+        for task in recovering:  # no more background activations: they'd stop
+            task.cancel()
+        await asyncio.gather(*recovering, return_exceptions=True)
+        self._recovering = self._recovering_sends = None
+        self._release_hold()  # the line may have been cancelled before it ran
         self._unrecovered.clear()
         for handle in self._later:
             handle.cancel()
