@@ -70,6 +70,9 @@ class Shard:
         self._recovering: asyncio.Task[None] | None = None
         self._recovering_sends: asyncio.Task[None] | None = None
         self._release_hold: Callable[[], None] = lambda: None  # the window's (`recover`)
+        # What reached the shard before its suspended runs were known (`recover`): done
+        # then, in order, so no message or timer brings a suspended run back early.
+        self._early: list[Callable[[], object]] | None = []
 
     @property
     def index(self) -> int:
@@ -98,6 +101,9 @@ class Shard:
             raise
         for s in suspended:  # known before any of them is activated
             self._held[(s.entity_type, s.key)] = HeldRun(s.run_id, s.attempts, s.since)
+        early, self._early = self._early or [], None
+        for call in early if not self._stopped else ():
+            call()
         line: list[tuple[_Ident, bool]] = []
         for etype, key, urgent in running:
             if etype in self._definitions:
@@ -186,6 +192,7 @@ class Shard:
 
     async def stop(self) -> None:
         self._stopped = True
+        self._early = None  # durable: the shard's next holder reads them
         recovering = [t for t in (self._recovering, self._recovering_sends) if t is not None]
         for task in recovering:  # no more background activations: they'd stop
             task.cancel()
@@ -218,6 +225,9 @@ class Shard:
         A suspended run's entries stay in the journal until its next attempt (they never
         bring it back early); a `RESUME` or `TERMINATE` entry brings it back at once.
         """
+        if self._early is not None:
+            self._early.append(lambda: self.route(entry))
+            return
         ident = (entry.entity_type, entry.key)
         held = self._held.get(ident)
         if held is not None and held.waiting:
@@ -242,6 +252,9 @@ class Shard:
 
     def route_started(self, entry: JournalEntry, start_input: str | None) -> None:
         """Host a run this process just started, from its first entry (no store read)."""
+        if self._early is not None:
+            self._early.append(lambda: self.route_started(entry, start_input))
+            return
         ident = (entry.entity_type, entry.key)
         held = self._held.get(ident)
         if held is not None:
@@ -277,7 +290,11 @@ class Shard:
 
     def activate(self, etype: str, key: str) -> Activation | None:
         """Bring the entity into memory (a due timer, the next run after continue-as-new);
-        None while it is suspended and waits for its next attempt."""
+        None while it is suspended and waits for its next attempt, or while the shard
+        has not read its suspended runs yet (it is activated once they are known)."""
+        if self._early is not None:
+            self._early.append(lambda: self.activate(etype, key))
+            return None
         held = self._held.get((etype, key))
         if held is not None and held.waiting:
             return None
