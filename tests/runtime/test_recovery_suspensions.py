@@ -7,12 +7,13 @@ count from 1 again)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import corral
 from corral.persistence import Fence, open_store
 from corral.runtime._clock import SystemClock
 from corral.runtime.client._router import Router
-from corral.runtime.host._shard import Shard
+from corral.runtime.host._shard import Shard, recover
 from entities import Reply, fresh_key
 from procs import wait_until
 from stores import sql
@@ -43,8 +44,8 @@ async def test_a_message_routed_while_the_shard_reads_its_recovery_finds_the_run
         shard = Shard(Fence(index, "next-host", taken[index]), store,
                       {"Toggled": definition}, SystemClock())
         late = (await store.journal("Toggled", key, run_id=1, after_seq=0))[-1]
-        recovering = asyncio.create_task(shard.recover())  # before it has read anything,
-        shard.route(late)  # the journal tail hands it the run's latest signal
+        recovering = asyncio.create_task(recover([shard], store, time.time()))  # before
+        shard.route(late)  # it has read anything, the tail hands it the run's latest signal
         await recovering
 
         def answered() -> bool:

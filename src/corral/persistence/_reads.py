@@ -207,7 +207,7 @@ URGENT = (
     "OR EXISTS (SELECT 1 FROM steps s WHERE s.etype = entities.etype "
     "AND s.key = entities.key AND s.run_id = entities.run_id))")
 """Whether a running entity needs its activation before the rest of its shard's
-(`runtime/host/_shard.Shard.recover`): something of it is waiting to be done. Updates
+(`runtime/host/_shard.recover`): something of it is waiting to be done. Updates
 waiting for their callers and deliveries to signal waits are journal entries: a
 backlog. An entity whose progress its last host did not record yet reads as urgent
 (its applied watermark is behind): it is activated early, which costs nothing but its
@@ -223,9 +223,16 @@ known from other tables' rows, and an index of entities over it would be updated
 every accept (`next_seq`), which then could no longer update the row in place."""
 
 
-async def running_entities(q: Txn, shard: int, now: float) -> list[tuple[str, str, bool]]:
-    rows = await q.fetchall(RUNNING_ENTITIES, shard, now, shard)
-    return [(r[0], r[1], bool(r[2])) for r in rows]
+async def running_entities(q: Txn, shards: Sequence[int], now: float
+                           ) -> dict[int, list[tuple[str, str, bool]]]:
+    """{shard: [(type, key, urgent)]} for every one of `shards`, on one connection: a
+    statement per shard, each a seek of its own (with the shards in one `IN` list,
+    SQLite walked every running entity through `entities_status` instead)."""
+    found: dict[int, list[tuple[str, str, bool]]] = {}
+    for shard in shards:
+        rows = await q.fetchall(RUNNING_ENTITIES, shard, now, shard)
+        found[shard] = [(r[0], r[1], bool(r[2])) for r in rows]
+    return found
 
 
 async def count_running(q: Txn, shard: int) -> int:
@@ -368,14 +375,18 @@ async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDet
                          None if progress is None else _progress(etype, key, progress))
 
 
-async def shard_suspensions(q: Txn, shard: int) -> list[Suspension]:
-    """The suspended running runs of `shard` (a host taking the shard reads them)."""
-    found = []
-    for r in await q.fetchall(OF_SHARD, shard):
-        try:
-            found.append(suspension_from_row(r))
-        except CorruptRowError as err:  # one bad row must not stop a host taking the shard
-            log.warning("shard %d: suspension left out: %s", shard, err)
+async def shard_suspensions(q: Txn, shards: Sequence[int]) -> dict[int, list[Suspension]]:
+    """{shard: its suspended running runs} for every one of `shards` (a host taking
+    them reads them), on one connection: a seek of `suspensions_shard` per shard (in
+    one `IN` list, SQLite walked every running entity through `entities_status`)."""
+    found: dict[int, list[Suspension]] = {}
+    for shard in shards:
+        found[shard] = []
+        for r in await q.fetchall(OF_SHARD, shard):
+            try:
+                found[shard].append(suspension_from_row(r))
+            except CorruptRowError as err:  # one bad row must not stop a host taking it
+                log.warning("shard %d: suspension left out: %s", shard, err)
     return found
 
 

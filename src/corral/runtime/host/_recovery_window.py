@@ -1,7 +1,7 @@
 """`RecoveryWindow`: how many activations a host's shard recoveries load at once.
 
 A host taking shards (a restart, a takeover, a hand-off) activates their running
-entities in the background (`Shard.recover`). Each activation is a few store round trips
+entities in the background (`_shard.recover`). Each activation is a few store round trips
 (its run, `mark_activated`, its snapshot, its journal), all queued through one SQLite
 reader thread or a small PostgreSQL pool: activating ten thousand at once put a message
 arriving meanwhile, or an entity with a backlog, behind forty thousand of them (5 s).

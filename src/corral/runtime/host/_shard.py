@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import corral.metrics as metrics
 from corral._errors import CorralError, StoreError
@@ -32,7 +32,7 @@ from ._outbox import Postman
 from ._recovery_window import RecoveryWindow
 from ._residence import HeldRun
 
-__all__ = ["Shard", "ShardStopped"]
+__all__ = ["Shard", "ShardStopped", "recover"]
 
 log = logging.getLogger("corral.shard")
 _Ident = tuple[str, str]
@@ -78,27 +78,16 @@ class Shard:
     def index(self) -> int:
         return self.fence.shard
 
-    async def recover(self) -> int:
-        """Take up this shard's running entities (a restart, a takeover, a hand-off): how
-        many. Returns once the urgent ones are in line; the rest load in the background.
+    def hold_back(self) -> None:
+        """Hold the window's other activations back until this shard's urgent ones
+        loaded (`take_up`; `stop`): called before its recovery read (`recover`)."""
+        self._release_hold = self.window.hold_back()
 
-        An entity is activated on demand (a message routed to it, a due timer, a query)
-        or by the shard's recovery (`_recovery_line`): the urgent ones first (a backlog,
-        a timer due, a step recorded: `persistence._reads.URGENT`), then the rest, never
-        more at once than the host's `RecoveryWindow` admits, so the store serves the
-        urgent ones and the messages arriving now without waiting behind every other
-        activation. Suspended runs are among them: this host may run the fixed code.
-        Their count of attempts goes on from the store's record.
-        """
-        release = self.window.hold_back()  # the rest wait for this shard's urgent ones
-        self._release_hold = release
-        try:  # side by side: one round trip's wait, not two
-            suspended, running = await asyncio.gather(
-                self.store.suspensions(self.index),
-                self.store.running_entities(self.index, self.clock.time()))
-        except BaseException:
-            release()
-            raise
+    def take_up(self, suspended: list[Suspension], running: list[tuple[str, str, bool]]
+                ) -> int:
+        """Take up this shard's running entities, as its recovery read found them (see
+        `recover`): how many. The urgent ones go in line; the rest load in the
+        background. What reached the shard before is done now (`_early`)."""
         for s in suspended:  # known before any of them is activated
             self._held[(s.entity_type, s.key)] = HeldRun(s.run_id, s.attempts, s.since)
         early, self._early = self._early or [], None
@@ -114,10 +103,11 @@ class Shard:
         line.sort(key=lambda item: not item[1])  # stable: the urgent ones first
         self._unrecovered.update(ident for ident, _ in line)
         if self._stopped:
-            release()
+            self._release_hold()
             return len(running)
         self._recovering = asyncio.create_task(
-            self._recovery_line(deque(line), release), name=f"corral-recover-{self.index}")
+            self._recovery_line(deque(line), self._release_hold),
+            name=f"corral-recover-{self.index}")
         if self.postman is not None:
             self._recovering_sends = asyncio.create_task(
                 self._recover_sends(self.postman), name=f"corral-recover-sends-{self.index}")
@@ -457,6 +447,32 @@ class Shard:
         log.error("%s %r: %s %r (seq %d) moved to dead letter %d after %d attempts: %s\n%s",
                   entry.entity_type, entry.key, entry.kind.value, entry.name, entry.seq,
                   dead_id, attempts, error, traceback)
+
+
+async def recover(shards: Sequence[Shard], store: Store, now: float) -> dict[int, int]:
+    """Take up the running entities of `shards`, taken together (a restart, a takeover,
+    a hand-off): {shard: how many}. Returns once the urgent ones are in line.
+
+    Two reads for all of them, side by side, each one connection (a seek per shard):
+    their suspended runs, and their running entities each with whether it is urgent (a
+    backlog, a timer due, a step recorded: `persistence._reads.URGENT`). Two reads per
+    shard put 32 at once on a PostgreSQL pool still opening its connections (16
+    shards: ~60 ms before the first activation could read). Then each shard activates
+    its urgent ones first, the rest after every shard's urgent ones loaded, never more
+    at once than the host's `RecoveryWindow` admits, so the store serves the urgent
+    ones and the messages arriving now without waiting behind every other activation.
+    An entity is also activated on demand (a message routed to it, a due timer, a
+    query), but not before the suspensions are known. Suspended runs are among them:
+    this host may run the fixed code; their count of attempts goes on from the store's.
+    On a failed read the caller stops the shards (that releases their holds).
+    """
+    for shard in shards:
+        shard.hold_back()
+    indexes = [shard.index for shard in shards]
+    suspended, running = await asyncio.gather(store.suspensions(indexes),
+                                              store.running_entities(indexes, now))
+    return {shard.index: shard.take_up(suspended[shard.index], running[shard.index])
+            for shard in shards}
 
 
 class ShardResidence:
