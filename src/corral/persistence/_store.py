@@ -267,12 +267,18 @@ class HostStore(Protocol):
 
     async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None: ...
 
-    async def running_entities(self, shards: Sequence[int], now: float
-                               ) -> dict[int, list[tuple[str, str, bool]]]:
+    async def running_entities(self, shards: Sequence[int]
+                               ) -> dict[int, list[tuple[str, str]]]:
         """Running entities of `shards` to activate on recovery (not the passivated ones
-        with nothing new to apply), by shard (every one of `shards` a key): (type, key,
-        urgent) each, urgent when it has a backlog, a durable timer due at `now` or a
-        step recorded (see `_reads.URGENT`). One read: a seek per shard."""
+        with nothing new to apply), by shard (every one of `shards` a key): (type, key)
+        each. One read: a seek per shard."""
+        ...
+
+    async def urgent_entities(self, shards: Sequence[int], now: float
+                              ) -> dict[int, list[tuple[str, str]]]:
+        """Those of `running_entities` that are urgent, by shard likewise: a backlog, a
+        durable timer due at `now` or a step recorded (see `_reads.URGENT`). A recovery
+        reads them first: few rows, however many entities are running."""
         ...
 
     async def count_running(self, shard: int) -> int:

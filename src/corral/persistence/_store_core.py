@@ -309,9 +309,13 @@ class StoreCore:
     async def runs(self, etype: str, key: str) -> list[RunRecord]:
         return await self.query(reads.runs, etype, key)
 
-    async def running_entities(self, shards: Sequence[int], now: float
-                               ) -> dict[int, list[tuple[str, str, bool]]]:
-        return await self.query(reads.running_entities, shards, now)
+    async def running_entities(self, shards: Sequence[int]
+                               ) -> dict[int, list[tuple[str, str]]]:
+        return await self.query(reads.running_entities, shards)
+
+    async def urgent_entities(self, shards: Sequence[int], now: float
+                              ) -> dict[int, list[tuple[str, str]]]:
+        return await self.query(reads.urgent_entities, shards, now)
 
     async def count_running(self, shard: int) -> int:
         return await self.query(reads.count_running, shard)
