@@ -260,8 +260,10 @@ async def state(store: Store, updated: set[tuple[str, str]]) -> Any:
             seen[key]["outcomes"] = [await store.update_outcome("E", key, mid)
                                      for k, mid in sorted(updated) if k == key]
     seen["dead"] = await store.dead_letters(limit=1000)
-    seen["running"] = [sorted(await store.running_entities(s, 100.0))
-                       for s in range(SHARDS)]
+    seen["running"] = [sorted(found) for found in (
+        await store.running_entities(range(SHARDS))).values()]
+    seen["urgent"] = [sorted(found) for found in (
+        await store.urgent_entities(range(SHARDS), 100.0)).values()]
     seen["due"] = sorted(await store.due_timers(frozenset(range(SHARDS)), 100.0))
     return normal(seen)
 

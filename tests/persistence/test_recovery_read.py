@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from corral.persistence import open_store
-from corral.persistence._reads import RUNNING_ENTITIES
+from corral.persistence._reads import RUNNING_ENTITIES, URGENT_ENTITIES
 from corral.persistence._schema import SCHEMA_VERSION
 from corral.persistence._unapplied import DEAD_LETTER_COLUMNS
 
@@ -18,13 +18,16 @@ async def test_the_recovery_read_of_a_shard_seeks_the_running_index(tmp_path: Pa
     path = str(tmp_path / "store.db")
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db:
-        plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {RUNNING_ENTITIES}",
-                                              (2, 0.0, 2))]
+        plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {URGENT_ENTITIES}",
+                                              (2, 2, 0.0))]
+        running = [row[-1] for row in db.execute(
+            f"EXPLAIN QUERY PLAN {RUNNING_ENTITIES}", (2,))]
     # The urgency of each row: the shard's due timers sought once, then primary-key
     # lookups of its own rows, never a walk.
     assert plan[0] == "SEARCH entities USING INDEX entities_running (shard=?)", plan
     assert "SEARCH t USING COVERING INDEX timers_shard_due (shard=? AND due_at<?)" in plan
     assert not [step for step in plan if step.startswith("SCAN")], plan
+    assert running == ["SEARCH entities USING INDEX entities_running (shard=?)"], running
 
 
 async def test_a_store_of_schema_14_gains_the_running_index(tmp_path: Path) -> None:

@@ -297,9 +297,16 @@ async def test_snapshots_keep_the_newest_and_truncate_the_journal_and_the_window
     # Passivated with everything applied: not recovered at startup until a message comes.
     await store.write_snapshot(fence, "E", "k", 1, applied_seq=11, state=b"11", keep=1,
                                passivate=True)
-    assert await store.running_entities(1, 0.0) == []
+    assert await _recovery(store, 1, 0.0) == []
     await store.accept(acc("k", "wake", start=None))
-    assert await store.running_entities(1, 0.0) == [("E", "k", True)]  # a backlog
+    assert await _recovery(store, 1, 0.0) == [("E", "k", True)]  # a backlog
+
+async def _recovery(store: Store, shard: int, now: float) -> list[tuple[str, str, bool]]:
+    """The shard's running entities as a host taking it reads them: (type, key, urgent)."""
+    urgent = set((await store.urgent_entities([shard], now))[shard])
+    return [(etype, key, (etype, key) in urgent)
+            for etype, key in (await store.running_entities([shard]))[shard]]
+
 
 async def test_reads_list_entities_page_by_page_and_count_the_running_per_shard(
     store: Store,
@@ -325,7 +332,7 @@ async def test_reads_list_entities_page_by_page_and_count_the_running_per_shard(
     assert (run.run_id, run.status, run.result, next_seq) == (
         1, corral.RunStatus.COMPLETED, '"done"', 2)
     assert (await store.count_running(1), await store.count_running(2)) == (2, 1)
-    assert sorted(await store.running_entities(1, 0.0)) == [
+    assert sorted(await _recovery(store, 1, 0.0)) == [
         ("E", "a", True), ("E", "b", True)]  # nothing applied yet: a backlog each
 
 
@@ -337,15 +344,21 @@ async def test_the_recovery_read_marks_urgent_a_backlog_and_a_due_timer_of_the_s
         await store.accept(acc(key, "m"))
     await store.accept(acc("b", "m", shard=2, etype="T"))
     await store.record_progress(fence, [("E", key, 1, 0) for key in "abc"], at=1.0)
-    assert sorted(await store.running_entities(1, 30.0)) == [
+    assert sorted(await _recovery(store, 1, 30.0)) == [
         ("E", "a", False), ("E", "b", False), ("E", "c", False)]  # all applied
     await store.set_timer(fence, "E", "a", 1, "t", 50.0)
     await store.set_timer(fence, "E", "b", 1, "t", 20.0)
     await store.set_timer(await fence_for(store, 2), "T", "b", 1, "t", 10.0)
     await store.accept(acc("c", "again"))
-    assert sorted(await store.running_entities(1, 30.0)) == [
+    assert sorted(await _recovery(store, 1, 30.0)) == [
         ("E", "a", False), ("E", "b", True), ("E", "c", True)]  # due; a backlog
-    assert await store.running_entities(2, 30.0) == [("T", "b", True)]
+    assert await _recovery(store, 2, 30.0) == [("T", "b", True)]
+    running = await store.running_entities([3, 2, 1])  # one read, each shard its own
+    urgent = await store.urgent_entities([3, 2, 1], 30.0)
+    assert {shard: sorted(found) for shard, found in running.items()} == {
+        1: [("E", "a"), ("E", "b"), ("E", "c")], 2: [("T", "b")], 3: []}
+    assert {shard: sorted(found) for shard, found in urgent.items()} == {
+        1: [("E", "b"), ("E", "c")], 2: [("T", "b")], 3: []}
 
 
 async def test_a_passivated_entity_is_marked_and_an_activation_unmarks_it(
@@ -400,15 +413,16 @@ async def test_a_suspension_is_recorded_listed_and_cleared(store: Store) -> None
     await store.accept(acc("k", "m"))
     record = Suspension("E", "k", 1, "RuntimeError: boom", 2, 10.0, 20.0)
     await store.suspend_run(fence, record)
-    assert await store.suspensions(1) == [record]
-    assert await store.suspensions(2) == []
+    assert (await store.suspensions([1]))[1] == [record]
+    assert (await store.suspensions([2]))[2] == []
+    assert await store.suspensions([1, 2]) == {1: [record], 2: []}
     assert (await store.entity_details("E", "k", 1)).suspension == record
     assert [e.suspended for e in await store.entities("E", None, limit=10)] == [True]
     again = Suspension("E", "k", 1, "RuntimeError: boom", 3, 10.0, 40.0)
     await store.suspend_run(fence, again)  # replaces the entity's earlier record
-    assert await store.suspensions(1) == [again]
+    assert (await store.suspensions([1]))[1] == [again]
     await store.clear_suspension(fence, "E", "k", 1)
-    assert await store.suspensions(1) == []
+    assert (await store.suspensions([1]))[1] == []
     assert [e.suspended for e in await store.entities("E", None, limit=10)] == [False]
 
 

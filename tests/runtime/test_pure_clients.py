@@ -2,7 +2,7 @@
 
 A pure client only routes: it computes each key's shard and writes it on the entity's
 row, and the host that takes that shard recovers the entity from its row
-(`Shard.start`: `running_entities(shard)`). The two must route by the same shard count,
+(`_shard.recover`: `running_entities(shards)`). The two must route by the same shard count,
 the store's, whatever the client was given: a client handed a `Store` object without
 `shards=` routed by 16, so in a store of fewer shards its entities sat on rows of
 shards no host ever takes. They stayed RUNNING with a backlog and were never applied

@@ -57,6 +57,7 @@ __all__ = [
     "shard_suspensions",
     "tail_entries",
     "update_outcome",
+    "urgent_entities",
 ]
 
 log = logging.getLogger("corral.store")
@@ -207,25 +208,47 @@ URGENT = (
     "OR EXISTS (SELECT 1 FROM steps s WHERE s.etype = entities.etype "
     "AND s.key = entities.key AND s.run_id = entities.run_id))")
 """Whether a running entity needs its activation before the rest of its shard's
-(`runtime/host/_shard.Shard.recover`): something of it is waiting to be done. Updates
+(`runtime/host/_shard.recover`): something of it is waiting to be done. Updates
 waiting for their callers and deliveries to signal waits are journal entries: a
 backlog. An entity whose progress its last host did not record yet reads as urgent
 (its applied watermark is behind): it is activated early, which costs nothing but its
 place in the line. Parameters: the shard, then the time timers are due by."""
 
-RUNNING_ENTITIES = (
-    f"SELECT etype, key, {URGENT} FROM entities WHERE shard = ? AND status = 'running' "
-    "AND (passivated_seq IS NULL OR next_seq - 1 > passivated_seq)")
-"""A shard's recovery read: a seek of the partial index `entities_running` (shard), each
-row with whether it is urgent (`URGENT`). Parameters: the shard, the time, the shard.
-Per entity it costs the lookup of its progress (and of a step): what is urgent is
-known from other tables' rows, and an index of entities over it would be updated by
-every accept (`next_seq`), which then could no longer update the row in place."""
+RUNNING = ("shard = ? AND status = 'running' "
+           "AND (passivated_seq IS NULL OR next_seq - 1 > passivated_seq)")
+"""A shard's running entities to recover (not the passivated ones with nothing new to
+apply): a seek of the partial index `entities_running` (shard). Parameter: the shard."""
+
+RUNNING_ENTITIES = f"SELECT etype, key FROM entities WHERE {RUNNING}"
+"""A shard's recovery read: its running entities (`RUNNING`), nothing else looked up."""
+
+URGENT_ENTITIES = f"SELECT etype, key FROM entities WHERE {RUNNING} AND {URGENT}"
+"""A shard's running entities that are urgent (`URGENT`): the first recovery read, few
+rows however many are running. Parameters: the shard, the shard, the time. Per entity
+it costs the lookup of its progress (and of a step): what is urgent is known from other
+tables' rows, and an index of entities over it would be updated by every accept
+(`next_seq`), which then could no longer update the row in place."""
 
 
-async def running_entities(q: Txn, shard: int, now: float) -> list[tuple[str, str, bool]]:
-    rows = await q.fetchall(RUNNING_ENTITIES, shard, now, shard)
-    return [(r[0], r[1], bool(r[2])) for r in rows]
+async def running_entities(q: Txn, shards: Sequence[int]) -> dict[int, list[tuple[str, str]]]:
+    """{shard: [(type, key)]} for every one of `shards`, on one connection: a statement
+    per shard, each a seek of its own (with the shards in one `IN` list, SQLite walked
+    every running entity through `entities_status` instead)."""
+    found: dict[int, list[tuple[str, str]]] = {}
+    for shard in shards:
+        found[shard] = [(r[0], r[1]) for r in await q.fetchall(RUNNING_ENTITIES, shard)]
+    return found
+
+
+async def urgent_entities(q: Txn, shards: Sequence[int], now: float
+                          ) -> dict[int, list[tuple[str, str]]]:
+    """{shard: [(type, key)]} of the urgent running entities (`URGENT_ENTITIES`, a
+    timer due at `now`) for every one of `shards`, on one connection."""
+    found: dict[int, list[tuple[str, str]]] = {}
+    for shard in shards:
+        found[shard] = [(r[0], r[1])
+                        for r in await q.fetchall(URGENT_ENTITIES, shard, shard, now)]
+    return found
 
 
 async def count_running(q: Txn, shard: int) -> int:
@@ -398,14 +421,18 @@ async def entity_details(q: Txn, etype: str, key: str, run_id: int) -> EntityDet
                          None if progress is None else _progress(etype, key, progress))
 
 
-async def shard_suspensions(q: Txn, shard: int) -> list[Suspension]:
-    """The suspended running runs of `shard` (a host taking the shard reads them)."""
-    found = []
-    for r in await q.fetchall(OF_SHARD, shard):
-        try:
-            found.append(suspension_from_row(r))
-        except CorruptRowError as err:  # one bad row must not stop a host taking the shard
-            log.warning("shard %d: suspension left out: %s", shard, err)
+async def shard_suspensions(q: Txn, shards: Sequence[int]) -> dict[int, list[Suspension]]:
+    """{shard: its suspended running runs} for every one of `shards` (a host taking
+    them reads them), on one connection: a seek of `suspensions_shard` per shard (in
+    one `IN` list, SQLite walked every running entity through `entities_status`)."""
+    found: dict[int, list[Suspension]] = {}
+    for shard in shards:
+        found[shard] = []
+        for r in await q.fetchall(OF_SHARD, shard):
+            try:
+                found[shard].append(suspension_from_row(r))
+            except CorruptRowError as err:  # one bad row must not stop a host taking it
+                log.warning("shard %d: suspension left out: %s", shard, err)
     return found
 
 

@@ -268,11 +268,18 @@ class HostStore(Protocol):
 
     async def latest_run(self, etype: str, key: str) -> tuple[RunRecord, int] | None: ...
 
-    async def running_entities(self, shard: int, now: float
-                               ) -> list[tuple[str, str, bool]]:
-        """Running entities of `shard` to activate on recovery (not the passivated ones
-        with nothing new to apply): (type, key, urgent) each, urgent when it has a
-        backlog, a durable timer due at `now` or a step recorded (see `_reads.URGENT`)."""
+    async def running_entities(self, shards: Sequence[int]
+                               ) -> dict[int, list[tuple[str, str]]]:
+        """Running entities of `shards` to activate on recovery (not the passivated ones
+        with nothing new to apply), by shard (every one of `shards` a key): (type, key)
+        each. One read: a seek per shard."""
+        ...
+
+    async def urgent_entities(self, shards: Sequence[int], now: float
+                              ) -> dict[int, list[tuple[str, str]]]:
+        """Those of `running_entities` that are urgent, by shard likewise: a backlog, a
+        durable timer due at `now` or a step recorded (see `_reads.URGENT`). A recovery
+        reads them first: few rows, however many entities are running."""
         ...
 
     async def count_running(self, shard: int) -> int:
@@ -325,8 +332,9 @@ class HostStore(Protocol):
         """The run got past the point that suspended it: drop its record (fenced)."""
         ...
 
-    async def suspensions(self, shard: int) -> list[Suspension]:
-        """The suspended running runs of `shard` (a host taking it continues their count)."""
+    async def suspensions(self, shards: Sequence[int]) -> dict[int, list[Suspension]]:
+        """The suspended running runs of `shards`, by shard (every one of `shards` a
+        key), in one read: a host taking them continues their count."""
         ...
 
 

@@ -272,8 +272,8 @@ class StoreCore:
     async def entity_details(self, etype: str, key: str, run_id: int) -> EntityDetails:
         return await self.query(reads.entity_details, etype, key, run_id)
 
-    async def suspensions(self, shard: int) -> list[Suspension]:
-        return await self.query(reads.shard_suspensions, shard)
+    async def suspensions(self, shards: Sequence[int]) -> dict[int, list[Suspension]]:
+        return await self.query(reads.shard_suspensions, shards)
 
     async def census(self) -> Census:
         return await self.query(census)
@@ -311,9 +311,13 @@ class StoreCore:
     async def runs(self, etype: str, key: str) -> list[RunRecord]:
         return await self.query(reads.runs, etype, key)
 
-    async def running_entities(self, shard: int, now: float
-                               ) -> list[tuple[str, str, bool]]:
-        return await self.query(reads.running_entities, shard, now)
+    async def running_entities(self, shards: Sequence[int]
+                               ) -> dict[int, list[tuple[str, str]]]:
+        return await self.query(reads.running_entities, shards)
+
+    async def urgent_entities(self, shards: Sequence[int], now: float
+                              ) -> dict[int, list[tuple[str, str]]]:
+        return await self.query(reads.urgent_entities, shards, now)
 
     async def count_running(self, shard: int) -> int:
         return await self.query(reads.count_running, shard)

@@ -333,11 +333,25 @@ class Activation(RunContext):
             return False
         self._run_id, self._first_seq = run.run_id, run.first_seq
         store = self._home.store
-        self._inherited = set(await store.mark_activated(self._home.fence, self.entity_type,
-                                                         self.key))
-        self.entity, covered = await rebuild(store, self.definition, run, self)
-        self.applied_seq = self._snapshot_seq = self._floor = covered
-        await self._replay()
+        # Its commit and the reads of its state side by side (a round trip, not two);
+        # nothing is applied before it committed (fenced: the lease is still ours).
+        marking = asyncio.ensure_future(
+            store.mark_activated(self._home.fence, self.entity_type, self.key))
+        try:
+            self.entity, covered = await rebuild(store, self.definition, run, self)
+            self.applied_seq = self._snapshot_seq = self._floor = covered
+            entries = await store.journal(self.entity_type, self.key, run_id=self._run_id,
+                                          after_seq=covered)
+        except asyncio.CancelledError:
+            marking.cancel()
+            raise
+        except Exception:  # a build failure suspends the run: marked first, as before
+            await asyncio.wait([marking])
+            if not marking.cancelled():
+                marking.exception()  # retrieved: the build's error is the one raised
+            raise
+        self._inherited = set(await marking)
+        await self._replay(entries)
         # A run opened by continue-as-new starts after its predecessor's watermark; its
         # journal may hold only carried entries below that, or nothing: without this,
         # read-your-writes queries would wait for seqs that belong to the closed run.
@@ -403,21 +417,23 @@ class Activation(RunContext):
                     and self._worker is asyncio.current_task(self._worker.get_loop()):
                 self._worker = None
 
-    async def _replay(self) -> None:
-        """Apply the journal after the applied watermark, in order, from the store.
+    async def _replay(self, entries: list[JournalEntry] | None = None) -> None:
+        """Apply the journal after the applied watermark, in order, from the store (or
+        `entries`, read from it already).
 
         The entries are durable already, so a snapshot between them would only repeat
         work: one is written at the end if the policy is due. (A backlog carried through
         a chain of continue-as-new runs was otherwise snapshotted every `every` entries
         of every run: quadratic in the backlog.)
         """
-        self._reading = True
-        try:
-            entries = await self._home.store.journal(
-                self.entity_type, self.key, run_id=self._run_id, after_seq=self.applied_seq
-            )
-        finally:
-            self._reading = False
+        if entries is None:
+            self._reading = True
+            try:
+                entries = await self._home.store.journal(
+                    self.entity_type, self.key, run_id=self._run_id,
+                    after_seq=self.applied_seq)
+            finally:
+                self._reading = False
         self._replaying = entries
         try:
             for entry in entries:

@@ -32,7 +32,7 @@ from ._newest import Plan, moves_per_round, plan
 from ._outbox import Postman
 from ._progress import ProgressLog
 from ._recovery_window import RecoveryWindow
-from ._shard import Shard
+from ._shard import Shard, recover
 
 __all__ = ["LocalHost"]
 
@@ -191,33 +191,33 @@ class LocalHost:
         if not free:
             return
         taken = await self.store.acquire_leases(self.owner, free, self.lease_ttl, force=force)
-        # Recovered side by side: the pause of a shard taken with others is its own
-        # recovery's, not the sum of theirs.
-        outcomes = await asyncio.gather(*(self._host(index, epoch)
-                                          for index, epoch in sorted(taken.items())),
-                                        return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        if taken:
+            await self._host(taken)
 
-    async def _host(self, index: int, epoch: int) -> None:
-        """Start hosting shard `index`, just taken at `epoch`: recover its entities."""
-        shard = Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
-                      self.clock, self.recovery_window)
-        shard.postman = self.postman
-        self.shards[index] = shard
+    async def _host(self, taken: Mapping[int, int]) -> None:
+        """Start hosting the shards just taken ({shard: epoch}): recover their entities,
+        all in one recovery read (`_shard.recover`)."""
+        shards = [Shard(Fence(index, self.owner, epoch), self.store, self._definitions,
+                        self.clock, self.recovery_window)
+                  for index, epoch in sorted(taken.items())]
+        for shard in shards:
+            shard.postman = self.postman
+            self.shards[shard.index] = shard
         try:
-            recovered = await shard.recover()
+            recovered = await recover(shards, self.store, self.clock.time())
         except BaseException:
-            # Its recovery read failed: hosting it now would strand its running
-            # entities. Drop it and keep the lease: the next round takes it again
-            # (already ours, same epoch) and recovers it then.
-            del self.shards[index]
-            await shard.stop()
+            # The recovery read failed: hosting them now would strand their running
+            # entities. Drop them and keep the leases: the next round takes them again
+            # (already ours, same epoch) and recovers them then.
+            for shard in shards:
+                del self.shards[shard.index]
+            await asyncio.gather(*(shard.stop() for shard in shards))
             raise
-        lifecycle("lease taken", shard=index, epoch=epoch, owner=self.owner)
-        log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
-                 index, epoch, recovered)
+        for shard in shards:
+            lifecycle("lease taken", shard=shard.index, epoch=shard.fence.epoch,
+                      owner=self.owner)
+            log.info("host %s: took shard %d (epoch %d), %d running entities", self.owner,
+                     shard.index, shard.fence.epoch, recovered[shard.index])
 
     async def _keep_leases(self) -> None:
         """Every third of a lease term renew (`_tick`); between renewals, every

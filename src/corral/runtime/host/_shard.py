@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import corral.metrics as metrics
-from corral._errors import CorralError
+from corral._errors import CorralError, StoreError
 from corral.actors import EntityDefinition
 from corral.persistence import (
     AcceptResult,
@@ -32,11 +32,12 @@ from ._outbox import Postman
 from ._recovery_window import RecoveryWindow
 from ._residence import HeldRun
 
-__all__ = ["Shard", "ShardStopped"]
+__all__ = ["Shard", "ShardStopped", "recover"]
 
 log = logging.getLogger("corral.shard")
 _Ident = tuple[str, str]
 _DEAD_SEQS_CACHED = 4096  # runs whose dead-lettered seqs a shard keeps
+_SENDS_RETRY = 1.0  # seconds before reading the undelivered sends again after an error
 
 
 class ShardStopped(Exception):
@@ -71,67 +72,113 @@ class Shard:
         self.window = window or RecoveryWindow()
         self._unrecovered: set[_Ident] = set()
         self._recovering: asyncio.Task[None] | None = None
+        self._recovering_sends: asyncio.Task[None] | None = None
+        self._recovering_rest: asyncio.Task[None] | None = None
+        self._urgent: set[_Ident] = set()  # started by the first recovery read
+        self._running = 0  # running entities the second one found
+        self._release_hold: Callable[[], None] = lambda: None  # the window's (`recover`)
+        # What reached the shard before its suspended runs were known (`recover`): done
+        # then, in order, so no message or timer brings a suspended run back early.
+        self._early: list[Callable[[], object]] | None = []
 
     @property
     def index(self) -> int:
         return self.fence.shard
 
-    async def recover(self) -> int:
-        """Take up this shard's running entities (a restart, a takeover, a hand-off): how
-        many. Returns once the urgent ones are in line; the rest load in the background.
+    def hold_back(self) -> None:
+        """Hold the window's other activations back until this shard's urgent ones
+        loaded (`start_urgent`; `stop`): called before its recovery reads (`recover`)."""
+        self._release_hold = self.window.hold_back()
 
-        An entity is activated on demand (a message routed to it, a due timer, a query)
-        or by the shard's recovery (`_recovery_line`): the urgent ones first (a backlog,
-        a timer due, a step recorded: `persistence._reads.URGENT`), then the rest, never
-        more at once than the host's `RecoveryWindow` admits, so the store serves the
-        urgent ones and the messages arriving now without waiting behind every other
-        activation. Suspended runs are among them: this host may run the fixed code.
-        Their count of attempts goes on from the store's record.
-        """
-        for s in await self.store.suspensions(self.index):
+    def start_urgent(self, suspended: list[Suspension], urgent: list[tuple[str, str]]
+                     ) -> None:
+        """Know the shard's suspended runs and start its urgent entities, as the first
+        recovery read found them (see `recover`); what reached the shard before is done
+        now (`_early`). The window's hold is released once they loaded."""
+        for s in suspended:  # known before any of them is activated
             self._held[(s.entity_type, s.key)] = HeldRun(s.run_id, s.attempts, s.since)
-        running = await self.store.running_entities(self.index, self.clock.time())
-        line: list[tuple[_Ident, bool]] = []
-        for etype, key, urgent in running:
-            if etype in self._definitions:
-                line.append(((etype, key), urgent))
-            else:
+        early, self._early = self._early or [], None
+        for call in early if not self._stopped else ():
+            call()
+        line = [ident for ident in urgent if ident[0] in self._definitions]
+        self._urgent = set(line)
+        self._unrecovered.update(line)
+        if self._stopped:
+            self._release_hold()
+            return
+        self._recovering = asyncio.create_task(
+            self._recovery_line(deque(line), urgent=True), name=f"corral-urgent-{self.index}")
+
+    def take_up(self, running: list[tuple[str, str]]) -> int:
+        """Take up the rest of the shard's running entities, as the second recovery read
+        found them (see `recover`): how many are running. They load in the background,
+        after every shard's urgent ones, as do the sends the previous holder left."""
+        rest: list[_Ident] = []
+        for etype, key in running:
+            if etype not in self._definitions:
                 self._unhosted += 1
                 log.error("shard %d: entity type %r is not registered in this process; its "
                           "entity %r stays unhosted", self.index, etype, key)
-        line.sort(key=lambda item: not item[1])  # stable: the urgent ones first
-        self._unrecovered.update(ident for ident, _ in line)
-        self._recovered = True
-        if line and not self._stopped:
-            self._recovering = asyncio.create_task(
-                self._recovery_line(deque(line)), name=f"corral-recover-{self.index}")
-        if self.postman is not None:  # sends the previous holder wrote, not delivered
-            await self.postman.recover(self.fence)
+            elif (etype, key) not in self._urgent:
+                rest.append((etype, key))
+        self._urgent, self._running = set(), len(running)
+        self._unrecovered.update(rest)
+        self._recovered = True  # its backlog is known once `_unrecovered` is empty
+        if self._stopped:
+            return len(running)
+        self._recovering_rest = asyncio.create_task(
+            self._recovery_line(deque(rest), urgent=False),
+            name=f"corral-recover-{self.index}")
+        if self.postman is not None:
+            self._recovering_sends = asyncio.create_task(
+                self._recover_sends(self.postman), name=f"corral-recover-sends-{self.index}")
         return len(running)
 
-    async def _recovery_line(self, line: deque[tuple[_Ident, bool]]) -> None:
+    async def _recover_sends(self, postman: Postman) -> None:
+        """Deliver the sends the shard's previous holder wrote and did not deliver, once
+        the urgent activations of the host's recoveries loaded (their reads go first on
+        the store; a handler's send is delivered at once, the postman reads the whole
+        outbox of its sender), retried on a store error until the shard stops (its next
+        holder delivers them then)."""
+        await self.window.wait_urgent_loaded()
+        while not self._stopped:
+            try:
+                await postman.recover(self.fence)
+                return
+            except StoreError as err:
+                log.warning("shard %d: reading its undelivered sends failed (%s); retrying "
+                            "in %.1fs", self.index, err, _SENDS_RETRY)
+                await asyncio.sleep(_SENDS_RETRY)
+
+    async def _recovery_line(self, line: deque[_Ident], *, urgent: bool) -> None:
         """Activate the entities of `line` in order, as the window admits them (a few
         workers per shard; the window bounds them host-wide), skipping those that were
-        activated on demand meanwhile."""
+        activated on demand meanwhile; the urgent line releases the window's hold once
+        they all loaded."""
         async def worker() -> None:
-            while line:
-                ident, urgent = line.popleft()
-                if ident not in self._unrecovered:
-                    continue
-                async with self.window.slot(urgent=urgent):
-                    if self._stopped:
-                        return
-                    if ident not in self._unrecovered:
-                        continue  # activated on demand while it waited for a slot
-                    act = self.activate(*ident)
-                    self._unrecovered.discard(ident)  # None: suspended, back on its own
-                    if act is not None:
-                        await act.wait_settled()
-        total = len(line)
-        await asyncio.gather(*(worker() for _ in range(min(self.window.size, total))))
-        if not self._stopped:
+            while line and not self._stopped:
+                await self._recover_one(line.popleft(), urgent)
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(self.window.size, len(line)))))
+        finally:
+            if urgent:
+                self._release_hold()
+        if not urgent and not self._stopped:
             lifecycle("shard recovered", shard=self.index, epoch=self.fence.epoch,
-                      running=total)
+                      running=self._running)
+
+    async def _recover_one(self, ident: _Ident, urgent: bool) -> None:
+        """Activate the entity of the shard's recovery when the window admits it, and
+        wait until it loaded (unless activated on demand meanwhile)."""
+        if ident not in self._unrecovered:
+            return
+        async with self.window.slot(urgent=urgent):
+            if self._stopped or ident not in self._unrecovered:
+                return  # stopped, or activated on demand while it waited for a slot
+            act = self.activate(*ident)
+            self._unrecovered.discard(ident)  # None: suspended, back on its own
+            if act is not None:
+                await act.wait_settled()
 
     @property
     def recovering(self) -> int:
@@ -166,10 +213,14 @@ class Shard:
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._recovering is not None:  # no more background activations: they'd stop
-            self._recovering.cancel()
-            await asyncio.gather(self._recovering, return_exceptions=True)
-            self._recovering = None
+        self._early = None  # durable: the shard's next holder reads them
+        recovering = [t for t in (self._recovering, self._recovering_rest,
+                                  self._recovering_sends) if t is not None]
+        for task in recovering:  # no more background activations: they'd stop
+            task.cancel()
+        await asyncio.gather(*recovering, return_exceptions=True)
+        self._recovering = self._recovering_rest = self._recovering_sends = None
+        self._release_hold()  # the line may have been cancelled before it ran
         self._unrecovered.clear()
         for handle in self._later:
             handle.cancel()
@@ -196,6 +247,9 @@ class Shard:
         A suspended run's entries stay in the journal until its next attempt (they never
         bring it back early); a `RESUME` or `TERMINATE` entry brings it back at once.
         """
+        if self._early is not None:
+            self._early.append(lambda: self.route(entry))
+            return
         ident = (entry.entity_type, entry.key)
         held = self._held.get(ident)
         if held is not None and held.waiting:
@@ -220,6 +274,9 @@ class Shard:
 
     def route_started(self, entry: JournalEntry, start_input: str | None) -> None:
         """Host a run this process just started, from its first entry (no store read)."""
+        if self._early is not None:
+            self._early.append(lambda: self.route_started(entry, start_input))
+            return
         ident = (entry.entity_type, entry.key)
         held = self._held.get(ident)
         if held is not None:
@@ -255,7 +312,11 @@ class Shard:
 
     def activate(self, etype: str, key: str) -> Activation | None:
         """Bring the entity into memory (a due timer, the next run after continue-as-new);
-        None while it is suspended and waits for its next attempt."""
+        None while it is suspended and waits for its next attempt, or while the shard
+        has not read its suspended runs yet (it is activated once they are known)."""
+        if self._early is not None:
+            self._early.append(lambda: self.activate(etype, key))
+            return None
         held = self._held.get((etype, key))
         if held is not None and held.waiting:
             return None
@@ -418,6 +479,35 @@ class Shard:
         log.error("%s %r: %s %r (seq %d) moved to dead letter %d after %d attempts: %s\n%s",
                   entry.entity_type, entry.key, entry.kind.value, entry.name, entry.seq,
                   dead_id, attempts, error, traceback)
+
+
+async def recover(shards: Sequence[Shard], store: Store, now: float) -> dict[int, int]:
+    """Take up the running entities of `shards`, taken together (a restart, a takeover,
+    a hand-off): {shard: how many}. Returns once the urgent ones are started and the
+    rest are in line.
+
+    Two reads for all of them, each on one connection (a seek per shard), first side by
+    side: their suspended runs and their urgent entities (a backlog, a timer due, a step
+    recorded: `persistence._reads.URGENT`), few rows however many are running. Those
+    start at once; then the read of every running entity (O(running): ~50 ms of rows at
+    10,000 on PostgreSQL, off the first message's path) lines up the rest, which load
+    after every shard's urgent ones, never more at once than the host's
+    `RecoveryWindow` admits. Two reads per shard had put 32 at once on a PostgreSQL pool
+    still opening its connections (16 shards: ~60 ms before the first activation could
+    read). An entity is also activated on demand (a message routed to it, a due timer,
+    a query), but not before the suspensions are known. Suspended runs are among them:
+    this host may run the fixed code; their count of attempts goes on from the store's.
+    On a failed read the caller stops the shards (that releases their holds).
+    """
+    for shard in shards:
+        shard.hold_back()
+    indexes = [shard.index for shard in shards]
+    suspended, urgent = await asyncio.gather(store.suspensions(indexes),
+                                             store.urgent_entities(indexes, now))
+    for shard in shards:
+        shard.start_urgent(suspended[shard.index], urgent[shard.index])
+    running = await store.running_entities(indexes)
+    return {shard.index: shard.take_up(running[shard.index]) for shard in shards}
 
 
 class ShardResidence:
