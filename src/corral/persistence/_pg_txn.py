@@ -238,6 +238,11 @@ class PgTxn(Txn):
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
         return f"starts_with({column}, ?)", (prefix,)  # independent of the collation
 
+    def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
+                 ) -> tuple[str, tuple[Any, ...]]:
+        return (f"({first}, {second}) IN (SELECT * FROM unnest(?::int[], ?::bigint[]))",
+                ([a for a, _ in pairs], [b for _, b in pairs]))
+
     async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
                    forget_seq: int, forget_before: float, passivate: bool) -> int:
         return int(await self.conn.fetchval(_TRIM, etype, key, keep, applied_seq, forget_seq,
@@ -321,6 +326,11 @@ class PgTxn(Txn):
             self.now = await self.conn.fetchval(
                 "SELECT extract(epoch FROM clock_timestamp())::float8")
         return self.now
+
+    async def clock_sql(self) -> tuple[str, tuple[Any, ...]]:
+        if self.now:
+            return "?::float8", (self.now,)
+        return "extract(epoch FROM clock_timestamp())::float8", ()
 
     # -- buffered writes --------------------------------------------------------------
 

@@ -33,7 +33,13 @@ from corral._errors import CorralError, StoreError
 
 from ._batch import CommitQueue
 from ._ops_handoff import HandOffLeaseOp
-from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
+from ._ops_leases import (
+    AcquireLeasesOp,
+    ReleaseLeasesOp,
+    RenewLeasesOp,
+    check_lease_shards,
+    lease_view,
+)
 from ._pg_schema import ensure_schema
 from ._pg_session import HostSession
 from ._pg_txn import PgTxn, is_connection_error, store_error
@@ -148,8 +154,10 @@ class PostgresStore(StoreCore):
         self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
         try:
             orphaned = await self._session.try_lock(asked)
-            taken: dict[int, int] = await self.write(
-                AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned))
+            op = AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned)
+            if not force:  # lock only the rows it may take (a standby: none, usually)
+                op = op.narrowed(*await self.query(lease_view, shards))
+            taken: dict[int, int] = await self.write(op) if op.shards else {}
         except BaseException:
             self._held.difference_update(new)
             await self._session.unlock(new)

@@ -216,13 +216,14 @@ class SqliteStore(StoreCore):
         store has seen its row unchanged for `ttl` (`_sightings`), never by comparing
         wall clocks: a process whose clock is off takes no live holder's shard."""
         check_lease_shards(shards, self.shards)
-        stale = self._sightings.stale(await self.query(lease_rows, shards), ttl)
+        rows = await self.query(lease_rows, shards)
+        stale = self._sightings.stale(rows, ttl)
         locks = self._locks
         orphaned = frozenset(s for s in shards if locks is not None and locks.try_lock(s))
         op = AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned,
-                             frozenset(stale.items()))
-        try:
-            taken: dict[int, int] = await self.write(op)
+                             frozenset(stale.items())).narrowed(rows, 0.0)
+        try:  # nothing to take (a standby's usual round): no write transaction at all
+            taken: dict[int, int] = await self.write(op) if op.shards else {}
         except BaseException:
             for shard in orphaned:
                 self._unlock(shard)
