@@ -238,6 +238,9 @@ class PgTxn(Txn):
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
         return f"starts_with({column}, ?)", (prefix,)  # independent of the collation
 
+    def joined(self, expr: str, separator: str, *, order: str) -> str:
+        return f"string_agg({expr}, {separator} ORDER BY {order})"
+
     def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
                  ) -> tuple[str, tuple[Any, ...]]:
         return (f"({first}, {second}) IN (SELECT * FROM unnest(?::int[], ?::bigint[]))",

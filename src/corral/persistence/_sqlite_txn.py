@@ -88,6 +88,9 @@ class SqliteTxn(Txn):
     async def clock(self) -> float:
         return time.time()
 
+    def joined(self, expr: str, separator: str, *, order: str) -> str:
+        return f"group_concat({expr}, {separator})"
+
     def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
                  ) -> tuple[str, tuple[Any, ...]]:
         # One JSON text however many pairs: one cached statement (a row-value list of

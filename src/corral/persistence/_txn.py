@@ -192,6 +192,11 @@ class Txn:
         """A condition (and its arguments) that `column` starts with `prefix`."""
         raise NotImplementedError
 
+    def joined(self, expr: str, separator: str, *, order: str) -> str:
+        """An aggregate joining the texts `expr` of a group with `separator` (SQL), in
+        `order` (SQLite: the order of the rows fed to it, which the query sorts)."""
+        raise NotImplementedError
+
     def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
                  ) -> tuple[str, tuple[Any, ...]]:
         """A condition (and its arguments) that (`first`, `second`) is one of the integer
