@@ -99,3 +99,18 @@ async def test_a_standby_host_locks_no_lease_row_while_every_lease_is_live(
 @pytest.fixture(autouse=True)
 def _both(db_path: str) -> None:
     """Every test here runs on both stores (`db_path` is parametrised by conftest)."""
+
+
+async def test_an_idle_sqlite_poll_asks_sqlite_only_when_the_file_changed(
+    tmp_path: Any,
+) -> None:
+    path = str(tmp_path / "idle.db")
+    async with opened(path, 16) as store, opened(path, 16) as other:
+        await other.acquire_leases("b", [1], 60.0)  # a commit: the -shm file exists
+        await store.foreign_commit_seen()
+        async with statements(store) as seen:
+            for _ in range(50):
+                await store.foreign_commit_seen()
+        assert len(seen) <= 1  # the safety net may ask once (`RECHECK`)
+        await other.release_leases("b")
+        assert await store.foreign_commit_seen()  # a foreign commit is still seen at once
