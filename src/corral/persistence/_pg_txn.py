@@ -205,6 +205,9 @@ class PgTxn(Txn):
     # Shards this store holds: their host (this process) delivers its own acceptances,
     # so they need no notification (NOTIFY serialises every notifying commit).
     quiet: frozenset[int] = frozenset()
+    # Behind a pooler in transaction mode: no statement prepared by name (the next
+    # transaction may run on another server session), and no NOTIFY (nobody LISTENs).
+    pooled: bool = False
     now: float = 0.0  # the server's clock when the lease rows were locked
     ticks: dict[int, int] = field(default_factory=dict)
 
@@ -229,6 +232,9 @@ class PgTxn(Txn):
     async def fetchall_replanned(self, sql: str, *args: Any) -> list[Sequence[Any]]:
         # A statement prepared for this call alone, outside asyncpg's cache: the server
         # plans it for its parameters (a cached one goes generic after five runs).
+        # Pooled, every statement is unnamed (no cache), so planned for its parameters.
+        if self.pooled:
+            return await self.fetchall(sql, *args)
         statement = await self.conn.prepare(numbered(sql))
         return list(await statement.fetch(*args))
 
@@ -353,7 +359,7 @@ class PgTxn(Txn):
                 e.kind._value_, e.name, e.message_id, e.payload, e.sender, e.accepted_at,
                 digest.hex()))
         shards = sorted({s for s, _, _ in self.appended})
-        loud = [s for s in shards if s not in self.quiet]
+        loud = [] if self.pooled else [s for s in shards if s not in self.quiet]
         note = f"{self.token} {','.join(map(str, loud))}" if loud else ""
         tables = (_json_chunks(self.runs_rows), _json_chunks(journal_rows), _json_chunks(
             [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq) for e, k, r in dirty]))
