@@ -73,3 +73,38 @@ async def test_the_pool_option_is_corrals_own_and_never_reaches_the_server(pg_ur
         assert (await store.accept(acc("k", "m"))).started
     finally:
         await store.close()
+
+
+async def test_a_read_cancelled_as_a_busy_connection_comes_back_to_it_ends_cancelled(
+    pg_url: str,
+) -> None:
+    """A read waiting its turn for the one open connection is cancelled just as the
+    connection comes back to it (a host closing cancels its journal tail there). With
+    `asyncio.wait_for` (Python < 3.12) the cancellation was lost: the read went on, and
+    the host's close waited for its tail forever."""
+    store = await open_postgres_store(pg_url, shards=2)
+    try:
+        for turns in range(6):  # the cancellation one loop turn later each round
+            held, release = asyncio.Event(), asyncio.Event()
+            holding = asyncio.create_task(store.read(_hold, held, release))
+            await held.wait()  # it holds the only connection
+            waiting = asyncio.create_task(store.read(lambda conn: conn.fetchval("SELECT 1")))
+            while not store._shared._turns:  # it waits its turn
+                await asyncio.sleep(0)
+            release.set()
+            await holding
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if not waiting.done():
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+            while store._shared._out:  # the connection is back before the next round
+                await asyncio.sleep(0)
+    finally:
+        await store.close()
+
+
+async def _hold(conn: object, held: asyncio.Event, release: asyncio.Event) -> None:
+    held.set()
+    await release.wait()

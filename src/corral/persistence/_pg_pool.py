@@ -18,6 +18,8 @@ import collections
 import contextlib
 from typing import Any
 
+from corral._deadline import Expired, within
+
 __all__ = ["IDLE_LIFETIME", "PATIENCE", "SharedPool"]
 
 IDLE_LIFETIME = 10.0
@@ -44,8 +46,10 @@ class SharedPool:
             turn = asyncio.get_running_loop().create_future()
             self._turns.append(turn)
             try:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(turn), PATIENCE)
+                # `within`, not `asyncio.wait_for`: before Python 3.12 that lost a
+                # cancellation coming as the turn came (a host's close then hung).
+                with contextlib.suppress(Expired):
+                    await within(asyncio.shield(turn), PATIENCE)
             finally:
                 if turn.done():
                     self._promised -= 1  # its connection is taken now, below
