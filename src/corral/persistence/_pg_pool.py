@@ -18,6 +18,8 @@ import collections
 import contextlib
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
 from corral._deadline import Expired, within
 
 __all__ = ["IDLE_LIFETIME", "PATIENCE", "SharedPool"]
@@ -67,6 +69,15 @@ class SharedPool:
         """Give `conn` back (reset); raises if it cannot be reset (terminate it then)."""
         try:
             await self._pool.release(conn, timeout=self._timeout)
+        finally:
+            self._given_back()
+
+    def terminate(self, conn: Any) -> None:
+        """End `conn` (lost, or not reusable); the pool reconnects its slot when next
+        needed."""
+        try:
+            with contextlib.suppress(asyncpg.InterfaceError):  # released already
+                conn.terminate()
         finally:
             self._given_back()
 

@@ -21,7 +21,6 @@ terminated as it is found).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -137,8 +136,7 @@ class GroupCommit:
             try:
                 await self._pool.release(conn)
             except Exception:  # cannot be reset: not reused
-                with contextlib.suppress(asyncpg.InterfaceError):
-                    conn.terminate()
+                self._pool.terminate(conn)
 
     async def _rollback(self) -> None:
         conn = self._conn
@@ -151,12 +149,8 @@ class GroupCommit:
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if _usable(conn):
-            conn.terminate()
-        with contextlib.suppress(Exception):  # a connection already handed back: a no-op
-            await self._pool.release(conn)
+        if conn is not None:
+            self._pool.terminate(conn)
 
 
 def txn_limits(lease_term: float) -> dict[str, int]:

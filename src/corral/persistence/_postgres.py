@@ -26,7 +26,6 @@ its limits set per transaction (`SET LOCAL`) instead of at connect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 import warnings
@@ -284,8 +283,7 @@ class PostgresStore(StoreCore):
             except Exception as err:
                 log.info("store read connection not reusable (%s: %s); terminated",
                          type(err).__name__, err)
-        with contextlib.suppress(asyncpg.InterfaceError):  # released already: nothing to do
-            conn.terminate()
+        self._shared.terminate(conn)
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for another process's commit for a shard held
