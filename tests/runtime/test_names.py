@@ -44,7 +44,7 @@ def internal_classes() -> list[tuple[type, str, str]]:
     and a callable given to a thread or a command is called."""
     from corral._cli._connection import Connection
     from corral.persistence._batch import CommitQueue
-    from corral.persistence._pg_session import HostSession
+    from corral.persistence._pg_session import HostSession, PolledSession
     from corral.persistence._sqlite_thread import SqliteThread
     from corral.runtime.client._backend import Backend
     from corral.runtime.host._host import LocalHost
@@ -57,6 +57,7 @@ def internal_classes() -> list[tuple[type, str, str]]:
             (RayBackend, "handle", "run"), (LocalHost, "open", "start"),
             (Shard, "recover", "start"), (LogFollower, "open", "start"),
             (CommitQueue, "open", "start"), (HostSession, "open", "start"),
+            (PolledSession, "open", "start"),
             (SqliteThread, "call", "run"), (Connection, "call", "run")]
 
 

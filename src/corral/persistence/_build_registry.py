@@ -17,7 +17,7 @@ from typing import Protocol
 from ._txn import Txn
 
 __all__ = ["BuildCheck", "BuildFacts", "BuildProcess", "BuildRecord", "BuildRegistry",
-           "TxnBuildFacts", "builds", "names_in_use", "newest_build"]
+           "TxnBuildFacts", "builds", "host_builds", "names_in_use", "newest_build"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,13 @@ class BuildRegistry(Protocol):
         """Registered builds (of one type, or all), oldest first, with live processes."""
         ...
 
+    async def host_builds(self, exclude: str) -> tuple[list[BuildRecord], list[dict[str, str]]]:
+        """The registered builds (without their processes), and the distinct sets of
+        builds ({entity type: fingerprint}) that live hosts other than `exclude` run:
+        as many rows as there are releases live, however many hosts run them (a host
+        planning its round, `runtime/host/_newest`, reads this every round)."""
+        ...
+
     async def names_in_use(self, etype: str, names: Sequence[str]) -> dict[str, str]:
         """Of `names`, those the store still holds journal entries or dead letters of,
         each with a description of what it holds."""
@@ -129,6 +136,31 @@ async def builds(q: Txn, etype: str | None) -> list[BuildRecord]:
         live.setdefault((r[0], r[1]), []).append(BuildProcess(r[2], r[3], r[4]))
     return [BuildRecord(r[0], r[1], r[2], r[3], r[4], bool(r[5]),
                         tuple(live.get((r[0], r[1]), ()))) for r in rows]
+
+
+_TYPE_SEP, _BUILD_SEP = "\x1f", "\x1e"  # in no entity type name nor fingerprint
+_HOST_SETS = """
+SELECT b.k, count(*) FROM (
+    SELECT p.process, {joined} AS k FROM (
+        SELECT process, etype, fingerprint FROM build_processes
+        WHERE role = 'host' AND expires_at >= ? AND process <> ? ORDER BY process, etype
+    ) AS p GROUP BY p.process
+) AS b GROUP BY b.k
+"""
+
+
+async def host_builds(q: Txn, exclude: str) -> tuple[list[BuildRecord], list[dict[str, str]]]:
+    """See `BuildRegistry.host_builds`: two statements, one row per build and one per
+    distinct set of builds, whatever the number of hosts."""
+    rows = await q.fetchall(
+        "SELECT etype, fingerprint, manifest, first_seen, last_seen, older FROM builds "
+        "ORDER BY etype, first_seen, fingerprint")
+    records = [BuildRecord(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in rows]
+    joined = q.joined("p.etype || ? || p.fingerprint", "?", order="p.etype")
+    sets = await q.fetchall(_HOST_SETS.format(joined=joined), _TYPE_SEP, _BUILD_SEP,
+                            await q.clock(), exclude)
+    return records, [dict(b.split(_TYPE_SEP, 1) for b in r[0].split(_BUILD_SEP))
+                     for r in sets]
 
 
 def newest_build(builds: Sequence[BuildRecord], etype: str) -> BuildRecord | None:

@@ -20,7 +20,7 @@ from corral._errors import InvalidArgumentError, StoreError
 
 from ._pg_schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from ._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
-from ._urls import is_postgres_url, redacted, url_refused
+from ._urls import is_postgres_url, redacted, transaction_pooled, url_refused
 
 __all__ = ["stored_shards"]
 
@@ -106,7 +106,9 @@ async def _postgres_meta(url: str, where: str) -> dict[str, str]:
     from ._pg_txn import store_error
 
     try:
-        conn = await asyncpg.connect(url, timeout=30, command_timeout=30)
+        dsn, pooled = transaction_pooled(url)  # behind PgBouncer: no prepared statements
+        conn = await asyncpg.connect(dsn, timeout=30, command_timeout=30,
+                                     statement_cache_size=0 if pooled else 100)
     except ValueError as err:  # the URL is malformed: no retry fixes it
         raise url_refused(url, err) from None  # its message quotes the URL's secrets
     except Exception as err:

@@ -6,8 +6,8 @@ only its own wall clock, by the holder's renewals as the acquirer sees them
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from corral._common import MAX_SHARDS
@@ -16,7 +16,8 @@ from corral._errors import ShardCountError
 from ._ops_handoff import reserved_heirs
 from ._txn import Lease, LockPlan, Txn
 
-__all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp", "check_lease_shards"]
+__all__ = ["AcquireLeasesOp", "ReleaseLeasesOp", "RenewLeasesOp", "check_lease_shards",
+           "lease_view"]
 
 
 def _outside(shard: int, count: int) -> bool:
@@ -35,6 +36,20 @@ def check_lease_shards(shards: Iterable[int], count: int) -> None:
             f"shard {wrong[0]} is past this store's {count} shards: the host asking for "
             f"it routes by another shard count (open the runtime with shards={count})",
             store_shards=count)
+
+async def lease_view(q: Txn, shards: Iterable[int]) -> tuple[dict[int, Lease | None], float]:
+    """{shard: (owner, epoch, expires_at) or None} of `shards`, and `Txn.clock`, in one
+    read that locks nothing (`AcquireLeasesOp.narrowed`)."""
+    found: dict[int, Lease | None] = dict.fromkeys(shards)
+    if not found:
+        return found, 0.0
+    now, at = await q.clock_sql()
+    listed = ",".join(str(int(s)) for s in sorted(found))  # ints only: safe inline
+    rows = await q.fetchall(f"SELECT shard, owner, epoch, expires_at, {now} FROM leases "
+                            f"WHERE shard IN ({listed})", *at)
+    found.update({r[0]: (r[1], r[2], r[3]) for r in rows})
+    return found, (rows[0][4] if rows else await q.clock())
+
 
 _SET_LEASE = (
     "INSERT INTO leases (shard, owner, epoch, expires_at) VALUES (?, ?, ?, ?) "
@@ -101,6 +116,18 @@ class AcquireLeasesOp:
                               [(shard,) for shard in taken])  # met, or moot: a new holder
         return taken
 
+    def narrowed(self, rows: Mapping[int, Lease | None], now: float) -> AcquireLeasesOp:
+        """This op for only the shards it may take, judged from `rows` read without a
+        lock (`lease_view`) at `now`: free, ended, ours, released (to some heir: `apply`
+        tells whom), orphaned, or all when forced. A standby host finds none in a round
+        where nothing changed, and then locks no row at all (it used to lock every lease
+        row `FOR UPDATE` every round). `apply` judges each again under its lock."""
+        if self.force:
+            return self
+        return replace(self, shards=tuple(
+            s for s in self.shards if s in self.orphaned or (row := rows.get(s)) is None
+            or row[0] in ("", self.owner) or self._ended(s, row, now)))
+
     def _ended(self, shard: int, row: Lease, now: float) -> bool:
         """Whether the lease `row` of `shard` has ended: released (`ReleaseLeasesOp`
         leaves it expiring at 0), or expired (see the class docstring)."""
@@ -111,7 +138,16 @@ class AcquireLeasesOp:
 
 @dataclass(frozen=True, slots=True)
 class RenewLeasesOp:
-    """Extend the leases still held at their epoch; returns the shards that remain ours."""
+    """Extend the leases still held at their epoch; returns the shards that remain ours.
+
+    One statement whatever the number of leases held (an idle host's cost must not
+    grow with its shards): an `UPDATE` of the rows still `owner`'s at the held epochs.
+    Its sub-select locks them (PostgreSQL: `FOR UPDATE`, in shard order like every
+    batch's lease locks, see `_pg_txn`); one a takeover holds is waited for and judged
+    as that takeover committed it (READ COMMITTED), so a lease taken by another holder
+    is left alone and missing from the count. Only then (a lease was lost) a second
+    statement reads which of them are still ours.
+    """
 
     owner: str
     held: tuple[tuple[int, int], ...]
@@ -119,19 +155,24 @@ class RenewLeasesOp:
     buffered: ClassVar[bool] = False
 
     def plan(self, plan: LockPlan) -> None:
-        plan.leases.update(shard for shard, _ in self.held)
-        plan.lease_update = True
+        pass  # the UPDATE locks the rows it extends, and only those
 
     async def apply(self, txn: Txn) -> set[int]:
-        expires = await txn.clock() + self.ttl
-        kept: set[int] = set()
-        for shard, epoch in self.held:
-            row = await txn.lease(shard)
-            if row is not None and (row[0], row[1]) == (self.owner, epoch):
-                kept.add(shard)
-                txn.leases[shard] = (self.owner, epoch, expires)
-        await txn.executemany("UPDATE leases SET expires_at = ? WHERE shard = ?",
-                              [(expires, shard) for shard in sorted(kept)])
+        if not self.held:
+            return set()
+        now, at = await txn.clock_sql()
+        pairs, args = txn.in_pairs("shard", "epoch", self.held)
+        renewed = await txn.execute(
+            f"UPDATE leases SET expires_at = {now} + ? WHERE shard IN (SELECT shard FROM "
+            f"leases WHERE owner = ? AND {pairs} ORDER BY shard{txn.ROW_LOCK})",
+            *at, self.ttl, self.owner, *args)
+        if renewed == len(self.held):
+            kept = {shard for shard, _ in self.held}
+        else:  # lost to another holder: which ones (ours at our epoch are ours still)
+            kept = {r[0] for r in await txn.fetchall(
+                f"SELECT shard FROM leases WHERE owner = ? AND {pairs}", self.owner, *args)}
+        for shard, _ in self.held:  # read again if a later op of the batch asks
+            txn.leases.pop(shard, None)
         return kept
 
 

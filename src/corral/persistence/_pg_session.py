@@ -33,7 +33,7 @@ from corral._deadline import Expired, within
 
 from ._pg_schema import NOTIFY_CHANNEL
 
-__all__ = ["HostSession"]
+__all__ = ["HostSession", "PolledSession"]
 
 log = logging.getLogger("corral.store.postgres")
 _DEGRADED = 0.05  # poll this often while the session is reconnecting
@@ -208,3 +208,46 @@ class HostSession:
                 await asyncio.wait_for(conn.close(), self._timeout)
             except Exception:
                 conn.terminate()
+
+
+class PolledSession:
+    """`HostSession`'s stand-in behind a pooler in transaction mode (PgBouncer), where
+    a session is not the client's: no LISTEN (other processes' commits are seen by
+    polling every `fallback` seconds) and no advisory locks (a dead holder's shards are
+    taken when its leases expire). Holds no connection."""
+
+    received = 0  # notifications: none ever arrive
+
+    def __init__(self, *, fallback: float) -> None:
+        self._fallback = fallback
+        self._last = time.monotonic()
+
+    async def open(self) -> None:
+        """Nothing to open."""
+
+    @property
+    def locked(self) -> frozenset[int]:
+        return frozenset()
+
+    async def try_lock(self, shards: Iterable[int]) -> frozenset[int]:
+        return frozenset()
+
+    async def unlock(self, shards: Iterable[int]) -> None:
+        """Nothing is locked."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until the next poll is due (at most `timeout`); then answer as `seen`."""
+        due = self._last + self._fallback - time.monotonic()
+        await asyncio.sleep(max(0.0, min(timeout, due)))
+        return self.seen()
+
+    def seen(self) -> bool:
+        """Whether a poll is due (one every `fallback` seconds)."""
+        now = time.monotonic()
+        if now - self._last < self._fallback:
+            return False
+        self._last = now
+        return True
+
+    async def close(self) -> None:
+        """Nothing to close."""

@@ -216,6 +216,9 @@ class PgTxn(Txn):
     # Shards this store holds: their host (this process) delivers its own acceptances,
     # so they need no notification (NOTIFY serialises every notifying commit).
     quiet: frozenset[int] = frozenset()
+    # Behind a pooler in transaction mode: no statement prepared by name (the next
+    # transaction may run on another server session), and no NOTIFY (nobody LISTENs).
+    pooled: bool = False
     now: float = 0.0  # the server's clock when the lease rows were locked
     ticks: dict[int, int] = field(default_factory=dict)
     deleted: int = 0  # journal and dedupe rows its trims deleted (see `_pg_vacuum`)
@@ -241,6 +244,9 @@ class PgTxn(Txn):
     async def fetchall_replanned(self, sql: str, *args: Any) -> list[Sequence[Any]]:
         # A statement prepared for this call alone, outside asyncpg's cache: the server
         # plans it for its parameters (a cached one goes generic after five runs).
+        # Pooled, every statement is unnamed (no cache), so planned for its parameters.
+        if self.pooled:
+            return await self.fetchall(sql, *args)
         statement = await self.conn.prepare(numbered(sql))
         return list(await statement.fetch(*args))
 
@@ -252,6 +258,14 @@ class PgTxn(Txn):
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
         return f"starts_with({column}, ?)", (prefix,)  # independent of the collation
+
+    def joined(self, expr: str, separator: str, *, order: str) -> str:
+        return f"string_agg({expr}, {separator} ORDER BY {order})"
+
+    def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
+                 ) -> tuple[str, tuple[Any, ...]]:
+        return (f"({first}, {second}) IN (SELECT * FROM unnest(?::int[], ?::bigint[]))",
+                ([a for a, _ in pairs], [b for _, b in pairs]))
 
     async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
                    forget_seq: int, forget_before: float, passivate: bool) -> int:
@@ -339,6 +353,11 @@ class PgTxn(Txn):
                 "SELECT extract(epoch FROM clock_timestamp())::float8")
         return self.now
 
+    async def clock_sql(self) -> tuple[str, tuple[Any, ...]]:
+        if self.now:
+            return "?::float8", (self.now,)
+        return "extract(epoch FROM clock_timestamp())::float8", ()
+
     # -- buffered writes --------------------------------------------------------------
 
     async def flush(self) -> None:
@@ -358,7 +377,7 @@ class PgTxn(Txn):
                 e.kind._value_, e.name, e.message_id, e.payload, e.sender, e.accepted_at,
                 digest.hex()))
         shards = sorted({s for s, _, _ in self.appended})
-        loud = [s for s in shards if s not in self.quiet]
+        loud = [] if self.pooled else [s for s in shards if s not in self.quiet]
         note = f"{self.token} {','.join(map(str, loud))}" if loud else ""
         tables = (_json_chunks(self.runs_rows), _json_chunks(journal_rows), _json_chunks(
             [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq) for e, k, r in dirty]))

@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+
+from ._pg_pool import SharedPool
 
 __all__ = ["Vacuum"]
 
@@ -40,7 +41,7 @@ _ROWS = "SELECT sum(greatest(reltuples, 0))::float8 FROM pg_class WHERE oid = AN
 class Vacuum:
     """Vacuums `TRIMMED` on a connection of `pool` once enough rows were deleted."""
 
-    def __init__(self, pool: Any, *, timeout: float, every: int = 10_000,
+    def __init__(self, pool: SharedPool, *, timeout: float, every: int = 10_000,
                  share: float = 0.02) -> None:
         self._pool = pool
         self._timeout = timeout
@@ -57,12 +58,16 @@ class Vacuum:
 
     async def _run(self) -> None:
         try:
-            async with self._pool.acquire(timeout=self._timeout) as conn:
-                rows = await conn.fetchval(_ROWS, list(TRIMMED)) or 0.0
+            conn = await self._pool.acquire()
+            try:
+                rows = await conn.fetchval(_ROWS, list(TRIMMED), timeout=self._timeout) or 0.0
                 if self._deleted < self._share * rows:
                     return  # not yet: a share of a large table, as autovacuum would
                 self._deleted = 0  # what is deleted from now on waits for the next one
-                await conn.execute(_VACUUM)
+                await conn.execute(_VACUUM, timeout=self._timeout)
+            finally:
+                with contextlib.suppress(Exception):  # not reusable: `release` ended it
+                    await self._pool.release(conn)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # the next trims try again

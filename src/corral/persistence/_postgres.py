@@ -2,8 +2,9 @@
 
 Any number of processes, on any number of machines, share one database. The pieces:
 
-- `_pg_writer`: the writer connection under the group commit (`_batch`); a lost
-  connection gives each caller of its batch a retryable `StoreUnavailableError`.
+- `_pg_writer`: the writer under the group commit (`_batch`), each batch on a pooled
+  connection; a lost connection gives each caller of its batch a retryable
+  `StoreUnavailableError`.
 - `_pg_txn`: PostgreSQL's primitives under the shared `Txn`: its locks (acceptance
   linearised under READ COMMITTED by the shard's tick row and the entity rows; fenced
   writes hold their lease row) and its set-based writes (the rows as JSON, one
@@ -16,12 +17,17 @@ Any number of processes, on any number of machines, share one database. The piec
 - `_pg_schema`: the versioned schema, created or migrated on open.
 - `_pg_vacuum`: the rows a snapshot deletes are vacuumed by the store itself, so a hot
   entity's storage is bounded by its snapshot policy, not by autovacuum's schedule.
+
+Behind a pooler in transaction mode (PgBouncer: the URL's `?pool=transaction`) a
+server session is shared by turns with other clients, so the store keeps nothing in
+one: no session (`PolledSession`: other processes' commits are polled for, a dead
+holder's shards taken when its leases expire), no prepared statements, no NOTIFY, and
+its limits set per transaction (`SET LOCAL`) instead of at connect.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 import warnings
@@ -35,16 +41,23 @@ from corral._errors import CorralError, StoreError
 
 from ._batch import CommitQueue
 from ._ops_handoff import HandOffLeaseOp
-from ._ops_leases import AcquireLeasesOp, ReleaseLeasesOp, RenewLeasesOp, check_lease_shards
+from ._ops_leases import (
+    AcquireLeasesOp,
+    ReleaseLeasesOp,
+    RenewLeasesOp,
+    check_lease_shards,
+    lease_view,
+)
+from ._pg_pool import IDLE_LIFETIME, SharedPool
 from ._pg_schema import ensure_schema
-from ._pg_session import HostSession
+from ._pg_session import HostSession, PolledSession
 from ._pg_txn import PgTxn, is_connection_error, store_error
 from ._pg_vacuum import Vacuum
 from ._pg_writer import GroupCommit, txn_limits
 from ._records import JournalEntry
 from ._store_core import StoreCore
 from ._txn import Fence, WriteOp
-from ._urls import redacted, url_refused
+from ._urls import redacted, transaction_pooled, url_refused
 
 __all__ = ["PostgresStore", "open_postgres_store"]
 
@@ -62,15 +75,23 @@ async def _reset(conn: Any) -> None:
 _DEFAULT_LEASE_TERM = 10.0  # the runtime's default `lease_ttl`: until a lease is taken here
 
 
-def _session_settings(timeout: float) -> dict[str, str]:
+def _session_settings(timeout: float, *, pooled: bool) -> dict[str, str]:
     """The pooled sessions' server settings: no statement runs past `timeout` (the
     client gave up on it by then), and the transaction limits of the default lease term
     until this store takes a lease (its writer then sets its own term's, per
     transaction: `GroupCommit.hold_locks_within`). Without them a session cut off
-    inside a transaction held its locks for minutes, and a takeover with them."""
-    limits = {name: str(ms) for name, ms in txn_limits(_DEFAULT_LEASE_TERM).items()}
-    return {"application_name": "corral", "statement_timeout": str(int(timeout * 1000)),
-            **limits}
+    inside a transaction held its locks for minutes, and a takeover with them.
+
+    Behind a pooler in transaction mode only the name: PgBouncer refuses other startup
+    settings, and the writer sets them per transaction (`SET LOCAL`) instead."""
+    if pooled:
+        return {"application_name": "corral"}
+    limits = {name: str(ms) for name, ms in _limits(timeout).items()}
+    return {"application_name": "corral", **limits}
+
+
+def _limits(timeout: float) -> dict[str, int]:
+    return {"statement_timeout": int(timeout * 1000), **txn_limits(_DEFAULT_LEASE_TERM)}
 
 
 def _was_dead(err: Exception) -> bool:
@@ -84,27 +105,34 @@ class PostgresStore(StoreCore):
     """The PostgreSQL implementation of `Store`. Open it with `open_postgres_store`.
 
     Any number of processes, on any machines, may open stores on one database: each
-    has one writer connection (group commit), a pool for reads, and one session for
-    commit notifications and shard locks (see the module docstring).
+    has a pool of connections shared by its writer (group commit, one batch at a time)
+    and its reads, and one session for commit notifications and shard locks (see the
+    module docstring). Idle, it holds two connections: one pooled, and the session.
     """
 
     durable = True
 
     def __init__(self, url: str, *, shards: int, pool_size: int = 10, timeout: float = 30.0,
                  poll_fallback: float = 1.0) -> None:
+        self._pool: Any = None
+        self._closed = False
         self.url = url
+        self._dsn, self._pooled = transaction_pooled(url)  # the URL for the driver
         self.shards = shards
-        self._pool_size = max(pool_size, 2)  # the writer holds one; reads need another
+        self._pool_size = max(pool_size, 2)  # the writer needs one; reads another
+        # Reads never take the pool's last connection: a batch never waits behind them.
+        self._readers = asyncio.Semaphore(self._pool_size - 1)
         self._timeout = timeout
         self._token = uuid.uuid4().hex[:16]  # this store in commit notifications
         self._held: set[int] = set()  # shards being acquired or held through this store
-        self._session = HostSession(url, self._token, self._held, timeout=timeout,
-                                    fallback=poll_fallback)
-        self._pool: Any = None
+        self._session: HostSession | PolledSession = (
+            PolledSession(fallback=poll_fallback) if self._pooled else
+            HostSession(self._dsn, self._token, self._held, timeout=timeout,
+                        fallback=poll_fallback))
+        self._shared: SharedPool  # over `_pool`, once open
         self._writer: GroupCommit | None = None
         self._vacuum: Vacuum | None = None
         self._queue: CommitQueue[WriteOp] = CommitQueue("postgresql")
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self.url)!r}, shards={self.shards})"
@@ -113,9 +141,11 @@ class PostgresStore(StoreCore):
         where = repr(redacted(self.url))
         try:
             self._pool = await asyncpg.create_pool(
-                self.url, min_size=1, max_size=self._pool_size, reset=_reset,
+                self._dsn, min_size=1, max_size=self._pool_size, reset=_reset,
+                max_inactive_connection_lifetime=IDLE_LIFETIME,
                 command_timeout=self._timeout, timeout=self._timeout,
-                server_settings=_session_settings(self._timeout))
+                statement_cache_size=0 if self._pooled else 100,
+                server_settings=_session_settings(self._timeout, pooled=self._pooled))
             async with self._pool.acquire() as conn:
                 await ensure_schema(conn, self.shards, where=where)
             await self._session.open()
@@ -128,9 +158,13 @@ class PostgresStore(StoreCore):
         except Exception as err:
             await self.close()
             raise store_error(f"cannot open store {where}", err) from err
-        self._vacuum = Vacuum(self._pool, timeout=self._timeout)
-        self._writer = GroupCommit(self._pool, self._token, self._held,
-                                   timeout=self._timeout, vacuum=self._vacuum)
+        self._shared = SharedPool(self._pool, timeout=self._timeout)
+        self._vacuum = Vacuum(self._shared, timeout=self._timeout)
+        self._writer = GroupCommit(self._shared, self._token, self._held,
+                                   timeout=self._timeout, attempts=self._pool_size + 1,
+                                   pooled=self._pooled, vacuum=self._vacuum)
+        if self._pooled:  # nothing set at connect: every transaction sets its limits
+            self._writer.set_per_transaction(_limits(self._timeout))
         self._queue.open(self._writer.commit, self._writer.failed,
                           fails_all=self._writer.fails_all)
 
@@ -153,8 +187,10 @@ class PostgresStore(StoreCore):
         self._held.update(asked)  # tailing keeps their place from now on (see _pg_tail)
         try:
             orphaned = await self._session.try_lock(asked)
-            taken: dict[int, int] = await self.write(
-                AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned))
+            op = AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned)
+            if not force:  # lock only the rows it may take (a standby: none, usually)
+                op = op.narrowed(*await self.query(lease_view, shards))
+            taken: dict[int, int] = await self.write(op) if op.shards else {}
         except BaseException:
             self._held.difference_update(new)
             await self._session.unlock(new)
@@ -194,7 +230,8 @@ class PostgresStore(StoreCore):
     async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`fn(q, *args)` on a `PgTxn` over a pooled connection (single statements: no
         transaction needed); driver errors wrapped."""
-        return await self.read(lambda conn: fn(PgTxn(conn=conn, token=""), *args))
+        pooled = self._pooled
+        return await self.read(lambda conn: fn(PgTxn(conn=conn, token="", pooled=pooled), *args))
 
     async def read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `fn(connection, *args)` on a pooled connection; driver errors wrapped.
@@ -208,6 +245,10 @@ class PostgresStore(StoreCore):
         """
         if self._closed or self._pool is None:
             raise StoreError("store is closed")
+        async with self._readers:
+            return await self._read(fn, *args)
+
+    async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         attempts = self._pool_size + 1
         for attempt in range(1, attempts + 1):
             conn = await self._acquire()
@@ -227,7 +268,7 @@ class PostgresStore(StoreCore):
 
     async def _acquire(self) -> Any:
         try:
-            return await self._pool.acquire(timeout=self._timeout)
+            return await self._shared.acquire()
         except Exception as err:  # refused at connect ("not accepting connections"...)
             raise store_error("store read failed: no connection", err, unavailable=True
                               ) from err
@@ -242,13 +283,12 @@ class PostgresStore(StoreCore):
         `timeout` is terminated too."""
         if failed is None or not is_connection_error(failed):
             try:
-                await self._pool.release(conn, timeout=self._timeout)
-                return
-            except Exception as err:
+                await self._shared.release(conn)
+            except Exception as err:  # terminated by `release`
                 log.info("store read connection not reusable (%s: %s); terminated",
                          type(err).__name__, err)
-        with contextlib.suppress(asyncpg.InterfaceError):  # released already: nothing to do
-            conn.terminate()
+            return
+        self._shared.terminate(conn)
 
     async def wait_foreign_commit(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for another process's commit for a shard held
@@ -308,9 +348,13 @@ async def open_postgres_store(url: str, *, shards: int, pool_size: int = 10,
 
     Args:
         url: a `postgresql://user:password@host:port/database` URL (libpq style).
+            `?pool=transaction` names a database behind a pooler in transaction mode
+            (PgBouncer): the store then keeps nothing in a server session (see the
+            module docstring; "PostgreSQL behind PgBouncer" in the operating guide).
         shards: fixed for the life of a store (checked against it).
-        pool_size: connections in the pool (at least 2): one for the writer, the rest
-            for reads. Each store also holds one more connection, its session.
+        pool_size: most connections in the pool (at least 2), shared by the writer
+            and the reads; reads never take the last one. Unused connections close
+            after 10 s: an idle store holds one, and one more, its session.
         timeout: seconds any one statement, connection attempt or pool wait may take
             before the call fails with `StoreUnavailableError` (never a hang).
         poll_fallback: a host checks for other processes' entries at least this often
@@ -320,7 +364,8 @@ async def open_postgres_store(url: str, *, shards: int, pool_size: int = 10,
         StoreUnavailableError: the server cannot be reached (retryable).
         StoreError: the schema is newer than this corral, or the store was created with
             another shard count.
-        InvalidArgumentError: `url` is malformed (asyncpg cannot parse it).
+        InvalidArgumentError: `url` is malformed (asyncpg cannot parse it), or its
+            `pool` option is not `transaction`.
 
     Example:
         store = await open_postgres_store("postgresql://corral@db/corral", shards=16)

@@ -41,6 +41,7 @@ from ._sqlite_txn import SqliteTxn
 from ._store_core import StoreCore
 from ._tables import create_all
 from ._txn import Fence, WriteOp, apply_ops, drive
+from ._wal_header import WalHeader
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -98,6 +99,7 @@ class SqliteStore(StoreCore):
         self._own = OwnCommits()  # positions of this store's commits, once _shared
         self._locks = LeaseLocks(path) if self.durable else None
         self._sightings = LeaseSightings()  # the lease rows acquisitions saw, and when
+        self._wal = WalHeader(path) if self.durable else None
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r}, shards={getattr(self, 'shards', None)})"
@@ -201,7 +203,8 @@ class SqliteStore(StoreCore):
         it would not have asked the writer's thread."""
         if self._queue.closed:
             raise StoreError("store is closed")
-        if self._queue.empty and self._versions_read == self._versions_asked:
+        if self._queue.empty and self._versions_read == self._versions_asked \
+                and (self._wal is None or self._wal.changed()):
             await self._on(self._writer, self._note_data_version)
         self._versions_asked = self._versions_read
         seen, self._foreign_commit = self._foreign_commit, False
@@ -216,13 +219,14 @@ class SqliteStore(StoreCore):
         store has seen its row unchanged for `ttl` (`_sightings`), never by comparing
         wall clocks: a process whose clock is off takes no live holder's shard."""
         check_lease_shards(shards, self.shards)
-        stale = self._sightings.stale(await self.query(lease_rows, shards), ttl)
+        rows = await self.query(lease_rows, shards)
+        stale = self._sightings.stale(rows, ttl)
         locks = self._locks
         orphaned = frozenset(s for s in shards if locks is not None and locks.try_lock(s))
         op = AcquireLeasesOp(owner, tuple(shards), ttl, self.shards, force, orphaned,
-                             frozenset(stale.items()))
-        try:
-            taken: dict[int, int] = await self.write(op)
+                             frozenset(stale.items())).narrowed(rows, 0.0)
+        try:  # nothing to take (a standby's usual round): no write transaction at all
+            taken: dict[int, int] = await self.write(op) if op.shards else {}
         except BaseException:
             for shard in orphaned:
                 self._unlock(shard)
@@ -314,6 +318,8 @@ class SqliteStore(StoreCore):
             await conn.close()
         if self._locks is not None:
             self._locks.unlock_all()
+        if self._wal is not None:
+            self._wal.close()
         self._reader = self._writer = None
 
     def __del__(self) -> None:

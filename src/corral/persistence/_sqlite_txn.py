@@ -8,6 +8,7 @@ no-op) and a read is the row as this transaction sees it.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -93,6 +94,17 @@ class SqliteTxn(Txn):
 
     async def clock(self) -> float:
         return time.time()
+
+    def joined(self, expr: str, separator: str, *, order: str) -> str:
+        return f"group_concat({expr}, {separator})"
+
+    def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
+                 ) -> tuple[str, tuple[Any, ...]]:
+        # One JSON text however many pairs: one cached statement (a row-value list of
+        # `?` would be a new statement for every count).
+        return (f"({first}, {second}) IN (SELECT json_extract(value, '$[0]'), "
+                f"json_extract(value, '$[1]') FROM json_each(?))",
+                (json.dumps([[int(a), int(b)] for a, b in pairs]),))
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
         # A range scan of the index: from `prefix` up to the first string past every one

@@ -348,6 +348,9 @@ class StoreCore:
     async def builds(self, etype: str | None = None) -> list[BuildRecord]:
         return await self.query(registry.builds, etype)
 
+    async def host_builds(self, exclude: str) -> tuple[list[BuildRecord], list[dict[str, str]]]:
+        return await self.query(registry.host_builds, exclude)
+
     # -- which cluster hosts the store (`_hosting`) ------------------------------------
 
     async def claim_hosting(self, process: str, cluster: str, holder: str, *,

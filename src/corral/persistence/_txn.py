@@ -186,6 +186,11 @@ class Txn:
         """The clock leases are judged by (the database server's, where there is one)."""
         raise NotImplementedError
 
+    async def clock_sql(self) -> tuple[str, tuple[Any, ...]]:
+        """`clock` as an SQL expression (and its arguments), for a statement that needs
+        the time and should not cost another statement to read it."""
+        return "?", (await self.clock(),)
+
     async def lock(self, plan: LockPlan) -> None:
         """Take (and read) what the batch's ops declared, before the first op runs."""
 
@@ -201,6 +206,17 @@ class Txn:
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
         """A condition (and its arguments) that `column` starts with `prefix`."""
+        raise NotImplementedError
+
+    def joined(self, expr: str, separator: str, *, order: str) -> str:
+        """An aggregate joining the texts `expr` of a group with `separator` (SQL), in
+        `order` (SQLite: the order of the rows fed to it, which the query sorts)."""
+        raise NotImplementedError
+
+    def in_pairs(self, first: str, second: str, pairs: Sequence[tuple[int, int]]
+                 ) -> tuple[str, tuple[Any, ...]]:
+        """A condition (and its arguments) that (`first`, `second`) is one of the integer
+        `pairs`, written the same whatever their number (one statement for any count)."""
         raise NotImplementedError
 
     # -- shared, written once -----------------------------------------------------------

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from corral._errors import InvalidArgumentError
 
-__all__ = ["is_postgres_url", "redacted", "url_refused"]
+__all__ = ["is_postgres_url", "redacted", "transaction_pooled", "url_refused"]
 
 _POSTGRES = ("postgresql://", "postgres://")
 _PARAM = re.compile(r"[?&;]([^=&;#]*)=([^&;#]*)")  # a query parameter: name, value
@@ -23,6 +23,43 @@ _DELIMITERS = re.compile(r"[/:?#@&=;%\[\]]+")
 def is_postgres_url(location: str) -> bool:
     """Whether `location` names a PostgreSQL database (`postgresql://` or `postgres://`)."""
     return location.startswith(_POSTGRES)
+
+
+_POOL_OPTION = "pool"
+_POOL_MODES = ("transaction",)
+
+
+def transaction_pooled(url: str) -> tuple[str, bool]:
+    """The URL for the driver (without corral's own option), and whether it names a
+    database behind a pooler in transaction mode (PgBouncer's `pool_mode = transaction`):
+    `?pool=transaction`. The driver would send any other query parameter to the server
+    as a setting, so corral's option is taken out.
+
+    Raises:
+        InvalidArgumentError: `pool` given twice, or with another value.
+
+    Example:
+        >>> transaction_pooled("postgresql://ana@bouncer:6432/corral?pool=transaction")
+        ('postgresql://ana@bouncer:6432/corral', True)
+    """
+    head, mark, rest = url.partition("?")
+    query, hash_, fragment = rest.partition("#")
+    kept, modes = [], []
+    for param in query.split("&") if mark else ():
+        name, _, value = param.partition("=")
+        if unquote(name) == _POOL_OPTION:
+            modes.append(unquote(value))
+        else:
+            kept.append(param)
+    if not modes:
+        return url, False
+    if len(modes) > 1 or modes[0] not in _POOL_MODES:
+        raise InvalidArgumentError(
+            f"store {redacted(url)!r}: the option `{_POOL_OPTION}` takes only "
+            f"{' or '.join(_POOL_MODES)} (behind a pooler in transaction mode, such as "
+            f"PgBouncer), once; got {', '.join(repr(m) for m in modes)}")
+    query = "&".join(kept)
+    return head + ("?" + query if query else "") + hash_ + fragment, True
 
 
 def redacted(url: str) -> str:

@@ -12,8 +12,9 @@ another when it is on the newest, the other is not, and it hosts every type the 
 does (so a moved shard strands no type).
 
 Each round (every third of a lease term, or at once after a round that moved shards)
-a host that receives shards reads the registry's live hosts and the lease holders,
-then (`plan`):
+a host that receives shards reads the distinct sets of builds live hosts run (one row
+per release, however many hosts: `settled`), and only when it supersedes one of them
+the registry's live hosts and the lease holders, then (`plan`):
 
 * if a live host supersedes it, it *yields*: it takes no free shard, only those handed
   to it, so what it hands over never comes straight back (no ping-pong); it keeps
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 from corral.persistence import BuildRecord, newest_build
 
-__all__ = ["Plan", "moves_per_round", "plan"]
+__all__ = ["Plan", "moves_per_round", "plan", "settled"]
 
 Builds = Mapping[str, str]  # one process's {entity type: fingerprint}
 
@@ -77,6 +78,20 @@ def plan(me: str, mine: Builds, records: Sequence[BuildRecord],
                      if owner in hosts and _supersedes(mine, hosts[owner], newest)),
                     key=lambda s: zlib.crc32(f"{me}/{s}".encode()))
     return Plan(yielding, tuple(sorted(theirs[:limit])))
+
+
+def settled(mine: Builds, records: Sequence[BuildRecord], host_sets: Sequence[Builds]
+            ) -> Plan | None:
+    """The round's `plan` decided from the distinct sets of builds the other live hosts
+    run (`Store.host_builds`: one row per release, not per host), or None when this
+    host supersedes one of them: then `plan` needs every host and lease holder, which
+    only a rolling deploy costs. The same decision as `plan`: without a host this one
+    supersedes it requests nothing, and whether it yields depends only on the sets."""
+    newest = {t: n.fingerprint for t in {b.entity_type for b in records}
+              if (n := newest_build(records, t)) is not None}
+    if any(_supersedes(mine, theirs, newest) for theirs in host_sets):
+        return None
+    return Plan(any(_supersedes(theirs, mine, newest) for theirs in host_sets), ())
 
 
 def _on_newest(builds: Builds, newest: Builds) -> bool:

@@ -1,0 +1,110 @@
+"""How many PostgreSQL connections a host holds (issue 42, item 3): an idle host at most
+two, whatever it did before (its writer takes a pooled connection per batch, and the
+pool closes the connections a burst opened once they go unused), counted by the
+server in `pg_stat_activity`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+import corral
+from acceptances import acc
+from corral.persistence._postgres import open_postgres_store
+from entities import Reply, Start, Ticket
+from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
+from pg import postgres_url as cluster_fixture  # noqa: F401
+from procs import wait_until
+
+BURST = 40  # concurrent calls: the pool opens several connections for them
+
+
+async def connections(url: str) -> int:
+    """The store's backends on the database (corral names its sessions `corral*`),
+    asked without blocking the event loop (a blocked loop delays the host's statements
+    until they overlap)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name LIKE 'corral%'"))
+    finally:
+        await conn.close()
+
+
+async def test_an_idle_host_holds_at_most_two_connections_after_a_burst(pg_url: str) -> None:
+    async with corral.open_runtime(pg_url, entities=[Ticket], shards=16,
+                                   lease_ttl=1.5) as rt:
+        refs = [rt.ref(Ticket, f"ticket-{n}") for n in range(BURST)]
+        await asyncio.gather(*(r.signal_with_start(
+            Ticket.reply, Reply(text="hi"), start=Start(tenant="acme"), message_id="m")
+            for r in refs))
+        await asyncio.gather(*(r.describe() for r in refs))
+        assert await connections(pg_url) > 2  # the burst took several
+
+        async def idle() -> bool:
+            return await connections(pg_url) <= 2
+        await wait_until(idle,
+                         "the idle host is down to two connections", timeout=60.0)
+        seen = []
+        for _ in range(8):  # several lease renewals (every 0.5 s) and journal polls
+            await asyncio.sleep(0.5)
+            seen.append(await connections(pg_url))
+        assert max(seen) <= 2, seen
+
+
+@pytest.mark.parametrize("option", ["pool=session", "pool=", "pool=transaction&pool=transaction"])
+async def test_a_pool_option_other_than_one_transaction_is_refused_before_connecting(
+    option: str,
+) -> None:
+    url = f"postgresql://ana:secret@127.0.0.1:1/corral?{option}"
+    with pytest.raises(corral.InvalidArgumentError, match="`pool` takes only transaction") as err:
+        await open_postgres_store(url, shards=2)
+    assert "secret" not in str(err.value)
+
+
+async def test_the_pool_option_is_corrals_own_and_never_reaches_the_server(pg_url: str) -> None:
+    """asyncpg sends a URL's unknown query parameters to the server as settings, which
+    refuses `pool`; taken out, the store opens (directly here, in transaction mode)."""
+    store = await open_postgres_store(f"{pg_url}?pool=transaction", shards=2)
+    try:
+        assert (await store.accept(acc("k", "m"))).started
+    finally:
+        await store.close()
+
+
+async def test_a_read_cancelled_as_a_busy_connection_comes_back_to_it_ends_cancelled(
+    pg_url: str,
+) -> None:
+    """A read waiting its turn for the one open connection is cancelled just as the
+    connection comes back to it (a host closing cancels its journal tail there). With
+    `asyncio.wait_for` (Python < 3.12) the cancellation was lost: the read went on, and
+    the host's close waited for its tail forever."""
+    store = await open_postgres_store(pg_url, shards=2)
+    try:
+        for turns in range(6):  # the cancellation one loop turn later each round
+            held, release = asyncio.Event(), asyncio.Event()
+            holding = asyncio.create_task(store.read(_hold, held, release))
+            await held.wait()  # it holds the only connection
+            waiting = asyncio.create_task(store.read(lambda conn: conn.fetchval("SELECT 1")))
+            while not store._shared._turns:  # it waits its turn
+                await asyncio.sleep(0)
+            release.set()
+            await holding
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if not waiting.done():
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+            while store._shared._out:  # the connection is back before the next round
+                await asyncio.sleep(0)
+    finally:
+        await store.close()
+
+
+async def _hold(conn: object, held: asyncio.Event, release: asyncio.Event) -> None:
+    held.set()
+    await release.wait()
