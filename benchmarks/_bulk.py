@@ -39,6 +39,11 @@ each size and records it as item "build" in `benchmarks/results/scale.json`): SQ
 The census's counters (`census_counts`: entities by status, dead letters, open waits,
 suspended runs) would be left stale by a loader that bypasses the transactions that
 keep them: `_recount` below recomputes them after a load (`_census.recount`).
+
+A built store has no host: no live lease vouches for any shard, so its census counts
+the backlog exactly, a seek per running entity (`_backlog`'s degraded mode). `hold`
+writes what live holders of every shard would have written (leases and backlog
+summaries equal to that exact count), so the census reads a running deployment's way.
 """
 
 from __future__ import annotations
@@ -47,18 +52,20 @@ import hashlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
-from contextlib import closing
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, closing
 from typing import Any
 
 from pydantic import BaseModel
 
 import corral
-from corral.persistence import _census, open_store
+from corral.persistence import _backlog, _census, open_store
 from corral.persistence._codec import payload_hash
+from corral.persistence._txn import Fence, Txn
 
-__all__ = ["APP", "ENTITY_TYPES", "KEY_FORMAT", "SIZES_ENV", "build", "entity_types", "key_of",
-           "kind_of", "progress_printer", "running_keys", "sizes"]
+__all__ = ["APP", "ENTITY_TYPES", "HOLDER", "KEY_FORMAT", "SIZES_ENV", "build", "entity_types",
+           "hold", "key_of", "kind_of", "progress_printer", "running_keys", "sizes",
+           "transaction"]
 
 KEY_FORMAT = "key-{:08d}"
 SIZES_ENV = "CORRAL_SCALE_SIZES"  # `scale.py --sizes 10000,100000` sets it for every part
@@ -350,6 +357,52 @@ async def _load_postgres(url: str, rows: Iterator[tuple[str, tuple[Any, ...]]]) 
 async def _recount(url: str) -> None:
     """Recompute the census's counters (one write transaction over the loaded store)
     after a load that bypassed the transactions that keep them."""
+    async with transaction(url) as q:
+        await _census.recount(q)
+
+
+HOLDER = "bulk-host"  # the holder `hold` writes as
+HELD_FOR = 10 * 365 * 86400.0  # a far expiry: the leases outlive any measurement
+
+
+async def hold(url: str, *, owner: str = HOLDER, epoch: int = 1) -> int:
+    """Write what live holders of every shard would have written: each shard's lease
+    (`owner`, `epoch`, expiring in ten years) and its backlog summary at that epoch
+    (`_backlog.summary_rows`: the shard's row of type '' vouching for it, one row per
+    type behind), equal to the exact backlog the census falls back to without them
+    (`_backlog.exact_sql` of that one shard). The census then reads the summaries (a
+    few rows per shard) instead of counting the running entities: checked before the
+    commit (`_backlog.VOUCHED`, every shard at its live lease's epoch). The store is held
+    from then on: a host opened on it waits for those leases, so hold only a store
+    measured without hosts. Returns the shards held.
+    """
+    async with transaction(url) as q:
+        row = await q.fetchone("SELECT v FROM meta WHERE k = 'shards'")
+        assert row is not None, "hold a store `build` made"
+        shards, now = int(row[0]), await q.clock()
+        sql, summaries = _backlog.exact_sql(q, 1), []
+        for shard in range(shards):
+            types = {str(etype): (int(messages), int(entities), oldest)
+                     for etype, messages, entities, oldest in await q.fetchall(sql, shard)}
+            summaries += _backlog.summary_rows(
+                Fence(shard, owner, epoch), _backlog.ShardBacklog(types), now)
+        await q.executemany(
+            "INSERT INTO leases (shard, owner, epoch, expires_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, "
+            "epoch = excluded.epoch, expires_at = excluded.expires_at",
+            [(shard, owner, epoch, now + HELD_FOR) for shard in range(shards)])
+        await q.executemany(_backlog.SUMMARIZE, summaries)
+        vouched = await q.fetchall(_backlog.VOUCHED, now)  # what the census will trust
+        if len(vouched) != shards:
+            raise RuntimeError(f"{len(vouched)} of {shards} shards vouched for after hold")
+    return shards
+
+
+@asynccontextmanager
+async def transaction(url: str) -> AsyncIterator[Txn]:
+    """One write transaction on the store at `url` through corral's own `Txn` (its
+    statements as corral writes them, placeholders translated per engine), committed
+    on the way out, rolled back on an error."""
     if url.startswith(("postgres://", "postgresql://")):
         import asyncpg
 
@@ -358,14 +411,17 @@ async def _recount(url: str) -> None:
         conn = await asyncpg.connect(url)
         try:
             async with conn.transaction():
-                await _census.recount(PgTxn(conn=conn, token=""))
+                yield PgTxn(conn=conn, token="")
         finally:
             await conn.close()
         return
     from corral.persistence._sqlite_txn import SqliteTxn
-    from corral.persistence._txn import drive
 
     with closing(sqlite3.connect(url, isolation_level=None)) as db:
         db.execute("BEGIN IMMEDIATE")
-        drive(_census.recount(SqliteTxn(db=db)))
+        try:
+            yield SqliteTxn(db=db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
         db.execute("COMMIT")

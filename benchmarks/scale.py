@@ -41,6 +41,7 @@ if str(HERE) not in sys.path:  # the parts import their siblings as top-level mo
 
 import _bulk  # noqa: E402
 import _pg  # noqa: E402
+import asyncpg  # noqa: E402
 
 __all__ = ["BOUND", "PARTS", "growth", "main", "render"]
 
@@ -135,6 +136,22 @@ async def measure_all(server: _pg.Server | None, *, quick: bool, only: set[str] 
     return figures
 
 
+async def _settings(server: _pg.Server) -> dict[str, str]:
+    """The server's shown settings, with `shared_preload_libraries`: one server serves
+    every part, and the reads, idle and hot parts count buffers and statements through
+    `pg_stat_statements`, which only a preloaded library collects."""
+    settings = await server.settings()
+    conn = await asyncpg.connect(server.url())
+    try:
+        settings["shared_preload_libraries"] = await conn.fetchval(
+            "SHOW shared_preload_libraries")
+    finally:
+        await conn.close()
+    if "pg_stat_statements" not in settings["shared_preload_libraries"]:
+        raise SystemExit(f"PostgreSQL started without pg_stat_statements ({PG_SETTINGS})")
+    return settings
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _pg.arguments(__doc__, "10k and 100k entities only (development, CI smoke)")
     parser.add_argument("--sizes", help="comma-separated store sizes (entities), e.g. "
@@ -150,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         server_cm = contextlib.nullcontext(None) if args.no_postgres else \
             _pg.throwaway_server(settings=PG_SETTINGS)
         with server_cm as server:
-            settings = _pg.run(server.settings()) if server is not None else None
+            settings = _pg.run(_settings(server)) if server is not None else None
             figures = _pg.run(measure_all(server, quick=args.quick, only=only))
     except _pg.ServerUnavailable as err:
         raise SystemExit(f"{err}; or pass --no-postgres") from None

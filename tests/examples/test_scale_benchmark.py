@@ -95,6 +95,30 @@ async def test_a_bulk_built_store_is_listed_shown_and_signalled_like_one_corral_
     assert "close" in told
 
 
+async def test_a_census_read_from_the_summaries_hold_writes_equals_the_exact_count(
+        db_path: str) -> None:
+    await _bulk.build(db_path, entities=ENTITIES, running=RUNNING, shards=16)
+    running = [i for i in range(ENTITIES)
+               if _bulk.kind_of(i, entities=ENTITIES, running=RUNNING) == "running"][:7]
+    async with corral.open_runtime(db_path, entities=TYPES, shards=16, host=False) as rt:
+        # A backlog in several types and shards: accepted, never applied (no host).
+        for n, i in enumerate(running):
+            etype, key = _of(i)
+            for m in range(1 + n % 3):
+                await rt.ref(etype, key).signal(etype.add, _bulk.Item(n=m),
+                                                message_id=f"behind-{m}")
+        exact = await rt.census()
+        assert await _bulk.hold(db_path) == 16
+        summed = await rt.census()
+
+    assert (summed.hosts, summed.shards_held, exact.shards_held) == (1, 16, 0)
+    assert len(exact.backlog) == 3
+    assert sum(b.messages for b in exact.backlog) == sum(1 + n % 3 for n in range(7))
+    assert summed.backlog == exact.backlog
+    assert (summed.entities, summed.dead_letters, summed.open_waits, summed.suspended_runs) \
+        == (exact.entities, exact.dead_letters, exact.open_waits, exact.suspended_runs)
+
+
 def test_the_growth_ratio_runs_from_the_smallest_size_to_the_largest_and_flags_above_bound(
         ) -> None:
     figures = [{"engine": "sqlite", "item": "reads", "case": "ls", "unit": "steps",
@@ -128,14 +152,15 @@ def test_scale_py_runs_the_reads_part_and_writes_each_read_with_its_growth(
     cases = {(r["item"], r["case"], r["unit"]) for r in data["growth"]}
     for item, case, _ in _cases():
         assert {(item, case, "steps"), (item, case, "ms")} <= cases, case
-    census = next(r for r in data["growth"] if r["case"] == "census" and r["unit"] == "steps")
-    assert set(census["values"]) == {"300", "900"}
-    assert census["ratio"] is not None
+    for case in ("census (no host: exact fallback)", "census (hosts holding every shard)"):
+        census = next(r for r in data["growth"] if r["case"] == case and r["unit"] == "steps")
+        assert set(census["values"]) == {"300", "900"}
+        assert census["ratio"] is not None
     assert data["table"] in done.stdout
 
 
 def _cases() -> list[tuple[str, str, object]]:
     import _scale_reads
 
-    return _scale_reads.reads(900)
+    return [*_scale_reads.reads(900), _scale_reads.CENSUS_HELD]
 
