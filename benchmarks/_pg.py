@@ -83,9 +83,8 @@ class Server:
 @contextlib.contextmanager
 def throwaway_server(bindir: Path | None = None, *, settings: str = "") -> Iterator[Server]:
     """Start a server in a temp dir; stop and remove it on the way out (Ctrl-C included).
-    `settings`: more `-c name=value` (`scale.py` loads `pg_stat_statements` so).
 
-    `settings`: more `-c name=value` (e.g. `shared_preload_libraries=pg_stat_statements`).
+    `settings`: more `-c name=value` (`scale.py` loads `pg_stat_statements` so).
 
     Raises:
         ServerUnavailable: no server binaries (see `INSTALL_HINT`), or root without a

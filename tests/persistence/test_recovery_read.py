@@ -9,9 +9,8 @@ import sqlite3
 from pathlib import Path
 
 from corral.persistence import open_store
-from corral.persistence._reads import RUNNING_ENTITIES, URGENT_ENTITIES
+from corral.persistence._reads import RUNNING_ENTITIES, URGENT_ENTITIES, dead_letter_page
 from corral.persistence._schema import SCHEMA_VERSION
-from corral.persistence._unapplied import DEAD_LETTER_COLUMNS
 
 
 async def test_the_recovery_read_of_a_shard_seeks_the_running_index(tmp_path: Path) -> None:
@@ -55,9 +54,9 @@ async def test_a_page_of_one_types_or_one_entitys_dead_letters_is_a_seek(
     in that order (it sorted every letter of the type: x37 from 10k to 1M entities)."""
     path = str(tmp_path / "store.db")
     await (await open_store(path, shards=4)).close()
-    page = (f"SELECT id, {DEAD_LETTER_COLUMNS} FROM dead_letters WHERE id > ? AND etype = ? "
-            "{} ORDER BY id LIMIT ?")  # as `_reads.dead_letters` pages them
-    assert _plan(path, page.format(""), 0, "T", 10) == [
-        "SEARCH dead_letters USING INDEX dead_letters_type (etype=? AND id>?)"]
-    assert _plan(path, page.format("AND key = ?"), 0, "T", "k", 10) == [
+    by_type, _ = dead_letter_page("T", None, row_cursor=False)
+    assert _plan(path, by_type, 0, "T", 10) == [
+        "SEARCH dead_letters USING INDEX dead_letters_type (etype=? AND id>?)"], by_type
+    by_entity, _ = dead_letter_page("T", "k", row_cursor=False)
+    assert _plan(path, by_entity, 0, "T", "k", 10) == [
         "SEARCH dead_letters USING INDEX dead_letters_key (etype=? AND key=? AND id>?)"]

@@ -62,6 +62,7 @@ class SqliteTxn(Txn):
     """One `BEGIN IMMEDIATE` transaction on the writer's `sqlite3` connection."""
 
     GREATEST: ClassVar[str] = "max"
+    ROW_CURSOR: ClassVar[bool] = False
 
     CARRY_JOURNAL: ClassVar[str] = (
         "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "

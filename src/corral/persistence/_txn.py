@@ -140,6 +140,9 @@ class Txn:
     SKIP_LOCKED: ClassVar[str] = ""  # appended to a read of a row to lock unless busy
     CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... at)
     GREATEST: ClassVar[str] = "greatest"  # the largest of its (non-null) arguments
+    # A page's cursor over an index as one row value `(a, b) > (?, ?)`, which PostgreSQL
+    # seeks and cannot serve from another index; SQLite seeks `a = ? AND b > ?` instead.
+    ROW_CURSOR: ClassVar[bool] = True
 
     entities: dict[Ident, EntityRow | None] = field(default_factory=dict)
     dedupe: dict[Ident, dict[str, Seen | None]] = field(default_factory=dict)
