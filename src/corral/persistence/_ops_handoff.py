@@ -95,10 +95,11 @@ class RequestLeasesOp:
 async def requests_for(q: Txn, owner: str) -> dict[int, str]:
     """The live requests for the shards `owner` holds, {shard: requester} (a read: the
     holder polls it between lease renewals)."""
+    now, at = await q.clock_sql()  # in the statement: a poll is one statement
     rows = await q.fetchall(
         "SELECT h.shard, h.requester FROM lease_handoffs h JOIN leases l ON "
-        "l.shard = h.shard WHERE l.owner = ? AND h.released = ? AND h.until > ?",
-        owner, False, await q.clock())
+        f"l.shard = h.shard WHERE l.owner = ? AND h.released = ? AND h.until > {now}",
+        owner, False, *at)
     return {r[0]: r[1] for r in rows}
 
 

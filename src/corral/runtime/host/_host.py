@@ -72,6 +72,9 @@ class LocalHost:
         # to its one shard, does neither).
         self._receives = indices is None and not takeover
         self.leasing = asyncio.Lock()  # one change of this host's set of shards at a time
+        # The two polls of an idle host (requests for its shards, its due timers) tick at
+        # the same rate: in turn, they never need two connections at once (`_pg_pool`).
+        self._polling = asyncio.Lock()
         self.clock: Clock = clock or SystemClock()
         self.shards: dict[int, Shard] = {}
         self.postman = Postman(store, router, definitions, self.shard, self.clock)  # sends
@@ -252,7 +255,11 @@ class LocalHost:
 
     async def _serve_requests(self) -> None:
         """Hand over the shards held here that other hosts asked for (`_handoff`)."""
-        if self.shards and (asked := await self.store.lease_requests(self.owner)):
+        if not self.shards:
+            return
+        async with self._polling:
+            asked = await self.store.lease_requests(self.owner)
+        if asked:
             await self._hand_off(asked)
 
     async def _plan(self) -> Plan:
@@ -321,7 +328,8 @@ class LocalHost:
 
     async def fire_due_timers(self) -> int:
         """Activate the entities of our shards, not in memory, with a durable timer due."""
-        due = await self.store.due_timers(frozenset(self.shards), self.clock.time())
+        async with self._polling:
+            due = await self.store.due_timers(frozenset(self.shards), self.clock.time())
         fired = 0
         for etype, key in due:
             shard = self.shards.get(self.router.shard_of(etype, key))
