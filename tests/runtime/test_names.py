@@ -55,7 +55,7 @@ def internal_classes() -> list[tuple[type, str, str]]:
 
     return [(Backend, "handle", "run"), (LocalBackend, "handle", "run"),
             (RayBackend, "handle", "run"), (LocalHost, "open", "start"),
-            (Shard, "recover", "start"), (LogFollower, "open", "start"),
+            (Shard, "take_up", "start"), (LogFollower, "open", "start"),
             (CommitQueue, "open", "start"), (HostSession, "open", "start"),
             (PolledSession, "open", "start"),
             (SqliteThread, "call", "run"), (Connection, "call", "run")]

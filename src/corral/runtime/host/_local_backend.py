@@ -314,8 +314,8 @@ class LocalBackend:
         shard = self._shard(etype, key)
         for _ in range(3):  # an activation may finish meanwhile (continue-as-new): its next
             act = shard.get(etype, key) if shard else None
-            if act is None and op.activate and shard is not None:
-                act = shard.activate(etype, key)
+            if act is None and shard is not None:
+                act = await shard.activate_for_query(etype, key, wake=op.activate)
             if act is None:
                 break
             act.touch()

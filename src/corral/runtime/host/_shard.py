@@ -80,6 +80,8 @@ class Shard:
         # What reached the shard before its suspended runs were known (`recover`): done
         # then, in order, so no message or timer brings a suspended run back early.
         self._early: list[Callable[[], object]] | None = []
+        # Set once its recovery reads listed every running entity (or it stopped).
+        self._listed = asyncio.Event()
 
     @property
     def index(self) -> int:
@@ -87,10 +89,10 @@ class Shard:
 
     def hold_back(self) -> None:
         """Hold the window's other activations back until this shard's urgent ones
-        loaded (`start_urgent`; `stop`): called before its recovery reads (`recover`)."""
+        loaded (`take_urgent`; `stop`): called before its recovery reads (`recover`)."""
         self._release_hold = self.window.hold_back()
 
-    def start_urgent(self, suspended: list[Suspension], urgent: list[tuple[str, str]]
+    def take_urgent(self, suspended: list[Suspension], urgent: list[tuple[str, str]]
                      ) -> None:
         """Know the shard's suspended runs and start its urgent entities, as the first
         recovery read found them (see `recover`); what reached the shard before is done
@@ -124,6 +126,7 @@ class Shard:
         self._urgent, self._running = set(), len(running)
         self._unrecovered.update(rest)
         self._recovered = True  # its backlog is known once `_unrecovered` is empty
+        self._listed.set()
         if self._stopped:
             return len(running)
         self._recovering_rest = asyncio.create_task(
@@ -214,6 +217,7 @@ class Shard:
     async def stop(self) -> None:
         self._stopped = True
         self._early = None  # durable: the shard's next holder reads them
+        self._listed.set()
         recovering = [t for t in (self._recovering, self._recovering_rest,
                                   self._recovering_sends) if t is not None]
         for task in recovering:  # no more background activations: they'd stop
@@ -309,6 +313,18 @@ class Shard:
             act = Activation(self._residence(etype, key), previous=act)
             self._activations[ident] = act
         return act
+
+    async def activate_for_query(self, etype: str, key: str, *, wake: bool
+                                 ) -> Activation | None:
+        """The entity's activation for a query, once the shard's recovery listed its
+        running entities: one still waiting for its turn in the background is activated
+        now, a passivated one only if `wake`. (Answered by a replica meanwhile, a query
+        replayed the entity's handlers beside its activation and missed its dead
+        letters.)"""
+        await self._listed.wait()
+        if wake or (etype, key) in self._unrecovered:
+            return self.activate(etype, key)
+        return self._activations.get((etype, key))
 
     def activate(self, etype: str, key: str) -> Activation | None:
         """Bring the entity into memory (a due timer, the next run after continue-as-new);
@@ -505,7 +521,7 @@ async def recover(shards: Sequence[Shard], store: Store, now: float) -> dict[int
     suspended, urgent = await asyncio.gather(store.suspensions(indexes),
                                              store.urgent_entities(indexes, now))
     for shard in shards:
-        shard.start_urgent(suspended[shard.index], urgent[shard.index])
+        shard.take_urgent(suspended[shard.index], urgent[shard.index])
     running = await store.running_entities(indexes)
     return {shard.index: shard.take_up(running[shard.index]) for shard in shards}
 
