@@ -28,7 +28,7 @@ from corral.persistence._backlog import EXACT, exact_sql
 from corral.persistence._census import census, recount
 from corral.persistence._sqlite_txn import SqliteTxn
 from corral.persistence._txn import drive
-from stores import is_postgres, sql
+from stores import is_postgres, sql, vm_steps
 
 SHARDS = 4
 
@@ -101,19 +101,8 @@ def _build_running(location: str, running: int) -> None:
 
 def _steps(location: str) -> tuple[int, Any]:
     """SQLite VM steps of a census on the store at `location`, and its backlog."""
-    db = sqlite3.connect(location, isolation_level=None)
-    steps = [0]
-
-    def step() -> int:
-        steps[0] += 1
-        return 0
-
-    db.set_progress_handler(step, 1)
-    try:
-        found = drive(census(SqliteTxn(db=db)))  # type: ignore[arg-type]
-    finally:
-        db.close()
-    return steps[0], found.backlog
+    steps, found = vm_steps(location, census)
+    return steps, found.backlog
 
 
 def _shard_truth(location: str, shard: int) -> dict[str, tuple[int, int, float | None]]:

@@ -32,7 +32,7 @@ from corral.persistence._pg_txn import numbered
 from corral.persistence._reads import dead_letters, list_entities
 from corral.persistence._sqlite_txn import SqliteTxn
 from corral.persistence._txn import Txn, drive
-from stores import is_postgres, sql
+from stores import is_postgres, sql, vm_steps
 
 SHARDS = 4
 COMPLETED, FAILED = corral.RunStatus.COMPLETED, corral.RunStatus.FAILED
@@ -335,21 +335,9 @@ async def test_the_census_and_the_prefix_search_across_types_never_walk_the_enti
 
 
 def read_work(location: str, read: Callable[[Txn], Awaitable[object]]) -> int:
-    """SQLite VM steps of `read` on the store at `location` (a progress handler called
-    at every instruction): work that the machine's load cannot change."""
-    db = sqlite3.connect(location, isolation_level=None)
-    steps = [0]
-
-    def step() -> int:
-        steps[0] += 1
-        return 0
-
-    db.set_progress_handler(step, 1)
-    try:
-        drive(read(SqliteTxn(db=db)))  # type: ignore[arg-type]
-    finally:
-        db.close()
-    return steps[0]
+    """SQLite VM steps of `read` on the store at `location`: work that the machine's
+    load cannot change."""
+    return vm_steps(location, read)[0]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", sorted(_READS))

@@ -62,6 +62,28 @@ def sql(location: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     return _run(location, [(query, params)])[0]
 
 
+def vm_steps(location: str, read: Callable[[Any], Coroutine[Any, Any, T]]) -> tuple[int, T]:
+    """SQLite VM steps of `read` (given a `SqliteTxn` on its own connection to the store
+    at `location`; a progress handler called at every instruction), and its result:
+    work that the machine's load cannot change."""
+    from corral.persistence._sqlite_txn import SqliteTxn
+    from corral.persistence._txn import drive
+
+    db = sqlite3.connect(location, isolation_level=None)
+    steps = [0]
+
+    def step() -> int:
+        steps[0] += 1
+        return 0
+
+    db.set_progress_handler(step, 1)
+    try:
+        found = drive(read(SqliteTxn(db=db)))  # type: ignore[arg-type]
+    finally:
+        db.close()
+    return steps[0], found
+
+
 def tables(location: str) -> list[str]:
     """The names of the store's tables, sorted."""
     if is_postgres(location):
