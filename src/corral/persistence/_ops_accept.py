@@ -14,7 +14,9 @@ from corral._errors import (
     EntityClosedError,
     EntityNotRunningError,
     IdempotencyConflictError,
+    InvalidArgumentError,
 )
+from corral._tracing import is_traceparent
 
 from ._backpressure import overflow
 from ._ops_waits import end_run
@@ -40,6 +42,11 @@ class AcceptOp:
 
     async def apply(self, txn: Txn) -> AcceptResult:
         a = self.acc
+        if a.trace is not None and not is_traceparent(a.trace):
+            raise InvalidArgumentError(
+                f"{a.entity_type} {a.key!r}: trace context {a.trace!r:.80} is not a W3C "
+                "traceparent; nothing stored", entity_type=a.entity_type, key=a.key,
+                message_id=a.message_id)
         if not a.fresh_id:
             seen = await txn.seen(a.entity_type, a.key, a.message_id)
             if seen is not None:
@@ -55,7 +62,7 @@ class AcceptOp:
                 return overflowed
         entry = JournalEntry(
             a.entity_type, a.key, row.next_seq, row.run_id, a.kind, a.name, a.message_id,
-            a.payload, a.sender, a.accepted_at,
+            a.payload, a.sender, a.accepted_at, a.trace,
         )
         txn.append(a.shard, entry, a.payload_hash)
         row.next_seq += 1

@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from corral._tracing import is_traceparent
+
 from ._txn import Fence, Fenced, Txn
 
 __all__ = ["OutboxRow", "Send", "SentOp", "handler_send_id", "last_send", "pending_senders",
@@ -35,7 +37,9 @@ class Send:
 
     `seq`: its number within the sender's run (0 until the write that takes it numbers
     it). `message_id`: a handler's send carries the id derived from its cause
-    (`handler_send_id`); None for a send of `run()`, whose id is derived from `seq`."""
+    (`handler_send_id`); None for a send of `run()`, whose id is derived from `seq`.
+    `trace`: the W3C traceparent of the send's span (`corral._tracing`), which its
+    acceptance into the target carries on; None when tracing is off."""
 
     target_type: str
     target_key: str
@@ -45,6 +49,7 @@ class Send:
     id_reuse: str
     seq: int = 0
     message_id: str | None = None
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +91,12 @@ async def write_sends(txn: Txn, shard: int, etype: str, key: str, run_id: int,
     now = time.time()
     await txn.executemany(
         "INSERT INTO outbox (etype, key, run_id, seq, shard, target_type, target_key, name, "
-        "payload, start, id_reuse, message_id, delivered, error, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) "
+        "payload, start, id_reuse, message_id, delivered, error, created_at, trace) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) "
         "ON CONFLICT (etype, key, run_id, seq) DO NOTHING",
         [(etype, key, run_id, s.seq, shard, s.target_type, s.target_key, s.name,
-          s.payload, s.start, s.id_reuse, s.message_id, False, now) for s in sends])
+          s.payload, s.start, s.id_reuse, s.message_id, False, now,
+          s.trace if is_traceparent(s.trace) else None) for s in sends])
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +130,12 @@ async def pending_sends(q: Txn, etype: str, key: str, run_id: int,
                         limit: int) -> list[OutboxRow]:
     """The run's first `limit` sends not delivered yet, in order."""
     rows = await q.fetchall(
-        "SELECT seq, target_type, target_key, name, payload, start, id_reuse, message_id "
-        "FROM outbox WHERE etype = ? AND key = ? AND run_id = ? AND NOT delivered "
+        "SELECT seq, target_type, target_key, name, payload, start, id_reuse, message_id, "
+        "trace FROM outbox WHERE etype = ? AND key = ? AND run_id = ? AND NOT delivered "
         "ORDER BY seq LIMIT ?", etype, key, run_id, limit)
     return [OutboxRow(etype, key, run_id, int(r[0]),
-                      Send(r[1], r[2], r[3], r[4], r[5], r[6], int(r[0]), r[7]))
+                      Send(r[1], r[2], r[3], r[4], r[5], r[6], int(r[0]), r[7],
+                           r[8] if is_traceparent(r[8]) else None))
             for r in rows]
 
 

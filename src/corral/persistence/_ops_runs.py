@@ -194,7 +194,7 @@ class ContinueAsNewOp(Fenced):
                           "WHERE etype = ? AND key = ? AND run_id = ?", now, *ident, self.run_id)
         await txn.executemany(txn.CARRY_JOURNAL, [
             (*ident, e.seq, new, self.fence.shard, e.kind.value, e.name, e.message_id,
-             e.payload, e.sender, e.accepted_at) for e in self.carried])
+             e.payload, e.sender, e.accepted_at, e.trace) for e in self.carried])
         await txn.execute("UPDATE journal SET run_id = ? WHERE etype = ? AND key = ? "
                           "AND run_id = ? AND seq > ?", new, *ident, self.run_id,
                           self.applied_seq)

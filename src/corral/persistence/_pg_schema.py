@@ -79,6 +79,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
     # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
     15: set_storage("postgres"),
+    # Reserved for another change of this release (nothing to do here).
+    16: (),
+    # Traces (`corral._tracing`): a message's W3C traceparent, stored with its journal
+    # entry, and a send's with its outbox row (8 created today's outbox: it may have it).
+    17: ("ALTER TABLE journal ADD COLUMN IF NOT EXISTS trace text",
+         "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS trace text"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -127,13 +127,14 @@ WITH r AS (
     SELECT x->>0 AS etype, x->>1 AS key, (x->>2)::bigint AS seq, (x->>3)::bigint AS run_id,
            (x->>4)::int AS shard, (x->>5)::bigint AS tick, x->>6 AS kind, x->>7 AS name,
            x->>8 AS message_id, x->>9 AS payload, x->>10 AS sender,
-           (x->>11)::float8 AS accepted_at, decode(x->>12, 'hex') AS payload_hash
+           (x->>11)::float8 AS accepted_at, decode(x->>12, 'hex') AS payload_hash,
+           x->>13 AS trace
     FROM jsonb_array_elements($2::jsonb) x
 ), j AS (
     INSERT INTO journal (etype, key, seq, run_id, shard, tick, kind, name, message_id,
-                         payload, sender, accepted_at)
+                         payload, sender, accepted_at, trace)
     SELECT etype, key, seq, run_id, shard, tick, kind, name, message_id, payload, sender,
-           accepted_at FROM a
+           accepted_at, trace FROM a
 ), d AS (
     INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender,
                         accepted_at)
@@ -207,7 +208,7 @@ class PgTxn(Txn):
     # host that carries them holds them already.
     CARRY_JOURNAL: ClassVar[str] = (
         "INSERT INTO journal (etype, key, seq, run_id, shard, tick, kind, name, message_id, "
-        "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) "
+        "payload, sender, accepted_at, trace) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (etype, key, seq) DO UPDATE SET run_id = excluded.run_id"
     )
 
@@ -375,7 +376,7 @@ class PgTxn(Txn):
             journal_rows.append((
                 e.entity_type, e.key, e.seq, e.run_id, shard, self.ticks[shard],
                 e.kind._value_, e.name, e.message_id, e.payload, e.sender, e.accepted_at,
-                digest.hex()))
+                digest.hex(), e.trace))
         shards = sorted({s for s, _, _ in self.appended})
         loud = [] if self.pooled else [s for s in shards if s not in self.quiet]
         note = f"{self.token} {','.join(map(str, loud))}" if loud else ""

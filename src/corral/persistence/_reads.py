@@ -62,7 +62,8 @@ __all__ = [
 
 log = logging.getLogger("corral.store")
 
-ENTRY_COLUMNS = "etype, key, seq, run_id, kind, name, message_id, payload, sender, accepted_at"
+ENTRY_COLUMNS = ("etype, key, seq, run_id, kind, name, message_id, payload, sender, "
+                 "accepted_at, trace")
 _ENTITY_COLUMNS = ", ".join(f"entities.{c}" for c in (
     "etype", "key", "shard", "run_id", "status")) + (
     ", entities.next_seq - 1, entities.passivated_seq, entities.updated_at, "
@@ -96,7 +97,7 @@ def entry_from_row(r: Sequence[Any]) -> JournalEntry:
     if kind is None or type(at) is not float:
         row = Row("journal", r[0], r[1], r[3], what=f"seq {r[2]}")
         kind, at = row.enum("kind", EntryKind, r[4]), row.seconds("accepted_at", at)
-    return JournalEntry(r[0], r[1], r[2], r[3], kind, r[5], r[6], r[7], r[8], at)
+    return JournalEntry(r[0], r[1], r[2], r[3], kind, r[5], r[6], r[7], r[8], at, r[10])
 
 
 def tail_entries(rows: Sequence[Sequence[Any]]) -> list[JournalEntry]:

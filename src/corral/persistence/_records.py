@@ -95,6 +95,9 @@ class Acceptance(NamedTuple):
     max_backlog: int | None = None
     overflow: str = "refuse"
     applied: int = 0
+    # The W3C traceparent of the span that accepted it (`corral._tracing`), stored with
+    # its journal entry; checked before it is (`AcceptOp`). None: no trace.
+    trace: str | None = None
 
     def to_wire(self) -> tuple[Any, ...]:
         """Plain values only, enums by value: how a Ray call carries it (cloudpickle
@@ -105,7 +108,7 @@ class Acceptance(NamedTuple):
     @classmethod
     def from_wire(cls, t: Sequence[Any]) -> Acceptance:
         return cls(t[0], t[1], t[2], _KINDS[t[3]], t[4], t[5], t[6], t[7], t[8], t[9],
-                   _ID_REUSE[t[10]], t[11], t[12], t[13], t[14], t[15])
+                   _ID_REUSE[t[10]], t[11], t[12], t[13], t[14], t[15], t[16])
 
 
 class JournalEntry(NamedTuple):
@@ -121,6 +124,7 @@ class JournalEntry(NamedTuple):
     payload: str
     sender: str | None
     accepted_at: float
+    trace: str | None = None  # the accepting span's W3C traceparent (`corral._tracing`)
 
 
 class AcceptResult(NamedTuple):
@@ -143,7 +147,7 @@ class AcceptResult(NamedTuple):
     @classmethod
     def from_wire(cls, t: Sequence[Any]) -> AcceptResult:
         return cls(t[0], t[1], JournalEntry(t[2], t[3], t[4], t[5], _KINDS[t[6]], t[7], t[8],
-                                            t[9], t[10], t[11]), t[12])
+                                            t[9], t[10], t[11], t[12]), t[13])
 
 
 _KINDS = {k.value: k for k in EntryKind}

@@ -151,7 +151,7 @@ class SqliteStore(StoreCore):
                 raise shard_count_error(f"store {self.path!r}", meta["shards"], shards)
             for version in range(found + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version]:
-                    db.execute(statement)
+                    _migrate(db, statement)
             db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?), "
                        "('shards', ?)", (str(SCHEMA_VERSION), str(shards)))
             db.execute("COMMIT")
@@ -347,6 +347,17 @@ async def _tail(q: SqliteTxn, after_pos: int, shards: frozenset[int], limit: int
                             f"AND shard IN ({wanted}){skipped} ORDER BY pos", after_pos, end,
                             *(p for r in own for p in r))
     return end, tail_entries(rows)
+
+
+def _migrate(db: sqlite3.Connection, statement: str) -> None:
+    """Run one migration statement; an `ADD COLUMN` of a column the table has already
+    is skipped (SQLite has no `IF NOT EXISTS` for columns): a table a migration created
+    in today's form has it (PostgreSQL's migrations say `ADD COLUMN IF NOT EXISTS`)."""
+    try:
+        db.execute(statement)
+    except sqlite3.OperationalError as err:
+        if " ADD COLUMN " not in statement or "duplicate column name" not in str(err):
+            raise
 
 
 async def _end(q: SqliteTxn) -> int:

@@ -21,7 +21,7 @@ __all__ = ["ADD_COUNTS", "SWEEP_DEDUPE", "SqliteTxn"]
 
 _JOURNAL_INSERT = (
     "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, payload, "
-    "sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "sender, accepted_at, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _DEDUPE_INSERT = (
     "INSERT INTO dedupe (etype, key, message_id, seq, run_id, payload_hash, sender, "
@@ -66,7 +66,7 @@ class SqliteTxn(Txn):
 
     CARRY_JOURNAL: ClassVar[str] = (
         "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "
-        "payload, sender, accepted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "payload, sender, accepted_at, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (etype, key, seq) DO UPDATE SET run_id=excluded.run_id"
     )
 
@@ -142,7 +142,8 @@ class SqliteTxn(Txn):
             rows = [(e, shard, digest) for shard, e, digest in self.appended]
             db.executemany(_JOURNAL_INSERT, [
                 (e.entity_type, e.key, e.seq, e.run_id, shard, e.kind._value_, e.name,
-                 e.message_id, e.payload, e.sender, e.accepted_at) for e, shard, _ in rows])
+                 e.message_id, e.payload, e.sender, e.accepted_at, e.trace)
+                for e, shard, _ in rows])
             db.executemany(_DEDUPE_INSERT, [
                 (e.entity_type, e.key, e.message_id, e.seq, e.run_id, digest, e.sender,
                  e.accepted_at) for e, _, digest in rows])

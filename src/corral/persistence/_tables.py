@@ -97,7 +97,8 @@ TABLES = (
         ("runs_closed (etype, closed_at)",)),  # retention finds the oldest closed runs
     # Accepted messages; seq numbers an entity's messages across runs. SQLite's hosts
     # tail by `pos` (never reused); PostgreSQL's by `tick`, per shard in commit order
-    # (0: re-inserted by continue-as-new, not a new acceptance, never tailed).
+    # (0: re-inserted by continue-as-new, not a new acceptance, never tailed). `trace`:
+    # the accepting span's W3C traceparent (`corral._tracing`), or NULL.
     Table("journal", """
         sqlite: pos SERIAL,
         etype TEXT NOT NULL, key TEXT NOT NULL, seq BIGINT NOT NULL,
@@ -105,6 +106,7 @@ TABLES = (
         postgres: tick BIGINT NOT NULL,
         kind TEXT NOT NULL, name TEXT NOT NULL, message_id TEXT NOT NULL,
         payload TEXT NOT NULL, sender TEXT, accepted_at REAL NOT NULL,
+        trace TEXT,
         sqlite: UNIQUE (etype, key, seq)
         postgres: PRIMARY KEY (etype, key, seq)""",
         ("postgres: journal_tail (shard, tick)",), rowid=True, storage=_TRIMMED),
@@ -207,11 +209,13 @@ TABLES = (
         PRIMARY KEY (shard, etype)"""),
     # Entity-to-entity messages (`_ops_outbox`), written with the sender's progress and
     # delivered by its host; a host taking a shard delivers what its senders left.
+    # `trace`: the send's span's W3C traceparent, which its acceptance carries on.
     Table("outbox", """
         etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, seq BIGINT NOT NULL,
         shard INT NOT NULL, target_type TEXT NOT NULL, target_key TEXT NOT NULL,
         name TEXT NOT NULL, payload TEXT NOT NULL, start TEXT, id_reuse TEXT NOT NULL,
         delivered BOOL NOT NULL, error TEXT, created_at REAL NOT NULL, message_id TEXT,
+        trace TEXT,
         PRIMARY KEY (etype, key, run_id, seq)""", ("outbox_pending (shard, delivered)",)),
     # Which cluster hosts the store (`_hosting`): each host process's claim, renewed
     # while it lives; hosts of another cluster are refused while one is live.

@@ -138,7 +138,7 @@ class Txn:
     ROW_LOCK: ClassVar[str] = ""  # appended to a read of the entity row it will write
     SHARE_LOCK: ClassVar[str] = ""  # appended to a read of a lease row it checks
     SKIP_LOCKED: ClassVar[str] = ""  # appended to a read of a row to lock unless busy
-    CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... at)
+    CARRY_JOURNAL: ClassVar[str] = ""  # (etype, key, seq, run_id, shard, kind, ... trace)
     GREATEST: ClassVar[str] = "greatest"  # the largest of its (non-null) arguments
     # A page's cursor over an index as one row value `(a, b) > (?, ?)`, which PostgreSQL
     # seeks and cannot serve from another index; SQLite seeks `a = ? AND b > ?` instead.

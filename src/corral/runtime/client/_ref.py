@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 from pydantic import BaseModel, ValidationError
 
 import corral.metrics as metrics
+from corral import _tracing as tracing
 from corral._common import RunStatus
 from corral._deadline import Expired, within
 from corral._errors import (
@@ -69,6 +70,7 @@ from ._requests import (
     WaitUpdate,
 )
 from ._results import Ack, Delivery, EntityDescription, decode_value
+from ._traces import accept_traced
 
 __all__ = ["QUERY_TIMEOUT", "EntityRef"]
 
@@ -197,8 +199,11 @@ class EntityRef(Generic[E_co, S]):
         """`signal` and `signal_with_start`: the hot path (`_send` with its context
         manager and `_accept` cost ~2 us more a call; updates use them)."""
         try:
-            res = await self._backend.handle(await self.signal_acceptance(
-                handler, payload, start, with_start, message_id, sender))
+            acc = await self.signal_acceptance(handler, payload, start, with_start,
+                                               message_id, sender)
+            tracer = tracing.tracer()
+            res = await (self._backend.handle(acc) if tracer is None
+                         else accept_traced(tracer, self._backend, acc))
         except CorralError as err:
             _annotate(err, self, message_id, send=True)
             raise
@@ -331,7 +336,10 @@ class EntityRef(Generic[E_co, S]):
         acc = Acceptance(d.name, self.key, self.shard, kind, name, message_id, payload,
                          payload_hash(name, payload), sender, start, d.id_reuse,
                          self._clock.time())
-        return await self._backend.handle(acc)
+        tracer = tracing.tracer()
+        if tracer is None:
+            return await self._backend.handle(acc)
+        return await accept_traced(tracer, self._backend, acc)
 
     # -- durable signal waits ------------------------------------------------------------
 

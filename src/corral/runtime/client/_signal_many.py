@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from corral import _tracing as tracing
 from corral._errors import BatchRefusedError, CorralError, InvalidArgumentError
 from corral.persistence import Acceptance
 
@@ -19,6 +20,7 @@ from ._backend import Backend
 from ._ref import EntityRef, ack, annotate_refusal
 from ._requests import SignalBatch
 from ._results import Ack
+from ._traces import accept_batch_traced
 
 __all__ = ["MAX_BATCH", "SignalItem", "signal_many"]
 
@@ -80,8 +82,10 @@ async def signal_many(backend: Backend, items: Sequence[SignalItem]) -> list[Ack
             raise BatchRefusedError.of(index, err) from err
     if not accs:
         return []
+    tracer = tracing.tracer()
     try:
-        results = await backend.handle(SignalBatch(accs))
+        results = await (backend.handle(SignalBatch(accs)) if tracer is None
+                         else accept_batch_traced(tracer, backend, accs))
     except BatchRefusedError as err:
         refused = items[err.index]
         if err.error is not None:

@@ -34,11 +34,13 @@ from corral._errors import (
     LeaseLostError,
     StoreError,
 )
+from corral._tracing import traceparent_of, tracer
 from corral.actors import ContinueAsNew, Entity
 from corral.persistence import EntryKind, JournalEntry, RunRecord, Send, Suspension
 
 from .._payloads import encode_start
 from ..client._results import decode_value, encode_value
+from . import _traces as traces
 from ._apply import instantiate
 from ._awaiting import AwaitingBuild, awaiting_suspension, check_awaiting
 from ._events import lifecycle
@@ -503,14 +505,36 @@ class Activation(RunContext):
 
     async def _run_handler(self, entry: JournalEntry, replaying: bool) -> None:
         """Its handler runs (`_poison` retries a raising signal handler), and the host
-        acts on the verdict: a dead letter, or an update's outcome to record."""
+        acts on the verdict: a dead letter, or an update's outcome to record. Traced:
+        inside the span of applying it (`_traces`), the cause of what follows."""
+        t = tracer()
+        if t is None:
+            await self._handle(entry, replaying, None)
+            return
+        with traces.applying(t, entry, replaying=replaying) as span:
+            self._trace = traceparent_of(span)
+            await self._handle(entry, replaying, span)
+
+    async def _handle(self, entry: JournalEntry, replaying: bool, span: Any) -> None:
         assert self.entity is not None
         self._applying = True
+        calls = 0
+
+        def begins() -> None:
+            nonlocal calls
+            calls += 1
+            self._handler_begins(entry)
+
         try:
-            verdict = await apply_live(self.definition, self.entity, entry,
-                                       attempt=lambda: self._handler_begins(entry))
+            verdict = await apply_live(self.definition, self.entity, entry, attempt=begins)
             self._handler_ends(applied=isinstance(verdict, Applied) and (
                 verdict.outcome is None or verdict.outcome.error is None))
+            if span is not None:
+                traces.outcome(
+                    span, attempts=calls,
+                    dead_letter=verdict.error if isinstance(verdict, Poisoned) else None,
+                    update_error=None if verdict.outcome is None else verdict.outcome.error,
+                    suspended=self._home.suspended() is not None)
             if isinstance(verdict, Poisoned):
                 if not verdict.attempts:  # no handler here: is a newer build live?
                     await check_awaiting(self._home, entry)
@@ -756,6 +780,7 @@ class Activation(RunContext):
         if suspension is None:
             self._home.activate_later(self.definition.retry.max_backoff)
         else:
+            traces.suspended(self._trace, suspension)
             await record_suspension(self._home, suspension)
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:

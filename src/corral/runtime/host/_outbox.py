@@ -187,7 +187,7 @@ class Postman:
         acc = Acceptance(s.target_type, s.target_key, shard, EntryKind.SIGNAL, s.name,
                          row.message_id, s.payload, payload_hash(s.name, s.payload),
                          f"{row.entity_type}/{row.key}", s.start, IdReusePolicy(s.id_reuse),
-                         now)
+                         now, trace=s.trace)
         definition = self._definitions.get(s.target_type)
         if definition is None or definition.max_backlog is None:
             return acc

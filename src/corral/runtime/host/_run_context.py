@@ -29,6 +29,7 @@ from ._residence import Residence, retrying
 from ._signal_waits import RunWaits
 from ._steps import RunSteps
 from ._suspension import end_suspension
+from ._traces import send_trace
 
 __all__ = ["RunContext"]
 
@@ -40,7 +41,8 @@ class RunContext:
 
     __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_handling", "_home",
                  "_inherited", "_outgoing", "_resuming", "_run_id", "_run_task", "_sent",
-                 "_steps", "_timers", "_waiting", "_waits", "applied_seq", "definition")
+                 "_steps", "_timers", "_trace", "_waiting", "_waits", "applied_seq",
+                 "definition")
 
     def __init__(self, home: Residence) -> None:
         self._home = home  # the shard, as this entity sees it: its only way to the host
@@ -69,6 +71,9 @@ class RunContext:
         # Retrying a suspended run: the suspension ends when run() gets past the point.
         self._resuming = home.suspended() is not None
         self._run_task: asyncio.Task[None] | None = None
+        # The traceparent of the span that applied the last message (`_traces`): the
+        # parent of the spans of what the run does next (steps, sends). None: untraced.
+        self._trace: str | None = None
 
     @property
     def entity_type(self) -> str:
@@ -81,6 +86,10 @@ class RunContext:
     @property
     def run_id(self) -> int:
         return self._run_id
+
+    @property
+    def trace(self) -> str | None:
+        return self._trace
 
     async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
         if predicate():
@@ -179,18 +188,24 @@ class RunContext:
              start: object, with_start: bool) -> None:
         task, call = asyncio.current_task(), self._handling
         if self._run_task is not None and task is self._run_task:
-            self._outgoing.append(outgoing(entity_type, key, handler, payload, start,
-                                           with_start))
+            self._outgoing.append(self._traced(outgoing(entity_type, key, handler, payload,
+                                                        start, with_start)))
         elif call is not None and task is call.task:
             message_id = handler_send_id(self.entity_type, self.key, self._run_id,
                                          call.entry_seq, len(call.sends) + 1)
-            call.sends.append(dataclasses.replace(
+            call.sends.append(self._traced(dataclasses.replace(
                 outgoing(entity_type, key, handler, payload, start, with_start),
-                message_id=message_id))
+                message_id=message_id)))
         else:
             raise InvalidArgumentError(
                 f"{self.entity_type} {self.key!r}: send() is called from run() or a signal "
                 "or update handler")
+
+    def _traced(self, send: Send) -> Send:
+        """`send` with its span's traceparent (`_traces.send_trace`), if traced."""
+        trace = send_trace(self._trace, send.target_type, send.target_key, send.name,
+                           send.message_id)
+        return send if trace is None else dataclasses.replace(send, trace=trace)
 
     def _handler_begins(self, entry: JournalEntry) -> None:
         """A handler is called for `entry` (again, after a failed attempt): what it

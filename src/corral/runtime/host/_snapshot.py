@@ -282,7 +282,10 @@ def _encode_mailbox(definition: EntityDefinition, entity: Entity,
 
 
 def _encode_entry(entry: JournalEntry) -> dict[str, Any]:
-    return {**entry._asdict(), "kind": entry.kind.value}
+    encoded = {**entry._asdict(), "kind": entry.kind.value}
+    if encoded["trace"] is None:  # as before traces: a snapshot without them unchanged
+        del encoded["trace"]
+    return encoded
 
 
 def _set_state(definition: EntityDefinition, entity: Entity, state: dict[str, Any],

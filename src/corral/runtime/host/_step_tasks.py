@@ -14,12 +14,14 @@ task that outlives its timeout is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from corral._deadline import Expired, within
 from corral._errors import InvalidArgumentError
+from corral._tracing import parent_context, tracer
 from corral.actors import current_step_key
 
 __all__ = ["call_as_task"]
@@ -27,19 +29,49 @@ __all__ = ["call_as_task"]
 _remote: Any = None  # `ray.remote(_in_task)`, made once per process
 
 
-def _in_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str) -> Any:
-    """The body of the Ray task: `fn(*args)` with the step's key set."""
+def _in_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
+             trace: str | None = None) -> Any:
+    """The body of the Ray task: `fn(*args)` with the step's key set, in the trace of
+    its attempt (`trace`, on whichever node: `continued`)."""
     token = current_step_key.set(key)
     try:
-        if inspect.iscoroutinefunction(fn):
-            return asyncio.run(fn(*args))
-        return fn(*args)
+        with continued(trace):
+            if inspect.iscoroutinefunction(fn):
+                return asyncio.run(fn(*args))
+            return fn(*args)
     finally:
         current_step_key.reset(token)
 
 
+@contextlib.contextmanager
+def continued(trace: str | None) -> Iterator[None]:
+    """Continue the attempt's trace in the task: a span of its own if this worker
+    traces (a tracer provider configured in it), else the attempt's context made
+    current, so spans the step's code starts still join the trace."""
+    parent = parent_context(trace) if trace is not None else None
+    if parent is None:
+        yield
+        return
+    t = tracer()
+    if t is None:
+        from opentelemetry import context
+
+        attached = context.attach(parent)
+        try:
+            yield
+        finally:
+            context.detach(attached)
+        return
+    import ray
+
+    with t.start_as_current_span("corral step task", context=parent, attributes={
+            "corral.ray.node_id": ray.get_runtime_context().get_node_id()}):
+        yield
+
+
 async def call_as_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
-                       timeout: float | None, ray_options: dict[str, Any]) -> Any:
+                       timeout: float | None, ray_options: dict[str, Any],
+                       trace: str | None = None) -> Any:
     """One attempt of a step as a Ray task with `ray_options`; its return value."""
     global _remote
     import ray
@@ -50,7 +82,7 @@ async def call_as_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
     if _remote is None:
         _remote = ray.remote(_in_task)
     try:
-        ref = _remote.options(**ray_options).remote(fn, args, key)
+        ref = _remote.options(**ray_options).remote(fn, args, key, trace)
     except (TypeError, ValueError) as err:
         raise InvalidArgumentError(f"step ray_options {ray_options!r:.200} refused by Ray: "
                                    f"{err}") from err

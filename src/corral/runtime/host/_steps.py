@@ -33,6 +33,7 @@ from corral.persistence import Send, StepRecord
 
 from ..client._results import decode_value, encode_value
 from ._residence import Residence, retrying
+from ._traces import step_attempt
 
 __all__ = ["RunSteps", "step_key_of"]
 
@@ -59,6 +60,8 @@ class SteppingRun(Protocol):
 
     @property
     def run_id(self) -> int: ...
+    @property
+    def trace(self) -> str | None: ...  # the cause of its steps' spans (`_traces`)
     async def ready_to_send(self) -> None: ...
     def take_outgoing(self) -> tuple[Send, ...]: ...
     def written(self, sends: tuple[Send, ...]) -> None: ...
@@ -95,7 +98,8 @@ class RunSteps:
         if record is None:
             key = step_key_of(home.entity_type, home.key, run_id, name)
             record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
-                                            timeout, ray_options, home.clock.time)
+                                            timeout, ray_options, home.clock.time,
+                                            self._run.trace)
             await self._run.ready_to_send()
             done, sends = record, self._run.take_outgoing()
             try:
@@ -129,15 +133,17 @@ class RunSteps:
 
 async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], name: str, key: str,
                     retry: RetryPolicy, timeout: float | None,
-                    ray_options: dict[str, Any] | None,
-                    now: Callable[[], float]) -> tuple[StepRecord, Exception | None]:
+                    ray_options: dict[str, Any] | None, now: Callable[[], float],
+                    trace: str | None = None) -> tuple[StepRecord, Exception | None]:
     """Call `fn` until an attempt succeeds or `retry` runs out: the outcome to record,
-    and the last error."""
+    and the last error. Each attempt in its span, a child of `trace` (`_traces`)."""
     attempt = 0
     while True:
         attempt += 1
         try:
-            value = await _call(fn, args, key, timeout, ray_options)
+            with step_attempt(trace, name, attempt, key,
+                              on_ray=ray_options is not None) as attempt_trace:
+                value = await _call(fn, args, key, timeout, ray_options, attempt_trace)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -156,11 +162,13 @@ async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], name: str, ke
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
-                timeout: float | None, ray_options: dict[str, Any] | None) -> Any:
-    """One attempt: `fn(*args)` with `corral.step_key()` set, here or as a Ray task."""
+                timeout: float | None, ray_options: dict[str, Any] | None,
+                trace: str | None = None) -> Any:
+    """One attempt: `fn(*args)` with `corral.step_key()` set, here or as a Ray task
+    (which continues the attempt's `trace`)."""
     if ray_options is not None:
         from ._step_tasks import call_as_task  # only a step on Ray imports Ray
-        return await call_as_task(fn, args, key, timeout, ray_options)
+        return await call_as_task(fn, args, key, timeout, ray_options, trace)
     token = current_step_key.set(key)
     try:
         # `within`, never `asyncio.wait_for`: before Python 3.12 that lost the

@@ -1,0 +1,82 @@
+"""OpenTelemetry traces, when the application configured them (the `otel` extra).
+
+A leaf of the package: the client opens a span for each acceptance and stores its W3C
+`traceparent` with the message (the journal row, an outbox row); the host continues
+that context where it applies the message, runs a step or sends to another entity. The
+context is stored, not held in memory, so the host that applies a message after a crash
+and a takeover continues the caller's trace.
+
+Off costs one check. corral never imports OpenTelemetry itself: `tracer()` looks for
+`opentelemetry.trace` among the modules already imported (an application that
+configured a tracer provider imported it), and asks it for the global provider; with
+none set (the API's proxy) tracing stays off and nothing else runs. A provider, once
+set, is the process's for good (the API refuses a second), so the tracer is kept.
+
+What is stored is what `traceparent_of` formats with the W3C propagator from a span
+this process started; a text from elsewhere (a Ray caller's acceptance, a stored row)
+is checked by `is_traceparent` before it is stored or used.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer
+
+__all__ = ["is_traceparent", "parent_context", "traceparent_of", "tracer"]
+
+# W3C Trace Context, version 00: lowercase hex, neither id all zeros.
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+_LENGTH = 55
+
+_tracer: Tracer | None = None  # set once a real provider is found
+
+
+def tracer() -> Tracer | None:
+    """corral's tracer, or None when tracing is off (OpenTelemetry not imported, or no
+    tracer provider configured): the one check every traced path makes."""
+    if _tracer is not None:
+        return _tracer
+    trace = sys.modules.get("opentelemetry.trace")
+    return None if trace is None else _configured(trace)
+
+
+def _configured(trace: Any) -> Tracer | None:
+    global _tracer
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    _tracer = provider.get_tracer("corral")
+    return _tracer
+
+
+def is_traceparent(text: object) -> bool:
+    """`text` is a W3C `traceparent` header value of version 00 (what corral stores)."""
+    return type(text) is str and len(text) == _LENGTH and \
+        _TRACEPARENT.fullmatch(text) is not None
+
+
+def traceparent_of(span: Span) -> str | None:
+    """The `traceparent` of `span`, as the W3C propagator writes it (None for a span
+    that is not valid: it has nothing to continue)."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(span))
+    text = carrier.get("traceparent")
+    return text if is_traceparent(text) else None
+
+
+def parent_context(traceparent: str | None) -> Context | None:
+    """The context to continue from a stored `traceparent`, or None (no parent: the
+    span starts a trace) when there is none or it is not one."""
+    if not is_traceparent(traceparent):
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})

@@ -1,0 +1,113 @@
+"""The host's spans: each message applied, each step attempt, each send, a suspension.
+
+Every span continues a stored context (`corral._tracing`), never this process's current
+one, so the same trace continues on whichever host applies a message (after a crash and
+a takeover too) and across the entities a message's sends reach:
+
+    accept (caller) -> apply (handler) -> step attempt ... -> [Ray task]
+                                       -> send -> apply (the target's handler) -> ...
+
+The activation keeps the traceparent of the last message it applied (`RunContext._trace`):
+the cause of what its handlers and `run()` do next. `run()` runs beside the handlers,
+so its step attempts and sends are children of the message applied last before them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from corral._tracing import parent_context, traceparent_of, tracer
+from corral.persistence import JournalEntry, Suspension
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+__all__ = ["applying", "outcome", "send_trace", "step_attempt", "suspended"]
+
+
+@contextmanager
+def applying(tracer: Tracer, entry: JournalEntry, *, replaying: bool) -> Iterator[Span]:
+    """The span of applying `entry` (its handler's calls, a dead letter), the child of
+    the span that accepted it, current while the handler runs (its own spans nest)."""
+    from opentelemetry.trace import SpanKind
+
+    with tracer.start_as_current_span(
+            f"corral apply {entry.entity_type}.{entry.name}", context=parent_context(entry.trace),
+            kind=SpanKind.CONSUMER, attributes={
+                "corral.entity_type": entry.entity_type, "corral.key": entry.key,
+                "corral.run_id": entry.run_id, "corral.seq": entry.seq,
+                "corral.kind": entry.kind.value, "corral.handler": entry.name,
+                "corral.message_id": entry.message_id, "corral.replaying": replaying,
+            }) as span:
+        yield span
+
+
+def outcome(span: Span, *, attempts: int, dead_letter: str | None,
+            update_error: str | None, suspended: bool) -> None:
+    """What became of the applied message, on its span."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attributes({
+        "corral.attempts": attempts,
+        "corral.outcome": "dead_lettered" if dead_letter is not None else
+                          "update_failed" if update_error is not None else "applied",
+        "corral.run.suspended": suspended})
+    if dead_letter is not None:
+        span.set_status(Status(StatusCode.ERROR, f"dead-lettered: {dead_letter:.500}"))
+    elif update_error is not None:
+        span.set_status(Status(StatusCode.ERROR, f"update failed: {update_error:.500}"))
+
+
+@contextmanager
+def step_attempt(cause: str | None, name: str, attempt: int, key: str, *,
+                 on_ray: bool) -> Iterator[str | None]:
+    """The span of one attempt of step `name` (child of `cause`, the message applied
+    last), current while it runs here; yields its traceparent, which a Ray task
+    continues (None: tracing is off). A raising attempt's span records the error."""
+    t = tracer()
+    if t is None:
+        yield None
+        return
+    with t.start_as_current_span(f"corral step {name}", context=parent_context(cause),
+                                 attributes={"corral.step": name, "corral.step.attempt": attempt,
+                                             "corral.step.key": key,
+                                             "corral.step.ray_task": on_ray}) as span:
+        yield traceparent_of(span)
+
+
+def send_trace(cause: str | None, target_type: str, target_key: str, name: str,
+               message_id: str | None) -> str | None:
+    """A send's span (child of `cause`), ended at once: what its outbox row stores and
+    its acceptance into the target carries on. None when tracing is off."""
+    t = tracer()
+    if t is None:
+        return None
+    from opentelemetry.trace import SpanKind
+
+    attributes: dict[str, Any] = {"corral.target_type": target_type,
+                                  "corral.target_key": target_key, "corral.handler": name}
+    if message_id is not None:
+        attributes["corral.message_id"] = message_id
+    with t.start_as_current_span(f"corral send {target_type}.{name}",
+                                 context=parent_context(cause), kind=SpanKind.PRODUCER,
+                                 attributes=attributes) as span:
+        return traceparent_of(span)
+
+
+def suspended(cause: str | None, suspension: Suspension) -> None:
+    """A span saying the run was suspended (`run()` raised, or the activation could not
+    be built), child of `cause`, with the error."""
+    t = tracer()
+    if t is None:
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    with t.start_as_current_span(
+            f"corral suspend {suspension.entity_type}", context=parent_context(cause),
+            attributes={"corral.entity_type": suspension.entity_type,
+                        "corral.key": suspension.key, "corral.run_id": suspension.run_id,
+                        "corral.outcome": "suspended",
+                        "corral.attempts": suspension.attempts}) as span:
+        span.set_status(Status(StatusCode.ERROR, suspension.error[-500:]))

@@ -1,0 +1,89 @@
+"""Entities for tests/runtime/test_tracing.py: a case whose `run()` answers each reply
+with a model step that fails twice before it answers, then sends the answer on."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import BaseModel
+
+import corral
+
+
+class CaseInput(BaseModel):
+    log: str  # one line per step attempt
+    fails: int = 2  # attempts that fail before one answers
+
+
+class Reply(BaseModel):
+    text: str
+
+
+class Note(BaseModel):
+    text: str
+
+
+def flaky_model(log: str, n: int, fails: int) -> str:
+    """Fails its first `fails` attempts of reply `n` (counted in `log`), then answers."""
+    with open(log, "a+") as f:
+        f.seek(0)
+        before = f.read().splitlines().count(f"model:{n}")
+        f.write(f"model:{n}\n")
+    if before < fails:
+        raise ConnectionError(f"model unavailable (attempt {before + 1})")
+    return f"answer to reply {n}"
+
+
+class NotifierInput(BaseModel):
+    channel: str = "email"
+
+
+class Notifier(corral.Entity):
+    """The second entity: keeps the notes it is sent."""
+
+    notes: list[str]
+
+    def __init__(self, init: NotifierInput) -> None:
+        self.notes = []
+
+    @corral.signal
+    def note(self, note: Note) -> None:
+        self.notes.append(note.text)
+
+    @corral.query
+    def seen(self) -> list[str]:
+        return self.notes
+
+
+class Case(corral.Entity):
+    """Answers each reply in `run()` with a model step (retried), then notifies."""
+
+    replies: list[str]
+    answered: int
+
+    def __init__(self, init: CaseInput) -> None:
+        self.log = init.log
+        self.fails = init.fails
+        self.replies = []
+        self.answered = 0
+
+    @corral.signal
+    def reply(self, reply: Reply) -> None:
+        if os.path.exists(self.log + ".hold"):  # a test kills the host here
+            with open(self.log + ".held", "w"):
+                pass
+            while True:
+                time.sleep(1)
+        self.replies.append(reply.text)
+
+    async def run(self) -> None:
+        retry = corral.RetryPolicy(max_attempts=5, initial_backoff=0.01)
+        while True:
+            await self.wait_for(lambda: self.answered < len(self.replies))
+            n = self.answered
+            answer = await self.step(flaky_model, self.log, n, self.fails, name=f"model:{n}",
+                                     retry=retry)
+            self.send(Notifier, f"notes-{self.key}", Notifier.note, Note(text=answer),
+                      start=NotifierInput())
+            self.answered += 1
