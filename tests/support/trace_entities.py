@@ -87,3 +87,43 @@ class Case(corral.Entity):
             self.send(Notifier, f"notes-{self.key}", Notifier.note, Note(text=answer),
                       start=NotifierInput())
             self.answered += 1
+
+
+class TaskContext(BaseModel):
+    traceparent: str | None
+    pid: int
+
+
+def context_in_task() -> TaskContext:
+    """What a step's code sees of the trace, in the Ray task that runs it."""
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    traceparent = None if not context.is_valid else (
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}")
+    return TaskContext(traceparent=traceparent, pid=os.getpid())
+
+
+class Tasked(corral.Entity):
+    """Runs one step as a Ray task for each `go` applied."""
+
+    seen: list[TaskContext]
+    wanted: int
+
+    def __init__(self) -> None:
+        self.seen = []
+        self.wanted = 0
+
+    @corral.signal
+    def go(self) -> None:
+        self.wanted += 1
+
+    @corral.query
+    def contexts(self) -> list[TaskContext]:
+        return self.seen
+
+    async def run(self) -> None:
+        while True:
+            await self.wait_for(lambda: len(self.seen) < self.wanted)
+            self.seen.append(await self.step(context_in_task, name=f"task:{len(self.seen)}",
+                                             ray_options={"num_cpus": 0}))

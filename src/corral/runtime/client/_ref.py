@@ -18,7 +18,6 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 from pydantic import BaseModel, ValidationError
 
 import corral.metrics as metrics
-from corral import _tracing as tracing
 from corral._common import RunStatus
 from corral._deadline import Expired, within
 from corral._errors import (
@@ -33,6 +32,7 @@ from corral._errors import (
     UpdateFailedError,
     WaitTimeoutError,
 )
+from corral._tracing import tracer
 from corral.actors import EntityDefinition, HandlerDefinition, HandlerKind
 from corral.actors._definition import MailboxHandler
 from corral.actors._waits import WaitHandle
@@ -201,9 +201,9 @@ class EntityRef(Generic[E_co, S]):
         try:
             acc = await self.signal_acceptance(handler, payload, start, with_start,
                                                message_id, sender)
-            tracer = tracing.tracer()
-            res = await (self._backend.handle(acc) if tracer is None
-                         else accept_traced(tracer, self._backend, acc))
+            traced = tracer()
+            res = await (self._backend.handle(acc) if traced is None
+                         else accept_traced(traced, self._backend, acc))
         except CorralError as err:
             _annotate(err, self, message_id, send=True)
             raise
@@ -336,10 +336,10 @@ class EntityRef(Generic[E_co, S]):
         acc = Acceptance(d.name, self.key, self.shard, kind, name, message_id, payload,
                          payload_hash(name, payload), sender, start, d.id_reuse,
                          self._clock.time())
-        tracer = tracing.tracer()
-        if tracer is None:
+        traced = tracer()
+        if traced is None:
             return await self._backend.handle(acc)
-        return await accept_traced(tracer, self._backend, acc)
+        return await accept_traced(traced, self._backend, acc)
 
     # -- durable signal waits ------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from corral import _tracing as tracing
 from corral._errors import BatchRefusedError, CorralError, InvalidArgumentError
+from corral._tracing import tracer
 from corral.persistence import Acceptance
 
 from ._backend import Backend
@@ -82,10 +82,10 @@ async def signal_many(backend: Backend, items: Sequence[SignalItem]) -> list[Ack
             raise BatchRefusedError.of(index, err) from err
     if not accs:
         return []
-    tracer = tracing.tracer()
+    traced = tracer()
     try:
-        results = await (backend.handle(SignalBatch(accs)) if tracer is None
-                         else accept_batch_traced(tracer, backend, accs))
+        results = await (backend.handle(SignalBatch(accs)) if traced is None
+                         else accept_batch_traced(traced, backend, accs))
     except BatchRefusedError as err:
         refused = items[err.index]
         if err.error is not None:

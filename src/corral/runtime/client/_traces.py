@@ -2,7 +2,8 @@
 
 The span's W3C traceparent goes into the `Acceptance`, which stores it with the journal
 entry (`corral._tracing`): the host that applies the message, whichever and whenever,
-continues the trace from it. Only called when tracing is on (`tracer()` is not None).
+continues the trace from it (its spans: `runtime.host._traces`). Only called when
+tracing is on (`tracer()` is not None).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The host's spans: each message applied, each step attempt, each send, a suspension.
+"""The host's spans: each message applied, each step attempt, each send, a suspension
+(the acceptance's span is the client's: `runtime.client._traces`).
 
 Every span continues a stored context (`corral._tracing`), never this process's current
 one, so the same trace continues on whichever host applies a message (after a crash and
