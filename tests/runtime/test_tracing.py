@@ -8,6 +8,8 @@ one is never stored."""
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -194,3 +196,29 @@ async def test_the_host_that_applies_after_a_sigkill_continues_the_caller_s_trac
     assert trace_id(apply) == caller.get_span_context().trace_id
     [send] = named(got, "corral send Notifier.note")
     assert parent_of(send) == span_id(apply)
+
+
+_UNTRACED = """
+import asyncio, sys
+sys.modules["opentelemetry"] = None  # as if it were not installed: importing it fails
+import corral
+from corral import _tracing
+from trace_entities import Case, CaseInput, Reply
+
+async def main() -> None:
+    async with corral.open_runtime(sys.argv[1], entities=[Case], host=False) as rt:
+        await rt.ref(Case, "c-5").signal_with_start(Case.reply, Reply(text="x"),
+                                                    start=CaseInput(log="x"))
+    assert _tracing.tracer() is None
+    assert "opentelemetry.trace" not in sys.modules
+
+asyncio.run(main())
+"""
+
+
+def test_without_opentelemetry_a_signal_is_accepted_untraced(tmp_path: Path) -> None:
+    db = str(tmp_path / "corral.db")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TESTS.parent.parent / "src"), str(TESTS)])}
+    subprocess.run([sys.executable, "-c", _UNTRACED, db], env=env, check=True, timeout=60)
+    assert sql(db, "SELECT trace FROM journal") == [(None,)]
