@@ -61,22 +61,24 @@ def is_traceparent(text: object) -> bool:
 
 
 def traceparent_of(span: Span) -> str | None:
-    """The `traceparent` of `span`, as the W3C propagator writes it (None for a span
-    that is not valid: it has nothing to continue)."""
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(span))
-    text = carrier.get("traceparent")
-    return text if is_traceparent(text) else None
+    """The `traceparent` of `span`, as the W3C propagator writes it (formatted here
+    from the span's own context: the propagator's `inject` costs ~4 us a call, this
+    ~1 us). None for a span that is not valid: it has nothing to continue."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 def parent_context(traceparent: str | None) -> Context | None:
-    """The context to continue from a stored `traceparent`, or None (no parent: the
-    span starts a trace) when there is none or it is not one."""
+    """The context to continue from a stored `traceparent` (a remote parent, as the
+    propagator's `extract` makes it), or None (no parent: the span starts a trace)
+    when there is none or it is not one."""
     if not is_traceparent(traceparent):
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    assert traceparent is not None
+    from opentelemetry import trace
 
-    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    return trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+        int(traceparent[3:35], 16), int(traceparent[36:52], 16), is_remote=True,
+        trace_flags=trace.TraceFlags(int(traceparent[53:55], 16)))))

@@ -39,8 +39,7 @@ def applying(tracer: Tracer, entry: JournalEntry, *, replaying: bool) -> Iterato
             kind=SpanKind.CONSUMER, attributes={
                 "corral.entity_type": entry.entity_type, "corral.key": entry.key,
                 "corral.run_id": entry.run_id, "corral.seq": entry.seq,
-                "corral.kind": entry.kind.value, "corral.handler": entry.name,
-                "corral.message_id": entry.message_id, "corral.replaying": replaying,
+                "corral.replaying": replaying,
             }) as span:
         yield span
 
@@ -53,8 +52,9 @@ def outcome(span: Span, *, attempts: int, dead_letter: str | None,
     span.set_attributes({
         "corral.attempts": attempts,
         "corral.outcome": "dead_lettered" if dead_letter is not None else
-                          "update_failed" if update_error is not None else "applied",
-        "corral.run.suspended": suspended})
+                          "update_failed" if update_error is not None else "applied"})
+    if suspended:
+        span.set_attribute("corral.run.suspended", True)
     if dead_letter is not None:
         span.set_status(Status(StatusCode.ERROR, f"dead-lettered: {dead_letter:.500}"))
     elif update_error is not None:
