@@ -188,6 +188,10 @@ def create_app(runtime: corral.Runtime | RuntimeOpener, *, secret: bytes,
             yield
 
     async def receive(request: Request) -> JSONResponse:
+        with request_span(request):  # the trace starts here (or at the caller's)
+            return await answer(request)
+
+    async def answer(request: Request) -> JSONResponse:
         extra = {"X-Served-By": served_by} if served_by else None
         body = await _read_body(request)
         if body is None:
@@ -219,6 +223,21 @@ def create_app(runtime: corral.Runtime | RuntimeOpener, *, secret: bytes,
 
     return Starlette(routes=[Route("/webhooks/tickets", receive, methods=["POST"])],
                      lifespan=lifespan)
+
+
+def request_span(request: Request) -> contextlib.AbstractContextManager[object]:
+    """The request's span, continuing the caller's W3C `traceparent` header, when the
+    application traces (OpenTelemetry installed; a tracer provider configured, or it is
+    a no-op); corral's acceptance span is its child, and the trace goes on from there
+    (docs/guides/tracing.md). OpenTelemetry's ASGI middleware
+    (`opentelemetry-instrumentation-asgi`) does the same for every route."""
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:
+        return contextlib.nullcontext()
+    return trace.get_tracer("webhook_ingress").start_as_current_span(
+        f"{request.method} {request.url.path}", context=propagate.extract(request.headers),
+        kind=trace.SpanKind.SERVER)
 
 
 async def _read_body(request: Request) -> bytes | None:

@@ -33,7 +33,7 @@ SRC = ROOT / "src" / "corral"
 
 # The extras a user of the library installs for a feature; the others (dev, docs, bench,
 # examples) serve the repository's tests, docs, benchmarks and examples, not `src/`.
-RUNTIME_EXTRAS = {"postgres", "ui"}
+RUNTIME_EXTRAS = {"otel", "postgres", "ui"}
 OTHER_EXTRAS = {"dev", "docs", "bench", "examples"}
 # Declared distributions that `src/` does not import, each for a reason.
 NOT_IMPORTED = {
