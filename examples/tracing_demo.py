@@ -140,7 +140,7 @@ def tree(spans: Sequence[ReadableSpan]) -> list[str]:
     def walk(parent: int | None, depth: int) -> None:
         for s in children.get(parent, []):
             a = s.attributes or {}
-            shown = [f"{k.removeprefix('corral.')}={a[k]}" for k in (
+            shown = [f"{k.removeprefix('corral.')}={a[k]!s}" for k in (
                 "corral.key", "corral.seq", "corral.step.attempt", "corral.outcome",
                 "corral.target_key") if k in a]
             ms = ((s.end_time or 0) - (s.start_time or 0)) / 1e6
