@@ -15,7 +15,9 @@ machine costs each the same:
   never imports it): every traced path makes its one check;
 - `on`: this corral under the OpenTelemetry SDK (`TracerProvider`, every span sampled,
   a `SimpleSpanProcessor` into an exporter that drops what it gets): an accept span per
-  signal and an apply span per message applied, each traceparent stored.
+  signal and an apply span per message applied, each traceparent stored;
+- `sampled`: the same SDK sampling one trace in 100 (`ParentBased(TraceIdRatioBased)`),
+  as a busy service would: the other spans record nothing, their contexts are stored.
 
 Each process: a SQLite store (WAL, `synchronous=FULL`) in a temporary directory, a local
 runtime hosting `ENTITIES` running entities, `SENDERS` concurrent callers sending
@@ -43,9 +45,10 @@ from typing import Any
 import corral
 
 ROOT = Path(__file__).resolve().parent.parent
+SAMPLED = 0.01  # `sampled`: one trace in 100 recorded
 ENTITIES = 16
 SENDERS = 32
-MODES = ("today", "off", "on")
+MODES = ("today", "off", "on", "sampled")
 
 
 # -- one process: one mode, one round --------------------------------------------------------
@@ -62,24 +65,26 @@ class Counter(corral.Entity):
         self.count += 1
 
 
-def _trace_everything() -> None:
-    """The SDK, every span sampled and processed, exported to nowhere."""
+def _trace(ratio: float) -> None:
+    """The SDK, `ratio` of the traces sampled (the rest: spans that record nothing),
+    every sampled span processed and exported to nowhere."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class Dropped(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(SimpleSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
 
 
 async def _child(mode: str, signals: int, db: str) -> float:
-    if mode == "on":
-        _trace_everything()
+    if mode in ("on", "sampled"):
+        _trace(1.0 if mode == "on" else SAMPLED)
     counter = Counter
     async with corral.open_runtime(db, entities=[counter]) as rt:
         refs = [rt.ref(counter, f"e-{n}") for n in range(ENTITIES)]
@@ -137,13 +142,15 @@ def main() -> None:
         mode, signals, db = args.child
         print(asyncio.run(_child(mode, int(signals), db)))
         return
-    signals, rounds = (3_200, 3) if args.quick else (16_000, 11)
+    signals, rounds = (3_200, 4) if args.quick else (16_000, 12)
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="corral-tracing-") as tmp:
         base, today = _today(Path(tmp))
-        sources = {"today": today, "off": ROOT / "src", "on": ROOT / "src"}
+        sources = {"today": today, "off": ROOT / "src", "on": ROOT / "src",
+                   "sampled": ROOT / "src"}
         for r in range(rounds):
-            order = MODES[r % 3:] + MODES[:r % 3]  # each mode first as often as the others
+            n = r % len(MODES)
+            order = MODES[n:] + MODES[:n]  # each mode first as often as the others
             for mode in order:
                 rates[mode].append(_round(mode, signals, sources[mode], Path(tmp)))
             print(f"round {r + 1}/{rounds}: " + ", ".join(
@@ -160,6 +167,7 @@ def main() -> None:
         "today": base, "signals": signals, "rounds": rounds, "entities": ENTITIES,
         "senders": SENDERS, "rates": rates, "median": medians,
         "ratio_off": ratios["off"], "ratio_on": ratios["on"],
+        "ratio_sampled": ratios["sampled"], "sampled_ratio": SAMPLED,
         "targets": {"off": "within 3% of today", "on": "within 15% of today"},
     }
     name = "tracing-quick.json" if args.quick else "tracing.json"
