@@ -21,7 +21,7 @@ import logging
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import corral.metrics as metrics
 from corral._common import RunStatus
@@ -50,6 +50,9 @@ from ._residence import Residence
 from ._run_context import RunContext
 from ._snapshot import capture, rebuild
 from ._suspension import end_suspension, next_suspension, record_suspension
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["Activation", "Phase"]
 
@@ -515,7 +518,7 @@ class Activation(RunContext):
             self._trace = traceparent_of(span)
             await self._handle(entry, replaying, span)
 
-    async def _handle(self, entry: JournalEntry, replaying: bool, span: Any) -> None:
+    async def _handle(self, entry: JournalEntry, replaying: bool, span: Span | None) -> None:
         assert self.entity is not None
         self._applying = True
         calls = 0
