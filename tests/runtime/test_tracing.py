@@ -30,7 +30,7 @@ from corral._errors import InvalidArgumentError
 from corral.persistence import Acceptance, EntryKind, open_store
 from procs import TESTS, Worker, spawner, wait_until
 from stores import sql
-from trace_entities import Case, CaseInput, Notifier, Reply
+from trace_entities import Brittle, Case, CaseInput, Notifier, Poison, Reply
 from trace_spans import named, parent_of, recording, span_id, trace_id
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the HTTP client's
@@ -222,3 +222,28 @@ def test_without_opentelemetry_a_signal_is_accepted_untraced(tmp_path: Path) -> 
         [str(TESTS.parent.parent / "src"), str(TESTS)])}
     subprocess.run([sys.executable, "-c", _UNTRACED, db], env=env, check=True, timeout=60)
     assert sql(db, "SELECT trace FROM journal") == [(None,)]
+
+
+async def test_the_apply_span_says_the_message_was_dead_lettered_and_the_run_suspended(
+        db_path: str, spans: InMemorySpanExporter) -> None:
+    async with corral.open_runtime(db_path, entities=[Brittle]) as rt:
+        ref = rt.ref(Brittle, "b-1")
+        await ref.signal_with_start(Brittle.poison, Poison(), start=None)
+        await ref.signal(Brittle.crash)
+        await wait_until(lambda: bool(named(spans.get_finished_spans(), "corral suspend")),
+                         "the run is suspended")
+    got = spans.get_finished_spans()
+    [poisoned] = named(got, "corral apply Brittle.poison")
+    [crash] = named(got, "corral apply Brittle.crash")
+    [suspend] = named(got, "corral suspend Brittle")
+    assert poisoned.attributes is not None
+    assert (poisoned.attributes["corral.outcome"], poisoned.attributes["corral.attempts"]) == \
+        ("dead_lettered", 2)
+    assert not poisoned.status.is_ok
+    assert poisoned.status.description is not None
+    assert "cannot parse this reply" in poisoned.status.description
+    assert crash.attributes is not None
+    assert crash.attributes["corral.outcome"] == "applied"
+    assert parent_of(suspend) == span_id(crash)  # what the run applied last before it
+    assert suspend.status.description is not None
+    assert "run() hit a bug" in suspend.status.description

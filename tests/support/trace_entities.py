@@ -127,3 +127,30 @@ class Tasked(corral.Entity):
             await self.wait_for(lambda: len(self.seen) < self.wanted)
             self.seen.append(await self.step(context_in_task, name=f"task:{len(self.seen)}",
                                              ray_options={"num_cpus": 0}))
+
+
+class Poison(BaseModel):
+    fatal: bool = False  # `run()` raises once it sees it (its run is suspended)
+
+
+class Brittle(corral.Entity):
+    """A handler that raises on every call (its message is dead-lettered), and a
+    `run()` that raises after a `crash` (its run is suspended)."""
+
+    retry = corral.RetryPolicy(max_attempts=2, initial_backoff=0.01)
+    crashed: bool
+
+    def __init__(self) -> None:
+        self.crashed = False
+
+    @corral.signal
+    def poison(self, poison: Poison) -> None:
+        raise ValueError("cannot parse this reply")
+
+    @corral.signal
+    def crash(self) -> None:
+        self.crashed = True
+
+    async def run(self) -> None:
+        await self.wait_for(lambda: self.crashed)
+        raise RuntimeError("run() hit a bug")
