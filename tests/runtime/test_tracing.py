@@ -30,7 +30,7 @@ from corral._errors import InvalidArgumentError
 from corral.persistence import Acceptance, EntryKind, open_store
 from procs import TESTS, Worker, spawner, wait_until
 from stores import sql
-from trace_entities import Brittle, Case, CaseInput, Notifier, Poison, Reply
+from trace_entities import Brittle, Case, CaseInput, Note, Notifier, NotifierInput, Poison, Reply
 from trace_spans import named, parent_of, recording, span_id, trace_id
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the HTTP client's
@@ -247,3 +247,22 @@ async def test_the_apply_span_says_the_message_was_dead_lettered_and_the_run_sus
     assert parent_of(suspend) == span_id(crash)  # what the run applied last before it
     assert suspend.status.description is not None
     assert "run() hit a bug" in suspend.status.description
+
+
+async def test_an_update_and_a_batch_are_accepted_in_spans_their_applies_continue(
+        db_path: str, spans: InMemorySpanExporter) -> None:
+    async with corral.open_runtime(db_path, entities=[Notifier]) as rt:
+        refs = [rt.ref(Notifier, f"n-{n}") for n in range(3)]
+        await rt.signal_many([corral.SignalItem(ref, Notifier.note, Note(text="hi"),
+                                                start=NotifierInput()) for ref in refs])
+        assert await refs[0].update(Notifier.count) == 1
+    got = spans.get_finished_spans()
+    [batch] = named(got, "corral accept batch")
+    [update] = named(got, "corral accept Notifier.count")
+    notes = named(got, "corral apply Notifier.note")
+    [counted] = named(got, "corral apply Notifier.count")
+    assert batch.attributes is not None
+    assert batch.attributes["corral.batch.size"] == 3
+    assert sorted(parent_of(s) for s in notes) == [span_id(batch)] * 3
+    assert parent_of(counted) == span_id(update)
+    assert trace_id(counted) == trace_id(update) != trace_id(batch)

@@ -55,6 +55,10 @@ class Notifier(corral.Entity):
     def seen(self) -> list[str]:
         return self.notes
 
+    @corral.update
+    def count(self) -> int:
+        return len(self.notes)
+
 
 class Case(corral.Entity):
     """Answers each reply in `run()` with a model step (retried), then notifies."""
