@@ -70,14 +70,17 @@ def traceparent_of(span: Span) -> str | None:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
-def parent_context(traceparent: str | None) -> Context | None:
+def parent_context(traceparent: str | None) -> Context:
     """The context to continue from a stored `traceparent` (a remote parent, as the
-    propagator's `extract` makes it), or None (no parent: the span starts a trace)
-    when there is none or it is not one."""
-    if not is_traceparent(traceparent):
-        return None
-    assert traceparent is not None
+    propagator's `extract` makes it); an empty one (the span starts a trace) when there
+    is none or it is not one. Never the current context: a host's task may have been
+    started inside a caller's span, which is not the cause of what it applies."""
     from opentelemetry import trace
+    from opentelemetry.context import Context
+
+    if not is_traceparent(traceparent):
+        return Context()
+    assert traceparent is not None
 
     return trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
         int(traceparent[3:35], 16), int(traceparent[36:52], 16), is_remote=True,

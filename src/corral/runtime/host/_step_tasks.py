@@ -21,7 +21,7 @@ from typing import Any
 
 from corral._deadline import Expired, within
 from corral._errors import InvalidArgumentError
-from corral._tracing import parent_context, tracer
+from corral._tracing import is_traceparent, parent_context, tracer
 from corral.actors import current_step_key
 
 __all__ = ["call_as_task"]
@@ -48,10 +48,10 @@ def continued(trace: str | None) -> Iterator[None]:
     """Continue the attempt's trace in the task: a span of its own if this worker
     traces (a tracer provider configured in it), else the attempt's context made
     current, so spans the step's code starts still join the trace."""
-    parent = parent_context(trace) if trace is not None else None
-    if parent is None:
+    if not is_traceparent(trace):
         yield
         return
+    parent = parent_context(trace)
     t = tracer()
     if t is None:
         from opentelemetry import context
