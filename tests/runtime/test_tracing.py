@@ -267,3 +267,22 @@ async def test_an_update_and_a_batch_are_accepted_in_spans_their_applies_continu
     assert sorted(parent_of(s) for s in notes) == [span_id(batch)] * 3
     assert parent_of(counted) == span_id(update)
     assert trace_id(counted) == trace_id(update) != trace_id(batch)
+
+
+@pytestmark_kill
+async def test_a_host_that_does_not_trace_passes_the_caller_s_context_on_with_its_sends(
+        db_path: str, tmp_path: Path, spawn: Callable[..., Worker],
+        spans: InMemorySpanExporter) -> None:
+    """The worker has no tracer provider: it makes no span, and its send still carries
+    the caller's context to the entity it notifies."""
+    worker = spawn("host-1", "host", db_path)
+    async with corral.open_runtime(db_path, entities=[Case, Notifier], host=False) as rt:
+        await rt.ref(Case, "c-6").signal_with_start(Case.reply, Reply(text="hi"),
+                                                    start=CaseInput(log=str(tmp_path / "l")))
+
+        async def sent() -> bool:
+            return bool(sql(db_path, "SELECT 1 FROM outbox WHERE delivered"))
+        await wait_until(sent, "the worker delivers the send", alive=[worker], timeout=60)
+    [accept] = named(spans.get_finished_spans(), "corral accept Case.reply")
+    assert sql(db_path, "SELECT trace FROM outbox") == [(_traceparent(accept),)]
+    worker.stop()

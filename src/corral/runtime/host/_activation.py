@@ -511,7 +511,8 @@ class Activation(RunContext):
         acts on the verdict: a dead letter, or an update's outcome to record. Traced:
         inside the span of applying it (`_traces`), the cause of what follows."""
         t = tracer()
-        if t is None:
+        if t is None:  # no span here; the caller's context still goes on with the sends
+            self._trace = entry.trace
             await self._handle(entry, replaying, None)
             return
         with traces.applying(t, entry, replaying=replaying) as span:

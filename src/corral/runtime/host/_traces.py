@@ -11,6 +11,8 @@ a takeover too) and across the entities a message's sends reach:
 The activation keeps the traceparent of the last message it applied (`RunContext._trace`):
 the cause of what its handlers and `run()` do next. `run()` runs beside the handlers,
 so its step attempts and sends are children of the message applied last before them.
+A host that does not trace (no tracer provider in its process) makes no span, and keeps
+the stored context as the cause: its sends and Ray tasks carry the caller's on.
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ def step_attempt(cause: str | None, name: str, attempt: int, key: str, *,
                  on_ray: bool) -> Iterator[str | None]:
     """The span of one attempt of step `name` (child of `cause`, the message applied
     last), current while it runs here; yields its traceparent, which a Ray task
-    continues (None: tracing is off). A raising attempt's span records the error."""
+    continues (tracing off here: `cause` itself). A raising attempt's span records the
+    error."""
     t = tracer()
     if t is None:
-        yield None
+        yield cause
         return
     with t.start_as_current_span(f"corral step {name}", context=parent_context(cause),
                                  attributes={"corral.step": name, "corral.step.attempt": attempt,
@@ -81,10 +84,11 @@ def step_attempt(cause: str | None, name: str, attempt: int, key: str, *,
 def send_trace(cause: str | None, target_type: str, target_key: str, name: str,
                message_id: str | None) -> str | None:
     """A send's span (child of `cause`), ended at once: what its outbox row stores and
-    its acceptance into the target carries on. None when tracing is off."""
+    its acceptance into the target carries on. Tracing off here: `cause` itself, so a
+    host without a tracer provider still passes its caller's context on."""
     t = tracer()
     if t is None:
-        return None
+        return cause
     from opentelemetry.trace import SpanKind
 
     attributes: dict[str, Any] = {"corral.target_type": target_type,
