@@ -12,9 +12,10 @@ configured a tracer provider imported it), and asks it for the global provider; 
 none set (the API's proxy) tracing stays off and nothing else runs. A provider, once
 set, is the process's for good (the API refuses a second), so the tracer is kept.
 
-What is stored is what `traceparent_of` formats with the W3C propagator from a span
-this process started; a text from elsewhere (a Ray caller's acceptance, a stored row)
-is checked by `is_traceparent` before it is stored or used.
+What is stored is what `traceparent_of` formats (as the W3C propagator writes it) from a
+span this process started, never a header a caller sent; a text from elsewhere (a Ray
+caller's acceptance, a stored row) is checked by `is_traceparent` before it is stored
+or used.
 """
 
 from __future__ import annotations
