@@ -27,7 +27,7 @@ from starlette.routing import Route
 import corral
 from corral._common import IdReusePolicy
 from corral._errors import InvalidArgumentError
-from corral.persistence import Acceptance, EntryKind, open_store
+from corral.persistence import Acceptance, AcceptResult, EntryKind, JournalEntry, open_store
 from procs import TESTS, Worker, spawner, wait_until
 from stores import sql
 from trace_entities import Brittle, Case, CaseInput, Note, Notifier, NotifierInput, Poison, Reply
@@ -286,3 +286,22 @@ async def test_a_host_that_does_not_trace_passes_the_caller_s_context_on_with_it
     [accept] = named(spans.get_finished_spans(), "corral accept Case.reply")
     assert sql(db_path, "SELECT trace FROM outbox") == [(_traceparent(accept),)]
     worker.stop()
+
+
+def test_the_wire_forms_carry_the_trace_and_read_those_of_a_release_before_traces() -> None:
+    """Ray callers and hosts of two releases meet during a rolling deploy: each reads
+    what the other sends (an older one never sends a trace, and ignores one)."""
+    payload = '{"text":"x"}'
+    acc = Acceptance("Case", "c-7", 0, EntryKind.SIGNAL, "reply", "m-1", payload,
+                     hashlib.sha256(payload.encode()).digest(), None, None,
+                     IdReusePolicy.ALLOW_DUPLICATE, 1.0, trace=CALLER)
+    assert Acceptance.from_wire(acc.to_wire()) == acc
+    assert Acceptance.from_wire(acc.to_wire()[:16]) == acc._replace(trace=None)
+    entry = JournalEntry("Case", "c-7", 3, 1, EntryKind.SIGNAL, "reply", "m-1", payload,
+                         None, 1.0, CALLER)
+    result = AcceptResult(duplicate=False, started=True, entry=entry, dead_letter_id=None)
+    assert AcceptResult.from_wire(result.to_wire()) == result
+    before = result.to_wire()[:13]  # what a release before traces sends and reads
+    assert before[12] is None  # its dead_letter_id, where it reads it
+    assert AcceptResult.from_wire(before) == result._replace(
+        entry=entry._replace(trace=None))

@@ -107,8 +107,10 @@ class Acceptance(NamedTuple):
 
     @classmethod
     def from_wire(cls, t: Sequence[Any]) -> Acceptance:
+        # `trace` last, and optional: a caller of a release before traces sends none.
         return cls(t[0], t[1], t[2], _KINDS[t[3]], t[4], t[5], t[6], t[7], t[8], t[9],
-                   _ID_REUSE[t[10]], t[11], t[12], t[13], t[14], t[15], t[16])
+                   _ID_REUSE[t[10]], t[11], t[12], t[13], t[14], t[15],
+                   t[16] if len(t) > 16 else None)
 
 
 class JournalEntry(NamedTuple):
@@ -141,13 +143,16 @@ class AcceptResult(NamedTuple):
     def to_wire(self) -> tuple[Any, ...]:
         """As `Acceptance.to_wire`: plain values, the entry's kind by value."""
         e = self.entry
-        return (self.duplicate, self.started, *e[:4], e.kind._value_, *e[5:],
-                self.dead_letter_id)
+        # The entry's `trace` after `dead_letter_id`: the tuple a release before traces
+        # reads and writes, and one more item that it ignores (and does not send).
+        return (self.duplicate, self.started, *e[:4], e.kind._value_, *e[5:10],
+                self.dead_letter_id, e.trace)
 
     @classmethod
     def from_wire(cls, t: Sequence[Any]) -> AcceptResult:
         return cls(t[0], t[1], JournalEntry(t[2], t[3], t[4], t[5], _KINDS[t[6]], t[7], t[8],
-                                            t[9], t[10], t[11], t[12]), t[13])
+                                            t[9], t[10], t[11], t[13] if len(t) > 13 else None),
+                   t[12])
 
 
 _KINDS = {k.value: k for k in EntryKind}
