@@ -25,6 +25,7 @@ from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._hosting import HostingClaim, HostingRegistry
+from ._housekeeping import housekeeping
 from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
@@ -104,6 +105,7 @@ __all__ = [
     "canonical_json",
     "delivery_run",
     "handler_send_id",
+    "housekeeping",
     "is_postgres_url",
     "newest_build",
     "open_sqlite_store",

@@ -79,6 +79,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
     # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
     15: set_storage("postgres"),
+    # A listing reads each entity's run's first seq from its own row, not one run
+    # lookup per row (`_tables.first_seq_sql`; rows keep NULL until their next run).
+    16: ("ALTER TABLE entities ADD COLUMN IF NOT EXISTS first_seq bigint",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""
