@@ -79,6 +79,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
     # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
     15: set_storage("postgres"),
+    # Steps in an entity's history, with their attempts (`_ops_steps`).
+    16: create("step_history", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

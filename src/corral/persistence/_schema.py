@@ -77,6 +77,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          # ... and operators page one type's or entity's dead letters by a seek.
          "CREATE INDEX IF NOT EXISTS dead_letters_type ON dead_letters (etype, id)",
          "CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (etype, key, id)"),
+    # Steps in an entity's history, with their attempts (`_ops_steps`).
+    17: create("step_history", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 
