@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,9 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 import corral
 import corral.metrics
 from corral.cli import main
-from corral.persistence import STEP_ERROR_CHARS, STEP_TRACEBACK_CHARS
+from corral.persistence import (
+    STEP_ERROR_CHARS,
+    STEP_HISTORY_PER_RUN,
+    STEP_TRACEBACK_CHARS,
+    open_store,
+)
 from procs import wait_until
-from step_history_entities import Gated, Hostile, Ticket, TicketInput
+from step_history_entities import Gated, Hostile, Many, Ticket, TicketInput
 from stores import sql
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
@@ -74,7 +78,7 @@ async def test_a_retried_step_and_one_that_failed_for_good_show_their_attempts_i
 
     after = _samples()
     for step, attempts, failures in (("model", 3, 0), ("tool", 3, 1)):
-        labels = {"entity_type": "Ticket", "step": step}
+        labels: dict[str, str] = {"entity_type": "Ticket", "step": step}
         assert _value(after, "corral_step_attempts_total", **labels) - _value(
             before, "corral_step_attempts_total", **labels) == attempts
         assert _value(after, "corral_step_failures_total", **labels) - _value(
@@ -132,42 +136,27 @@ async def test_a_hostile_error_is_stored_cut_and_escaped_and_read_back(
     assert step.traceback.endswith("x" * 100 + "\n")  # its end: the error's last line
 
 
-async def test_a_runs_history_keeps_its_newest_steps_at_a_checkpoint_and_goes_with_the_run(
+async def test_a_checkpoint_keeps_the_runs_newest_steps_and_retention_purges_them(
         db_path: str, tmp_path: Path) -> None:
-    from corral.persistence import open_store
-    from corral.persistence._ops_steps import trim_step_history
-
-    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
-        ref = rt.ref(Ticket, "t-1")
+    async with corral.open_runtime(db_path, entities=[Many]) as rt:
+        ref = rt.ref(Many, "m-1")
         await ref.start(start=TicketInput(log=str(tmp_path / "calls.log")))
+        await wait_until(lambda: ref.query(Many.checkpointed), "the checkpoint", timeout=120)
+        steps = (await ref.history()).steps
+        assert len(steps) == STEP_HISTORY_PER_RUN
+        assert steps[0].name == "s:1"  # the oldest went
+        assert steps[-1].name == f"s:{STEP_HISTORY_PER_RUN}"
+        assert sql(db_path, "SELECT count(*) FROM step_history") == [
+            (STEP_HISTORY_PER_RUN,)]  # stored, not only shown
+        await ref.signal(Many.proceed)
         await ref.result(timeout=30)
     store = await open_store(db_path, shards=16)
     try:
-        async def trim(txn: Any) -> None:
-            await trim_step_history(txn, "Ticket", "t-1", 1, keep=1)
-        await store.write(_Trim(trim))
-        assert [s.name for s in await store.step_history("Ticket", "t-1", limit=10)] == [
-            "tool:9104"]  # the newer one
-        purged = await store.purge_closed("Ticket", closed_before=1e12, limit=10)
+        purged = await store.purge_closed("Many", closed_before=1e12, limit=10)
         assert purged.entities == 1
-        assert await store.step_history("Ticket", "t-1", limit=10) == []
+        assert await store.step_history("Many", "m-1", limit=10) == []
     finally:
         await store.close()
-
-
-class _Trim:
-    """A write op running one function in the store's transaction."""
-
-    buffered = False
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def plan(self, plan: Any) -> None:
-        pass
-
-    async def apply(self, txn: Any) -> None:
-        await self.fn(txn)
 
 
 def test_corral_history_lists_the_steps_with_their_attempts(

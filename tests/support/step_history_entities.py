@@ -9,6 +9,7 @@ import os
 from pydantic import BaseModel
 
 import corral
+from corral.persistence import STEP_HISTORY_PER_RUN
 
 
 class TicketInput(BaseModel):
@@ -118,5 +119,33 @@ class Hostile(corral.Entity):
         return self.failure[:100]
 
 
-app = corral.App(entities=[Ticket, Gated, Hostile])
+def echo(n: int) -> int:
+    return n
+
+
+class Many(corral.Entity):
+    """`STEP_HISTORY_PER_RUN + 1` steps, then a checkpoint, then waits to be let go."""
+
+    def __init__(self, init: TicketInput) -> None:
+        self.made = 0
+        self.go = False
+
+    @corral.signal
+    def proceed(self) -> None:
+        self.go = True
+
+    @corral.query
+    def checkpointed(self) -> bool:
+        return self.made > STEP_HISTORY_PER_RUN
+
+    async def run(self) -> int:
+        for n in range(self.made, STEP_HISTORY_PER_RUN + 1):
+            await self.step(echo, n, name=f"s:{n}")
+        await self.checkpoint()
+        self.made = STEP_HISTORY_PER_RUN + 1
+        await self.wait_for(lambda: self.go)
+        return self.made
+
+
+app = corral.App(entities=[Ticket, Gated, Hostile, Many])
 """The CLI's application (`--app step_history_entities:app`)."""
