@@ -1,6 +1,7 @@
 """A step running as a Ray task on a `ray.cluster_utils.Cluster` node with a custom
 resource, the node removed without grace mid-task: Ray runs the task again on the other
-node of that resource, the host records that result, and `run()` goes on with it."""
+node of that resource, the host records that result, and `run()` goes on with it; its
+history says it ran as a Ray task on that node."""
 
 from __future__ import annotations
 
@@ -40,3 +41,6 @@ def test_a_step_whose_node_dies_mid_task_runs_again_on_another_node(tmp_path: Pa
     assert again[0] != first
     assert report["result"] == again[0]  # run() got the surviving node's answer
     assert report["records"] == 0  # the run ended: its record went with it
+    # Its history names the node the answer came from (one attempt: Ray ran it again).
+    assert report["steps"] == [{"name": "model", "status": "completed", "attempts": 1,
+                                "ray_task": True, "node": again[0]}]

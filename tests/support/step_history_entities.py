@@ -149,3 +149,20 @@ class Many(corral.Entity):
 
 app = corral.App(entities=[Ticket, Gated, Hostile, Many])
 """The CLI's application (`--app step_history_entities:app`)."""
+
+
+class RayTicket(corral.Entity):
+    """`Ticket`'s two steps, each attempt a Ray task."""
+
+    def __init__(self, init: TicketInput) -> None:
+        self.log = init.log
+
+    async def run(self) -> str:
+        reply = await self.step(model_fails_twice, self.log, 1, name="model:1", retry=FAST,
+                                ray_options={"num_cpus": 0})
+        try:
+            await self.step(tool_is_down, self.log, 1, name="tool:1", retry=FAST,
+                            ray_options={"num_cpus": 0})
+        except corral.StepFailedError as err:
+            return f"{reply.text}; {err.error}"
+        return reply.text
