@@ -124,10 +124,10 @@ async def test_a_hostile_error_is_stored_cut_and_escaped_and_read_back(
         await ref.start(start=TicketInput(log=str(tmp_path / "calls.log")))
         failure = await ref.result(timeout=30)
         [step] = (await ref.history()).steps
-    assert failure.startswith("ValueError: bad \\ud800 \\x00 \x1b[31m \u202e")
+    assert failure.startswith("ValueError: bad <b>\\ud800 \\x00 \x1b[31m \u202e")
     assert step.status == "failed"
     assert step.error is not None
-    assert step.error.startswith("ValueError: bad \\ud800 \\x00 \x1b[31m \u202exxx")
+    assert step.error.startswith("ValueError: bad <b>\\ud800 \\x00 \x1b[31m \u202exxx")
     assert step.error.endswith(" characters cut]")
     assert len(step.error) < STEP_ERROR_CHARS + 40
     assert step.traceback is not None

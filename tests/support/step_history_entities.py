@@ -98,9 +98,9 @@ class Gated(corral.Entity):
 
 
 def hostile_failure(size: int) -> None:
-    """Fails with a message holding a lone surrogate, control characters, a NUL and
-    `size` more characters."""
-    raise ValueError("bad \ud800 \x00 \x1b[31m \u202e" + "x" * size)
+    """Fails with a message holding markup, a lone surrogate, control characters, a NUL
+    and `size` more characters."""
+    raise ValueError("bad <b>\ud800 \x00 \x1b[31m \u202e" + "x" * size)
 
 
 class Hostile(corral.Entity):
