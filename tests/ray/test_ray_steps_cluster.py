@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_workers import TESTS_DIR
+from ray_workers import CORRAL_DIR, TESTS_DIR
 
 SCRIPT = str(Path(TESTS_DIR) / "step_cluster.py")
 
@@ -24,7 +24,9 @@ SCRIPT = str(Path(TESTS_DIR) / "step_cluster.py")
 def test_a_step_whose_node_dies_mid_task_runs_again_on_another_node(tmp_path: Path) -> None:
     temp = tempfile.mkdtemp(prefix="corral-sc-")  # short: Ray's socket paths are limited
     out, log = tmp_path / "report.json", tmp_path / "cluster.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
+    # The corral under test, whichever checkout the interpreter's install points at.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([TESTS_DIR, CORRAL_DIR]),
            "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     try:
         with log.open("wb") as sink:
