@@ -192,7 +192,7 @@ async def forget_run_steps(txn: Txn, etype: str, key: str, run_id: int) -> None:
 async def trim_step_history(txn: Txn, etype: str, key: str, run_id: int,
                             keep: int = STEP_HISTORY_PER_RUN) -> None:
     """Keep the run's newest `keep` steps in history (by first start; ties at the
-    boundary are kept): a seek of the run's index, a no-op below `keep`."""
+    boundary are kept): a read of the run's rows (by its key), a no-op below `keep`."""
     await txn.execute(
         "DELETE FROM step_history WHERE etype = ? AND key = ? AND run_id = ? "
         "AND started_at < (SELECT started_at FROM step_history WHERE etype = ? AND key = ? "
