@@ -192,3 +192,17 @@ def test_corral_history_lists_the_steps_with_their_attempts(
     assert [row[:4] for row in rows] == [["1", "model:9104", "completed", "3"],
                                           ["1", "tool:9104", "failed", "3"]]
     assert "RuntimeError: tool for 9104 is down" in text
+
+
+async def test_a_damaged_step_row_is_a_corrupt_row_error_naming_it(
+        db_path: str, tmp_path: Path) -> None:
+    async with corral.open_runtime(db_path, entities=[Ticket]) as rt:
+        ref = rt.ref(Ticket, "t-bad")
+        await ref.start(start=TicketInput(log=str(tmp_path / "calls.log")))
+        await ref.result(timeout=30)
+        sql(db_path, "UPDATE step_history SET status = 'bogus' WHERE name = 'tool:9104'")
+        with pytest.raises(corral.CorruptRowError) as caught:
+            await ref.history()
+    assert (caught.value.table, caught.value.column, caught.value.key) == (
+        "step_history", "status", "t-bad")
+    assert "'tool:9104'" in str(caught.value)

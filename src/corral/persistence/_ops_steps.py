@@ -215,14 +215,21 @@ async def step_history(q: Txn, etype: str, key: str, limit: int) -> list[StepAtt
         "SELECT run_id, name, status, attempts, started_at, updated_at, result, error, "
         "traceback, ray_task, node FROM step_history WHERE etype = ? AND key = ? "
         "ORDER BY run_id DESC, started_at DESC, name DESC LIMIT ?", etype, key, limit)
-    found = []
-    for r in reversed(rows):
-        row = Row("step_history", etype, key, r[0], what=f"step {r[1]!r}")
-        status = row.text("status", r[2])
-        if status not in ("retrying", "completed", "failed"):
-            raise row.corrupt("status", f"holds {status!r}, not a step status")
-        found.append(StepAttempts(
-            r[0], row.text("name", r[1]), status,  # type: ignore[arg-type]
-            row.integer("attempts", r[3]), row.seconds("started_at", r[4]),
-            row.seconds("updated_at", r[5]), r[6], r[7], r[8], bool(r[9]), r[10]))
-    return found
+    return [_step_from_row(etype, key, r) for r in reversed(rows)]
+
+
+def _step_from_row(etype: str, key: str, r: Sequence[object]) -> StepAttempts:
+    """A `step_history` row, each column checked (`CorruptRowError` if damaged)."""
+    run_id = r[0] if isinstance(r[0], int) else 0
+    row = Row("step_history", etype, key, run_id, what=f"step {r[1]!r}")
+
+    def text(column: str, value: object) -> str | None:
+        return None if value is None else row.text(column, value)
+    status = row.text("status", r[2])
+    if status not in ("retrying", "completed", "failed"):
+        raise row.corrupt("status", f"is {status!r}, not retrying, completed or failed")
+    return StepAttempts(
+        row.integer("run_id", r[0]), row.text("name", r[1]), status,  # type: ignore[arg-type]
+        row.integer("attempts", r[3]), row.seconds("started_at", r[4]),
+        row.seconds("updated_at", r[5]), text("result", r[6]), text("error", r[7]),
+        text("traceback", r[8]), bool(r[9]), text("node", r[10]))
