@@ -206,3 +206,22 @@ async def test_a_damaged_step_row_is_a_corrupt_row_error_naming_it(
     assert (caught.value.table, caught.value.column, caught.value.key) == (
         "step_history", "status", "t-bad")
     assert "'tool:9104'" in str(caught.value)
+
+
+async def test_a_step_retrying_when_its_run_is_terminated_is_interrupted_in_history(
+        db_path: str, tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    async with corral.open_runtime(db_path, entities=[Gated]) as rt:
+        ref = rt.ref(Gated, "g-stop")
+        await ref.start(start=TicketInput(log=str(log)))
+
+        async def retrying() -> bool:
+            steps = (await ref.history()).steps
+            return bool(steps) and steps[0].status == "retrying"
+        await wait_until(retrying, "the step retrying")
+        await ref.terminate(reason="enough")
+        with pytest.raises(corral.EntityTerminatedError):
+            await ref.result(timeout=30)
+        [step] = (await ref.history()).steps
+    assert (step.status, step.error) == ("interrupted",
+                                         "ConnectionRefusedError: the gate is shut")

@@ -20,6 +20,7 @@ traceback's last `STEP_TRACEBACK_CHARS`) and made storable (`storable_text`).
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -42,9 +43,10 @@ STEP_ERROR_CHARS = 2000
 STEP_TRACEBACK_CHARS = 16_000
 """Characters of a step's last traceback kept in history: its end, where the error is."""
 
-StepStatus = Literal["retrying", "completed", "failed"]
+StepStatus = Literal["retrying", "completed", "failed", "interrupted"]
 """A step in history: an attempt failed and another follows; it succeeded; its
-attempts ran out."""
+attempts ran out; its run ended while it retried (terminated, say)."""
+_STATUSES = frozenset(typing.get_args(StepStatus))
 
 
 def storable_text(text: str, limit: int, *, tail: bool = False) -> str:
@@ -83,8 +85,8 @@ class StepAttempts:
 
     Attributes:
         run_id, name: the run and the step's name in it.
-        status: "retrying" (an attempt failed, another follows), "completed" or "failed"
-            (its attempts ran out).
+        status: "retrying" (an attempt failed, another follows), "completed", "failed"
+            (its attempts ran out) or "interrupted" (its run ended while it retried).
         attempts: the attempts made so far (by the activation that made them: a host that
             dies while a step retries leaves its count, and its successor counts anew).
         started_at: when its first attempt began; updated_at: when the row was written
@@ -131,7 +133,9 @@ async def write_step_history(txn: Txn, etype: str, key: str, h: StepAttempts) ->
 
 @dataclass(frozen=True, slots=True)
 class RecordStepAttemptOp(Fenced):
-    """An attempt of a step failed and another follows: its history row says so."""
+    """An attempt of a step failed and another follows: its history row says so, while
+    its run is running (a run that ended meanwhile marked its steps interrupted, and a
+    step retrying in it is about to be cancelled)."""
 
     fence: Fence
     entity_type: str
@@ -140,7 +144,10 @@ class RecordStepAttemptOp(Fenced):
 
     async def apply(self, txn: Txn) -> None:
         await txn.check(self.fence)
-        await write_step_history(txn, self.entity_type, self.key, self.history)
+        if await txn.fetchone(
+                "SELECT 1 FROM entities WHERE etype = ? AND key = ? AND run_id = ? "
+                "AND status = 'running'", self.entity_type, self.key, self.history.run_id):
+            await write_step_history(txn, self.entity_type, self.key, self.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +189,13 @@ async def forget_steps(txn: Txn, etype: str, key: str, run_id: int,
 
 
 async def forget_run_steps(txn: Txn, etype: str, key: str, run_id: int) -> None:
-    """The run ended: delete its step records (and any older run's); bound its
-    history (`trim_step_history`)."""
+    """The run ended: delete its step records (and any older run's); its steps still
+    retrying are interrupted; bound its history (`trim_step_history`)."""
     await txn.execute("DELETE FROM steps WHERE etype = ? AND key = ? AND run_id <= ?",
                       etype, key, run_id)
+    # A step still retrying never will: its history says so, not "retrying" for ever.
+    await txn.execute("UPDATE step_history SET status = 'interrupted' WHERE etype = ? "
+                      "AND key = ? AND run_id = ? AND status = 'retrying'", etype, key, run_id)
     await trim_step_history(txn, etype, key, run_id)
 
 
@@ -226,8 +236,8 @@ def _step_from_row(etype: str, key: str, r: Sequence[object]) -> StepAttempts:
     def text(column: str, value: object) -> str | None:
         return None if value is None else row.text(column, value)
     status = row.text("status", r[2])
-    if status not in ("retrying", "completed", "failed"):
-        raise row.corrupt("status", f"is {status!r}, not retrying, completed or failed")
+    if status not in _STATUSES:
+        raise row.corrupt("status", f"is {status!r}, not one of {', '.join(sorted(_STATUSES))}")
     return StepAttempts(
         row.integer("run_id", r[0]), row.text("name", r[1]), status,  # type: ignore[arg-type]
         row.integer("attempts", r[3]), row.seconds("started_at", r[4]),

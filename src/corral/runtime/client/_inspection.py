@@ -139,7 +139,8 @@ class StepInfo:
     Attributes:
         run_id, name: its run and its name in the run.
         status: "retrying" (an attempt failed and another follows: the step is still
-            running), "completed", or "failed" (its last attempt failed too).
+            running), "completed", "failed" (its last attempt failed too), or
+            "interrupted" (its run ended while it retried: terminated, say).
         attempts: the attempts made (so far, while retrying).
         started_at: when its first attempt began; duration: seconds from then to its
             outcome (while retrying: to its last failed attempt), backoffs included.
