@@ -37,7 +37,7 @@ async def test_a_store_of_schema_14_gains_the_running_index(tmp_path: Path) -> N
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP INDEX entities_running")
-        db.execute("ALTER TABLE entities DROP COLUMN first_seq")  # schema 17's
+        db.execute("ALTER TABLE entities DROP COLUMN first_seq")  # schema 18's
         db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", ("14",))
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db:

@@ -73,7 +73,7 @@ async def test_a_store_at_schema_5_gains_the_suspensions_table_and_suspends_runs
     # Back to what a corral of schema 5 wrote: no suspensions table.
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP TABLE suspensions")
-        db.execute("ALTER TABLE entities DROP COLUMN first_seq")  # schema 17's
+        db.execute("ALTER TABLE entities DROP COLUMN first_seq")  # schema 18's
         db.execute("UPDATE meta SET v='5' WHERE k='schema_version'")
     async with corral.open_runtime(path, entities=[Ticket]) as rt:
         ref = rt.ref(Ticket, "t-1")

@@ -29,7 +29,16 @@ from ._housekeeping import housekeeping
 from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
-from ._ops_steps import StepRecord
+from ._ops_steps import (
+    STEP_ERROR_CHARS,
+    STEP_HISTORY_PER_RUN,
+    STEP_RESULT_CHARS,
+    STEP_TRACEBACK_CHARS,
+    StepAttempts,
+    StepRecord,
+    StepStatus,
+    storable_text,
+)
 from ._records import (
     DERIVED_ID_PREFIXES,
     Acceptance,
@@ -60,6 +69,10 @@ from ._waits import WaitPosition, delivery_run, timer_id
 
 __all__ = [
     "DERIVED_ID_PREFIXES",
+    "STEP_ERROR_CHARS",
+    "STEP_HISTORY_PER_RUN",
+    "STEP_RESULT_CHARS",
+    "STEP_TRACEBACK_CHARS",
     "AcceptResult",
     "AcceptStore",
     "Acceptance",
@@ -92,7 +105,9 @@ __all__ = [
     "Send",
     "ShardBacklog",
     "SqliteStore",
+    "StepAttempts",
     "StepRecord",
+    "StepStatus",
     "Store",
     "Suspension",
     "TimerRecord",
@@ -113,6 +128,7 @@ __all__ = [
     "payload_hash",
     "plain_canonical_json",
     "send_message_id",
+    "storable_text",
     "stored_json",
     "stored_shards",
     "timer_id",

@@ -79,9 +79,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
     # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
     15: set_storage("postgres"),
+    # Steps in an entity's history, with their attempts (`_ops_steps`).
+    16: create("step_history", "postgres"),
     # A listing reads each entity's run's first seq from its own row, not one run
     # lookup per row (`_tables.first_seq_sql`; rows keep NULL until their next run).
-    16: ("ALTER TABLE entities ADD COLUMN IF NOT EXISTS first_seq bigint",),
+    17: ("ALTER TABLE entities ADD COLUMN IF NOT EXISTS first_seq bigint",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""
