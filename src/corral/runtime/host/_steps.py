@@ -227,7 +227,7 @@ async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
                 timeout: float | None, ray_options: dict[str, Any] | None,
-                place: TaskPlace | None) -> Any:
+                place: TaskPlace | None = None) -> Any:
     """One attempt: `fn(*args)` with `corral.step_key()` set, here or as a Ray task
     (which says where it ran in `place`)."""
     if ray_options is not None:
