@@ -43,7 +43,6 @@ RECORD = (
 PROGRESS_JOIN = "LEFT JOIN progress p ON p.etype = entities.etype AND p.key = entities.key"
 
 
-
 def progress_from() -> str:
     """`entities` with its recorded progress (`p`)."""
     return f"entities {PROGRESS_JOIN}"
