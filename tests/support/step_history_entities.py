@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 import corral
 from corral.persistence import STEP_HISTORY_PER_RUN
+from step_entities import _count, _log  # the side file of calls
 
 
 class TicketInput(BaseModel):
@@ -21,22 +22,9 @@ class Reply(BaseModel):
     attempt: int
 
 
-def _calls(path: str, line: str) -> int:
-    try:
-        with open(path) as f:
-            return f.read().splitlines().count(line)
-    except FileNotFoundError:
-        return 0
-
-
-def _log(path: str, line: str) -> None:
-    with open(path, "a") as f:
-        f.write(line + "\n")
-
-
 def model_fails_twice(log: str, ticket: int) -> Reply:
     """A model call that fails on its first two attempts, then answers."""
-    attempt = _calls(log, f"model:{ticket}") + 1
+    attempt = _count(log, f"model:{ticket}") + 1
     _log(log, f"model:{ticket}")
     if attempt <= 2:
         raise ConnectionError(f"model overloaded (attempt {attempt})")
