@@ -226,7 +226,7 @@ def _entity_rows(etype: str, i: int, kind: str, shards: int, at: float
     next_seq = 3 if second else 2
     status = "completed" if kind == "closed" else "running"
     passivated = {"passivated": 1, "dead": 2, "waiting": 2}.get(kind)
-    yield "entities", (etype, key, shard, 1, status, next_seq, passivated, at + 1)
+    yield "entities", (etype, key, shard, 1, status, next_seq, passivated, at + 1, 1)
     yield "runs", (etype, key, 1, status, START_INPUT, ADD if kind == "closed" else None,
                    None, at, at + 1 if kind == "closed" else None, None, 1)
     messages = [("add", ADD)] + ([second] if second else [])
@@ -256,7 +256,8 @@ def _entity_rows(etype: str, i: int, kind: str, shards: int, at: float
 
 
 COLUMNS = {
-    "entities": "etype, key, shard, run_id, status, next_seq, passivated_seq, updated_at",
+    "entities": "etype, key, shard, run_id, status, next_seq, passivated_seq, updated_at, "
+                "first_seq",
     "runs": "etype, key, run_id, status, start_input, result, error, started_at, closed_at, "
             "continued_from, first_seq",
     "dedupe": "etype, key, message_id, seq, run_id, payload_hash, sender, accepted_at, outcome",

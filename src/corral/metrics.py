@@ -26,6 +26,10 @@ Series (each labelled by `entity_type`, where it has one):
                                               build): each failed attempt suspends the run
     corral_suspended_entities                 runs held suspended by this process (gauge,
                                               at scrape): alert on > 0
+    corral_step_attempts_total{step}          attempts of durable steps (`Entity.step`)
+    corral_step_failures_total{step}          steps failed for good: their last attempt
+                                              failed (`StepFailedError` in `run()`)
+    corral_step_seconds{step}                 each attempt's duration (histogram)
     corral_accept_seconds                     acceptance latency (histogram)
     corral_group_commit_ops{store}            write ops per group commit (histogram)
     corral_resident_entities                  entities in memory (gauge, at scrape)
@@ -33,6 +37,11 @@ Series (each labelled by `entity_type`, where it has one):
     corral_host_up{host}                      1 for each host whose series are in this
                                               scrape: locally, each host this process
                                               runs (`host` its owner id, at scrape)
+The `step` label is a step's name up to its first ":" (a name the code derives from
+what it works on, `f"model:{reply.id}"`, is labelled `model`: never an id), and bounded:
+the first `STEP_LABELS` (100) (entity type, step) pairs a process counts are named, any
+later one is counted under `step="(other)"` (`OTHER_STEPS`), so 100,000 distinct names
+make at most 100 series per metric beside one "(other)" per type.
 On Ray, pulled from the host actors, each also labelled `host` (the actor's name), and
 `corral_host_up{host}` set by the pull instead: 1 the host actor answered, 0 it did not
 (its series are missing from that scrape). Locally a process that does not answer is
@@ -59,7 +68,9 @@ from prometheus_client.registry import Collector
 
 __all__ = [
     "HOST_UP",
+    "OTHER_STEPS",
     "REGISTRY",
+    "STEP_LABELS",
     "accepted",
     "activated",
     "applied",
@@ -73,6 +84,9 @@ __all__ = [
     "rejected",
     "serve",
     "snapshotted",
+    "step_attempted",
+    "step_failed",
+    "step_label",
     "suspended",
     "timer_fired",
     "track_residents",
@@ -83,6 +97,8 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 """Every corral series of this process."""
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                 120.0, 300.0)
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0)
 
@@ -100,6 +116,9 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "corral_timers_fired": ("Due durable timers that woke an entity.", ("entity_type",)),
     "corral_run_suspensions": ("Failed attempts of run() or of an activation, each of which "
                                "suspended its run.", ("entity_type",)),
+    "corral_step_attempts": ("Attempts of durable steps.", ("entity_type", "step")),
+    "corral_step_failures": ("Durable steps failed for good (their last attempt failed).",
+                             ("entity_type", "step")),
 }
 # Histograms: name -> (help, label names, bucket upper bounds).
 _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
@@ -107,6 +126,8 @@ _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
                               _LATENCY_BUCKETS),
     "corral_group_commit_ops": ("Write ops per group-commit transaction.", ("store",),
                                 _BATCH_BUCKETS),
+    "corral_step_seconds": ("Duration of each attempt of a durable step.",
+                            ("entity_type", "step"), _STEP_BUCKETS),
 }
 
 # The series themselves, counted in plain numbers under one lock (~0.4 us a count, where
@@ -208,6 +229,41 @@ def timer_fired(etype: str) -> None:
 def suspended(etype: str) -> None:
     """A run's `run()` raised (or its activation failed to build): it is suspended."""
     _count("corral_run_suspensions", (etype,))
+
+
+STEP_LABELS = 100
+"""At most this many (entity type, step) pairs label the step series of a process."""
+OTHER_STEPS = "(other)"
+"""The `step` label of the steps past `STEP_LABELS` (a step named "(other)" is counted
+with them)."""
+
+_step_labels: set[tuple[str, str]] = set()  # the pairs named so far (under `_counting`)
+
+
+def step_label(etype: str, name: str) -> str:
+    """The `step` label of step `name` of `etype`: its name up to its first ":", while
+    fewer than `STEP_LABELS` pairs are named, else `OTHER_STEPS` for a pair not named
+    yet."""
+    label = name.split(":", 1)[0]
+    with _counting:
+        if (etype, label) in _step_labels:
+            return label
+        if len(_step_labels) < STEP_LABELS:
+            _step_labels.add((etype, label))
+            return label
+    return OTHER_STEPS
+
+
+def step_attempted(etype: str, name: str, seconds: float) -> None:
+    """An attempt of step `name` took `seconds` (it succeeded or raised)."""
+    label = step_label(etype, name)
+    _count("corral_step_attempts", (etype, label))
+    _observe("corral_step_seconds", (etype, label), seconds)
+
+
+def step_failed(etype: str, name: str) -> None:
+    """Step `name` failed for good: its last attempt failed."""
+    _count("corral_step_failures", (etype, step_label(etype, name)))
 
 
 def batch(store: str, ops: int) -> None:

@@ -43,6 +43,7 @@ from dashboard_app import (
     waiting_refund,
 )
 from pg import create_database, find_bindir
+from step_history_entities import Gated, Hostile, Ticket, TicketInput
 
 CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
 DELIVERY_KEY = re.compile(r'name="delivery_key" value="(ui-[A-Za-z0-9_-]+)"')
@@ -627,6 +628,44 @@ async def test_an_entity_page_shows_its_state_history_result_and_start_input_esc
     for bad in ("?view=history&after=x", "?after=-1", "?view=history&limit=5000"):
         refused = await web.get(entity_path("Ledger", ledger.key) + bad)
         assert refused.status_code == 400, (bad, refused.text)
+
+
+async def test_the_history_tab_lists_each_step_with_its_attempts_outcome_and_traceback(
+    rt: corral.Runtime, web: httpx.AsyncClient, tmp_path: Path,
+) -> None:
+    ticket = rt.ref(Ticket, fresh("ticket"))
+    await ticket.start(start=TicketInput(log=str(tmp_path / "ticket.log")))
+    await ticket.result(timeout=30)
+    page = await web.get(entity_path("Ticket", ticket.key), params={"view": "history"})
+    assert page.status_code == 200, page.text
+    steps = page.text[page.text.index('id="steps"'):]
+    assert re.search(r'<td><code>model:9104</code></td>\s*<td class="status">completed</td>'
+                     r'<td class="attempts">3</td>', steps)
+    assert re.search(r'<td><code>tool:9104</code></td>\s*<td class="status">failed</td>'
+                     r'<td class="attempts">3</td>', steps)
+    assert "&quot;answer to 9104&quot;" in steps  # the result's summary, escaped
+    assert "<summary>RuntimeError: tool for 9104 is down</summary>" in steps
+    assert re.search(r'<pre class="traceback">[^<]*in tool_is_down', steps)
+    assert steps.count("<td>host</td>") == 2  # neither ran as a Ray task
+
+    gated = rt.ref(Gated, fresh("gated"))
+    await gated.start(start=TicketInput(log=str(tmp_path / "gated.log")))
+
+    async def retrying() -> str | None:
+        found = await web.get(entity_path("Gated", gated.key), params={"view": "history"})
+        return found.text if '<td class="status">retrying</td>' in found.text else None
+    shown_retrying = await eventually(retrying, what="the step retrying on the page")
+    assert "<summary>ConnectionRefusedError: the gate is shut</summary>" in shown_retrying
+    Path(str(tmp_path / "gated.log") + ".gate").write_text("")  # noqa: ASYNC240 (tiny)
+    assert await gated.result(timeout=30) == "through"
+
+    hostile = rt.ref(Hostile, fresh("hostile"))
+    await hostile.start(start=TicketInput(log=str(tmp_path / "hostile.log")))
+    await hostile.result(timeout=30)
+    page = await web.get(entity_path("Hostile", hostile.key), params={"view": "history"})
+    assert page.status_code == 200, page.text
+    assert "<summary>ValueError: bad &lt;b&gt;\\ud800 \\x00" in page.text
+    assert "<b>" not in page.text[page.text.index('id="steps"'):]
 
 
 async def _applied(ref: corral.EntityRef[Ledger, None], lines: list[str]) -> bool:

@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (selenium and Debian's chromedriver): sign
 in, list, an entity's detail, replay its dead letter, decide a refund; search by key,
-watch the list and an entity page refresh by themselves, terminate from the page; then
+watch the list and an entity page refresh by themselves, terminate from the page; read
+a ticket's steps on its History tab and unfold a failed step's traceback; then
 the store is checked from the test process, which hosts the entities.
 
 Selenium blocks, so the walk runs in a thread (`asyncio.to_thread`) while this event
@@ -37,6 +38,7 @@ from dashboard_app import (
     start,
     waiting_refund,
 )
+from step_history_entities import Ticket, TicketInput
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -214,3 +216,40 @@ async def test_an_operator_searches_watches_pages_refresh_and_terminates_in_a_re
                 await ref.result(timeout=15)
             last = (await ref.history()).messages.items[-1]  # the terminate mark
             assert (last.seq, last.sender) == (3, "dashboard")
+
+
+def steps_walk(driver: WebDriver, dashboard: Dashboard, key: str) -> list[list[str]]:
+    """Open a ticket's History tab, unfold its failed step's traceback; the steps
+    table's cells, row by row."""
+    until = WebDriverWait(driver, STEP, poll_frequency=0.05).until
+    assert dashboard.token is not None
+    driver.get(f"{dashboard.url}/login?token={dashboard.token}")
+    until(seen.title_contains("Entities"))
+    driver.find_element(By.LINK_TEXT, key).click()
+    until(seen.title_contains(key))
+    driver.find_element(By.LINK_TEXT, "History").click()
+    until(seen.presence_of_element_located((By.ID, "steps")))
+    table = driver.find_element(By.ID, "steps")
+    trace = table.find_element(By.CSS_SELECTOR, "tr.failed pre.traceback")
+    assert not trace.is_displayed()  # folded under the error
+    table.find_element(By.CSS_SELECTOR, "tr.failed details summary").click()
+    until(lambda _: trace.is_displayed())
+    assert "in tool_is_down" in trace.text
+    return [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+
+
+async def test_an_operator_reads_a_tickets_steps_and_a_failed_steps_traceback_in_a_real_browser(
+    browser: WebDriver, db_path: str, tmp_path: Path,
+) -> None:
+    with start(db_path, tmp_path) as dashboard:
+        async with corral.open_runtime(db_path, entities=ENTITIES) as rt:
+            ticket = rt.ref(Ticket, fresh("ticket"))
+            await ticket.start(start=TicketInput(log=str(tmp_path / "ticket.log")))
+            await ticket.result(timeout=30)
+            rows = await asyncio.to_thread(steps_walk, browser, dashboard, ticket.key)
+    model, tool = rows
+    assert model[1:4] == ["model:9104", "completed", "3"]
+    assert model[6] == "host"
+    assert tool[1:4] == ["tool:9104", "failed", "3"]
+    assert tool[8].startswith("RuntimeError: tool for 9104 is down")

@@ -232,3 +232,30 @@ def test_the_series_of_several_hosts_merge_into_one_family_per_name() -> None:
              for s in f.samples if s.name == "corral_messages_accepted_total"
              and s.labels["entity_type"] == "Merged"]
     assert found == [("host-a", 1.0), ("host-b", 1.0)]
+
+
+def test_step_series_stay_bounded_whatever_the_step_names_of_100k_keys() -> None:
+    """A step named after its entity's key (`f"model:{key}"`, or a bare key) for 100,000
+    keys: the `step` label is the name up to its ":", and past `STEP_LABELS` (type, step)
+    pairs the rest count as "(other)"; every attempt is still counted."""
+
+    def series() -> dict[tuple[str, str], float]:
+        found: dict[tuple[str, str], float] = {}
+        text = corral.metrics.exposition().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "corral_step_attempts_total" and \
+                        s.labels["entity_type"].startswith("Bounded"):
+                    found[(s.labels["entity_type"], s.labels["step"])] = s.value
+        return found
+
+    before = series()
+    for n in range(100_000):
+        corral.metrics.step_attempted("BoundedA", f"model:{n}", 0.01)  # one label: model
+        corral.metrics.step_attempted("BoundedB", f"key-{n}", 0.01)  # a name per key
+    after = series()
+    assert after[("BoundedA", "model")] - before.get(("BoundedA", "model"), 0) == 100_000
+    assert sum(after.values()) - sum(before.values()) == 200_000
+    assert len(after) <= corral.metrics.STEP_LABELS + 2  # one "(other)" per type
+    assert ("BoundedB", corral.metrics.OTHER_STEPS) in after
+    assert not any(step.startswith("model:") for _, step in after)

@@ -13,6 +13,8 @@ import pytest
 
 import corral
 from acceptances import acc
+from corral.persistence import _pg_pool, housekeeping
+from corral.persistence._batch import Batch
 from corral.persistence._postgres import open_postgres_store
 from entities import Reply, Start, Ticket
 from pg import pg_url as pg_fixture  # noqa: F401 (fixtures, found by name)
@@ -149,3 +151,52 @@ async def test_a_lone_hosts_two_idle_polls_take_turns_on_one_connection(pg_url: 
         # Without turns every round ran both at once (ROUNDS times 2 out); the host's
         # journal tail may hold one more for a millisecond now and then.
         assert sum(n > 1 for n in out) <= 1, out
+
+
+async def test_housekeeping_waits_for_the_busy_connection_a_caller_would_open_another_for(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle host's rounds overlap now and then; on a loaded machine one outlasted the
+    pool's patience and a third connection opened (one of four idle hosts held three
+    on the benchmark). Housekeeping waits for the busy connection instead; a caller's
+    read or write still opens another after `PATIENCE`. Counted: the pool's open
+    connections (`housekeeping`, `_pg_pool.HOUSEKEEPING_PATIENCE`)."""
+    monkeypatch.setattr(_pg_pool, "HOUSEKEEPING_PATIENCE", 60.0)  # never ends the wait here
+    store = await open_postgres_store(pg_url, shards=4)
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        holding = asyncio.create_task(store.read(_hold, held, release))
+        await held.wait()  # the pool's one connection is busy
+        with housekeeping():  # tasks started here run as housekeeping
+            reading = asyncio.create_task(store.read(lambda conn: conn.fetchval("SELECT 1")))
+            writing = asyncio.create_task(store.accept(acc("k", "m1")))
+        await asyncio.sleep(_pg_pool.PATIENCE * 4)  # a caller would have opened one by now
+        assert not reading.done()
+        assert not writing.done()
+        assert store._pool.get_size() == 1
+        release.set()
+        await asyncio.gather(holding, reading, writing)
+        assert store._pool.get_size() == 1
+
+        held.clear()
+        release.clear()
+        holding = asyncio.create_task(store.read(_hold, held, release))
+        await held.wait()
+        assert await store.read(lambda conn: conn.fetchval("SELECT 1")) == 1  # a caller's
+        assert store._pool.get_size() == 2
+        release.set()
+        await holding
+    finally:
+        await store.close()
+
+
+async def test_a_batch_is_housekeeping_only_if_every_op_in_it_was_queued_as_such() -> None:
+    batch: Batch[str] = Batch()
+    with housekeeping():
+        batch.add("renewal")
+        batch.add_many(["progress", "registry"])
+    assert batch.housekeeping
+    batch.add("acceptance")
+    assert not batch.housekeeping
+    with housekeeping():
+        batch.add("renewal")
+    assert not batch.housekeeping  # committed as the caller's work: short patience

@@ -11,16 +11,19 @@ from pathlib import Path
 from corral.persistence import open_store
 from corral.persistence._reads import RUNNING_ENTITIES, URGENT_ENTITIES, dead_letter_page
 from corral.persistence._schema import SCHEMA_VERSION
+from corral.persistence._sqlite_txn import SqliteTxn
+
+INDEX = SqliteTxn.RUNNING_INDEX  # as the store runs it
 
 
 async def test_the_recovery_read_of_a_shard_seeks_the_running_index(tmp_path: Path) -> None:
     path = str(tmp_path / "store.db")
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db:
-        plan = [row[-1] for row in db.execute(f"EXPLAIN QUERY PLAN {URGENT_ENTITIES}",
-                                              (2, 2, 0.0))]
+        plan = [row[-1] for row in db.execute(
+            f"EXPLAIN QUERY PLAN {URGENT_ENTITIES.format(index=INDEX)}", (2, 2, 0.0))]
         running = [row[-1] for row in db.execute(
-            f"EXPLAIN QUERY PLAN {RUNNING_ENTITIES}", (2,))]
+            f"EXPLAIN QUERY PLAN {RUNNING_ENTITIES.format(index=INDEX)}", (2,))]
     # The urgency of each row: the shard's due timers sought once, then primary-key
     # lookups of its own rows, never a walk.
     assert plan[0] == "SEARCH entities USING INDEX entities_running (shard=?)", plan
@@ -34,6 +37,7 @@ async def test_a_store_of_schema_14_gains_the_running_index(tmp_path: Path) -> N
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP INDEX entities_running")
+        db.execute("ALTER TABLE entities DROP COLUMN first_seq")  # schema 18's
         db.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", ("14",))
     await (await open_store(path, shards=4)).close()
     with contextlib.closing(sqlite3.connect(path)) as db:

@@ -172,6 +172,7 @@ async def test_a_store_of_the_previous_schema_gains_the_releases_table(db_path: 
     await (await open_store(db_path, shards=SHARDS)).close()
     # Back to what a corral of the version before wrote: no releases table.
     sql(db_path, "DROP TABLE releases")
+    sql(db_path, "ALTER TABLE entities DROP COLUMN first_seq")  # a later version's
     sql(db_path, "UPDATE meta SET v = ? WHERE k = 'schema_version'", str(added - 1))
     async with opened(db_path, SHARDS) as store:
         made = await store.declare_release("shop", "r-1", body("shop.app:A"),

@@ -73,6 +73,7 @@ async def test_a_store_at_schema_5_gains_the_suspensions_table_and_suspends_runs
     # Back to what a corral of schema 5 wrote: no suspensions table.
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP TABLE suspensions")
+        db.execute("ALTER TABLE entities DROP COLUMN first_seq")  # schema 18's
         db.execute("UPDATE meta SET v='5' WHERE k='schema_version'")
     async with corral.open_runtime(path, entities=[Ticket]) as rt:
         ref = rt.ref(Ticket, "t-1")
@@ -126,6 +127,7 @@ async def test_a_new_store_has_exactly_the_schema_of_one_migrated_from_schema_1(
     if is_postgres(db_path):  # back to what a corral of schema 1 wrote
         for statement in ("DROP TABLE signal_waits", "DROP TABLE suspensions",
                           "DROP INDEX dedupe_sweep", "ALTER TABLE entities DROP COLUMN updated_at",
+                          "ALTER TABLE entities DROP COLUMN first_seq",
                           "ALTER TABLE entities RESET (fillfactor)",
                           "ALTER TABLE shard_ticks RESET (fillfactor)",
                           *(f"ALTER TABLE {t} RESET (autovacuum_vacuum_threshold, "

@@ -32,6 +32,7 @@ from corral.persistence import (
     Fence,
     Purged,
     Send,
+    StepAttempts,
     StepRecord,
     Store,
     Suspension,
@@ -1132,9 +1133,10 @@ def _rows_of(location: str, key: str, run_id: int | None = None) -> dict[str, in
 
 async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -> None:
     """Entity `key` on shard 1 with journal, dedupe, snapshot, dead letter, wait,
-    suspension, step, outbox and progress rows, then terminated (closed at its acceptance
-    time: the test clock's small numbers, long before any wall-clock cutoff; the close
-    deletes its timers, steps and suspension)."""
+    suspension, step (and its history), outbox and progress rows, then terminated
+    (closed at its acceptance time: the test clock's small numbers, long before any
+    wall-clock cutoff; the close deletes its timers, steps and suspension, not the
+    steps' history)."""
     first = (await store.accept(acc(key, "m1"))).entry
     await store.accept(acc(key, "m2", start=None))
     await store.write_snapshot(fence, "E", key, 1, applied_seq=1, state=b"s", keep=1)
@@ -1143,7 +1145,8 @@ async def _closed_with_every_kind_of_row(store: Store, fence: Fence, key: str) -
     await store.open_wait(fence, "E", key, 1, "approval", deadline=None, now=1.0)
     await store.suspend_run(fence, Suspension("E", key, 1, "boom", 1, 1.0, 2.0))
     await store.record_step(fence, "E", key, 1, StepRecord("s", True, "1", None, 1, 1.0),
-                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate", seq=1)])
+                            sends=[Send("E", "other", "m", "{}", None, "allow_duplicate", seq=1)],
+                            history=StepAttempts(1, "s", "completed", 1, 1.0, 1.0, "1"))
     await store.mark_sent(fence, "E", key, 1, upto=1)  # delivered (an unsent one is kept)
     await store.record_progress(fence, [("E", key, 1, 0)], at=1.0)
     await store.accept(acc(key, "end", kind=EntryKind.TERMINATE, start=None))

@@ -1,6 +1,7 @@
 """A step running as a Ray task on a `ray.cluster_utils.Cluster` node with a custom
 resource, the node removed without grace mid-task: Ray runs the task again on the other
-node of that resource, the host records that result, and `run()` goes on with it."""
+node of that resource, the host records that result, and `run()` goes on with it; its
+history says it ran as a Ray task on that node."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_workers import TESTS_DIR
+from ray_workers import CORRAL_DIR, TESTS_DIR
 
 SCRIPT = str(Path(TESTS_DIR) / "step_cluster.py")
 
@@ -23,7 +24,9 @@ SCRIPT = str(Path(TESTS_DIR) / "step_cluster.py")
 def test_a_step_whose_node_dies_mid_task_runs_again_on_another_node(tmp_path: Path) -> None:
     temp = tempfile.mkdtemp(prefix="corral-sc-")  # short: Ray's socket paths are limited
     out, log = tmp_path / "report.json", tmp_path / "cluster.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": TESTS_DIR,
+    # The corral under test, whichever checkout the interpreter's install points at.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([TESTS_DIR, CORRAL_DIR]),
            "RAY_TMPDIR": temp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     try:
         with log.open("wb") as sink:
@@ -40,3 +43,6 @@ def test_a_step_whose_node_dies_mid_task_runs_again_on_another_node(tmp_path: Pa
     assert again[0] != first
     assert report["result"] == again[0]  # run() got the surviving node's answer
     assert report["records"] == 0  # the run ended: its record went with it
+    # Its history names the node the answer came from (one attempt: Ray ran it again).
+    assert report["steps"] == [{"name": "model", "status": "completed", "attempts": 1,
+                                "ray_task": True, "node": again[0]}]

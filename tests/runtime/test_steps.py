@@ -107,6 +107,7 @@ class Misuse(corral.Entity):
     async def run(self) -> list[str]:
         refused = []
         for kwargs in ({"name": ""}, {"name": "a\x00b"}, {"name": "x" * 201},
+                       {"name": "a\ud800"}, {"name": "\x1b[31m"}, {"name": "l\u2028"},
                        {"name": "t", "timeout": -1}, {"name": "t", "timeout": True},
                        {"name": "r", "retry": 3}, {"name": "o", "ray_options": [1]}):
             try:
@@ -126,8 +127,9 @@ async def test_bad_step_arguments_are_refused_with_nothing_called_or_recorded(
     async with corral.open_runtime(db_path, entities=[Misuse]) as rt:
         ref = rt.ref(Misuse, "m-1")
         await ref.start(start=AgentInput(log=str(log)))
-        assert len(await ref.result(timeout=30)) == 8
+        assert len(await ref.result(timeout=30)) == 11
     assert _calls(log) == []
+    assert sql(db_path, "SELECT * FROM step_history") == []  # nor in history
 
 
 def test_step_key_outside_a_step_is_refused() -> None:

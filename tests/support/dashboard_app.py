@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 import corral
+from step_history_entities import Gated, Hostile, Ticket
 
 __all__ = [
     "APP",
@@ -147,7 +148,7 @@ class Stuck(corral.Entity):
         raise KeyError("no template <b>for</b> this")
 
 
-ENTITIES: list[type[corral.Entity]] = [Refund, Ledger, Tally, Stuck]
+ENTITIES: list[type[corral.Entity]] = [Refund, Ledger, Tally, Stuck, Ticket, Gated, Hostile]
 
 
 def authorize(request: corral.AuthRequest) -> str | bool | None:

@@ -4,7 +4,8 @@ A `ray.cluster_utils.Cluster` of its own (a head and two nodes with the custom r
 `model`), in this process so it never clashes with the session's Ray. A `NodeAgent`
 hosted here runs its step as a Ray task on a `model` node; that node is removed without
 grace while the task runs; then the task's gate opens. Writes a JSON report: the nodes
-the step's function ran on, the node removed, the run's result, the step records left.
+the step's function ran on, the node removed, the run's result, the step records left,
+the steps its history lists.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ async def _scenario(cluster: Any, store: str, log: Path) -> dict[str, Any]:
             await asyncio.sleep(0.05)
         Path(str(log) + ".gate").write_text("")  # noqa: ASYNC240 (a tiny test write)
         result = await ref.result(timeout=120)
+        steps = [{"name": s.name, "status": s.status, "attempts": s.attempts,
+                  "ray_task": s.ray_task, "node": s.node}
+                 for s in (await ref.history()).steps]
     return {"calls": _calls(log), "removed": removed, "result": result,
-            "records": sql(store, "SELECT count(*) FROM steps")[0][0]}
+            "records": sql(store, "SELECT count(*) FROM steps")[0][0], "steps": steps}
 
 
 def main(store: str, temp: str, out: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 import corral
 
@@ -66,7 +67,8 @@ def entity_history(
 ) -> None:
     """List an entity's runs (start input, result or error), its messages oldest first
     (accepted, applied or dead-lettered, with ids, senders and times; a page at a time),
-    its signal waits and its pending timers.
+    its signal waits, its pending timers and its durable steps (attempts, duration,
+    outcome, where each ran; `--json` adds each failed step's traceback).
 
     A message's name and payload are kept until a snapshot covers it: after that the
     dedupe window still shows its id, sender and time (until it forgets it).
@@ -107,8 +109,27 @@ def entity_history(
             timers.add_row(*cells([t.run_id, t.timer_id, when(t.due_at)]))
         console.print()
         console.print(timers)
+    if found.steps:
+        console.print()
+        console.print(_steps(found.steps))
     if found.messages.next_cursor is not None:
         console.print(f"more: --after {found.messages.next_cursor}")
+
+
+def _steps(steps: Sequence[corral.StepInfo]) -> Table:
+    """The steps table: a result cut at `_CELL_CHARS`, an error's last line (`--json`
+    prints the whole error and its traceback)."""
+    rows = table("RUN", "STEP", "STATUS", "ATTEMPTS", "STARTED", "DURATION", "RAN",
+                 "RESULT", "LAST ERROR", title="steps")
+    for s in steps:
+        ran = (f"ray task {s.node}" if s.node else "ray task") if s.ray_task else "host"
+        error = (s.error or "").strip().splitlines()
+        result = None if s.result is None else \
+            s.result if len(s.result) <= _CELL_CHARS else f"{s.result[:_CELL_CHARS]}..."
+        rows.add_row(*cells([s.run_id, s.name, s.status, s.attempts, when(s.started_at),
+                             f"{s.duration:.3f} s", ran, result,
+                             error[-1] if error else None]))
+    return rows
 
 
 def _messages(items: Sequence[corral.MessageInfo], title: str, *, dead: bool) -> None:

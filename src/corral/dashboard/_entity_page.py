@@ -1,6 +1,6 @@
 """An entity's page beyond its facts: runs with their start input and result, what is in
 it (the latest snapshot's state and the messages after it), its history (messages,
-waits, timers), and the forms that act on it (terminate, query)."""
+waits, timers, durable steps), and the forms that act on it (terminate, query)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,20 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from corral import EntityDescription, EntityHistory, EntityState, MessageInfo, RunSummary
+from corral import (
+    EntityDescription,
+    EntityHistory,
+    EntityState,
+    MessageInfo,
+    RunSummary,
+    StepInfo,
+)
 
 from ._forms import Visit, query_form, terminate_form
-from ._html import EMPTY, Html, entity_url, join, opt, query_url, render, when
+from ._html import EMPTY, Html, age, entity_url, join, opt, query_url, render, when
 
 __all__ = ["actions", "history_view", "messages_table", "query_result", "runs_table",
-           "state_panel", "tabs"]
+           "state_panel", "steps_table", "tabs"]
 
 
 def _data(value: Any, *, indent: int | None = None) -> str:
@@ -107,8 +114,38 @@ def tabs(entity_type: str, key: str, current: str) -> Html:
     return render("<nav class=\"tabs\">$items</nav>", items=join(items, " "))
 
 
+def _took(seconds: float) -> str:
+    """A step's duration: to the millisecond under a minute, else `age`'s units."""
+    return f"{seconds:.3f} s" if seconds < 60 else age(seconds)
+
+
+_STEP_ROW = """<tr class="step $status"><td>$run</td><td><code>$name</code></td>
+<td class="status">$status</td><td class="attempts">$attempts</td><td>$started</td>
+<td>$duration</td><td>$where</td><td><code class="result">$result</code></td>
+<td>$error</td></tr>"""
+
+
+def steps_table(steps: Sequence[StepInfo]) -> Html:
+    """Each durable step: its attempts, duration, outcome (the result's summary, or the
+    last error with its traceback folded under it) and where it ran."""
+    rows = [render(_STEP_ROW, run=s.run_id, name=s.name, status=s.status,
+                   attempts=s.attempts, started=when(s.started_at), duration=_took(s.duration),
+                   where=(f"Ray task on {s.node}" if s.node else "Ray task") if s.ray_task
+                   else "host", result=opt(s.result),
+                   error=EMPTY if s.error is None else render(
+                       "<details><summary>$e</summary><pre class=\"traceback\">$t</pre>"
+                       "</details>", e=s.error, t=s.traceback or ""))
+            for s in steps]
+    return render(
+        "<table class=\"steps\" id=\"steps\"><thead><tr><th>Run</th><th>Step</th>"
+        "<th>Status</th><th>Attempts</th><th>Started</th><th>Duration</th><th>Ran</th>"
+        "<th>Result</th><th>Last error</th></tr></thead><tbody>$rows</tbody></table>",
+        rows=join(rows) if rows else render("<tr><td colspan=\"9\">No steps.</td></tr>"))
+
+
 def history_view(h: EntityHistory) -> Html:
-    """Runs, a page of messages (accepted, applied, dead-lettered), waits and timers."""
+    """Runs, a page of messages (accepted, applied, dead-lettered), waits, timers and
+    durable steps."""
     waits = [render("<tr><td>$run</td><td>$name</td><td class=\"status\">$status</td>"
                     "<td>$opened</td><td>$deadline</td><td>$key</td><td>$sender</td>"
                     "<td>$at</td></tr>", run=w.run_id, name=w.name, status=w.status.value,
@@ -134,6 +171,7 @@ def history_view(h: EntityHistory) -> Html:
                "<th>Due</th></tr></thead><tbody>$rows</tbody></table>",
                rows=join(timers) if timers else
                render("<tr><td colspan=\"3\">No timers.</td></tr>")),
+        render("<h2>Steps</h2>"), steps_table(h.steps),
     ])
 
 

@@ -25,10 +25,20 @@ from ._census import Census, TypeBacklog
 from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canonical_json
 from ._existing import stored_shards
 from ._hosting import HostingClaim, HostingRegistry
+from ._housekeeping import housekeeping
 from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
-from ._ops_steps import StepRecord
+from ._ops_steps import (
+    STEP_ERROR_CHARS,
+    STEP_HISTORY_PER_RUN,
+    STEP_RESULT_CHARS,
+    STEP_TRACEBACK_CHARS,
+    StepAttempts,
+    StepRecord,
+    StepStatus,
+    storable_text,
+)
 from ._records import (
     DERIVED_ID_PREFIXES,
     Acceptance,
@@ -59,6 +69,10 @@ from ._waits import WaitPosition, delivery_run, timer_id
 
 __all__ = [
     "DERIVED_ID_PREFIXES",
+    "STEP_ERROR_CHARS",
+    "STEP_HISTORY_PER_RUN",
+    "STEP_RESULT_CHARS",
+    "STEP_TRACEBACK_CHARS",
     "AcceptResult",
     "AcceptStore",
     "Acceptance",
@@ -91,7 +105,9 @@ __all__ = [
     "Send",
     "ShardBacklog",
     "SqliteStore",
+    "StepAttempts",
     "StepRecord",
+    "StepStatus",
     "Store",
     "Suspension",
     "TimerRecord",
@@ -104,6 +120,7 @@ __all__ = [
     "canonical_json",
     "delivery_run",
     "handler_send_id",
+    "housekeeping",
     "is_postgres_url",
     "newest_build",
     "open_sqlite_store",
@@ -111,6 +128,7 @@ __all__ = [
     "payload_hash",
     "plain_canonical_json",
     "send_message_id",
+    "storable_text",
     "stored_json",
     "stored_shards",
     "timer_id",

@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._tables import first_seq_sql
 from ._txn import Fence, Txn
 
 __all__ = ["EXACT", "SUMMARIZE", "SUMMED", "VOUCHED", "ShardBacklog", "TypeBacklog",
@@ -101,9 +102,10 @@ SUMMED = (
     f"WHERE {_LIVE} AND b.entities > 0 GROUP BY b.etype")
 """The vouched summaries, summed by type."""
 
-# Each running entity's accepted and applied seqs (`_progress.applied_sql`), its run and
-# progress looked up by key per entity (scalar subqueries: never a join the planner may
-# turn into a walk of `runs`); the oldest unapplied entry of those behind, by its seq.
+# Each running entity's accepted and applied seqs (`_progress.applied_sql`), its
+# progress (and the run's first seq where its row has none: `_tables.first_seq_sql`)
+# looked up by key per entity (scalar subqueries: never a join the planner may turn
+# into a walk); the oldest unapplied entry of those behind, by its seq.
 EXACT = """
 SELECT etype, sum(accepted - applied), count(*), min(oldest) FROM (
     SELECT etype, accepted, applied, (SELECT j.accepted_at FROM journal j
@@ -112,13 +114,11 @@ SELECT etype, sum(accepted - applied), count(*), min(oldest) FROM (
     FROM (SELECT e.etype AS etype, e.key AS key, e.next_seq - 1 AS accepted, {greatest}(
             coalesce((SELECT p.applied_seq FROM progress p
                       WHERE p.etype = e.etype AND p.key = e.key), 0),
-            coalesce(e.passivated_seq, 0),
-            (SELECT r.first_seq FROM runs r WHERE r.etype = e.etype AND r.key = e.key
-             AND r.run_id = e.run_id) - 1) AS applied
+            coalesce(e.passivated_seq, 0), {first_seq} - 1) AS applied
           FROM entities e WHERE e.status = 'running'{shards}) b
     WHERE accepted > applied) t
 GROUP BY etype
-"""
+""".replace("{first_seq}", first_seq_sql("e"))
 
 
 def exact_sql(q: Txn, shards: int | None = None) -> str:

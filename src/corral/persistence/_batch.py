@@ -24,25 +24,31 @@ from typing import Any, Generic, TypeVar
 import corral.metrics as metrics
 from corral._errors import StoreError
 
+from ._housekeeping import housekeeping, in_housekeeping
+
 __all__ = ["Batch", "CommitQueue"]
 
 Item = TypeVar("Item")
 
 
 class Batch(Generic[Item]):
-    __slots__ = ("futures", "ops")
+    __slots__ = ("futures", "housekeeping", "ops")
 
     def __init__(self) -> None:
         self.ops: list[Item] = []
         self.futures: list[asyncio.Future[Any]] = []  # one per op, same order
+        # Every op queued in a host's housekeeping: committed as such (`_housekeeping`).
+        self.housekeeping = True
 
     def add(self, op: Item) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.ops.append(op)
         self.futures.append(future)
+        self.housekeeping = self.housekeeping and in_housekeeping()
         return future
 
     def add_many(self, ops: Sequence[Item]) -> list[asyncio.Future[Any]]:
+        self.housekeeping = self.housekeeping and in_housekeeping()
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in ops]
         self.ops.extend(ops)
@@ -100,7 +106,8 @@ class CommitQueue(Generic[Item]):
         async for batch in self.batches():
             self.committing = True
             try:
-                results = await self._commit(commit, batch.ops, failed, fails_all)
+                with housekeeping(batch.housekeeping):
+                    results = await self._commit(commit, batch.ops, failed, fails_all)
             finally:
                 self.committing = False
             batch.settle(results)

@@ -96,7 +96,7 @@ class AcceptOp:
         run_id = 1 if row is None else row.run_id + 1
         next_seq = 1 if row is None else row.next_seq
         txn.start_run(a.entity_type, a.key, run_id, a.start, a.accepted_at, next_seq)
-        return EntityRow(a.shard, run_id, RunStatus.RUNNING, next_seq)
+        return EntityRow(a.shard, run_id, RunStatus.RUNNING, next_seq, first_seq=next_seq)
 
     def _duplicate(self, seen: Seen) -> AcceptResult:
         a = self.acc

@@ -49,12 +49,14 @@ T = TypeVar("T")
 # and `entities` come last: a candidate is found by them until its other rows are gone.
 _ROW_KEYS = {"journal": "seq", "dedupe": "message_id", "snapshots": "applied_seq",
              "timers": "timer_id", "dead_letters": "id", "signal_waits": "run_id, name",
-             "suspensions": "", "steps": "run_id, name", "outbox": "run_id, seq",
+             "suspensions": "", "steps": "run_id, name", "step_history": "run_id, name",
+             "outbox": "run_id, seq",
              "progress": "", "runs": "run_id", "entities": ""}
 _ENTITY_TABLES = tuple(_ROW_KEYS)
 _NAMING = ("runs", "entities")  # the rows that name a run and its entity
 # The tables with rows of one run (besides `runs`), keyed by (etype, key, run_id).
-_RUN_TABLES = ("snapshots", "dead_letters", "signal_waits", "steps", "outbox")
+_RUN_TABLES = ("snapshots", "dead_letters", "signal_waits", "steps", "step_history",
+               "outbox")
 
 
 @dataclass(frozen=True, slots=True)

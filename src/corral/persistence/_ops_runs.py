@@ -213,7 +213,7 @@ class ContinueAsNewOp(Fenced):
             "INSERT INTO runs (etype, key, run_id, status, start_input, started_at, "
             "continued_from, first_seq) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)",
             *ident, new, self.next_input, now, self.run_id, first)
-        row.run_id = new
+        row.run_id, row.first_seq = new, first
         txn.put_entity(*ident, row)
         return new
 

@@ -22,13 +22,20 @@ import asyncpg  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
 from corral._deadline import Expired, within
 
-__all__ = ["IDLE_LIFETIME", "PATIENCE", "SharedPool"]
+from ._housekeeping import in_housekeeping
+
+__all__ = ["HOUSEKEEPING_PATIENCE", "IDLE_LIFETIME", "PATIENCE", "SharedPool"]
 
 IDLE_LIFETIME = 10.0
 """Seconds a pooled connection stays open unused (the pool keeps its first one)."""
 
 PATIENCE = 0.05
 """Seconds a caller waits for a busy connection before the pool opens another."""
+
+HOUSEKEEPING_PATIENCE = 1.0
+"""The same for a host's housekeeping (`_housekeeping`): an idle host's statements never
+open a second pooled connection, while a lease renewal (every third of a lease term)
+still waits far less than its term."""
 
 
 class SharedPool:
@@ -43,7 +50,8 @@ class SharedPool:
 
     async def acquire(self) -> Any:
         """A connection: an idle open one, else the first to come back within
-        `PATIENCE` (callers served in order), else a new one."""
+        `PATIENCE` (`HOUSEKEEPING_PATIENCE` in housekeeping; callers served in order),
+        else a new one."""
         if self._out and (self._turns or self._pool.get_idle_size() <= self._promised):
             turn = asyncio.get_running_loop().create_future()
             self._turns.append(turn)
@@ -51,7 +59,8 @@ class SharedPool:
                 # `within`, not `asyncio.wait_for`: before Python 3.12 that lost a
                 # cancellation coming as the turn came (a host's close then hung).
                 with contextlib.suppress(Expired):
-                    await within(asyncio.shield(turn), PATIENCE)
+                    await within(asyncio.shield(turn), HOUSEKEEPING_PATIENCE
+                                 if in_housekeeping() else PATIENCE)
             finally:
                 if turn.done():
                     self._promised -= 1  # its connection is taken now, below

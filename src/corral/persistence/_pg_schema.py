@@ -79,11 +79,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # rows every acceptance updates, autovacuum's terms for the tables a snapshot deletes
     # from (`_tables`; the store vacuums those itself as well, `_pg_vacuum`).
     15: set_storage("postgres"),
-    # Reserved for another change of this release (nothing to do here).
-    16: (),
+    # Steps in an entity's history, with their attempts (`_ops_steps`).
+    16: create("step_history", "postgres"),
+    # A listing reads each entity's run's first seq from its own row, not one run
+    # lookup per row (`_tables.first_seq_sql`; rows keep NULL until their next run).
+    17: ("ALTER TABLE entities ADD COLUMN IF NOT EXISTS first_seq bigint",),
     # Traces (`corral._tracing`): a message's W3C traceparent, stored with its journal
     # entry, and a send's with its outbox row (8 created today's outbox: it may have it).
-    17: ("ALTER TABLE journal ADD COLUMN IF NOT EXISTS trace text",
+    18: ("ALTER TABLE journal ADD COLUMN IF NOT EXISTS trace text",
          "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS trace text"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)

@@ -140,13 +140,15 @@ WITH r AS (
                         accepted_at)
     SELECT etype, key, message_id, seq, run_id, payload_hash, sender, accepted_at FROM a
 ), e AS (
-    INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at)
+    INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at,
+                          first_seq)
     SELECT x->>0, x->>1, (x->>2)::int, (x->>3)::bigint, x->>4, (x->>5)::bigint,
-           extract(epoch FROM clock_timestamp())::float8
+           extract(epoch FROM clock_timestamp())::float8, (x->>6)::bigint
     FROM jsonb_array_elements($3::jsonb) x
     ON CONFLICT (etype, key) DO UPDATE SET run_id = excluded.run_id,
         status = excluded.status, next_seq = excluded.next_seq,
-        updated_at = excluded.updated_at
+        updated_at = excluded.updated_at,
+        first_seq = coalesce(excluded.first_seq, entities.first_seq)
 ), t AS (
     UPDATE shard_ticks s SET tick = u.tick
     FROM unnest($4::int[], $5::bigint[]) AS u(shard, tick) WHERE s.shard = u.shard
@@ -381,7 +383,8 @@ class PgTxn(Txn):
         loud = [] if self.pooled else [s for s in shards if s not in self.quiet]
         note = f"{self.token} {','.join(map(str, loud))}" if loud else ""
         tables = (_json_chunks(self.runs_rows), _json_chunks(journal_rows), _json_chunks(
-            [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq) for e, k, r in dirty]))
+            [(e, k, r.shard, r.run_id, r.status._value_, r.next_seq, r.first_seq)
+             for e, k, r in dirty]))
         for i in range(max(map(len, tables))):  # one statement, unless the rows are huge
             first = i == 0
             await self.conn.execute(

@@ -17,7 +17,7 @@ from typing import Any
 from corral._common import RunStatus
 from corral._errors import CorruptRowError
 
-from ._progress import applied_sql, oldest_unapplied_sql, progress_from
+from ._progress import applied_sql, oldest_unapplied_sql, page_with_progress, progress_from
 from ._records import (
     DeadLetter,
     EntityDetails,
@@ -33,6 +33,7 @@ from ._records import (
 )
 from ._rows import Row
 from ._suspensions import OF_ENTITY, OF_SHARD, SUSPENDED_COLUMN, suspension_from_row
+from ._tables import first_seq_sql
 from ._txn import Txn
 from ._unapplied import DEAD_LETTER_COLUMNS
 from ._waits import WAIT_COLUMNS, WaitPosition, wait_from_row
@@ -202,8 +203,7 @@ URGENT = (
     "OR CASE WHEN next_seq - 1 <= coalesce(passivated_seq, 0) THEN 0 "
     "WHEN next_seq - 1 <= coalesce((SELECT p.applied_seq FROM progress p "
     "WHERE p.etype = entities.etype AND p.key = entities.key), 0) THEN 0 "
-    "WHEN next_seq - 1 > (SELECT r.first_seq - 1 FROM runs r WHERE r.etype = "
-    "entities.etype AND r.key = entities.key AND r.run_id = entities.run_id) THEN 1 "
+    f"WHEN next_seq - 1 > {first_seq_sql()} - 1 THEN 1 "
     "ELSE 0 END = 1 "
     # a step recorded that no checkpoint covers yet: run() was between its steps
     "OR EXISTS (SELECT 1 FROM steps s WHERE s.etype = entities.etype "
@@ -220,12 +220,14 @@ RUNNING = ("shard = ? AND status = 'running' "
 """A shard's running entities to recover (not the passivated ones with nothing new to
 apply): a seek of the partial index `entities_running` (shard). Parameter: the shard."""
 
-RUNNING_ENTITIES = f"SELECT etype, key FROM entities WHERE {RUNNING}"
-"""A shard's recovery read: its running entities (`RUNNING`), nothing else looked up."""
+RUNNING_ENTITIES = "SELECT etype, key FROM entities{index} WHERE " + RUNNING
+"""A shard's recovery read: its running entities (`RUNNING`), nothing else looked up.
+`{index}`: `Txn.RUNNING_INDEX`."""
 
-URGENT_ENTITIES = f"SELECT etype, key FROM entities WHERE {RUNNING} AND {URGENT}"
+URGENT_ENTITIES = "SELECT etype, key FROM entities{index} WHERE " + f"{RUNNING} AND {URGENT}"
 """A shard's running entities that are urgent (`URGENT`): the first recovery read, few
-rows however many are running. Parameters: the shard, the shard, the time. Per entity
+rows however many are running (`{index}`: `Txn.RUNNING_INDEX`). Parameters: the shard,
+the shard, the time. Per entity
 it costs the lookup of its progress (and of a step): what is urgent is known from other
 tables' rows, and an index of entities over it would be updated by every accept
 (`next_seq`), which then could no longer update the row in place."""
@@ -237,7 +239,8 @@ async def running_entities(q: Txn, shards: Sequence[int]) -> dict[int, list[tupl
     every running entity through `entities_status` instead)."""
     found: dict[int, list[tuple[str, str]]] = {}
     for shard in shards:
-        found[shard] = [(r[0], r[1]) for r in await q.fetchall(RUNNING_ENTITIES, shard)]
+        found[shard] = [(r[0], r[1]) for r in await q.fetchall(
+            RUNNING_ENTITIES.format(index=q.RUNNING_INDEX), shard)]
     return found
 
 
@@ -248,7 +251,8 @@ async def urgent_entities(q: Txn, shards: Sequence[int], now: float
     found: dict[int, list[tuple[str, str]]] = {}
     for shard in shards:
         found[shard] = [(r[0], r[1])
-                        for r in await q.fetchall(URGENT_ENTITIES, shard, shard, now)]
+                        for r in await q.fetchall(URGENT_ENTITIES.format(index=q.RUNNING_INDEX),
+                                                    shard, shard, now)]
     return found
 
 
@@ -364,9 +368,8 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     fetch = q.fetchall_replanned if key_prefix else q.fetchall
     page = (f"SELECT * FROM entities {'WHERE ' if where else ''}{' AND '.join(where)} "
             "ORDER BY entities.etype, entities.key LIMIT ?")
-    rows = await fetch(
-        f"SELECT {_ENTITY_COLUMNS}, {_progress_columns(q)} FROM {progress_from(page)} "
-        "ORDER BY entities.etype, entities.key", *args, limit)
+    rows = await fetch(page_with_progress(f"{_ENTITY_COLUMNS}, {_progress_columns(q)}", page,
+                                          dense=status is None and q.PAGE_RANGE), *args, limit)
     return [_listed(r) for r in rows]
 
 

@@ -85,12 +85,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
          # ... and operators page one type's or entity's dead letters by a seek.
          "CREATE INDEX IF NOT EXISTS dead_letters_type ON dead_letters (etype, id)",
          "CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (etype, key, id)"),
-    # Reserved for another change of this release (nothing to do here).
-    17: (),
+    # Steps in an entity's history, with their attempts (`_ops_steps`).
+    17: create("step_history", "sqlite"),
+    # A listing reads each entity's run's first seq from its own row, not one run
+    # lookup per row (`_tables.first_seq_sql`; rows keep NULL until their next run).
+    18: ("ALTER TABLE entities ADD COLUMN first_seq INTEGER",),
     # Traces (`corral._tracing`): a message's W3C traceparent, stored with its journal
     # entry, and a send's with its outbox row, so whichever host applies it continues
     # the trace.
-    18: ("ALTER TABLE journal ADD COLUMN trace TEXT",
+    19: ("ALTER TABLE journal ADD COLUMN trace TEXT",
          "ALTER TABLE outbox ADD COLUMN trace TEXT"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""

@@ -32,10 +32,11 @@ _RUNS_INSERT = (
     "VALUES (?, ?, ?, 'running', ?, ?, ?)"
 )
 _ENTITIES_UPSERT = (
-    "INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
+    "INSERT INTO entities (etype, key, shard, run_id, status, next_seq, updated_at, "
+    "first_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (etype, key) DO UPDATE SET "
     "run_id=excluded.run_id, status=excluded.status, next_seq=excluded.next_seq, "
-    "updated_at=excluded.updated_at"
+    "updated_at=excluded.updated_at, "
+    "first_seq=coalesce(excluded.first_seq, entities.first_seq)"
 )
 ADD_COUNTS = (
     "INSERT INTO census_counts (etype, what, shard, n) VALUES (?, ?, ?, ?) "
@@ -63,6 +64,8 @@ class SqliteTxn(Txn):
 
     GREATEST: ClassVar[str] = "max"
     ROW_CURSOR: ClassVar[bool] = False
+    PAGE_RANGE: ClassVar[bool] = False
+    RUNNING_INDEX: ClassVar[str] = " INDEXED BY entities_running"
 
     CARRY_JOURNAL: ClassVar[str] = (
         "INSERT INTO journal (etype, key, seq, run_id, shard, kind, name, message_id, "
@@ -153,7 +156,7 @@ class SqliteTxn(Txn):
             self.tally(dirty)
             now = time.time()
             db.executemany(_ENTITIES_UPSERT, [
-                (e, k, r.shard, r.run_id, r.status._value_, r.next_seq, now)
+                (e, k, r.shard, r.run_id, r.status._value_, r.next_seq, now, r.first_seq)
                 for e, k, r in dirty])
             for _, _, r in dirty:
                 r.dirty = False

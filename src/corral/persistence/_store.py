@@ -18,7 +18,7 @@ from ._census import Census
 from ._hosting import HostingRegistry
 from ._ops_outbox import OutboxRow, Send
 from ._ops_retention import Purged
-from ._ops_steps import StepRecord
+from ._ops_steps import StepAttempts, StepRecord
 from ._records import (
     Acceptance,
     AcceptResult,
@@ -192,10 +192,17 @@ class HostStore(Protocol):
         ...
 
     async def record_step(self, fence: Fence, etype: str, key: str, run_id: int,
-                          record: StepRecord, *, sends: Sequence[Send] = ()) -> None:
+                          record: StepRecord, *, sends: Sequence[Send] = (),
+                          history: StepAttempts | None = None) -> None:
         """Record the outcome of a completed step of run `run_id`, and the `sends` made
-        before it to the outbox (fenced, one transaction); the first record of a name
-        wins."""
+        before it to the outbox, and its row in history (`history`) (fenced, one
+        transaction); the first record of a name wins."""
+        ...
+
+    async def record_step_attempt(self, fence: Fence, etype: str, key: str,
+                                  history: StepAttempts) -> None:
+        """A step's attempt failed and another follows: write its row in history
+        (`_ops_steps`; fenced)."""
         ...
 
     async def mark_sent(self, fence: Fence, etype: str, key: str, run_id: int, *,
@@ -359,6 +366,12 @@ class ReadStore(Protocol):
                        ) -> list[MessageRecord]:
         """The entity's messages with a seq above `after_seq`, oldest first: each with
         what the journal, the dedupe window and the dead letters still keep of it."""
+        ...
+
+    async def step_history(self, etype: str, key: str, *, limit: int
+                           ) -> list[StepAttempts]:
+        """The entity's newest `limit` steps in history, oldest first (by run, then
+        first start; see `_ops_steps`)."""
         ...
 
     async def timers(self, etype: str, key: str) -> list[TimerRecord]:

@@ -41,7 +41,14 @@ from ._ops_runs import (
     SnapshotOp,
     TimerOp,
 )
-from ._ops_steps import RecordStepOp, StepRecord, run_steps
+from ._ops_steps import (
+    RecordStepAttemptOp,
+    RecordStepOp,
+    StepAttempts,
+    StepRecord,
+    run_steps,
+    step_history,
+)
 from ._ops_waits import DeliverOp, ExpireWaitOp, OpenWaitOp
 from ._progress import RecordProgressOp
 from ._records import (
@@ -175,8 +182,14 @@ class StoreCore:
         return await self.write(op)  # type: ignore[no-any-return]
 
     async def record_step(self, fence: Fence, etype: str, key: str, run_id: int,
-                          record: StepRecord, *, sends: Sequence[Send] = ()) -> None:
-        await self.write(RecordStepOp(fence, etype, key, run_id, record, tuple(sends)))
+                          record: StepRecord, *, sends: Sequence[Send] = (),
+                          history: StepAttempts | None = None) -> None:
+        await self.write(RecordStepOp(fence, etype, key, run_id, record, tuple(sends),
+                                      history))
+
+    async def record_step_attempt(self, fence: Fence, etype: str, key: str,
+                                  history: StepAttempts) -> None:
+        await self.write(RecordStepAttemptOp(fence, etype, key, history))
 
     async def mark_sent(self, fence: Fence, etype: str, key: str, run_id: int, *,
                         upto: int, errors: Sequence[tuple[int, str]] = ()) -> None:
@@ -295,6 +308,10 @@ class StoreCore:
     async def messages(self, etype: str, key: str, *, after_seq: int = 0, limit: int = 100
                        ) -> list[MessageRecord]:
         return await self.query(history.messages, etype, key, after_seq, limit)
+
+    async def step_history(self, etype: str, key: str, *, limit: int
+                           ) -> list[StepAttempts]:
+        return await self.query(step_history, etype, key, limit)
 
     async def timers(self, etype: str, key: str) -> list[TimerRecord]:
         return await self.query(history.entity_timers, etype, key)

@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TABLES", "Engine", "create", "create_all", "set_storage", "table_sql"]
+__all__ = ["TABLES", "Engine", "create", "create_all", "first_seq_sql", "set_storage",
+           "table_sql"]
 
 Engine = Literal["sqlite", "postgres"]
 
@@ -62,11 +63,13 @@ _TRIMMED = ("autovacuum_vacuum_threshold=10000, autovacuum_vacuum_scale_factor=0
 TABLES = (
     Table("meta", "k TEXT PRIMARY KEY, v TEXT NOT NULL"),
     # The latest run of each entity and the next journal sequence number;
-    # `passivated_seq` is set while snapshotted and evicted from memory.
+    # `passivated_seq` is set while snapshotted and evicted from memory; `first_seq` is
+    # the latest run's (`runs.first_seq`, kept here so a listing reads no run per row;
+    # NULL on a row no run started since schema 18 / PostgreSQL 17: `first_seq_sql`).
     Table("entities", """
         etype TEXT NOT NULL, key TEXT NOT NULL, shard INT NOT NULL, run_id BIGINT NOT NULL,
         status TEXT NOT NULL, next_seq BIGINT NOT NULL, passivated_seq BIGINT,
-        updated_at REAL,
+        updated_at REAL, first_seq BIGINT,
         PRIMARY KEY (etype, key)""", (
         # A host's recovery read: the running entities of one shard (never a walk of
         # every running entity of every shard).
@@ -200,6 +203,18 @@ TABLES = (
         ok BOOL NOT NULL, result TEXT, error TEXT, attempts INT NOT NULL,
         recorded_at REAL NOT NULL,
         PRIMARY KEY (etype, key, run_id, name)"""),
+    # Steps in an entity's history (`_ops_steps`): each step of a run by name, its
+    # attempts, outcome and where it ran; written as it retries and when it completes,
+    # kept after the `steps` record goes (a checkpoint, the run's end), at most
+    # `STEP_HISTORY_PER_RUN` per run, and purged with the run by retention. No index
+    # beyond its key: each step writes one b-tree; a checkpoint's trim and a history
+    # read sort the run's rows (a few hundred microseconds at 1,000).
+    Table("step_history", """
+        etype TEXT NOT NULL, key TEXT NOT NULL, run_id BIGINT NOT NULL, name TEXT NOT NULL,
+        status TEXT NOT NULL, attempts INT NOT NULL, started_at REAL NOT NULL,
+        updated_at REAL NOT NULL, result TEXT, error TEXT, traceback TEXT,
+        ray_task BOOL NOT NULL, node TEXT,
+        PRIMARY KEY (etype, key, run_id, name)"""),
     # The backlog of each shard by type as its holder summarized it (`_backlog`): the
     # row of type '' says which lease epoch vouches for the shard's rows (0: none).
     Table("backlogs", """
@@ -276,3 +291,13 @@ def create_all(engine: Engine) -> tuple[str, ...]:
     """The statements that create a new store's tables at the current schema."""
     return tuple(s for table in TABLES if engine in table.engines
                  for s in create(table.name, engine))
+
+
+def first_seq_sql(entity: str = "entities") -> str:
+    """The first seq of the latest run of the entity row `entity` (a table name or
+    alias): from the row, or, on a row no run started since the column came (schema 18,
+    PostgreSQL 17: not backfilled, so an upgrade rewrites no table), its run's, looked
+    up only then."""
+    return (f"coalesce({entity}.first_seq, (SELECT r.first_seq FROM runs r WHERE "
+            f"r.etype = {entity}.etype AND r.key = {entity}.key "
+            f"AND r.run_id = {entity}.run_id), 1)")

@@ -47,6 +47,7 @@ class EntityRow:
     run_id: int
     status: RunStatus
     next_seq: int
+    first_seq: int | None = None  # its run's first seq, when set here (a run started)
     dirty: bool = False
 
 
@@ -143,6 +144,14 @@ class Txn:
     # A page's cursor over an index as one row value `(a, b) > (?, ?)`, which PostgreSQL
     # seeks and cannot serve from another index; SQLite seeks `a = ? AND b > ?` instead.
     ROW_CURSOR: ClassVar[bool] = True
+    # A listing page's progress rows read by one range scan over the page's keys, not a
+    # lookup per row (`_progress.progress_from`): on PostgreSQL each lookup descends the
+    # B-tree, one level deeper at 1M rows than at 10k; SQLite's cost is flat either way.
+    PAGE_RANGE: ClassVar[bool] = True
+    # Appended to `entities` in a shard's recovery reads (`_reads.RUNNING_ENTITIES`):
+    # SQLite, without statistics, chose `entities_status` (a walk of every running
+    # entity of every shard) once the table gained a column (its row-size guess moved).
+    RUNNING_INDEX: ClassVar[str] = ""
 
     entities: dict[Ident, EntityRow | None] = field(default_factory=dict)
     dedupe: dict[Ident, dict[str, Seen | None]] = field(default_factory=dict)

@@ -85,7 +85,14 @@ from corral.persistence import DeadLetter
 from ._build_registration import BuildInfo
 from ._open import open_runtime
 from .client._boundary import Authorize, AuthRequest, Limits
-from .client._inspection import EntityHistory, EntityState, MessageInfo, TimerInfo, WaitSummary
+from .client._inspection import (
+    EntityHistory,
+    EntityState,
+    MessageInfo,
+    StepInfo,
+    TimerInfo,
+    WaitSummary,
+)
 from .client._options import MAX_SHARDS
 from .client._ref import QUERY_TIMEOUT, EntityRef
 from .client._results import (
@@ -141,6 +148,7 @@ __all__ = [
     "Runtime",
     "SignalItem",
     "SignalWaitInfo",
+    "StepInfo",
     "TimerInfo",
     "WaitSummary",
     "deploy",

@@ -1,7 +1,8 @@
 """What operators read of one entity beyond `describe()`: its history and its state.
 
 `EntityRef.history()` lists the entity's runs, its messages (each accepted, applied or
-dead-lettered, with ids, senders and times), its signal waits and its timers;
+dead-lettered, with ids, senders and times), its signal waits, its timers and its
+durable steps (attempts, outcome, where they ran);
 `EntityRef.state()` shows the latest snapshot's state as JSON data and the messages
 accepted after it, with their payloads. Both read the store (`Store.messages`,
 `timers`, `waits`, `latest_snapshot`, `journal`) and never activate the entity; what
@@ -20,10 +21,13 @@ from typing import Any, Literal
 
 from corral._common import RunStatus, WaitStatus
 from corral.persistence import (
+    STEP_HISTORY_PER_RUN,
     JournalEntry,
     MessageRecord,
     Row,
     RunRecord,
+    StepAttempts,
+    StepStatus,
     Store,
     TimerRecord,
     WaitRecord,
@@ -31,8 +35,8 @@ from corral.persistence import (
 
 from ._results import Page, RunSummary
 
-__all__ = ["EntityHistory", "EntityState", "MessageInfo", "MessageStatus", "TimerInfo",
-           "WaitSummary", "read_history", "read_state"]
+__all__ = ["EntityHistory", "EntityState", "MessageInfo", "MessageStatus", "StepInfo",
+           "TimerInfo", "WaitSummary", "read_history", "read_state"]
 
 MessageStatus = Literal["accepted", "applied", "dead_lettered"]
 
@@ -129,9 +133,53 @@ class WaitSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One durable step of a run (`Entity.step`), as `history()` lists it.
+
+    Attributes:
+        run_id, name: its run and its name in the run.
+        status: "retrying" (an attempt failed and another follows: the step is still
+            running), "completed", "failed" (its last attempt failed too), or
+            "interrupted" (its run ended while it retried: terminated, say).
+        attempts: the attempts made (so far, while retrying).
+        started_at: when its first attempt began; duration: seconds from then to its
+            outcome (while retrying: to its last failed attempt), backoffs included.
+        result: the start of its result's JSON text, once completed (a summary, cut
+            at `corral.persistence.STEP_RESULT_CHARS` characters with a note).
+        error, traceback: its last failed attempt's error ("Type: message") and the
+            end of that attempt's traceback (cut, with a note); None if none failed.
+        ray_task: its last attempt ran as a Ray task (`ray_options`); node: the Ray node
+            id it ran on (None: not a task, or one that never answered).
+
+    Not `corral.persistence.StepAttempts`, the stored row it is built from (`of`): a
+    history gives a duration, not the time the row was last written.
+    """
+
+    run_id: int
+    name: str
+    status: StepStatus
+    attempts: int
+    started_at: float
+    duration: float
+    result: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    ray_task: bool = False
+    node: str | None = None
+
+    @classmethod
+    def of(cls, h: StepAttempts) -> StepInfo:
+        """The stored step `h` as a history lists it."""
+        return cls(h.run_id, h.name, h.status, h.attempts, h.started_at,
+                   max(0.0, h.updated_at - h.started_at), h.result, h.error, h.traceback,
+                   h.ray_task, h.node)
+
+
+@dataclass(frozen=True, slots=True)
 class EntityHistory:
     """An entity's runs, one page of its messages (oldest first: pass
-    `messages.next_cursor` as `after=`), its waits and pending timers.
+    `messages.next_cursor` as `after=`), its waits and pending timers, and its durable
+    steps (the newest `corral.persistence.STEP_HISTORY_PER_RUN`, by run then start).
 
     `applied_seq` is the watermark the message statuses were decided by (None: no
     snapshot and not hosted by the answering process).
@@ -146,6 +194,7 @@ class EntityHistory:
     messages: Page[MessageInfo]
     waits: tuple[WaitSummary, ...]
     timers: tuple[TimerInfo, ...]
+    steps: tuple[StepInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +257,11 @@ async def read_history(store: Store, run: RunRecord, applied_seq: int | None, *,
     runs = tuple(RunSummary.of(r) for r in await store.runs(etype, key))
     waits = tuple(WaitSummary.of(w) for w in await store.waits(etype, key))
     timers = tuple(TimerInfo.of(t) for t in await store.timers(etype, key))
+    steps = tuple(StepInfo.of(h) for h in await store.step_history(
+        etype, key, limit=STEP_HISTORY_PER_RUN))
     page = Page(items[:limit], _cursor(items, limit, len(items) > limit))
     return EntityHistory(etype, key, run.status, run.run_id, applied, runs, page, waits,
-                         timers)
+                         timers, steps)
 
 
 async def read_state(store: Store, run: RunRecord, envelope: dict[str, Any] | None,

@@ -470,7 +470,9 @@ class EntityRef(Generic[E_co, S]):
                       sender: str | None = None) -> EntityHistory:
         """The entity's runs (with start inputs and results), one page of its messages
         oldest first (each accepted, applied or dead-lettered, with its id, sender and
-        time), its signal waits and its pending timers, read from the store without
+        time), its signal waits, its pending timers and its durable steps (`StepInfo`:
+        attempts, duration, result or last error with its traceback, the Ray node a
+        task ran on; a step still retrying too), read from the store without
         activating the entity. Pass `history.messages.next_cursor` as `after` for the
         next page. What the store no longer keeps is None (a message's name and payload
         once a snapshot covers it; messages the dedupe window forgot are gone).
@@ -483,6 +485,8 @@ class EntityRef(Generic[E_co, S]):
             h = await ref.history(limit=20)
             for m in h.messages.items:
                 print(m.seq, m.name, m.status, m.sender)
+            for s in h.steps:
+                print(s.name, s.status, s.attempts, s.error)
         """
         limit, position = check_limit(limit), _seq_cursor(after)
         await self._read(sender, "history")

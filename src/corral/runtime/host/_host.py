@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import corral.metrics as metrics
 from corral._errors import LeaseLostError, StoreError
 from corral.actors import EntityDefinition
-from corral.persistence import Fence, Purged, Store
+from corral.persistence import Fence, Purged, Store, housekeeping
 
 from .._clock import Clock, SystemClock
 from ..client._router import Router
@@ -102,16 +102,18 @@ class LocalHost:
             self._yielding = (await self._plan()).yielding
         async with self.leasing:
             await self.acquire(force=self._takeover)
-        self._tasks = [
-            asyncio.create_task(self._keep_leases(), name="corral-leases"),
-            asyncio.create_task(self._tail_journal(), name="corral-tail"),
-            asyncio.create_task(self._housekeep(), name="corral-housekeeping"),
-        ]
-        if self.progress_interval is not None:
-            self._tasks.append(asyncio.create_task(self._keep_progress(),
-                                                   name="corral-progress"))
-        if self._receives:
-            self._tasks.append(asyncio.create_task(self._host_newest(), name="corral-newest"))
+        self._tasks = [asyncio.create_task(self._tail_journal(), name="corral-tail")]
+        with housekeeping():  # the host's own rounds: unhurried for a store connection
+            self._tasks += [
+                asyncio.create_task(self._keep_leases(), name="corral-leases"),
+                asyncio.create_task(self._housekeep(), name="corral-housekeeping"),
+            ]
+            if self.progress_interval is not None:
+                self._tasks.append(asyncio.create_task(self._keep_progress(),
+                                                       name="corral-progress"))
+            if self._receives:
+                self._tasks.append(asyncio.create_task(self._host_newest(),
+                                                       name="corral-newest"))
 
     def shard(self, index: int) -> Shard | None:
         return self.shards.get(index)

@@ -9,6 +9,11 @@ attempt, as any step whose host died: `corral.step_key()` lets the outside syste
 dedupe). A task whose node dies while the host lives is retried by Ray itself
 (`max_retries`, 3 by default, may be set in `ray_options`), within the same attempt. A
 task that outlives its timeout is cancelled.
+
+The task answers where it ran (its node's id) and, when `fn` raised, the error and its
+traceback as values (`TaskPlace`): the host raises that error itself, as a step run
+here would, and its history names the node (a task's exception is never Ray's to
+retry: the step's `RetryPolicy` retries it).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from corral._deadline import Expired, within
@@ -24,21 +31,36 @@ from corral._errors import InvalidArgumentError
 from corral._tracing import is_traceparent, parent_context, tracer
 from corral.actors import current_step_key
 
-__all__ = ["call_as_task"]
+__all__ = ["TaskPlace", "call_as_task"]
 
 _remote: Any = None  # `ray.remote(_in_task)`, made once per process
 
 
+@dataclass(slots=True)
+class TaskPlace:
+    """Where an attempt run as a Ray task ran (its node's id), and the traceback of the
+    error it raised there (None: it returned)."""
+
+    node: str | None = None
+    traceback: str | None = None
+
+
 def _in_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
-             trace: str | None = None) -> Any:
+             trace: str | None = None) -> tuple[str, Any, tuple[Exception, str] | None]:
     """The body of the Ray task: `fn(*args)` with the step's key set, in the trace of
-    its attempt (`trace`, on whichever node: `continued`)."""
+    its attempt (`trace`, on whichever node: `continued`); (the node's id, the value,
+    None) or (the node's id, None, (the error, its traceback))."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
     token = current_step_key.set(key)
     try:
         with continued(trace):
             if inspect.iscoroutinefunction(fn):
-                return asyncio.run(fn(*args))
-            return fn(*args)
+                return node, asyncio.run(fn(*args)), None
+            return node, fn(*args), None
+    except Exception as err:
+        return node, None, (err, traceback.format_exc())
     finally:
         current_step_key.reset(token)
 
@@ -71,8 +93,9 @@ def continued(trace: str | None) -> Iterator[None]:
 
 async def call_as_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
                        timeout: float | None, ray_options: dict[str, Any],
-                       trace: str | None = None) -> Any:
-    """One attempt of a step as a Ray task with `ray_options`; its return value."""
+                       place: TaskPlace | None = None, trace: str | None = None) -> Any:
+    """One attempt of a step as a Ray task with `ray_options`, continuing the attempt's
+    `trace`; its return value (or the error `fn` raised), and where it ran in `place`."""
     global _remote
     import ray
 
@@ -89,13 +112,18 @@ async def call_as_task(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
     # `within`, never `asyncio.wait_for` (before Python 3.12 that lost a stop's
     # cancellation that came as the task finished: `_steps._call` says more).
     try:
-        return await within(_await(ref), timeout)
+        node, value, failed = await within(_await(ref), timeout)
     except Expired:
         ray.cancel(ref, force=True)
         raise TimeoutError(f"the attempt did not finish within {timeout:g} s") from None
     except asyncio.CancelledError:
         ray.cancel(ref, force=True)
         raise
+    if place is not None:
+        place.node, place.traceback = node, None if failed is None else failed[1]
+    if failed is not None:
+        raise failed[0]
+    return value
 
 
 async def _await(ref: Any) -> Any:

@@ -14,6 +14,12 @@ made before it again, which were written then (a handler's stay: see `_run_conte
 The activation reads the run's records once, at its first step. A checkpoint deletes
 the records it covers in the snapshot's transaction; the end of the run deletes the rest
 (`persistence._ops_steps`).
+
+History and metrics: each attempt is counted (`corral.metrics.step_attempted`, and
+`step_failed` when the last one failed); a failed attempt that another follows writes
+the step's row in history (fenced: a step still retrying is visible, with its attempts
+so far and its last error), and the outcome's row goes with the record. A step that
+succeeds at its first attempt writes nothing more than its record.
 """
 
 from __future__ import annotations
@@ -21,18 +27,31 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
+import traceback
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import corral.metrics as metrics
 from corral._common import RetryPolicy
 from corral._deadline import Expired, within
 from corral._errors import DuplicateStepError, InvalidArgumentError, StepFailedError
 from corral.actors import current_step_key
-from corral.persistence import Send, StepRecord
+from corral.persistence import (
+    STEP_ERROR_CHARS,
+    STEP_RESULT_CHARS,
+    STEP_TRACEBACK_CHARS,
+    Send,
+    StepAttempts,
+    StepRecord,
+    StepStatus,
+    storable_text,
+)
 
 from ..client._results import decode_value, encode_value
 from ._residence import Residence, retrying
+from ._step_tasks import TaskPlace
 from ._traces import step_attempt
 
 __all__ = ["RunSteps", "step_key_of"]
@@ -97,14 +116,23 @@ class RunSteps:
         record, cause = self._recorded.get(name), None
         if record is None:
             key = step_key_of(home.entity_type, home.key, run_id, name)
-            record, cause = await _attempts(fn, args, name, key, retry or _DEFAULT_RETRY,
-                                            timeout, ray_options, home.clock.time,
-                                            self._run.trace)
+            tries = _Tries(home.entity_type, run_id, name, home.clock.time(),
+                           ray_options is not None)
+
+            async def retrying_now(h: StepAttempts) -> None:
+                await retrying(home, run_id, "step", lambda: home.store.record_step_attempt(
+                    home.fence, home.entity_type, home.key, h))
+            record, cause = await _attempts(fn, args, key, retry or _DEFAULT_RETRY,
+                                            timeout, ray_options, home.clock.time, tries,
+                                            retrying_now, self._run.trace)
             await self._run.ready_to_send()
             done, sends = record, self._run.take_outgoing()
+            history = tries.history("completed" if done.ok else "failed", done.recorded_at,
+                                    done.result)
             try:
                 await retrying(home, run_id, "step", lambda: home.store.record_step(
-                    home.fence, home.entity_type, home.key, run_id, done, sends=sends))
+                    home.fence, home.entity_type, home.key, run_id, done, sends=sends,
+                    history=history))
             except BaseException as err:
                 self._run.unwritten(sends, err)
                 raise
@@ -131,44 +159,87 @@ class RunSteps:
                 self._recorded.pop(name, None)
 
 
-async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], name: str, key: str,
+class _Tries:
+    """What the attempts of one step have come to, for its row in history."""
+
+    __slots__ = ("attempts", "entity_type", "error", "name", "place", "run_id",
+                 "started_at", "traceback")
+
+    def __init__(self, entity_type: str, run_id: int, name: str, started_at: float,
+                 ray_task: bool) -> None:
+        self.entity_type, self.run_id, self.name = entity_type, run_id, name
+        self.started_at = started_at
+        self.attempts = 0
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.place = TaskPlace() if ray_task else None  # a Ray task says where it ran
+
+    def failed(self, err: Exception) -> None:
+        """The current attempt raised `err`."""
+        self.error = storable_text(f"{type(err).__name__}: {err}", STEP_ERROR_CHARS)
+        remote = None if self.place is None else self.place.traceback
+        self.traceback = storable_text(remote or "".join(traceback.format_exception(err)),
+                                       STEP_TRACEBACK_CHARS, tail=True)
+
+    def history(self, status: StepStatus, now: float, result: str | None = None
+                ) -> StepAttempts:
+        """The step's row in history, as of `now`."""
+        return StepAttempts(
+            self.run_id, self.name, status, self.attempts, self.started_at, now,
+            None if result is None else storable_text(result, STEP_RESULT_CHARS),
+            self.error, self.traceback, self.place is not None,
+            None if self.place is None else self.place.node)
+
+
+async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
                     retry: RetryPolicy, timeout: float | None,
                     ray_options: dict[str, Any] | None, now: Callable[[], float],
+                    tries: _Tries, on_retry: Callable[[StepAttempts], Awaitable[None]],
                     trace: str | None = None) -> tuple[StepRecord, Exception | None]:
     """Call `fn` until an attempt succeeds or `retry` runs out: the outcome to record,
-    and the last error. Each attempt in its span, a child of `trace` (`_traces`)."""
-    attempt = 0
+    and the last error. Each attempt is counted in `tries` and the metrics, in its span
+    (a child of `trace`: `_traces`); each failed one that another follows goes to
+    `on_retry` (the step's row in history)."""
+    etype, name = tries.entity_type, tries.name
     while True:
-        attempt += 1
+        tries.attempts += 1
+        if tries.place is not None:  # a task that times out never says where it ran
+            tries.place.node = tries.place.traceback = None
+        began = time.perf_counter()
         try:
-            with step_attempt(trace, name, attempt, key,
+            with step_attempt(trace, name, tries.attempts, key,
                               on_ray=ray_options is not None) as attempt_trace:
-                value = await _call(fn, args, key, timeout, ray_options, attempt_trace)
+                value = await _call(fn, args, key, timeout, ray_options, tries.place,
+                                    attempt_trace)
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            if retry.max_attempts is not None and attempt >= retry.max_attempts:
-                text = f"{type(err).__name__}: {err}"
-                return StepRecord(name, False, None, text, attempt, now()), err
-            await asyncio.sleep(retry.backoff(attempt))
+            metrics.step_attempted(etype, name, time.perf_counter() - began)
+            tries.failed(err)
+            if retry.max_attempts is not None and tries.attempts >= retry.max_attempts:
+                metrics.step_failed(etype, name)
+                return StepRecord(name, False, None, tries.error, tries.attempts, now()), err
+            await on_retry(tries.history("retrying", now()))
+            await asyncio.sleep(retry.backoff(tries.attempts))
             continue
+        metrics.step_attempted(etype, name, time.perf_counter() - began)
         try:
             text = encode_value(value)
         except Exception as err:
             raise InvalidArgumentError(
                 f"step {name!r} returned {type(value).__name__}, which is not JSON data "
                 "(return models, dicts, lists, str, numbers, bool or None)") from err
-        return StepRecord(name, True, text, None, attempt, now()), None
+        return StepRecord(name, True, text, None, tries.attempts, now()), None
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], key: str,
                 timeout: float | None, ray_options: dict[str, Any] | None,
-                trace: str | None = None) -> Any:
+                place: TaskPlace | None = None, trace: str | None = None) -> Any:
     """One attempt: `fn(*args)` with `corral.step_key()` set, here or as a Ray task
-    (which continues the attempt's `trace`)."""
+    (which says where it ran in `place`, and continues the attempt's `trace`)."""
     if ray_options is not None:
         from ._step_tasks import call_as_task  # only a step on Ray imports Ray
-        return await call_as_task(fn, args, key, timeout, ray_options, trace)
+        return await call_as_task(fn, args, key, timeout, ray_options, place, trace)
     token = current_step_key.set(key)
     try:
         # `within`, never `asyncio.wait_for`: before Python 3.12 that lost the
