@@ -200,3 +200,28 @@ async def test_a_batch_is_housekeeping_only_if_every_op_in_it_was_queued_as_such
     with housekeeping():
         batch.add("renewal")
     assert not batch.housekeeping  # committed as the caller's work: short patience
+
+
+async def test_housekeeping_keeps_to_the_busy_connection_so_an_idle_one_closes(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two pooled connections open (a burst opened the second), every round that
+    overlapped another took the idle one, and both stayed open for good (a lone idle
+    host held three with its session's). Housekeeping waits for the busy one instead,
+    so the other goes unused and closes after `IDLE_LIFETIME`."""
+    monkeypatch.setattr(_pg_pool, "HOUSEKEEPING_PATIENCE", 60.0)
+    store = await open_postgres_store(pg_url, shards=4)
+    try:
+        held, release = asyncio.Event(), asyncio.Event()
+        holding = asyncio.create_task(store.read(_hold, held, release))
+        await held.wait()
+        assert await store.read(lambda conn: conn.fetchval("SELECT 1")) == 1
+        assert store._pool.get_idle_size() == 1  # a second, idle now; the first busy
+        with housekeeping():
+            reading = asyncio.create_task(store.read(lambda conn: conn.fetchval("SELECT 2")))
+        await asyncio.sleep(_pg_pool.PATIENCE * 4)
+        assert not reading.done()  # waits for the busy one, leaving the idle one be
+        release.set()
+        await holding
+        assert await reading == 2
+    finally:
+        await store.close()

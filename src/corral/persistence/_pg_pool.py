@@ -50,17 +50,23 @@ class SharedPool:
 
     async def acquire(self) -> Any:
         """A connection: an idle open one, else the first to come back within
-        `PATIENCE` (`HOUSEKEEPING_PATIENCE` in housekeeping; callers served in order),
-        else a new one."""
-        if self._out and (self._turns or self._pool.get_idle_size() <= self._promised):
+        `PATIENCE` (callers served in order), else a new one.
+
+        In housekeeping, the first to come back within `HOUSEKEEPING_PATIENCE` even if
+        another is idle: the host's rounds then keep to one connection, and one a
+        burst opened goes unused and closes (two idle ones, each taken by the round
+        that overlapped another, both stayed open for good)."""
+        patient = in_housekeeping()
+        if self._out and (patient or self._turns
+                          or self._pool.get_idle_size() <= self._promised):
             turn = asyncio.get_running_loop().create_future()
             self._turns.append(turn)
             try:
                 # `within`, not `asyncio.wait_for`: before Python 3.12 that lost a
                 # cancellation coming as the turn came (a host's close then hung).
                 with contextlib.suppress(Expired):
-                    await within(asyncio.shield(turn), HOUSEKEEPING_PATIENCE
-                                 if in_housekeeping() else PATIENCE)
+                    await within(asyncio.shield(turn),
+                                 HOUSEKEEPING_PATIENCE if patient else PATIENCE)
             finally:
                 if turn.done():
                     self._promised -= 1  # its connection is taken now, below
