@@ -225,3 +225,15 @@ async def test_housekeeping_keeps_to_the_busy_connection_so_an_idle_one_closes(
         assert await reading == 2
     finally:
         await store.close()
+
+
+async def test_a_direct_stores_connections_run_without_jit(pg_url: str) -> None:
+    """A listing page at 1M entities, costed on its estimates, crossed `jit_above_cost`
+    and spent 35 ms compiling a 0.1 ms read (benchmarks/scale.py: 42 ms a page)."""
+    store = await open_postgres_store(pg_url, shards=2)
+    try:
+        assert await store.read(lambda conn: conn.fetchval("SHOW jit")) == "off"
+        assert await store.read(lambda conn: conn.fetchval(
+            "SELECT setting FROM pg_settings WHERE name = 'jit'")) == "off"
+    finally:
+        await store.close()

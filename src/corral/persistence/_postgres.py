@@ -82,12 +82,17 @@ def _session_settings(timeout: float, *, pooled: bool) -> dict[str, str]:
     transaction: `GroupCommit.hold_locks_within`). Without them a session cut off
     inside a transaction held its locks for minutes, and a takeover with them.
 
+    JIT compilation off: corral's statements are short index reads and writes, and a
+    listing page's plan, costed on its estimates (a range per type of the page), crossed
+    `jit_above_cost` at 1M entities and spent 35 ms compiling a 0.1 ms read.
+
     Behind a pooler in transaction mode only the name: PgBouncer refuses other startup
-    settings, and the writer sets them per transaction (`SET LOCAL`) instead."""
+    settings, and the writer sets them per transaction (`SET LOCAL`) instead (the
+    operating guide's PgBouncer section turns JIT off for the database)."""
     if pooled:
         return {"application_name": "corral"}
     limits = {name: str(ms) for name, ms in _limits(timeout).items()}
-    return {"application_name": "corral", **limits}
+    return {"application_name": "corral", "jit": "off", **limits}
 
 
 def _limits(timeout: float) -> dict[str, int]:
