@@ -1,7 +1,8 @@
 """A step running as a Ray task on a `ray.cluster_utils.Cluster` node with a custom
 resource, the node removed without grace mid-task: Ray runs the task again on the other
 node of that resource, the host records that result, and `run()` goes on with it; its
-history says it ran as a Ray task on that node."""
+history says it ran as a Ray task on that node, and both tasks ran in the trace of the
+start that caused them (traces across nodes and a node's loss)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,6 @@ def test_a_step_whose_node_dies_mid_task_runs_again_on_another_node(tmp_path: Pa
     # Its history names the node the answer came from (one attempt: Ray ran it again).
     assert report["steps"] == [{"name": "model", "status": "completed", "attempts": 1,
                                 "ray_task": True, "node": again[0]}]
+    # Both tasks, on the node removed and on the other, ran in the trace of the start
+    # that caused them (its context continued on whichever node: issue 43).
+    assert report["task_traces"] == [[node, report["accept_trace"]] for node in report["calls"]]

@@ -5,7 +5,8 @@ A `ray.cluster_utils.Cluster` of its own (a head and two nodes with the custom r
 hosted here runs its step as a Ray task on a `model` node; that node is removed without
 grace while the task runs; then the task's gate opens. Writes a JSON report: the nodes
 the step's function ran on, the node removed, the run's result, the step records left,
-the steps its history lists.
+the steps its history lists, and the traces: the start's acceptance span's (recorded
+here with the SDK's in-memory exporter) and the one each task ran in, with its node.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import corral
 from ray_clusters import on_cluster
 from step_entities import AgentInput, NodeAgent
 from stores import sql
+from trace_spans import named, recording, trace_id
 
 
 def _calls(log: Path) -> list[str]:
@@ -28,6 +30,14 @@ def _calls(log: Path) -> list[str]:
 
 
 async def _scenario(cluster: Any, store: str, log: Path) -> dict[str, Any]:
+    with recording() as spans:
+        report = await _traced_scenario(cluster, store, log)
+        [accept] = named(spans.get_finished_spans(), "corral accept NodeAgent")
+    return {**report, "accept_trace": f"{trace_id(accept):032x}",
+            "task_traces": [line.split() for line in _calls(Path(str(log) + ".trace"))]}
+
+
+async def _traced_scenario(cluster: Any, store: str, log: Path) -> dict[str, Any]:
     async with corral.open_runtime(store, entities=[NodeAgent]) as rt:
         ref = rt.ref(NodeAgent, "agent-1")
         await ref.start(start=AgentInput(log=str(log)))

@@ -241,11 +241,15 @@ class RayAgent(corral.Entity):
 
 
 def model_on_node(log: str, gate: str) -> str:
-    """A model call pinned by a custom resource: logs the node it runs on, waits for the
-    test to open `gate`, answers with that node's id."""
+    """A model call pinned by a custom resource: logs the node it runs on (and, beside
+    it, the trace it runs in: its attempt's, continued in the task), waits for the test
+    to open `gate`, answers with that node's id."""
     import ray
+    from opentelemetry import trace
 
     node = ray.get_runtime_context().get_node_id()
+    context = trace.get_current_span().get_span_context()
+    _log(log + ".trace", f"{node} {context.trace_id:032x}")
     _log(log, node)
     while not os.path.exists(gate):
         time.sleep(0.01)

@@ -564,8 +564,11 @@ class Activation(RunContext):
             self._terminated(entry.payload)
 
     async def _apply_mark(self, entry: JournalEntry, replaying: bool) -> None:
-        """`START` and `RESUME`: marks, applied as nothing."""
+        """`START` and `RESUME`: marks, applied as nothing; what `run()` does next (its
+        steps, its sends) continues the trace of the call that left it."""
         self.applied_seq = entry.seq
+        if entry.trace is not None:
+            self._trace = entry.trace
 
     async def _apply_deliver(self, entry: JournalEntry, replaying: bool) -> None:
         """Wakes `run()` waiting on the signal wait the delivery closed."""
