@@ -9,8 +9,8 @@ Three ways, side by side in one run, each in a fresh process per round, the roun
 interleaved (today, off, on, today, off, on, ...) so that a noisy neighbour on the
 machine costs each the same:
 
-- `today`: the corral this branch started from (the merge base with `main`, extracted
-  with `git archive`): no tracing code at all;
+- `today`: corral before traces (the parent of the commit that added `_tracing.py`,
+  extracted with `git archive`): no tracing code at all;
 - `off`: this corral, OpenTelemetry not configured (no tracer provider; the process
   never imports it): every traced path makes its one check;
 - `on`: this corral under the OpenTelemetry SDK (`TracerProvider`, every span sampled,
@@ -111,8 +111,13 @@ async def _child(mode: str, signals: int, db: str) -> float:
 
 
 def _today(into: Path) -> tuple[str, Path]:
-    """The source of the commit this branch started from, extracted under `into`."""
-    base = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True,
+    """The source of corral before traces (the parent of the commit that added
+    `src/corral/_tracing.py`: on main, the merge base with main is HEAD itself),
+    extracted under `into`."""
+    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--",
+                            "src/corral/_tracing.py"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()[-1]
+    base = subprocess.run(["git", "rev-parse", f"{added}^"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout.strip()
     archive = into / "today.tar"
     with archive.open("wb") as out:
