@@ -1,5 +1,6 @@
 """Housekeeping: a host's own rounds (lease renewal, its polls, progress, timers,
-passivation, the registry of builds), marked so a store may serve them unhurried.
+passivation, the registry of builds, the journal tail's reads), marked so a store may
+serve them unhurried.
 
 An idle host's rounds each run a statement now and then; two of them sometimes overlap.
 A PostgreSQL store's pool (`_pg_pool.SharedPool`) opens another connection for a caller

@@ -400,7 +400,11 @@ class LocalHost:
                 while self._cursor != before:  # until a read returns nothing new
                     before = self._cursor
                     owned = frozenset(self.shards)
-                    self._cursor, entries = await self.store.journal_tail(self._cursor, owned)
+                    # The read is the host's own round (a connection it finds busy is
+                    # waited for, never one more opened); what it routes is not.
+                    with housekeeping():
+                        self._cursor, entries = await self.store.journal_tail(self._cursor,
+                                                                              owned)
                     for entry in entries:
                         shard = self.shards.get(self.router.shard_of(entry.entity_type, entry.key))
                         if shard is not None:
