@@ -227,10 +227,10 @@ RUNNING_ENTITIES = "SELECT etype, key FROM entities{index} WHERE " + RUNNING
 URGENT_ENTITIES = "SELECT etype, key FROM entities{index} WHERE " + f"{RUNNING} AND {URGENT}"
 """A shard's running entities that are urgent (`URGENT`): the first recovery read, few
 rows however many are running (`{index}`: `Txn.RUNNING_INDEX`). Parameters: the shard,
-the shard, the time. Per entity
-it costs the lookup of its progress (and of a step): what is urgent is known from other
-tables' rows, and an index of entities over it would be updated by every accept
-(`next_seq`), which then could no longer update the row in place."""
+the shard, the time. Per entity it costs the lookup of its progress (and of a step):
+what is urgent is known from other tables' rows, and an index of entities over it would
+be updated by every accept (`next_seq`), which then could no longer update the row in
+place."""
 
 
 async def running_entities(q: Txn, shards: Sequence[int]) -> dict[int, list[tuple[str, str]]]:
