@@ -40,6 +40,10 @@ RECORD = (
     "recorded_at = excluded.recorded_at WHERE excluded.applied_seq >= progress.applied_seq"
 )
 
+RANGE_PER_ROW = 4
+"""A listing page's range scan of `progress` reads at most this many rows per page row
+(`page_with_progress`)."""
+
 PROGRESS_JOIN = "LEFT JOIN progress p ON p.etype = entities.etype AND p.key = entities.key"
 
 
@@ -48,28 +52,40 @@ def progress_from() -> str:
     return f"entities {PROGRESS_JOIN}"
 
 
-def page_with_progress(columns: str, page: str, *, dense: bool) -> str:
+def page_with_progress(columns: str, page: str, *, ranged: bool) -> str:
     """`SELECT columns` over the entities of `page` (a `SELECT * FROM entities ...
     ORDER BY etype, key LIMIT ?`) with their progress (`p`), in (etype, key) order: a
     page's joins are lookups of its own rows (a join of the tables walked `runs` from
     the type's first key up to a cursor: 8 ms a page at 25,000 keys on PostgreSQL).
 
-    `dense`: the page holds every entity between its first and last (etype, key) (no
-    filter but type, key prefix and cursor), so its progress rows are one range of
-    `progress` per type on the page, each read by one index range scan (`key` between
-    the type's first and last on the page: a row-value upper bound does not end a
-    B-tree scan before the type's last key); materialized, so the planner cannot turn
-    it back into a lookup per row (PostgreSQL: a page of 100 rows read 375 buffers that
-    way at 1M entities, 66 at 10k where it scanned `progress`)."""
+    `ranged` (`Txn.PAGE_RANGE`): the page's progress rows are read by one bounded range
+    scan per type on the page (materialized, so the planner cannot turn it back into a
+    lookup per row: 375 buffers for a page of 100 rows at 1M entities, 66 at 10k where
+    it scanned `progress`): from the type's first key on the page to its last, at most
+    `RANGE_PER_ROW` progress rows per page row of the type (a row-value upper bound
+    does not end a B-tree scan before the type's last key). A page of every entity in
+    its span (no filter but type, key prefix and cursor) is covered by it; a status's
+    page is too while the status is common (a few leaf pages), and a rare status's
+    rows past the bound are looked up one by one (a lookup its `key > upto` skips for a
+    covered row: a one-time filter), so its cost is the bound plus a lookup per such
+    row, never a walk of the span."""
     order = "ORDER BY entities.etype, entities.key"
-    if not dense:
+    if not ranged:
         return f"SELECT {columns} FROM ({page}) AS entities {PROGRESS_JOIN} {order}"
+    bound = f"{RANGE_PER_ROW} * span.n"
     return (f"WITH page AS MATERIALIZED ({page}), "
-            "span AS (SELECT etype, min(key) AS low, max(key) AS high FROM page "
-            "GROUP BY etype), "
-            "p AS MATERIALIZED (SELECT p.* FROM span CROSS JOIN LATERAL (SELECT * FROM "
-            "progress p WHERE p.etype = span.etype AND p.key >= span.low "
-            "AND p.key <= span.high OFFSET 0) p) "
+            "span AS (SELECT etype, min(key) AS low, max(key) AS high, count(*) AS n "
+            "FROM page GROUP BY etype), "
+            "ranged AS MATERIALIZED (SELECT p.* FROM span CROSS JOIN LATERAL (SELECT * "
+            "FROM progress p WHERE p.etype = span.etype AND p.key >= span.low "
+            f"AND p.key <= span.high ORDER BY p.key LIMIT {bound}) p), "
+            f"reach AS (SELECT span.etype, CASE WHEN count(r.key) < {bound} THEN span.high "
+            "ELSE max(r.key) END AS upto FROM span LEFT JOIN ranged r "
+            "ON r.etype = span.etype GROUP BY span.etype, span.high, span.n), "
+            "p AS (SELECT * FROM ranged UNION ALL SELECT f.* FROM page "
+            "JOIN reach ON reach.etype = page.etype CROSS JOIN LATERAL (SELECT * "
+            "FROM progress p WHERE page.key > reach.upto AND p.etype = page.etype "
+            "AND p.key = page.key OFFSET 0) f) "
             f"SELECT {columns} FROM page AS entities LEFT JOIN p "
             f"ON p.etype = entities.etype AND p.key = entities.key {order}")
 

@@ -369,7 +369,7 @@ async def list_entities(q: Txn, etype: str | None, status: RunStatus | None, lim
     page = (f"SELECT * FROM entities {'WHERE ' if where else ''}{' AND '.join(where)} "
             "ORDER BY entities.etype, entities.key LIMIT ?")
     rows = await fetch(page_with_progress(f"{_ENTITY_COLUMNS}, {_progress_columns(q)}", page,
-                                          dense=status is None and q.PAGE_RANGE), *args, limit)
+                                          ranged=q.PAGE_RANGE), *args, limit)
     return [_listed(r) for r in rows]
 
 
@@ -384,8 +384,10 @@ async def _prefix_across_types(q: Txn, status: RunStatus | None, limit: int,
     steps at 1M entities)."""
     found: list[EntityRecord | UnreadableRow] = []
     etype = await _next_type(q, None if after is None else after[0], inclusive=True)
-    while etype is not None and len(found) < limit:
+    while etype is not None:
         found += await list_entities(q, etype, status, limit - len(found), after, key_prefix)
+        if len(found) >= limit:  # full: no seek for a type it would not search
+            break
         etype = await _next_type(q, etype, inclusive=False)
     return found
 
