@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from corral.persistence import open_store
+from corral.persistence._pg_schema import keys_in_code_points
 
 asyncpg = pytest.importorskip("asyncpg")
 
@@ -38,6 +39,7 @@ async def test_a_key_prefix_search_seeks_an_index_under_a_collation_other_than_c
         conn = await asyncpg.connect(url)
         try:
             assert await conn.fetchval("SHOW lc_collate") == "C.utf8"
+            assert not await keys_in_code_points(conn)  # to the planner, not "C"
             await conn.execute(
                 "INSERT INTO entities (etype, key, shard, run_id, status, next_seq) "
                 "SELECT 'T', k, 0, 1, 'running', 1 FROM (SELECT 'key-' || "
@@ -60,6 +62,72 @@ async def test_a_key_prefix_search_seeks_an_index_under_a_collation_other_than_c
             while await _index_scans(conn) < before + 3:
                 assert time.monotonic() < deadline, "the searches never used the index"
                 await asyncio.sleep(0.2)
+        finally:
+            await conn.close()
+            await store.close()
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+_EDGES = ["é-1", "é-2", "e-3", "ké-1", "p\ud7ff1", "p\ue000", "p\U0010ffff", "p\U0010ffffx",
+          "\U0010ffff", "q"]
+
+
+async def test_under_c_a_prefix_is_a_range_the_primary_key_seeks_in_key_order(
+        postgres_url: str) -> None:
+    """Under "C" (code point order) a prefix is a range of the primary key, the only
+    index that serves it, so a page is a seek in key order whatever the planner thinks
+    the prefix matches: with `starts_with` it chose `entities_key_prefix` and a sort of
+    every match when it misjudged a narrow prefix (34 keys for 333 at 1M entities)."""
+    from corral.persistence._pg_txn import PgTxn, numbered
+    from corral.persistence._reads import list_entities
+    from test_census_counts import _Recording
+
+    name = f"corral_collation_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(postgres_url)
+    await admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 LC_COLLATE 'C' "
+                        "LC_CTYPE 'C'")
+    url = postgres_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        store = await open_store(url, shards=4)
+        conn = await asyncpg.connect(url)
+        try:
+            assert await keys_in_code_points(conn)
+            # Statistics of a store without the "key-" keys: the planner thinks a page
+            # of them matches a key or two (autovacuum would learn otherwise).
+            await conn.execute("ALTER TABLE entities SET (autovacuum_enabled = false)")
+            await conn.execute("INSERT INTO entities (etype, key, shard, run_id, status, "
+                               "next_seq) SELECT 'T', unnest($1::text[]), 0, 1, 'running', 1",
+                               _EDGES)
+            await conn.execute("ANALYZE entities")
+            await conn.execute(
+                "INSERT INTO entities (etype, key, shard, run_id, status, next_seq) "
+                "SELECT 'T', 'key-' || lpad(i::text, 8, '0'), 0, 1, 'running', 1 "
+                "FROM generate_series(0, $1 - 1) i", KEYS)
+            await conn.execute("INSERT INTO runs (etype, key, run_id, status, started_at, "
+                               "first_seq) SELECT etype, key, 1, status, 0, 1 FROM entities")
+            keys = sorted([f"key-{i:08d}" for i in range(KEYS)] + _EDGES)
+            for prefix in ("key-0000012", "key-000", "é-", "p\ud7ff", "p\U0010ffff",
+                           "\U0010ffff", "k", "nokey"):
+                page = await store.entities("T", None, limit=100, key_prefix=prefix)
+                assert [e.key for e in page] == \
+                    [k for k in keys if k.startswith(prefix)][:100], prefix
+            recording = _Recording(PgTxn(conn=conn, token="t", code_points=True))
+            await list_entities(recording, "T", None, 100, None, "key-000")
+            [(statement, args)] = recording.statements
+            explain = "EXPLAIN " + numbered(statement)
+            plan = "\n".join(r[0] for r in await conn.fetch(explain, *args))
+            assert "Index Scan using entities_pkey on entities" in plan, plan
+            # No plan of it can use `entities_key_prefix`: not even without the key.
+            dropped = conn.transaction()
+            await dropped.start()
+            try:
+                await conn.execute("ALTER TABLE entities DROP CONSTRAINT entities_pkey CASCADE")
+                plan = "\n".join(r[0] for r in await conn.fetch(explain, *args))
+                assert "entities_key_prefix" not in plan, plan
+            finally:
+                await dropped.rollback()
         finally:
             await conn.close()
             await store.close()

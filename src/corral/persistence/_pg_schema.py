@@ -93,6 +93,22 @@ SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""
 
 
+_CODE_POINTS = (
+    "SELECT CASE WHEN c.collname = 'default' THEN d.datcollate IN ('C', 'POSIX') AND "
+    "coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') = 'c' "
+    "ELSE c.collname IN ('C', 'POSIX') END FROM pg_attribute a "
+    "JOIN pg_collation c ON c.oid = a.attcollation CROSS JOIN pg_database d "
+    "WHERE a.attrelid = 'entities'::regclass AND a.attname = 'key' "
+    "AND d.datname = current_database()")
+
+
+async def keys_in_code_points(conn: Any) -> bool:
+    """Whether `entities.key` is ordered by code point: its collation, or the
+    database's, is "C" (or "POSIX") from the C library (an ICU or other locale's
+    order is not; nor, to the planner, "C.utf8", whatever its order)."""
+    return bool(await conn.fetchval(_CODE_POINTS))
+
+
 async def ensure_schema(conn: Any, shards: int, *, where: str) -> None:
     """Create or migrate the schema and check the shard count, in one transaction.
 

@@ -33,7 +33,7 @@ from corral._common import RunStatus
 from corral._errors import StoreError, StoreUnavailableError
 
 from ._pg_schema import NOTIFY_CHANNEL
-from ._txn import EntityRow, LockPlan, Txn
+from ._txn import EntityRow, LockPlan, Txn, code_point_range
 
 __all__ = ["LockPlan", "PgTxn", "is_connection_error", "numbered", "store_error"]
 
@@ -222,6 +222,11 @@ class PgTxn(Txn):
     # Behind a pooler in transaction mode: no statement prepared by name (the next
     # transaction may run on another server session), and no NOTIFY (nobody LISTENs).
     pooled: bool = False
+    # The database's collation orders text by code point ("C", `keys_in_code_points`):
+    # a prefix is a range the primary key seeks in key order (`starts_with`), the one
+    # plan there is (with `starts_with()` the planner, misjudging how many keys a narrow
+    # prefix matches, read them all through `entities_key_prefix` and sorted them).
+    code_points: bool = False
     now: float = 0.0  # the server's clock when the lease rows were locked
     ticks: dict[int, int] = field(default_factory=dict)
     deleted: int = 0  # journal and dedupe rows its trims deleted (see `_pg_vacuum`)
@@ -260,6 +265,8 @@ class PgTxn(Txn):
         return int(await self.conn.fetchval(numbered(sql) + " RETURNING id", *args))
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        if self.code_points:
+            return code_point_range(column, prefix)
         return f"starts_with({column}, ?)", (prefix,)  # independent of the collation
 
     def joined(self, expr: str, separator: str, *, order: str) -> str:

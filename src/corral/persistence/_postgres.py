@@ -49,7 +49,7 @@ from ._ops_leases import (
     lease_view,
 )
 from ._pg_pool import IDLE_LIFETIME, SharedPool
-from ._pg_schema import ensure_schema
+from ._pg_schema import ensure_schema, keys_in_code_points
 from ._pg_session import HostSession, PolledSession
 from ._pg_txn import PgTxn, is_connection_error, store_error
 from ._pg_vacuum import Vacuum
@@ -137,6 +137,7 @@ class PostgresStore(StoreCore):
         self._shared: SharedPool  # over `_pool`, once open
         self._writer: GroupCommit | None = None
         self._vacuum: Vacuum | None = None
+        self._code_points = False  # `PgTxn.code_points`, once open
         self._queue: CommitQueue[WriteOp] = CommitQueue("postgresql")
 
     def __repr__(self) -> str:
@@ -153,6 +154,7 @@ class PostgresStore(StoreCore):
                 server_settings=_session_settings(self._timeout, pooled=self._pooled))
             async with self._pool.acquire() as conn:
                 await ensure_schema(conn, self.shards, where=where)
+                self._code_points = await keys_in_code_points(conn)
             await self._session.open()
         except CorralError:
             await self.close()
@@ -235,8 +237,9 @@ class PostgresStore(StoreCore):
     async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`fn(q, *args)` on a `PgTxn` over a pooled connection (single statements: no
         transaction needed); driver errors wrapped."""
-        pooled = self._pooled
-        return await self.read(lambda conn: fn(PgTxn(conn=conn, token="", pooled=pooled), *args))
+        pooled, code_points = self._pooled, self._code_points
+        return await self.read(lambda conn: fn(
+            PgTxn(conn=conn, token="", pooled=pooled, code_points=code_points), *args))
 
     async def read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `fn(connection, *args)` on a pooled connection; driver errors wrapped.

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ._txn import Txn
+from ._txn import Txn, code_point_range
 
 __all__ = ["ADD_COUNTS", "SWEEP_DEDUPE", "SqliteTxn"]
 
@@ -111,15 +111,7 @@ class SqliteTxn(Txn):
                 (json.dumps([[int(a), int(b)] for a, b in pairs]),))
 
     def starts_with(self, column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
-        # A range scan of the index: from `prefix` up to the first string past every one
-        # that starts with it (trailing U+10FFFF have no successor; surrogates are skipped:
-        # SQLite orders UTF-8 bytes, which is code point order).
-        stem = prefix.rstrip("\U0010ffff")
-        if not stem:
-            return f"{column} >= ?", (prefix,)
-        after = ord(stem[-1]) + 1
-        after = 0xE000 if 0xD800 <= after <= 0xDFFF else after
-        return f"{column} >= ? AND {column} < ?", (prefix, stem[:-1] + chr(after))
+        return code_point_range(column, prefix)  # SQLite orders UTF-8 bytes
 
     async def trim(self, etype: str, key: str, *, keep: int, applied_seq: int,
                    forget_seq: int, forget_before: float, passivate: bool) -> int:

@@ -27,12 +27,27 @@ from corral._errors import CorralError, LeaseLostError
 from ._records import JournalEntry
 
 __all__ = ["DEAD_LETTERS", "OPEN_WAITS", "SUSPENDED_RUNS", "EntityRow", "Fence", "Fenced",
-           "Lease", "LockPlan", "Seen", "Txn", "WriteOp", "apply_ops", "drive"]
+           "Lease", "LockPlan", "Seen", "Txn", "WriteOp", "apply_ops", "code_point_range",
+           "drive"]
 
 T = TypeVar("T")
 Ident = tuple[str, str]
 Seen = tuple[int, int, bytes, str | None, float]  # seq, run_id, hash, sender, accepted_at
 Lease = tuple[str, int, float]  # owner, epoch, expires_at
+
+
+def code_point_range(column: str, prefix: str) -> tuple[str, tuple[Any, ...]]:
+    """That `column` starts with `prefix`, as a range for a column in code point order
+    (SQLite's UTF-8 bytes; PostgreSQL's "C" collation): from `prefix` up to the first
+    string past every one that starts with it (trailing U+10FFFF have no successor;
+    surrogates are skipped). Any B-tree over the column seeks it, in its own order."""
+    stem = prefix.rstrip("\U0010ffff")
+    if not stem:
+        return f"{column} >= ?", (prefix,)
+    after = ord(stem[-1]) + 1
+    after = 0xE000 if 0xD800 <= after <= 0xDFFF else after
+    return f"{column} >= ? AND {column} < ?", (prefix, stem[:-1] + chr(after))
+
 
 # What `census_counts` counts besides entities by status (`_census`): each a count of
 # rows, kept by the writes that add or remove them.
