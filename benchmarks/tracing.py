@@ -17,7 +17,13 @@ machine costs each the same:
   a `SimpleSpanProcessor` into an exporter that drops what it gets): an accept span per
   signal and an apply span per message applied, each traceparent stored;
 - `sampled`: the same SDK sampling one trace in 100 (`ParentBased(TraceIdRatioBased)`),
-  as a busy service would: the other spans record nothing, their contexts are stored.
+  as a busy service would: the other spans record nothing, their contexts are stored;
+- `floor`: today's corral (no tracing code) under the same SDK as `on`, with the two
+  spans a signal that tracing needs at the least made by this benchmark itself: each
+  sender starts and ends a bare span around each `signal`, the handler a bare one each
+  time it runs (no attributes, no parent, never current, no traceparent stored). What
+  the SDK alone costs: no tracing that makes an SDK span per acceptance and one per
+  application can be cheaper than this.
 
 Each process: a SQLite store (WAL, `synchronous=FULL`) in a temporary directory, a local
 runtime hosting `ENTITIES` running entities, `SENDERS` concurrent callers sending
@@ -48,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLED = 0.01  # `sampled`: one trace in 100 recorded
 ENTITIES = 16
 SENDERS = 32
-MODES = ("today", "off", "on", "sampled")
+MODES = ("today", "off", "on", "sampled", "floor")
+_floor: Any = None  # `floor`: the tracer the benchmark's own spans come from
 
 
 # -- one process: one mode, one round --------------------------------------------------------
@@ -63,6 +70,8 @@ class Counter(corral.Entity):
     @corral.signal
     def bump(self) -> None:
         self.count += 1
+        if _floor is not None:
+            _floor.start_span("bump").end()
 
 
 def _trace(ratio: float) -> None:
@@ -83,8 +92,13 @@ def _trace(ratio: float) -> None:
 
 
 async def _child(mode: str, signals: int, db: str) -> float:
-    if mode in ("on", "sampled"):
-        _trace(1.0 if mode == "on" else SAMPLED)
+    global _floor
+    if mode in ("on", "sampled", "floor"):
+        _trace(SAMPLED if mode == "sampled" else 1.0)
+    if mode == "floor":
+        from opentelemetry import trace
+
+        _floor = trace.get_tracer("floor")
     counter = Counter
     async with corral.open_runtime(db, entities=[counter]) as rt:
         refs = [rt.ref(counter, f"e-{n}") for n in range(ENTITIES)]
@@ -94,7 +108,12 @@ async def _child(mode: str, signals: int, db: str) -> float:
 
         async def sender(s: int) -> None:
             for n in range(per_sender):
-                await refs[(s + n) % ENTITIES].signal(counter.bump)
+                if _floor is None:
+                    await refs[(s + n) % ENTITIES].signal(counter.bump)
+                else:
+                    span = _floor.start_span("signal")
+                    await refs[(s + n) % ENTITIES].signal(counter.bump)
+                    span.end()
 
         began = time.perf_counter()
         await asyncio.gather(*(sender(s) for s in range(SENDERS)))
@@ -152,7 +171,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="corral-tracing-") as tmp:
         base, today = _today(Path(tmp))
         sources = {"today": today, "off": ROOT / "src", "on": ROOT / "src",
-                   "sampled": ROOT / "src"}
+                   "sampled": ROOT / "src", "floor": today}
         for r in range(rounds):
             n = r % len(MODES)
             order = MODES[n:] + MODES[:n]  # each mode first as often as the others
@@ -172,7 +191,8 @@ def main() -> None:
         "today": base, "signals": signals, "rounds": rounds, "entities": ENTITIES,
         "senders": SENDERS, "rates": rates, "median": medians,
         "ratio_off": ratios["off"], "ratio_on": ratios["on"],
-        "ratio_sampled": ratios["sampled"], "sampled_ratio": SAMPLED,
+        "ratio_sampled": ratios["sampled"], "ratio_floor": ratios["floor"],
+        "sampled_ratio": SAMPLED,
         "targets": {"off": "within 3% of today", "on": "within 15% of today"},
     }
     name = "tracing-quick.json" if args.quick else "tracing.json"
