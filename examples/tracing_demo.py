@@ -11,7 +11,8 @@ store in a temporary directory) with an agent in place of its buffering ticket, 
 one signed webhook carrying a `traceparent` header, as a traced provider would, and
 prints the spans of that one trace:
 
-- the request's span (`webhook_ingress.request_span`), the child of the caller's;
+- the request's span (OpenTelemetry's ASGI middleware, `webhook_ingress.TRACED`), the
+  child of the caller's;
 - corral's `accept` span, in it: its traceparent is stored with the journal entry;
 - the `apply` span where the host applied the message (its handler), whichever host;
 - one `step` span per attempt of the model call, which fails twice and then answers;
@@ -113,19 +114,19 @@ class TicketAgent(corral.Entity):
 
 
 def app(rt: corral.Runtime) -> Starlette:
-    """The endpoint (`webhook_ingress.create_app`'s, without its signature check): its
-    request span, then the one corral call, in it."""
+    """The endpoint (`webhook_ingress.create_app`'s, without its signature check): the
+    one corral call, in the request's span (the middleware's)."""
 
     async def receive(request: Request) -> JSONResponse:
-        with ingress.request_span(request):
-            event = ingress.WebhookEvent.model_validate_json(await request.body())
-            ack = await rt.ref(TicketAgent, f"ticket-{event.ticket_id}").signal_with_start(
-                TicketAgent.customer_reply,
-                ingress.Reply(message_id=event.id, body=event.body, at=event.at),
-                start=ingress.TicketInput(tenant=event.tenant), message_id=event.id)
-            return JSONResponse({"status": ack.status, "seq": ack.seq})
+        event = ingress.WebhookEvent.model_validate_json(await request.body())
+        ack = await rt.ref(TicketAgent, f"ticket-{event.ticket_id}").signal_with_start(
+            TicketAgent.customer_reply,
+            ingress.Reply(message_id=event.id, body=event.body, at=event.at),
+            start=ingress.TicketInput(tenant=event.tenant), message_id=event.id)
+        return JSONResponse({"status": ack.status, "seq": ack.seq})
 
-    return Starlette(routes=[Route("/webhooks/tickets", receive, methods=["POST"])])
+    return Starlette(routes=[Route("/webhooks/tickets", receive, methods=["POST"])],
+                     middleware=ingress.TRACED)
 
 
 def tree(spans: Sequence[ReadableSpan]) -> list[str]:
