@@ -153,7 +153,9 @@ def tree(spans: Sequence[ReadableSpan]) -> list[str]:
     return lines
 
 
-async def main(console: bool) -> list[str]:
+async def one_webhook(*, console: bool = False) -> list[ReadableSpan]:
+    """Post the one webhook and wait until the notifier applied its note: the spans of
+    its trace (the caller's, `CALLER`), as the in-memory exporter got them."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -180,8 +182,8 @@ async def main(console: bool) -> list[str]:
                     pass
                 await asyncio.sleep(0.05)
     provider.shutdown()
-    return tree([s for s in exporter.get_finished_spans()
-                 if s.context is not None and f"{s.context.trace_id:032x}" in CALLER])
+    return [s for s in exporter.get_finished_spans()
+            if s.context is not None and f"{s.context.trace_id:032x}" in CALLER]
 
 
 if __name__ == "__main__":
@@ -190,4 +192,4 @@ if __name__ == "__main__":
                         help="also print every span as the SDK's console exporter does")
     args = parser.parse_args()
     print(f"trace {CALLER.split('-')[1]} (the caller's span: {CALLER.split('-')[2]})")
-    print("\n".join(asyncio.run(main(args.console))))
+    print("\n".join(tree(asyncio.run(one_webhook(console=args.console)))))
