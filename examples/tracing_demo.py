@@ -129,27 +129,35 @@ def app(rt: corral.Runtime) -> Starlette:
                      middleware=ingress.TRACED)
 
 
-def tree(spans: Sequence[ReadableSpan]) -> list[str]:
-    """The spans as an indented tree, children in start order, with a few attributes."""
+def ordered(spans: Sequence[ReadableSpan]) -> list[tuple[int, ReadableSpan]]:
+    """(depth, span) of each span, under its parent, siblings in start order."""
     ids = {s.context.span_id for s in spans if s.context is not None}
     children: dict[int | None, list[ReadableSpan]] = {}
     for s in sorted(spans, key=lambda s: s.start_time or 0):
         parent = s.parent.span_id if s.parent is not None else None
         children.setdefault(parent if parent in ids else None, []).append(s)
-    lines: list[str] = []
+    rows: list[tuple[int, ReadableSpan]] = []
 
     def walk(parent: int | None, depth: int) -> None:
         for s in children.get(parent, []):
-            a = s.attributes or {}
-            shown = [f"{k.removeprefix('corral.')}={a[k]!s}" for k in (
-                "corral.key", "corral.seq", "corral.step.attempt", "corral.outcome",
-                "corral.target_key") if k in a]
-            ms = ((s.end_time or 0) - (s.start_time or 0)) / 1e6
-            status = "" if s.status.is_ok else f"  ERROR {s.status.description}"
-            lines.append(f"{'  ' * depth}{s.name}  [{ms:.1f} ms]  {' '.join(shown)}{status}")
+            rows.append((depth, s))
             assert s.context is not None
             walk(s.context.span_id, depth + 1)
     walk(None, 0)
+    return rows
+
+
+def tree(spans: Sequence[ReadableSpan]) -> list[str]:
+    """The spans as an indented tree, children in start order, with a few attributes."""
+    lines: list[str] = []
+    for depth, s in ordered(spans):
+        a = s.attributes or {}
+        shown = [f"{k.removeprefix('corral.')}={a[k]!s}" for k in (
+            "corral.key", "corral.seq", "corral.step.attempt", "corral.outcome",
+            "corral.target_key") if k in a]
+        ms = ((s.end_time or 0) - (s.start_time or 0)) / 1e6
+        status = "" if s.status.is_ok else f"  ERROR {s.status.description}"
+        lines.append(f"{'  ' * depth}{s.name}  [{ms:.1f} ms]  {' '.join(shown)}{status}")
     return lines
 
 

@@ -37,24 +37,6 @@ SHOWN = ("corral.key", "corral.seq", "corral.run_id", "corral.outcome", "corral.
          "corral.target_key", "http.status_code")
 
 
-def _rows(spans: Sequence[ReadableSpan]) -> list[tuple[int, ReadableSpan]]:
-    """(depth, span), each span under its parent, siblings in start order."""
-    ids = {s.context.span_id for s in spans if s.context is not None}
-    children: dict[int | None, list[ReadableSpan]] = {}
-    for s in sorted(spans, key=lambda s: s.start_time or 0):
-        parent = s.parent.span_id if s.parent is not None else None
-        children.setdefault(parent if parent in ids else None, []).append(s)
-    rows: list[tuple[int, ReadableSpan]] = []
-
-    def walk(parent: int | None, depth: int) -> None:
-        for s in children.get(parent, []):
-            rows.append((depth, s))
-            assert s.context is not None
-            walk(s.context.span_id, depth + 1)
-    walk(None, 0)
-    return rows
-
-
 def _colour(span: ReadableSpan) -> str:
     if not span.status.is_ok:
         return "#d64545"
@@ -74,7 +56,7 @@ def _ms(ns: int) -> str:
 
 def page(spans: Sequence[ReadableSpan]) -> str:
     """The waterfall of `spans` (one trace) as a self-contained HTML page."""
-    rows = _rows(spans)
+    rows = tracing_demo.ordered(spans)
     begin = min(s.start_time or 0 for s in spans)
     total = max(s.end_time or 0 for s in spans) - begin
     context = spans[0].context
