@@ -17,14 +17,22 @@ machine costs each the same:
   a `SimpleSpanProcessor` into an exporter that drops what it gets): an accept span per
   signal and an apply span per message applied, each traceparent stored;
 - `sampled`: the same SDK sampling one trace in 100 (`ParentBased(TraceIdRatioBased)`),
-  as a busy service would: the other spans record nothing, their contexts are stored.
+  as a busy service would: the other spans record nothing, their contexts are stored;
+- `floor`: today's corral (no tracing code) under the same SDK as `on`, with the two
+  spans a signal that tracing needs at the least made by this benchmark itself: each
+  sender starts and ends a bare span around each `signal`, the handler a bare one each
+  time it runs (no attributes, no parent, never current, no traceparent stored). What
+  the SDK alone costs: no tracing that makes an SDK span per acceptance and one per
+  application can be cheaper than this.
 
 Each process: a SQLite store (WAL, `synchronous=FULL`) in a temporary directory, a local
 runtime hosting `ENTITIES` running entities, `SENDERS` concurrent callers sending
 `signal`s to them round robin; the figure is signals accepted and applied per second,
-from the first send until every entity applied every signal. Prints the medians and the
-ratios to `today` as a table; writes benchmarks/results/tracing.json (`--quick`:
-tracing-quick.json).
+from the first send until every entity applied every signal, and the process's CPU time
+over the same span per signal (both threads: the event loop's and the SQLite store's),
+which the machine's load moves far less than the rate. Prints the medians, the ratios to
+`today` and the CPU each mode adds to `today`'s as a table; writes
+benchmarks/results/tracing.json (`--quick`: tracing-quick.json).
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLED = 0.01  # `sampled`: one trace in 100 recorded
 ENTITIES = 16
 SENDERS = 32
-MODES = ("today", "off", "on", "sampled")
+MODES = ("today", "off", "on", "sampled", "floor")
+_floor: Any = None  # `floor`: the tracer the benchmark's own spans come from
 
 
 # -- one process: one mode, one round --------------------------------------------------------
@@ -63,6 +72,8 @@ class Counter(corral.Entity):
     @corral.signal
     def bump(self) -> None:
         self.count += 1
+        if _floor is not None:
+            _floor.start_span("bump").end()
 
 
 def _trace(ratio: float) -> None:
@@ -82,9 +93,15 @@ def _trace(ratio: float) -> None:
     trace.set_tracer_provider(provider)
 
 
-async def _child(mode: str, signals: int, db: str) -> float:
-    if mode in ("on", "sampled"):
-        _trace(1.0 if mode == "on" else SAMPLED)
+async def _child(mode: str, signals: int, db: str) -> tuple[float, float]:
+    """(signals a second, CPU microseconds a signal) of one process in `mode`."""
+    global _floor
+    if mode in ("on", "sampled", "floor"):
+        _trace(SAMPLED if mode == "sampled" else 1.0)
+    if mode == "floor":
+        from opentelemetry import trace
+
+        _floor = trace.get_tracer("floor")
     counter = Counter
     async with corral.open_runtime(db, entities=[counter]) as rt:
         refs = [rt.ref(counter, f"e-{n}") for n in range(ENTITIES)]
@@ -94,9 +111,14 @@ async def _child(mode: str, signals: int, db: str) -> float:
 
         async def sender(s: int) -> None:
             for n in range(per_sender):
-                await refs[(s + n) % ENTITIES].signal(counter.bump)
+                if _floor is None:
+                    await refs[(s + n) % ENTITIES].signal(counter.bump)
+                else:
+                    span = _floor.start_span("signal")
+                    await refs[(s + n) % ENTITIES].signal(counter.bump)
+                    span.end()
 
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(sender(s) for s in range(SENDERS)))
         for ref in refs:
             while True:
@@ -104,7 +126,9 @@ async def _child(mode: str, signals: int, db: str) -> float:
                 if info.applied_seq >= info.accepted_seq:
                     break
                 await asyncio.sleep(0.002)
-        return per_sender * SENDERS / (time.perf_counter() - began)
+        done = per_sender * SENDERS
+        return (done / (time.perf_counter() - began),
+                (time.process_time() - cpu) / done * 1e6)
 
 
 # -- the run: rounds of every mode -------------------------------------------------------------
@@ -127,14 +151,15 @@ def _today(into: Path) -> tuple[str, Path]:
     return base, into / "today" / "src"
 
 
-def _round(mode: str, signals: int, src: Path, tmp: Path) -> float:
+def _round(mode: str, signals: int, src: Path, tmp: Path) -> tuple[float, float]:
     db = tmp / f"{mode}-{time.monotonic_ns()}.db"
     env = {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, __file__, "--child", mode, str(signals), str(db)],
                          env=env, check=True, capture_output=True, text=True).stdout
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
-    return float(out.strip().splitlines()[-1])
+    rate, cpu = out.strip().splitlines()[-1].split()
+    return float(rate), float(cpu)
 
 
 def main() -> None:
@@ -145,34 +170,42 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         mode, signals, db = args.child
-        print(asyncio.run(_child(mode, int(signals), db)))
+        print(*asyncio.run(_child(mode, int(signals), db)))
         return
     signals, rounds = (3_200, 4) if args.quick else (16_000, 12)
     rates: dict[str, list[float]] = {m: [] for m in MODES}
+    cpus: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="corral-tracing-") as tmp:
         base, today = _today(Path(tmp))
         sources = {"today": today, "off": ROOT / "src", "on": ROOT / "src",
-                   "sampled": ROOT / "src"}
+                   "sampled": ROOT / "src", "floor": today}
         for r in range(rounds):
             n = r % len(MODES)
             order = MODES[n:] + MODES[:n]  # each mode first as often as the others
             for mode in order:
-                rates[mode].append(_round(mode, signals, sources[mode], Path(tmp)))
+                rate, cpu = _round(mode, signals, sources[mode], Path(tmp))
+                rates[mode].append(rate)
+                cpus[mode].append(cpu)
             print(f"round {r + 1}/{rounds}: " + ", ".join(
-                f"{m} {rates[m][-1]:,.0f}/s" for m in MODES), flush=True)
+                f"{m} {rates[m][-1]:,.0f}/s {cpus[m][-1]:.0f} us" for m in MODES), flush=True)
     medians = {m: statistics.median(rates[m]) for m in MODES}
     # Each round's ratio to that round's `today` (run beside it): the machine's load
     # moves the rates between rounds by far more than tracing does.
     ratios = {m: statistics.median(x / t for x, t in zip(rates[m], rates["today"],
                                                           strict=True)) for m in MODES}
-    print(f"\n{'mode':<8}{'signals/s (median)':>20}{'vs today (median of rounds)':>30}")
+    cpu = {m: statistics.median(cpus[m]) for m in MODES}
+    print(f"\n{'mode':<8}{'signals/s (median)':>20}{'vs today (median of rounds)':>30}"
+          f"{'CPU us/signal (median)':>25}{'over today':>12}")
     for m in MODES:
-        print(f"{m:<8}{medians[m]:>20,.0f}{ratios[m]:>30.3f}")
+        print(f"{m:<8}{medians[m]:>20,.0f}{ratios[m]:>30.3f}{cpu[m]:>25.1f}"
+              f"{cpu[m] - cpu['today']:>+12.1f}")
     result = {
         "today": base, "signals": signals, "rounds": rounds, "entities": ENTITIES,
         "senders": SENDERS, "rates": rates, "median": medians,
+        "cpu_us_per_signal": cpus, "cpu_median": cpu,
         "ratio_off": ratios["off"], "ratio_on": ratios["on"],
-        "ratio_sampled": ratios["sampled"], "sampled_ratio": SAMPLED,
+        "ratio_sampled": ratios["sampled"], "ratio_floor": ratios["floor"],
+        "sampled_ratio": SAMPLED,
         "targets": {"off": "within 3% of today", "on": "within 15% of today"},
     }
     name = "tracing-quick.json" if args.quick else "tracing.json"

@@ -11,7 +11,8 @@ store in a temporary directory) with an agent in place of its buffering ticket, 
 one signed webhook carrying a `traceparent` header, as a traced provider would, and
 prints the spans of that one trace:
 
-- the request's span (`webhook_ingress.request_span`), the child of the caller's;
+- the request's span (OpenTelemetry's ASGI middleware, `webhook_ingress.TRACED`), the
+  child of the caller's;
 - corral's `accept` span, in it: its traceparent is stored with the journal entry;
 - the `apply` span where the host applied the message (its handler), whichever host;
 - one `step` span per attempt of the model call, which fails twice and then answers;
@@ -113,46 +114,56 @@ class TicketAgent(corral.Entity):
 
 
 def app(rt: corral.Runtime) -> Starlette:
-    """The endpoint (`webhook_ingress.create_app`'s, without its signature check): its
-    request span, then the one corral call, in it."""
+    """The endpoint (`webhook_ingress.create_app`'s, without its signature check): the
+    one corral call, in the request's span (the middleware's)."""
 
     async def receive(request: Request) -> JSONResponse:
-        with ingress.request_span(request):
-            event = ingress.WebhookEvent.model_validate_json(await request.body())
-            ack = await rt.ref(TicketAgent, f"ticket-{event.ticket_id}").signal_with_start(
-                TicketAgent.customer_reply,
-                ingress.Reply(message_id=event.id, body=event.body, at=event.at),
-                start=ingress.TicketInput(tenant=event.tenant), message_id=event.id)
-            return JSONResponse({"status": ack.status, "seq": ack.seq})
+        event = ingress.WebhookEvent.model_validate_json(await request.body())
+        ack = await rt.ref(TicketAgent, f"ticket-{event.ticket_id}").signal_with_start(
+            TicketAgent.customer_reply,
+            ingress.Reply(message_id=event.id, body=event.body, at=event.at),
+            start=ingress.TicketInput(tenant=event.tenant), message_id=event.id)
+        return JSONResponse({"status": ack.status, "seq": ack.seq})
 
-    return Starlette(routes=[Route("/webhooks/tickets", receive, methods=["POST"])])
+    return Starlette(routes=[Route("/webhooks/tickets", receive, methods=["POST"])],
+                     middleware=ingress.TRACED)
 
 
-def tree(spans: Sequence[ReadableSpan]) -> list[str]:
-    """The spans as an indented tree, children in start order, with a few attributes."""
+def ordered(spans: Sequence[ReadableSpan]) -> list[tuple[int, ReadableSpan]]:
+    """(depth, span) of each span, under its parent, siblings in start order."""
     ids = {s.context.span_id for s in spans if s.context is not None}
     children: dict[int | None, list[ReadableSpan]] = {}
     for s in sorted(spans, key=lambda s: s.start_time or 0):
         parent = s.parent.span_id if s.parent is not None else None
         children.setdefault(parent if parent in ids else None, []).append(s)
-    lines: list[str] = []
+    rows: list[tuple[int, ReadableSpan]] = []
 
     def walk(parent: int | None, depth: int) -> None:
         for s in children.get(parent, []):
-            a = s.attributes or {}
-            shown = [f"{k.removeprefix('corral.')}={a[k]!s}" for k in (
-                "corral.key", "corral.seq", "corral.step.attempt", "corral.outcome",
-                "corral.target_key") if k in a]
-            ms = ((s.end_time or 0) - (s.start_time or 0)) / 1e6
-            status = "" if s.status.is_ok else f"  ERROR {s.status.description}"
-            lines.append(f"{'  ' * depth}{s.name}  [{ms:.1f} ms]  {' '.join(shown)}{status}")
+            rows.append((depth, s))
             assert s.context is not None
             walk(s.context.span_id, depth + 1)
     walk(None, 0)
+    return rows
+
+
+def tree(spans: Sequence[ReadableSpan]) -> list[str]:
+    """The spans as an indented tree, children in start order, with a few attributes."""
+    lines: list[str] = []
+    for depth, s in ordered(spans):
+        a = s.attributes or {}
+        shown = [f"{k.removeprefix('corral.')}={a[k]!s}" for k in (
+            "corral.key", "corral.seq", "corral.step.attempt", "corral.outcome",
+            "corral.target_key") if k in a]
+        ms = ((s.end_time or 0) - (s.start_time or 0)) / 1e6
+        status = "" if s.status.is_ok else f"  ERROR {s.status.description}"
+        lines.append(f"{'  ' * depth}{s.name}  [{ms:.1f} ms]  {' '.join(shown)}{status}")
     return lines
 
 
-async def main(console: bool) -> list[str]:
+async def one_webhook(*, console: bool = False) -> list[ReadableSpan]:
+    """Post the one webhook and wait until the notifier applied its note: the spans of
+    its trace (the caller's, `CALLER`), as the in-memory exporter got them."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -179,8 +190,8 @@ async def main(console: bool) -> list[str]:
                     pass
                 await asyncio.sleep(0.05)
     provider.shutdown()
-    return tree([s for s in exporter.get_finished_spans()
-                 if s.context is not None and f"{s.context.trace_id:032x}" in CALLER])
+    return [s for s in exporter.get_finished_spans()
+            if s.context is not None and f"{s.context.trace_id:032x}" in CALLER]
 
 
 if __name__ == "__main__":
@@ -189,4 +200,4 @@ if __name__ == "__main__":
                         help="also print every span as the SDK's console exporter does")
     args = parser.parse_args()
     print(f"trace {CALLER.split('-')[1]} (the caller's span: {CALLER.split('-')[2]})")
-    print("\n".join(asyncio.run(main(args.console))))
+    print("\n".join(tree(asyncio.run(one_webhook(console=args.console)))))

@@ -30,6 +30,12 @@ What the endpoint does with a `POST /webhooks/tickets`, in this order:
    replies are accepted but not yet applied (`corral.EntityOverloadedError`, nothing
    stored). Providers retry a 429 after the delay, with the same event id.
 
+Each request runs in its OpenTelemetry server span (`TRACED`: OpenTelemetry's ASGI
+middleware, continuing the caller's W3C `traceparent` header), so when the application
+configured a tracer provider, corral's accept span is a child of the request's and the
+trace goes on to the handler that applies the reply (docs/guides/tracing.md); without
+one, the middleware and corral trace nothing.
+
 The same Starlette app runs under Ray Serve (`serve_deployment`): each replica opens its
 own corral client on the Ray backend (`backend="ray"`, same store and namespace) in the
 app's lifespan, and every replica reaches the same host actors, so duplicates are
@@ -60,8 +66,10 @@ from typing import Any
 
 import httpx
 import uvicorn
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from pydantic import AwareDatetime, BaseModel, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -163,6 +171,11 @@ async def deliver(rt: corral.Runtime, event: WebhookEvent) -> corral.Ack:
 
 RuntimeOpener = Callable[[], AbstractAsyncContextManager[corral.Runtime]]
 
+TRACED = [Middleware(OpenTelemetryMiddleware, exclude_spans=["receive", "send"])]
+"""The request's server span, the parent of corral's accept span: OpenTelemetry's ASGI
+middleware (the `examples` extra), which continues the caller's `traceparent` header
+(one span a request: not one for each ASGI message it receives or sends)."""
+
 
 def create_app(runtime: corral.Runtime | RuntimeOpener, *, secret: bytes,
                tolerance: float = TOLERANCE, served_by: str | None = None) -> Starlette:
@@ -188,10 +201,6 @@ def create_app(runtime: corral.Runtime | RuntimeOpener, *, secret: bytes,
             yield
 
     async def receive(request: Request) -> JSONResponse:
-        with request_span(request):  # the trace starts here (or at the caller's)
-            return await answer(request)
-
-    async def answer(request: Request) -> JSONResponse:
         extra = {"X-Served-By": served_by} if served_by else None
         body = await _read_body(request)
         if body is None:
@@ -222,22 +231,7 @@ def create_app(runtime: corral.Runtime | RuntimeOpener, *, secret: bytes,
         }, headers=extra)
 
     return Starlette(routes=[Route("/webhooks/tickets", receive, methods=["POST"])],
-                     lifespan=lifespan)
-
-
-def request_span(request: Request) -> contextlib.AbstractContextManager[object]:
-    """The request's span, continuing the caller's W3C `traceparent` header, when the
-    application traces (OpenTelemetry installed; a tracer provider configured, or it is
-    a no-op); corral's acceptance span is its child, and the trace goes on from there
-    (docs/guides/tracing.md). OpenTelemetry's ASGI middleware
-    (`opentelemetry-instrumentation-asgi`) does the same for every route."""
-    try:
-        from opentelemetry import propagate, trace
-    except ImportError:
-        return contextlib.nullcontext()
-    return trace.get_tracer("webhook_ingress").start_as_current_span(
-        f"{request.method} {request.url.path}", context=propagate.extract(request.headers),
-        kind=trace.SpanKind.SERVER)
+                     lifespan=lifespan, middleware=TRACED)
 
 
 async def _read_body(request: Request) -> bytes | None:

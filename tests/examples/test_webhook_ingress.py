@@ -1,6 +1,7 @@
 """The webhook ingress example (`examples/webhook_ingress.py`) on uvicorn and the local
 runtime, over real HTTP on 127.0.0.1: signed deliveries are applied once each, and
-forged or broken ones are refused with nothing stored."""
+forged or broken ones are refused with nothing stored; a traced delivery's trace runs
+from its HTTP request's span through corral's accept and apply."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 import corral
 from procs import wait_until
 from stores import sql
+from trace_spans import named, parent_of, recording, span_id, trace_id
 from webhook_traffic import (
     BROKEN,
     EXAMPLES,
@@ -60,6 +62,36 @@ async def test_200_concurrent_webhooks_for_20_tickets_apply_each_event_once(
         applied = await applied_by_ticket(rt, example, tickets)
     assert len(tickets) == 20
     check_burst(deliveries, replies, applied, db_path)
+
+
+CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"  # the provider's span
+
+
+async def test_a_traced_delivery_is_one_trace_from_the_http_request_to_the_apply(
+    example: ModuleType, db_path: str,
+) -> None:
+    """The request's server span (the middleware's) continues the provider's
+    `traceparent` header, corral's accept span is its child, the apply its grandchild."""
+    body = event_body("evt-traced", 11)
+    with recording() as spans:
+        async with endpoint(example, db_path) as (url, _), httpx.AsyncClient() as client:
+            answer = await client.post(url + PATH, content=body, headers={
+                **example.sign(SECRET, body), "traceparent": CALLER})
+            assert answer.status_code == 200, answer.text
+            await wait_until(lambda: bool(named(spans.get_finished_spans(),
+                                                "corral apply Ticket.customer_reply")),
+                             "the reply is applied")
+        got = spans.get_finished_spans()
+    [request] = named(got, f"POST {PATH}")
+    [accept] = named(got, "corral accept Ticket.customer_reply")
+    [apply] = named(got, "corral apply Ticket.customer_reply")
+    assert {trace_id(s) for s in got} == {int(CALLER.split("-")[1], 16)}
+    assert parent_of(request) == int(CALLER.split("-")[2], 16)
+    assert parent_of(accept) == span_id(request)
+    assert parent_of(apply) == span_id(accept)
+    assert request.attributes is not None
+    assert request.attributes["http.status_code"] == 200
+    assert len(got) == 3  # one span a request: not one per ASGI message
 
 
 async def test_a_request_not_signed_now_with_the_secret_gets_401_and_stores_nothing(

@@ -30,8 +30,18 @@ from corral._errors import InvalidArgumentError
 from corral.persistence import Acceptance, AcceptResult, EntryKind, JournalEntry, open_store
 from procs import TESTS, Worker, spawner, wait_until
 from stores import sql
-from trace_entities import Brittle, Case, CaseInput, Note, Notifier, NotifierInput, Poison, Reply
-from trace_spans import named, parent_of, recording, span_id, trace_id
+from trace_entities import (
+    Brittle,
+    Case,
+    CaseInput,
+    Note,
+    Notifier,
+    NotifierInput,
+    Poison,
+    Reply,
+    Traced,
+)
+from trace_spans import dropping, named, parent_of, recording, span_id, trace_id
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the HTTP client's
 
@@ -248,6 +258,51 @@ async def test_the_apply_span_says_the_message_was_dead_lettered_and_the_run_sus
     assert parent_of(suspend) == span_id(crash)  # what the run applied last before it
     assert suspend.status.description is not None
     assert "run() hit a bug" in suspend.status.description
+
+
+async def test_a_handler_s_own_spans_nest_under_its_apply_span(
+        db_path: str, spans: InMemorySpanExporter) -> None:
+    async with corral.open_runtime(db_path, entities=[Traced]) as rt:
+        await rt.ref(Traced, "t-1").signal_with_start(Traced.work, start=None)
+        await wait_until(lambda: bool(named(spans.get_finished_spans(), "app work")),
+                         "the handler ran")
+    got = spans.get_finished_spans()
+    [apply] = named(got, "corral apply Traced.work")
+    [work] = named(got, "app work")
+    assert parent_of(work) == span_id(apply)
+
+
+async def test_a_refused_call_s_accept_span_ends_with_the_error(
+        db_path: str, spans: InMemorySpanExporter) -> None:
+    async with corral.open_runtime(db_path, entities=[Notifier]) as rt:
+        with pytest.raises(corral.EntityNotRunningError):
+            await rt.ref(Notifier, "n-absent").signal(Notifier.note, Note(text="hi"))
+    [accept] = named(spans.get_finished_spans(), "corral accept Notifier.note")
+    assert not accept.status.is_ok
+    assert accept.status.description is not None
+    assert accept.status.description.startswith("EntityNotRunningError")
+    assert [e.name for e in accept.events] == ["exception"]
+
+
+async def test_a_trace_sampled_out_records_nothing_and_its_context_still_goes_on(
+        db_path: str, tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """A sampler that drops a trace's first span drops the rest (each a child of a span
+    that is not sampled), and the context they pass on stays the caller's trace."""
+    with dropping():
+        async with corral.open_runtime(db_path, entities=[Case, Notifier], host=False) as rt:
+            await rt.ref(Case, "c-8").signal_with_start(
+                Case.reply, Reply(text="hi"), start=CaseInput(log=str(tmp_path / "l"),
+                                                              fails=0))
+        [(accepted,)] = sql(db_path, "SELECT trace FROM journal WHERE etype = 'Case'")
+        async with corral.open_runtime(db_path, entities=[Case, Notifier]):
+            async def sent() -> bool:
+                return bool(sql(db_path, "SELECT 1 FROM outbox WHERE delivered"))
+            await wait_until(sent, "the send is delivered", timeout=60)
+    assert spans.get_finished_spans() == ()
+    [(sent_trace,)] = sql(db_path, "SELECT trace FROM outbox")
+    assert not int(accepted[-2:], 16) & 1  # the W3C `sampled` flag
+    assert not int(sent_trace[-2:], 16) & 1
+    assert accepted.split("-")[1] == sent_trace.split("-")[1]  # one trace
 
 
 async def test_an_update_and_a_batch_are_accepted_in_spans_their_applies_continue(

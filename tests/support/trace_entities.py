@@ -93,6 +93,17 @@ class Case(corral.Entity):
             self.answered += 1
 
 
+class Traced(corral.Entity):
+    """A handler that starts a span of its own, as an application's code does."""
+
+    @corral.signal
+    def work(self) -> None:
+        from opentelemetry import trace
+
+        with trace.get_tracer("app").start_as_current_span("app work"):
+            pass
+
+
 class TaskContext(BaseModel):
     traceparent: str | None
     pid: int

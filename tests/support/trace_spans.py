@@ -56,6 +56,17 @@ def recording() -> Iterator[InMemorySpanExporter]:
         _EXPORTER.clear()
 
 
+@contextmanager
+def dropping() -> Iterator[None]:
+    """Inside `recording`: the sampler drops every span started inside (each records
+    nothing, as a trace sampled out does)."""
+    _SAMPLER.on = False
+    try:
+        yield
+    finally:
+        _SAMPLER.on = True
+
+
 def named(spans: Sequence[ReadableSpan], prefix: str) -> list[ReadableSpan]:
     """The spans whose name starts with `prefix`, by start time."""
     return sorted((s for s in spans if s.name.startswith(prefix)),

@@ -9,9 +9,9 @@ tracing is on (`tracer()` is not None).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from corral._tracing import traceparent_of
+from corral._tracing import api, end, traceparent_of
 from corral.persistence import Acceptance, AcceptResult
 
 from ._requests import SignalBatch
@@ -25,41 +25,41 @@ __all__ = ["accept_batch_traced", "accept_traced"]
 
 
 async def accept_traced(tracer: Tracer, backend: Backend, acc: Acceptance) -> AcceptResult:
-    """Accept `acc` inside its span (a child of the caller's current one)."""
-    from opentelemetry.trace import SpanKind
-
-    what = acc.name or acc.kind.value
-    with tracer.start_as_current_span(
-            f"corral accept {acc.entity_type}.{what}", kind=SpanKind.PRODUCER,
-            attributes=_attributes(acc)) as span:
+    """Accept `acc` inside its span (a child of the caller's current one; not made
+    current itself: nothing of the application's runs inside it)."""
+    span = tracer.start_span(f"corral accept {acc.entity_type}.{acc.name or acc.kind.value}",
+                             kind=api().trace.SpanKind.PRODUCER, attributes={
+                                 "corral.entity_type": acc.entity_type, "corral.key": acc.key,
+                                 "corral.message_id": acc.message_id})
+    try:
         result: AcceptResult = await backend.handle(acc._replace(trace=traceparent_of(span)))
-        span.set_attributes(_outcome(result))
-        return result
+    except BaseException as err:
+        end(span, err)
+        raise
+    if span.is_recording():  # one by one: cheaper than `set_attributes` for so few
+        e = result.entry
+        span.set_attribute("corral.run_id", e.run_id)
+        span.set_attribute("corral.seq", e.seq)
+        if result.duplicate:
+            span.set_attribute("corral.duplicate", True)
+    span.end()
+    return result
 
 
 async def accept_batch_traced(tracer: Tracer, backend: Backend,
                               accs: Sequence[Acceptance]) -> list[AcceptResult]:
     """Accept a batch (`Runtime.signal_many`) inside one span, the parent of each item's
     application."""
-    from opentelemetry.trace import SpanKind
-
-    with tracer.start_as_current_span(
-            "corral accept batch", kind=SpanKind.PRODUCER,
-            attributes={"corral.batch.size": len(accs)}) as span:
-        trace = traceparent_of(span)
+    span = tracer.start_span("corral accept batch", kind=api().trace.SpanKind.PRODUCER,
+                             attributes={"corral.batch.size": len(accs)})
+    trace = traceparent_of(span)
+    try:
         results: list[AcceptResult] = await backend.handle(
             SignalBatch([acc._replace(trace=trace) for acc in accs]))
-        span.set_attribute("corral.batch.duplicates", sum(r.duplicate for r in results))
-        return results
+    except BaseException as err:
+        end(span, err)
+        raise
+    span.set_attribute("corral.batch.duplicates", sum(r.duplicate for r in results))
+    span.end()
+    return results
 
-
-def _attributes(acc: Acceptance) -> dict[str, Any]:
-    # Few: the SDK checks each attribute, ~1 us apiece (the handler is in the name).
-    return {"corral.entity_type": acc.entity_type, "corral.key": acc.key,
-            "corral.message_id": acc.message_id}
-
-
-def _outcome(result: AcceptResult) -> dict[str, Any]:
-    e = result.entry
-    return {"corral.run_id": e.run_id, "corral.seq": e.seq,
-            "corral.duplicate": result.duplicate}

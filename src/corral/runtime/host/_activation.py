@@ -34,7 +34,7 @@ from corral._errors import (
     LeaseLostError,
     StoreError,
 )
-from corral._tracing import traceparent_of, tracer
+from corral._tracing import tracer
 from corral.actors import ContinueAsNew, Entity
 from corral.persistence import EntryKind, JournalEntry, RunRecord, Send, Suspension
 
@@ -512,11 +512,11 @@ class Activation(RunContext):
         inside the span of applying it (`_traces`), the cause of what follows."""
         t = tracer()
         if t is None:  # no span here; the caller's context still goes on with the sends
-            self._trace = entry.trace
+            self._cause = entry.trace
             await self._handle(entry, replaying, None)
             return
         with traces.applying(t, entry, replaying=replaying) as span:
-            self._trace = traceparent_of(span)
+            self._cause = span
             await self._handle(entry, replaying, span)
 
     async def _handle(self, entry: JournalEntry, replaying: bool, span: Span | None) -> None:
@@ -568,7 +568,7 @@ class Activation(RunContext):
         steps, its sends) continues the trace of the call that left it."""
         self.applied_seq = entry.seq
         if entry.trace is not None:
-            self._trace = entry.trace
+            self._cause = entry.trace
 
     async def _apply_deliver(self, entry: JournalEntry, replaying: bool) -> None:
         """Wakes `run()` waiting on the signal wait the delivery closed."""
@@ -787,7 +787,7 @@ class Activation(RunContext):
         if suspension is None:
             self._home.activate_later(self.definition.retry.max_backoff)
         else:
-            traces.suspended(self._trace, suspension)
+            traces.suspended(self.trace, suspension)
             await record_suspension(self._home, suspension)
 
     async def _close(self, status: RunStatus, result: str | None, error: str | None) -> None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from corral._common import RetryPolicy
 from corral._errors import InvalidArgumentError
+from corral._tracing import traceparent_of
 from corral.actors import EntityDefinition
 from corral.persistence import JournalEntry, Send, handler_send_id
 from corral.persistence import timer_id as wait_timer_id
@@ -31,6 +32,9 @@ from ._steps import RunSteps
 from ._suspension import end_suspension
 from ._traces import send_trace
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 __all__ = ["RunContext"]
 
 T = TypeVar("T")
@@ -39,9 +43,9 @@ T = TypeVar("T")
 class RunContext:
     """The waits, timers, steps, sends and progress counters of the run an activation hosts."""
 
-    __slots__ = ("_bytes", "_changed", "_first_seq", "_floor", "_handling", "_home",
-                 "_inherited", "_outgoing", "_resuming", "_run_id", "_run_task", "_sent",
-                 "_steps", "_timers", "_trace", "_waiting", "_waits", "applied_seq",
+    __slots__ = ("_bytes", "_cause", "_changed", "_first_seq", "_floor", "_handling",
+                 "_home", "_inherited", "_outgoing", "_resuming", "_run_id", "_run_task",
+                 "_sent", "_steps", "_timers", "_waiting", "_waits", "applied_seq",
                  "definition")
 
     def __init__(self, home: Residence) -> None:
@@ -71,9 +75,10 @@ class RunContext:
         # Retrying a suspended run: the suspension ends when run() gets past the point.
         self._resuming = home.suspended() is not None
         self._run_task: asyncio.Task[None] | None = None
-        # The traceparent of the span that applied the last message (`_traces`): the
-        # parent of the spans of what the run does next (steps, sends). None: untraced.
-        self._trace: str | None = None
+        # The cause of what the run does next (steps, sends: `_traces`): the span that
+        # applied the last message (its traceparent formatted when first asked for,
+        # most messages cause nothing), or a stored traceparent. None: untraced.
+        self._cause: Span | str | None = None
 
     @property
     def entity_type(self) -> str:
@@ -89,7 +94,12 @@ class RunContext:
 
     @property
     def trace(self) -> str | None:
-        return self._trace
+        """The traceparent of what the run does next (the `_cause`), or None."""
+        cause = self._cause
+        if cause is None or isinstance(cause, str):
+            return cause
+        self._cause = trace = traceparent_of(cause)
+        return trace
 
     async def wait_for(self, predicate: Callable[[], object], timeout: float | None) -> bool:
         if predicate():
@@ -203,7 +213,7 @@ class RunContext:
 
     def _traced(self, send: Send) -> Send:
         """`send` with its span's traceparent (`_traces.send_trace`), if traced."""
-        trace = send_trace(self._trace, send.target_type, send.target_key, send.name,
+        trace = send_trace(self.trace, send.target_type, send.target_key, send.name,
                            send.message_id)
         return send if trace is None else dataclasses.replace(send, trace=trace)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from corral._deadline import Expired, within
 from corral._errors import InvalidArgumentError
-from corral._tracing import is_traceparent, parent_context, tracer
+from corral._tracing import Current, api, is_traceparent, parent_context, tracer
 from corral.actors import current_step_key
 
 __all__ = ["TaskPlace", "call_as_task"]
@@ -76,8 +76,7 @@ def continued(trace: str | None) -> Iterator[None]:
     parent = parent_context(trace)
     t = tracer()
     if t is None:
-        from opentelemetry import context
-
+        context = api().context
         attached = context.attach(parent)
         try:
             yield
@@ -86,8 +85,8 @@ def continued(trace: str | None) -> Iterator[None]:
         return
     import ray
 
-    with t.start_as_current_span("corral step task", context=parent, attributes={
-            "corral.ray.node_id": ray.get_runtime_context().get_node_id()}):
+    with Current(t.start_span("corral step task", parent, attributes={
+            "corral.ray.node_id": ray.get_runtime_context().get_node_id()})):
         yield
 
 

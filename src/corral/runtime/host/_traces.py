@@ -8,7 +8,7 @@ a takeover too) and across the entities a message's sends reach:
     accept (caller) -> apply (handler) -> step attempt ... -> [Ray task]
                                        -> send -> apply (the target's handler) -> ...
 
-The activation keeps the traceparent of the last message it applied (`RunContext._trace`):
+The activation keeps the span of the last message it applied (`RunContext._cause`):
 the cause of what its handlers and `run()` do next. `run()` runs beside the handlers,
 so its step attempts and sends are children of the message applied last before them.
 A host that does not trace (no tracer provider in its process) makes no span, and keeps
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from corral._tracing import parent_context, traceparent_of, tracer
+from corral._tracing import Current, api, parent_context, traceparent_of, tracer
 from corral.persistence import JournalEntry, Suspension
 
 if TYPE_CHECKING:
@@ -30,37 +30,37 @@ if TYPE_CHECKING:
 __all__ = ["applying", "outcome", "send_trace", "step_attempt", "suspended"]
 
 
-@contextmanager
-def applying(tracer: Tracer, entry: JournalEntry, *, replaying: bool) -> Iterator[Span]:
+def applying(tracer: Tracer, entry: JournalEntry, *, replaying: bool) -> Current:
     """The span of applying `entry` (its handler's calls, a dead letter), the child of
     the span that accepted it, current while the handler runs (its own spans nest)."""
-    from opentelemetry.trace import SpanKind
-
-    with tracer.start_as_current_span(
-            f"corral apply {entry.entity_type}.{entry.name}", context=parent_context(entry.trace),
-            kind=SpanKind.CONSUMER, attributes={
-                "corral.entity_type": entry.entity_type, "corral.key": entry.key,
-                "corral.run_id": entry.run_id, "corral.seq": entry.seq,
-                "corral.replaying": replaying,
-            }) as span:
-        yield span
+    attributes: dict[str, Any] = {
+        "corral.entity_type": entry.entity_type, "corral.key": entry.key,
+        "corral.run_id": entry.run_id, "corral.seq": entry.seq}
+    if replaying:
+        attributes["corral.replaying"] = True
+    return Current(tracer.start_span(
+        f"corral apply {entry.entity_type}.{entry.name}", parent_context(entry.trace),
+        api().trace.SpanKind.CONSUMER, attributes))
 
 
 def outcome(span: Span, *, attempts: int, dead_letter: str | None,
             update_error: str | None, suspended: bool) -> None:
-    """What became of the applied message, on its span."""
-    from opentelemetry.trace import Status, StatusCode
-
-    span.set_attributes({
-        "corral.attempts": attempts,
-        "corral.outcome": "dead_lettered" if dead_letter is not None else
-                          "update_failed" if update_error is not None else "applied"})
+    """What became of the applied message, on its span (if it records: a sampler may
+    have dropped it)."""
+    if not span.is_recording():
+        return
+    span.set_attribute("corral.attempts", attempts)  # one by one: cheaper for so few
+    span.set_attribute("corral.outcome", "dead_lettered" if dead_letter is not None else
+                       "update_failed" if update_error is not None else "applied")
     if suspended:
         span.set_attribute("corral.run.suspended", True)
+    trace = api().trace
     if dead_letter is not None:
-        span.set_status(Status(StatusCode.ERROR, f"dead-lettered: {dead_letter:.500}"))
+        span.set_status(trace.Status(trace.StatusCode.ERROR,
+                                     f"dead-lettered: {dead_letter:.500}"))
     elif update_error is not None:
-        span.set_status(Status(StatusCode.ERROR, f"update failed: {update_error:.500}"))
+        span.set_status(trace.Status(trace.StatusCode.ERROR,
+                                     f"update failed: {update_error:.500}"))
 
 
 @contextmanager
@@ -74,10 +74,9 @@ def step_attempt(cause: str | None, name: str, attempt: int, key: str, *,
     if t is None:
         yield cause
         return
-    with t.start_as_current_span(f"corral step {name}", context=parent_context(cause),
-                                 attributes={"corral.step": name, "corral.step.attempt": attempt,
-                                             "corral.step.key": key,
-                                             "corral.step.ray_task": on_ray}) as span:
+    with Current(t.start_span(f"corral step {name}", parent_context(cause), attributes={
+            "corral.step": name, "corral.step.attempt": attempt, "corral.step.key": key,
+            "corral.step.ray_task": on_ray})) as span:
         yield traceparent_of(span)
 
 
@@ -89,16 +88,14 @@ def send_trace(cause: str | None, target_type: str, target_key: str, name: str,
     t = tracer()
     if t is None:
         return cause
-    from opentelemetry.trace import SpanKind
-
     attributes: dict[str, Any] = {"corral.target_type": target_type,
                                   "corral.target_key": target_key, "corral.handler": name}
     if message_id is not None:
         attributes["corral.message_id"] = message_id
-    with t.start_as_current_span(f"corral send {target_type}.{name}",
-                                 context=parent_context(cause), kind=SpanKind.PRODUCER,
-                                 attributes=attributes) as span:
-        return traceparent_of(span)
+    span = t.start_span(f"corral send {target_type}.{name}", parent_context(cause),
+                        api().trace.SpanKind.PRODUCER, attributes)
+    span.end()
+    return traceparent_of(span)
 
 
 def suspended(cause: str | None, suspension: Suspension) -> None:
@@ -107,12 +104,11 @@ def suspended(cause: str | None, suspension: Suspension) -> None:
     t = tracer()
     if t is None:
         return
-    from opentelemetry.trace import Status, StatusCode
-
-    with t.start_as_current_span(
-            f"corral suspend {suspension.entity_type}", context=parent_context(cause),
-            attributes={"corral.entity_type": suspension.entity_type,
-                        "corral.key": suspension.key, "corral.run_id": suspension.run_id,
-                        "corral.outcome": "suspended",
-                        "corral.attempts": suspension.attempts}) as span:
-        span.set_status(Status(StatusCode.ERROR, suspension.error[-500:]))
+    trace = api().trace
+    span = t.start_span(
+        f"corral suspend {suspension.entity_type}", parent_context(cause), attributes={
+            "corral.entity_type": suspension.entity_type, "corral.key": suspension.key,
+            "corral.run_id": suspension.run_id, "corral.outcome": "suspended",
+            "corral.attempts": suspension.attempts})
+    span.set_status(trace.Status(trace.StatusCode.ERROR, suspension.error[-500:]))
+    span.end()
