@@ -241,11 +241,12 @@ async def _copy_table(source: CopyEnd, target: CopyEnd, plan: TablePlan,
 
 async def _copy(source: CopyEnd, target: CopyEnd, source_id: str, *, batch: int,
                 resume: bool, progress: CopyProgress | None,
-                on_batch: Callable[[], Awaitable[None]]) -> Copied:
+                on_batch: Callable[[], Awaitable[None]], claimant: str = "") -> Copied:
     if not 1 <= batch <= 1_000_000:
         raise InvalidArgumentError(f"batch={batch}: rows per batch run from 1 to 1,000,000")
     began = time.monotonic()
     state = await _check_target(target, source_id, resume=resume)
+    state["claimant"] = claimant  # a resumed copy renews, then releases, the same claims
     await source.begin_snapshot()
     rows = {}
     for plan in PLANS:
@@ -304,7 +305,8 @@ async def migrate(source: str, target: str, *, batch: int = 1000, resume: bool =
         stack.push_async_callback(src.close)
         dst = await open_end(target)
         stack.push_async_callback(dst.close)
-        await _check_target(dst, _identity(source), resume=resume)  # before any claim
+        state = await _check_target(dst, _identity(source), resume=resume)  # no claim yet
+        claims.process = state.get("claimant", claims.process)  # a killed copy's, renewed
         stack.push_async_callback(claims.release)
         await claims.claim(src_store, _where(source))
         await claims.claim(dst_store, _where(target))
@@ -314,7 +316,7 @@ async def migrate(source: str, target: str, *, batch: int = 1000, resume: bool =
             await (on_batch or _nothing)()
 
         return await _copy(src, dst, _identity(source), batch=batch, resume=resume,
-                           progress=progress, on_batch=between)
+                           progress=progress, on_batch=between, claimant=claims.process)
     raise AssertionError("unreachable")
 
 
@@ -428,11 +430,13 @@ async def restore(file: str | Path, store: str, *, batch: int = 1000, resume: bo
             stack.push_async_callback(src.close)
             dst = await open_end(store)
             stack.push_async_callback(dst.close)
-            await _check_target(dst, _identity(os.fspath(file)), resume=resume)
+            state = await _check_target(dst, _identity(os.fspath(file)), resume=resume)
+            claims.process = state.get("claimant", claims.process)
             stack.push_async_callback(claims.release)
             await claims.claim(dst_store, _where(store))
             return await _copy(src, dst, _identity(os.fspath(file)), batch=batch,
-                               resume=resume, progress=progress, on_batch=claims.renew)
+                               resume=resume, progress=progress, on_batch=claims.renew,
+                               claimant=claims.process)
     raise AssertionError("unreachable")
 
 
