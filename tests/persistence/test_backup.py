@@ -1,0 +1,108 @@
+"""`corral backup` of a live store and `corral restore` of its file (`corral.persistence.
+backup`, `restore`): a backup taken while signals stream in restores to a store whose
+host applies every message acknowledged before the backup began, each once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral._errors import InvalidArgumentError, StoreError
+from corral.persistence import backup, restore, verify
+from migrate_entities import Add, Ledger, LedgerInput
+from pg import pg_url as pg_fixture  # noqa: F401 (a fixture, found by name)
+from procs import wait_until
+from stores import sql
+
+SHARDS = 2
+KEYS = [f"stream-{i}" for i in range(5)]
+
+
+async def _stream(rt: corral.Runtime, acked: list[str], stop: asyncio.Event) -> None:
+    n = 0
+    while not stop.is_set():
+        tag = f"{n}"
+        await rt.ref(Ledger, KEYS[n % len(KEYS)]).signal_with_start(
+            Ledger.add, Add(tag=tag), start=LedgerInput(), message_id=f"m/{tag}")
+        acked.append(tag)
+        n += 1
+
+
+@pytest.mark.parametrize("engines", ["sqlite-to-postgres", "postgres-to-sqlite"])
+async def test_a_backup_under_a_stream_restores_every_acknowledged_message_once(
+        tmp_path: Path, pg_url: str, engines: str) -> None:
+    lite, file = str(tmp_path / "corral.db"), tmp_path / "backup.corral"
+    live, target = (lite, pg_url) if engines == "sqlite-to-postgres" else (pg_url, lite)
+    acked: list[str] = []
+    stop = asyncio.Event()
+    async with corral.open_runtime(live, entities=[Ledger], shards=SHARDS) as rt:
+        sender = asyncio.create_task(_stream(rt, acked, stop))
+        await wait_until(lambda: len(acked) >= 50, "the stream is under way")
+        before = set(acked)  # acknowledged before the backup began
+        copy = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "corral", "backup", "--store", live, "--to", str(file),
+            "--batch", "20", env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert await copy.wait() == 0
+        during = len(acked)
+        stop.set()
+        await sender
+    assert len(acked) > len(before)  # the stream went on while the backup ran
+    assert during > len(before)
+    await restore(file, target, batch=50)
+    async with corral.open_runtime(target, entities=[Ledger], shards=SHARDS) as rt:
+        # Every message the restored store would answer `duplicate` (its dedupe window,
+        # which outlives the journal's truncation) must be applied there: one of the
+        # snapshot, not read later than the journal.
+        remembered = {r[0] for r in sql(target, "SELECT message_id FROM dedupe")}
+        in_backup = {m.removeprefix("m/") for m in remembered}
+        assert before <= in_backup
+        for key, next_seq in sql(target, "SELECT key, next_seq FROM entities"):
+            [(top,)] = sql(target, "SELECT max(seq) FROM dedupe WHERE key = ?", key)
+            assert top < next_seq, key
+
+        async def applied() -> list[str]:
+            return [t for k in KEYS
+                    for t in (await rt.ref(Ledger, k).query(Ledger.state)).applied]
+
+        async def caught_up() -> bool:
+            return len(await applied()) >= len(in_backup)
+
+        await wait_until(caught_up, "the restored store applied its journal")
+        found = await applied()
+        assert sorted(found) == sorted(in_backup)  # each once, none acked after it
+    assert (await verify(str(file), target)).tables  # same shards; compared
+
+
+async def test_a_backup_of_a_newer_schema_is_refused_and_nothing_restored(
+        tmp_path: Path, pg_url: str) -> None:
+    live, file = str(tmp_path / "corral.db"), tmp_path / "b.corral"
+    async with corral.open_runtime(live, entities=[Ledger], shards=SHARDS) as rt:
+        await rt.ref(Ledger, "a").start(start=LedgerInput())
+    await backup(live, file)
+    sql(str(file), "UPDATE meta SET v = '999' WHERE k = 'schema_version'")
+    with pytest.raises(StoreError, match="newer corral"):
+        await restore(file, pg_url)
+    assert sql(pg_url, "SELECT to_regclass('entities') IS NULL") == [(True,)]
+
+
+async def test_a_restore_into_a_store_holding_data_is_refused(tmp_path: Path) -> None:
+    live, file, other = (str(tmp_path / "a.db"), tmp_path / "b.corral",
+                         str(tmp_path / "c.db"))
+    for location in (live, other):
+        async with corral.open_runtime(location, entities=[Ledger], shards=SHARDS) as rt:
+            await rt.ref(Ledger, "a").start(start=LedgerInput())
+    await backup(live, file)
+    before = sql(other, "SELECT count(*) FROM runs")
+    with pytest.raises(InvalidArgumentError, match="not empty"):
+        await restore(file, other)
+    assert sql(other, "SELECT count(*) FROM runs") == before
+    with pytest.raises(InvalidArgumentError, match="exists"):
+        await backup(live, file)
+    meta = dict(sql(str(file), "SELECT k, v FROM meta"))
+    assert meta["backup.format"] == "1"
+    assert meta["backup.engine"] == "sqlite"
