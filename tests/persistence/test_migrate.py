@@ -267,3 +267,12 @@ def _copying(url: str) -> bool:
 
 def _rows(url: str, table: str) -> int:
     return int(sql(url, f"SELECT count(*) FROM {table}")[0][0])
+
+
+async def test_a_store_no_host_ever_opened_verifies_equal_to_its_postgres_copy(
+        tmp_path: Path, pg_url: str) -> None:
+    source = str(tmp_path / "corral.db")
+    await (await corral.persistence.open_store(source, shards=SHARDS)).close()
+    await migrate(source, pg_url)  # PostgreSQL has a lease row per shard from the start
+    assert (await verify(source, pg_url)).equal
+    assert (await verify(pg_url, source)).equal

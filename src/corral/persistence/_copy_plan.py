@@ -29,7 +29,7 @@ import orjson
 from ._tables import TABLES, Engine, Table
 
 __all__ = ["CROSS", "DIGEST_MODULUS", "ENGINE_ONLY", "PINNED_META", "PLANS", "SKIPPED", "TablePlan",
-           "meta_copied", "row_digest", "to_engine"]
+           "is_data", "meta_copied", "row_digest", "to_engine"]
 
 SKIPPED: dict[str, str] = {
     # Which processes host the store: claims of the source's hosts (none, while it is
@@ -145,6 +145,17 @@ PLANS: tuple[TablePlan, ...] = tuple(
 def meta_copied(key: str) -> bool:
     """Whether the `meta` row `key` is copied (not pinned by the store, not a marker)."""
     return key not in PINNED_META and not key.startswith(_OWN_META)
+
+
+def is_data(plan: TablePlan, columns: Sequence[str], row: Sequence[Any]) -> bool:
+    """Whether `row` (of `columns`) is data a copy carries and a digest counts: not a
+    `meta` row each store writes for itself, nor a lease never taken (epoch 0: a
+    PostgreSQL store has one per shard from the start, a SQLite store none)."""
+    if plan.name == "meta":
+        return meta_copied(row[columns.index("k")])
+    if plan.name == "leases":
+        return bool(row[columns.index("epoch")])
+    return True
 
 
 def to_engine(plan: TablePlan, columns: Sequence[str], row: Sequence[Any],

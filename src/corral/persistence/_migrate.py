@@ -48,7 +48,7 @@ from ._copy_plan import (
     DIGEST_MODULUS,
     PLANS,
     TablePlan,
-    meta_copied,
+    is_data,
     row_digest,
     to_engine,
 )
@@ -227,7 +227,7 @@ async def _copy_table(source: CopyEnd, target: CopyEnd, plan: TablePlan,
         if rows:
             after = [rows[-1][i] for i in at]
         state["tables"][plan.name] = True if finished else after
-        kept = [r for r in rows if plan.name != "meta" or meta_copied(r[0])]
+        kept = [r for r in rows if is_data(plan, read, r)]
         await target.write(plan.name, write, plan.key,
                            [to_engine(plan, write, r, target.engine) for r in kept],
                            (_MARKER, json.dumps(state)))
@@ -325,7 +325,7 @@ async def _table_digest(end: CopyEnd, plan: TablePlan) -> tuple[int, str]:
     while True:
         rows = await end.read(plan.name, plan.columns, plan.key, after, _READ_BATCH)
         for row in rows:
-            if plan.name != "meta" or meta_copied(row[0]):
+            if is_data(plan, plan.columns, row):
                 count += 1
                 total = (total + row_digest(plan, row)) % DIGEST_MODULUS
         if len(rows) < _READ_BATCH:
