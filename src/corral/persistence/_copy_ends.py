@@ -30,6 +30,8 @@ __all__ = ["CopyEnd", "open_end"]
 
 Row = tuple[Any, ...]
 _SELF_NUMBERED = ("pos", "id")
+_PG_TYPES = {"TEXT": "text", "INT": "integer", "BIGINT": "bigint", "REAL": "float8",
+             "BLOB": "bytea", "BOOL": "boolean", "SERIAL": "bigint"}
 
 
 class CopyEnd(Protocol):
@@ -46,11 +48,11 @@ class CopyEnd(Protocol):
         """Up to `limit` rows of `columns` (the key among them) past the key `after`
         (None: from the first), in key order."""
 
-    async def write(self, table: str, columns: Sequence[str], key: Sequence[str],
-                    rows: Sequence[Row], marker: tuple[str, str] | None) -> None:
-        """`rows` (each replacing the row of its `key`, if there: a batch written twice
-        lands once; PostgreSQL's lease rows exist from the start) and the `meta` row
-        `marker` (or none), in one transaction."""
+    async def write(self, plan: TablePlan, columns: Sequence[str], rows: Sequence[Row],
+                    marker: tuple[str, str] | None) -> None:
+        """`rows` of `columns` of `plan`'s table (each over the row of its key, if
+        there: a batch written twice lands once; PostgreSQL's lease rows exist from the
+        start) and the `meta` row `marker` (or none), in one transaction."""
 
     async def count(self, table: str) -> int:
         """The rows of `table`."""
@@ -87,14 +89,13 @@ def _holding_sql(plan: TablePlan) -> str:
     return f"SELECT 1 FROM {plan.name} LIMIT 1"
 
 
-def _upsert(table: str, columns: Sequence[str], key: Sequence[str],
-            params: Sequence[str]) -> str:
+def _upsert(table: str, columns: Sequence[str], key: Sequence[str], rows: str) -> str:
     """The statement writing one row of `columns` over the row of its `key`; the
     columns an engine numbers itself (`pos`, `id`) are never updated."""
     kept = [c for c in columns if c not in key and c not in _SELF_NUMBERED]
     action = ("DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in kept)) if kept \
         else "DO NOTHING"
-    return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(params)}) "
+    return (f"INSERT INTO {table} ({', '.join(columns)}) {rows} "
             f"ON CONFLICT ({', '.join(key)}) {action}")
 
 
@@ -129,9 +130,10 @@ class SqliteEnd:
     async def count(self, table: str) -> int:
         return int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
-    async def write(self, table: str, columns: Sequence[str], key: Sequence[str],
-                    rows: Sequence[Row], marker: tuple[str, str] | None) -> None:
-        sql = _upsert(table, columns, key, ["?"] * len(columns))
+    async def write(self, plan: TablePlan, columns: Sequence[str], rows: Sequence[Row],
+                    marker: tuple[str, str] | None) -> None:
+        sql = _upsert(plan.name, columns, plan.key,
+                      "VALUES (" + ", ".join("?" * len(columns)) + ")")
         self._db.execute("BEGIN IMMEDIATE")
         try:
             self._db.executemany(sql, rows)
@@ -211,11 +213,16 @@ class PostgresEnd:
     async def count(self, table: str) -> int:
         return int(await self._conn.fetchval(f"SELECT count(*) FROM {table}"))
 
-    async def write(self, table: str, columns: Sequence[str], key: Sequence[str],
-                    rows: Sequence[Row], marker: tuple[str, str] | None) -> None:
-        sql = _upsert(table, columns, key, [f"${i + 1}" for i in range(len(columns))])
+    async def write(self, plan: TablePlan, columns: Sequence[str], rows: Sequence[Row],
+                    marker: tuple[str, str] | None) -> None:
+        # One statement a batch, its columns as arrays (`unnest`): one round trip, where
+        # `executemany` sends a row at a time (x1.6 rows/s at 100k entities).
+        arrays = ", ".join(f"${i + 1}::{_PG_TYPES[plan.types[c]]}[]"
+                           for i, c in enumerate(columns))
+        sql = _upsert(plan.name, columns, plan.key, f"SELECT * FROM unnest({arrays})")
         async with self._conn.transaction():
-            await self._conn.executemany(sql, rows)
+            if rows:
+                await self._conn.execute(sql, *(list(c) for c in zip(*rows, strict=True)))
             if marker is not None:
                 await self._conn.execute(
                     "INSERT INTO meta (k, v) VALUES ($1, $2) ON CONFLICT (k) "

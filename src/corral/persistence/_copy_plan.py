@@ -28,8 +28,8 @@ import orjson
 
 from ._tables import TABLES, Engine, Table
 
-__all__ = ["CROSS", "DIGEST_MODULUS", "ENGINE_ONLY", "PINNED_META", "PLANS", "SKIPPED", "TablePlan",
-           "is_data", "meta_copied", "row_digest", "to_engine"]
+__all__ = ["CROSS", "DIGEST_MODULUS", "ENGINE_ONLY", "META", "PINNED_META", "PLANS",
+           "SKIPPED", "TablePlan", "is_data", "meta_copied", "row_digest", "to_engine"]
 
 SKIPPED: dict[str, str] = {
     # Which processes host the store: claims of the source's hosts (none, while it is
@@ -140,6 +140,7 @@ def _plan(table: Table) -> TablePlan:
 PLANS: tuple[TablePlan, ...] = tuple(
     _plan(t) for t in TABLES if t.name not in SKIPPED and t.engines == ("sqlite", "postgres"))
 """Every table a copy copies, in the schema's order."""
+META = next(plan for plan in PLANS if plan.name == "meta")
 
 
 def meta_copied(key: str) -> bool:

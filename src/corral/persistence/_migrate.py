@@ -46,6 +46,7 @@ from ._copy_ends import CopyEnd, open_end
 from ._copy_plan import (
     CROSS,
     DIGEST_MODULUS,
+    META,
     PLANS,
     TablePlan,
     is_data,
@@ -228,7 +229,7 @@ async def _copy_table(source: CopyEnd, target: CopyEnd, plan: TablePlan,
             after = [rows[-1][i] for i in at]
         state["tables"][plan.name] = True if finished else after
         kept = [r for r in rows if is_data(plan, read, r)]
-        await target.write(plan.name, write, plan.key,
+        await target.write(plan, write,
                            [to_engine(plan, write, r, target.engine) for r in kept],
                            (_MARKER, json.dumps(state)))
         written += len(kept)
@@ -386,7 +387,7 @@ async def backup(store: str, file: str | Path, *, batch: int = 1000,
         stack.push_async_callback(dst.close)
         copied = await _copy(src, dst, _identity(store), batch=batch, resume=False,
                              progress=progress, on_batch=_nothing)
-        await dst.write("meta", ("k", "v"), ("k",), [
+        await dst.write(META, ("k", "v"), [
             ("backup.format", str(BACKUP_FORMAT)), ("backup.engine", src.engine),
             ("backup.source", _where(store)), ("backup.taken_at", repr(taken_at))], None)
     return copied
