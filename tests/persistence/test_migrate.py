@@ -4,7 +4,8 @@ left mid-life by real hosts is copied, and a host on the copy finishes its work.
 The store: entities that applied signals (and one passivated: a snapshot and a tail),
 then signals accepted by a pure client and applied by nobody (backlogs), a run asleep
 on a durable timer, a run on a signal wait with a deadline, a run past a durable step,
-a closed run, and dead letters (a capped mailbox's overflow).
+a closed run, a suspended run, a delivery buffered before its run reached the wait,
+and dead letters (a capped mailbox's overflow).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ async def build_mid_life(location: str) -> MidLife:
         await rt.ref(Ledger, "wait").start(start=LedgerInput(mode="wait"))
         await rt.ref(Ledger, "step").start(start=LedgerInput(mode="step"))
         await rt.ref(Ledger, "closed").start(start=LedgerInput(mode="close"))
+        await rt.ref(Ledger, "boom").start(start=LedgerInput(mode="boom"))
+        await wait_until(lambda: bool(sql(location, "SELECT 1 FROM suspensions")),
+                         "a run suspended")
         await wait_until(lambda: _stepped(rt), "the step recorded")
     async with corral.open_runtime(location, entities=[Ledger, Capped], shards=SHARDS,
                                    host=False) as rt:  # accepted, applied by nobody yet
@@ -74,6 +78,10 @@ async def build_mid_life(location: str) -> MidLife:
             for n in (2, 3):
                 await rt.ref(Ledger, key).signal(Ledger.add, Add(tag=f"{key}/{n}"),
                                                  message_id=f"{key}/{n}")
+        await rt.ref(Ledger, "early").start(start=LedgerInput(mode="wait"))
+        early = await rt.ref(Ledger, "early").deliver(Ledger.approval, Note(text="early"),
+                                                      key="early")
+        assert early.status == "buffered"  # run() has not reached its wait
         for n in range(4):
             await rt.ref(Capped, "capped").signal_with_start(
                 Capped.add, Add(tag=str(n)), start=None, message_id=f"capped/{n}")
@@ -106,6 +114,12 @@ async def check_finishes(location: str, life: MidLife) -> None:
                                                    key="click")
         assert won.status == "delivered"
         await wait_until(lambda: _delivered(rt), "the wait delivered")
+
+        async def early() -> bool:
+            return (await rt.ref(Ledger, "early").query(Ledger.state)).delivered == "early"
+
+        await wait_until(early, "the buffered delivery met its wait")
+        assert sql(location, "SELECT key FROM suspensions") == [("boom",)]
 
         async def fired() -> bool:
             return (await rt.ref(Ledger, "timer").query(Ledger.state)).fired_at is not None

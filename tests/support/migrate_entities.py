@@ -2,7 +2,8 @@
 
 `Ledger` records every tag its `add` signal applied (a second application would show
 twice), and, by its start input's `mode`, keeps a run open on a durable timer, on a
-signal wait with a deadline, after a durable step, or closes at once. `Capped` takes at
+signal wait with a deadline, after a durable step, suspended (its `run()` raises), or
+closes at once. `Capped` takes at
 most one signal in its mailbox and dead-letters the rest at acceptance.
 """
 
@@ -18,7 +19,7 @@ __all__ = ["Add", "Capped", "Ledger", "LedgerInput", "LedgerState", "Note"]
 
 
 class LedgerInput(BaseModel):
-    mode: Literal["idle", "timer", "wait", "step", "close"] = "idle"
+    mode: Literal["idle", "timer", "wait", "step", "close", "boom"] = "idle"
     due: float = 0.0  # the timer's (mode "timer"), epoch s
 
 
@@ -66,6 +67,8 @@ class Ledger(corral.Entity):
     async def run(self) -> None:
         if self.mode == "close":
             return
+        if self.mode == "boom":  # suspended, retried: its messages are kept
+            raise RuntimeError("boom")
         if self.mode == "timer" and self.fired_at is None:
             await self.sleep_until(self.due)
             self.fired_at = self.now()
