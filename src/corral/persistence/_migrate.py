@@ -294,29 +294,45 @@ async def migrate(source: str, target: str, *, batch: int = 1000, resume: bool =
         await migrate("corral.db", "postgresql://corral@db/corral")
     """
     shards = await stored_shards(source, any_version=True)
-    holder = (f"corral migrate (pid {os.getpid()} on {socket.gethostname()}) from "
-              f"{_where(source)} to {_where(target)}")
-    claims = _Claims(holder)
     async with AsyncExitStack() as stack:
-        src_store = await open_store(source, shards=shards)
+        src_store = await open_store(source, shards=shards)  # an older one is migrated
         stack.push_async_callback(src_store.close)
+        return await _claimed_copy(source, target, shards, "migrate", claim=src_store,
+                                   batch=batch, resume=resume, progress=progress,
+                                   on_batch=on_batch or _nothing)
+    raise AssertionError("unreachable")
+
+
+async def _claimed_copy(source: str, target: str, shards: int, verb: str, *,
+                        claim: Store | None, batch: int, resume: bool, named: str = "",
+                        progress: CopyProgress | None,
+                        on_batch: Callable[[], Awaitable[None]]) -> Copied:
+    """Copy `source` into `target` (opened, or created, with `shards`), the target and
+    `claim` (the source's store, for `migrate`) claimed meanwhile; the claims of a
+    killed copy that this one resumes are renewed and released as its own. `named`:
+    the source as a resumed copy names it (default: `source`)."""
+    source_id = named or _identity(source)
+    claims = _Claims(f"corral {verb} (pid {os.getpid()} on {socket.gethostname()}) from "
+                     f"{_where(source)} to {_where(target)}")
+    async with AsyncExitStack() as stack:
         dst_store = await _open_target(target, shards, _where(source))
         stack.push_async_callback(dst_store.close)
         src = await open_end(source, readonly=True)
         stack.push_async_callback(src.close)
         dst = await open_end(target)
         stack.push_async_callback(dst.close)
-        state = await _check_target(dst, _identity(source), resume=resume)  # no claim yet
-        claims.process = state.get("claimant", claims.process)  # a killed copy's, renewed
+        state = await _check_target(dst, source_id, resume=resume)  # before any claim
+        claims.process = state.get("claimant", claims.process)
         stack.push_async_callback(claims.release)
-        await claims.claim(src_store, _where(source))
+        if claim is not None:
+            await claims.claim(claim, _where(source))
         await claims.claim(dst_store, _where(target))
 
         async def between() -> None:
             await claims.renew()
-            await (on_batch or _nothing)()
+            await on_batch()
 
-        return await _copy(src, dst, _identity(source), batch=batch, resume=resume,
+        return await _copy(src, dst, source_id, batch=batch, resume=resume,
                            progress=progress, on_batch=between, claimant=claims.process)
     raise AssertionError("unreachable")
 
@@ -410,7 +426,7 @@ async def restore(file: str | Path, store: str, *, batch: int = 1000, resume: bo
     shards = await stored_shards(path, any_version=True)
     meta = await _file_meta(path)
     version = parse_schema_version(meta.get("schema_version", "1"), repr(path))
-    fmt = int(meta.get("backup.format", "1"))
+    fmt = parse_schema_version(meta.get("backup.format", "1"), repr(path))
     if version > SQLITE_SCHEMA_VERSION or fmt > BACKUP_FORMAT:
         raise StoreError(
             f"backup {path!r} has schema version {version} (format {fmt}), written by a "
@@ -422,22 +438,9 @@ async def restore(file: str | Path, store: str, *, batch: int = 1000, resume: bo
             shutil.copyfile(path, upgraded)
             await (await open_store(upgraded, shards=shards)).close()
             path = upgraded
-        claims = _Claims(f"corral restore (pid {os.getpid()} on {socket.gethostname()}) "
-                         f"of {path!r} into {_where(store)}")
-        async with AsyncExitStack() as stack:
-            dst_store = await _open_target(store, shards, repr(path))
-            stack.push_async_callback(dst_store.close)
-            src = await open_end(path, readonly=True)
-            stack.push_async_callback(src.close)
-            dst = await open_end(store)
-            stack.push_async_callback(dst.close)
-            state = await _check_target(dst, _identity(os.fspath(file)), resume=resume)
-            claims.process = state.get("claimant", claims.process)
-            stack.push_async_callback(claims.release)
-            await claims.claim(dst_store, _where(store))
-            return await _copy(src, dst, _identity(os.fspath(file)), batch=batch,
-                               resume=resume, progress=progress, on_batch=claims.renew,
-                               claimant=claims.process)
+        return await _claimed_copy(path, store, shards, "restore", claim=None,
+                                   batch=batch, resume=resume, progress=progress,
+                                   on_batch=_nothing, named=_identity(os.fspath(file)))
     raise AssertionError("unreachable")
 
 
