@@ -5,6 +5,7 @@ host applies every message acknowledged before the backup began, each once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -107,3 +108,33 @@ async def test_a_restore_into_a_store_holding_data_is_refused(tmp_path: Path) ->
     meta = dict(sql(str(file), "SELECT k, v FROM meta"))
     assert meta["backup.format"] == "1"
     assert meta["backup.engine"] == "sqlite"
+
+
+async def _corral(*argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "corral", *argv, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_the_commands_restore_a_backup_and_verify_prints_equal_then_a_difference(
+        tmp_path: Path, pg_url: str) -> None:
+    live, file = str(tmp_path / "a.db"), str(tmp_path / "b.corral")
+    async with corral.open_runtime(live, entities=[Ledger], shards=SHARDS) as rt:
+        await rt.ref(Ledger, "a").signal_with_start(Ledger.add, Add(tag="x"),
+                                                     start=LedgerInput(), message_id="x")
+    assert (await _corral("backup", "--store", live, "--to", file))[0] == 0
+    status, said = await _corral("restore", file, "--store", pg_url)
+    assert status == 0, said
+    assert "restored" in said
+    status, said = await _corral("migrate", "--from", file, "--to", pg_url, "--verify-only")
+    assert status == 0, said
+    assert "the stores are equal" in said
+    sql(pg_url, "UPDATE journal SET payload = '{\"tag\": \"y\"}'")  # not the backup's
+    status, said = await _corral("migrate", "--from", file, "--to", pg_url, "--verify-only",
+                                 "--json")
+    assert status == 1
+    assert [t["table"] for t in json.loads(said)["tables"] if not t["equal"]] == ["journal"]
