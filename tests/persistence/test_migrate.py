@@ -72,6 +72,9 @@ async def build_mid_life(location: str) -> MidLife:
         await wait_until(lambda: bool(sql(location, "SELECT 1 FROM suspensions")),
                          "a run suspended")
         await wait_until(lambda: _stepped(rt), "the step recorded")
+        for release in ("r1", "r2"):
+            await rt.store.declare_release("helpdesk", release, '{"app": "m:APP"}',
+                                           declared_by="test")
     async with corral.open_runtime(location, entities=[Ledger, Capped], shards=SHARDS,
                                    host=False) as rt:  # accepted, applied by nobody yet
         for key in IDLE:
@@ -148,7 +151,18 @@ async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_
     async def progress(table: str, done: int, total: int) -> None:
         seen.append(table)
 
+    async def records(location: str) -> tuple[list[object], list[object]]:
+        store = await corral.persistence.open_store(location, shards=SHARDS)
+        try:
+            return await store.builds(), await store.releases("helpdesk")
+        finally:
+            await store.close()
+
+    before = await records(source)
     copied = await migrate(source, target, batch=3, progress=progress)
+    assert await records(target) == before  # builds (one per type) and releases
+    assert len(before[0]) == 2
+    assert len(before[1]) == 2
     assert copied.rows["journal"] > 3
     assert "journal" in seen
     checked = await verify(source, target)
