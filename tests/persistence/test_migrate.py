@@ -304,3 +304,23 @@ async def test_a_store_no_host_ever_opened_verifies_equal_to_its_postgres_copy(
     await migrate(source, pg_url)  # PostgreSQL has a lease row per shard from the start
     assert (await verify(source, pg_url)).equal
     assert (await verify(pg_url, source)).equal
+
+
+async def test_a_copy_that_fails_midway_frees_its_source_and_holds_its_target(
+        tmp_path: Path, pg_url: str) -> None:
+    source = str(tmp_path / "corral.db")
+    life = await build_mid_life(source)
+
+    async def fail() -> None:
+        assert sql(source, "SELECT cluster FROM hosting") == [("migration",)]
+        raise RuntimeError("the operator's terminal went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        await migrate(source, pg_url, batch=2, on_batch=fail)
+    assert sql(source, "SELECT count(*) FROM hosting") == [(0,)]
+    with pytest.raises(StoreHostedElsewhereError, match="--resume"):  # half a store
+        async with corral.open_runtime(pg_url, entities=[Ledger, Capped], shards=SHARDS):
+            pass
+    await migrate(source, pg_url, resume=True)
+    assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]
+    await check_finishes(pg_url, life)

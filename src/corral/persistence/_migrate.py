@@ -14,10 +14,13 @@ set past the copied journal's, and the marker goes: the copy is complete.
 `migrate` moves a store no host runs on: it claims both stores for the `migration`
 cluster (`_hosting`), so a host that opens either meanwhile is refused
 (`StoreHostedElsewhereError`, naming the copy), and it is itself refused while a host
-holds the source. The claims are released at the end, and on failure; a killed copy's
-lapse after `CLAIM_TTL` seconds. `backup` copies a live store into a new SQLite file
-(the portable format: a corral store, with `backup.*` rows in its `meta` saying what it
-is) in one snapshot; `restore` copies such a file into an empty store.
+holds the source. The source's claim is released when the copy ends, however it ends
+(a killed copy's lapses after `CLAIM_TTL` seconds), so the application can go back to
+it; the target's only when a copy into it completes: no host runs on half a store.
+
+`backup` copies a live store into a new SQLite file (the portable format: a corral
+store, with `backup.*` rows in its `meta` saying what it is) in one snapshot;
+`restore` copies such a file into an empty store.
 """
 
 from __future__ import annotations
@@ -66,8 +69,13 @@ __all__ = ["BACKUP_FORMAT", "CLAIM_TTL", "Copied", "CopyProgress", "TableCheck",
            "Verification", "backup", "migrate", "restore", "verify"]
 
 CLAIM_TTL = 60.0
-"""Seconds a copy's claim on a store outlives its last renewal (each batch renews it
-once a quarter of this has passed)."""
+"""Seconds a copy's claim on its source outlives its last renewal (each batch renews it
+once a quarter of this has passed): a killed copy leaves the source to its hosts again
+after that."""
+TARGET_CLAIM_TTL = 10 * 365 * 86400.0
+"""A copy's claim on its target lasts until the copy completes, whatever happens to the
+copy: a host never runs on half a store. It is released when a copy (resumed, if it
+failed) completes; dropping the half-copied target is the other way out."""
 BACKUP_FORMAT = 1
 """The version of the backup file's format (a SQLite corral store; `backup.*` meta)."""
 _MARKER = "migrate.progress"
@@ -149,31 +157,44 @@ class _Claims:
         self.process = f"migrate-{uuid.uuid4().hex[:12]}"
         self.holder = holder
         self._stores: list[tuple[Store, str]] = []
+        self._held: list[Store] = []  # claimed until the copy completes
         self._renewed = 0.0
 
-    async def claim(self, store: Store, where: str) -> None:
+    async def claim(self, store: Store, where: str, *, until_done: bool = False) -> None:
+        """Claim `store`: renewed as the copy goes (`renew`) and released when it ends
+        however it ends, or (`until_done`) held until the copy completes (`release`)."""
+        if until_done:
+            await self._claim(store, where, TARGET_CLAIM_TTL)
+            self._held.append(store)
+            return
+        await self._claim(store, where, CLAIM_TTL)
+        self._stores.append((store, where))
+        self._renewed = time.monotonic()
+
+    async def _claim(self, store: Store, where: str, ttl: float) -> None:
         other = await store.claim_hosting(self.process, MIGRATION_CLUSTER, self.holder,
-                                          ttl=CLAIM_TTL)
+                                          ttl=ttl)
         if other is not None:
             raise StoreHostedElsewhereError(
                 f"store {where} is hosted: {other.holder}. A store is moved while no host "
                 "runs on it: close its hosts (their claim lapses after their ttl if they "
                 "were killed) and run the copy again",
                 holder=other.holder, cluster=other.cluster, expires_at=other.expires_at)
-        self._stores.append((store, where))
-        self._renewed = time.monotonic()
 
     async def renew(self) -> None:
         if time.monotonic() - self._renewed < CLAIM_TTL / 4:
             return
         for store, where in self._stores:
-            await self.claim(store, where)
-            self._stores.pop()  # `claim` appended it again
+            await self._claim(store, where, CLAIM_TTL)
+        self._renewed = time.monotonic()
 
-    async def release(self) -> None:
-        for store, _ in self._stores:
+    async def release(self, *, done: bool = False) -> None:
+        """Release the claims renewed as the copy went, and (`done`: it completed) the
+        ones held until it completes."""
+        for store in [s for s, _ in self._stores] + (self._held if done else []):
             await store.release_hosting(self.process)
         self._stores.clear()
+        self._held.clear()
 
 
 async def _open_target(location: str, shards: int, source: str) -> Store:
@@ -324,16 +345,18 @@ async def _claimed_copy(source: str, target: str, shards: int, verb: str, *,
         state = await _check_target(dst, source_id, resume=resume)  # before any claim
         claims.process = state.get("claimant", claims.process)
         stack.push_async_callback(claims.release)
+        await claims.claim(dst_store, _where(target), until_done=True)
         if claim is not None:
             await claims.claim(claim, _where(source))
-        await claims.claim(dst_store, _where(target))
 
         async def between() -> None:
             await claims.renew()
             await on_batch()
 
-        return await _copy(src, dst, source_id, batch=batch, resume=resume,
-                           progress=progress, on_batch=between, claimant=claims.process)
+        copied = await _copy(src, dst, source_id, batch=batch, resume=resume,
+                             progress=progress, on_batch=between, claimant=claims.process)
+        await claims.release(done=True)
+        return copied
     raise AssertionError("unreachable")
 
 

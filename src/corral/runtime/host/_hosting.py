@@ -61,8 +61,10 @@ def refusal(claim: HostingClaim, cluster: str) -> StoreHostedElsewhereError:
     address = _ray_address(claim)
     lapse = time.strftime("%H:%M:%S", time.localtime(claim.expires_at))
     if claim.cluster == MIGRATION_CLUSTER:
-        fix = ("a store is not hosted while it is copied: wait for the copy to end, then "
-               "open the store it was copied to (or this one, to roll back)")
+        fix = ("a store is not hosted while it is copied (`corral migrate`, `corral "
+               "restore`): wait for the copy to end, or complete an interrupted one with "
+               "--resume, then open the store it was copied to (or, to roll back, the "
+               "one it was copied from)")
     elif address is None:
         fix = ("close those local hosts (or open them with host=False: pure clients "
                "may send beside a Ray deployment) before hosting it on Ray")
