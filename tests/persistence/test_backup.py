@@ -130,6 +130,7 @@ async def test_the_commands_restore_a_backup_and_verify_prints_equal_then_a_diff
     status, said = await _corral("restore", file, "--store", pg_url)
     assert status == 0, said
     assert "restored" in said
+    assert "claimed the store: a host opening it is refused" in said
     status, said = await _corral("migrate", "--from", file, "--to", pg_url, "--verify-only")
     assert status == 0, said
     assert "the stores are equal" in said
@@ -138,3 +139,16 @@ async def test_the_commands_restore_a_backup_and_verify_prints_equal_then_a_diff
                                  "--json")
     assert status == 1
     assert [t["table"] for t in json.loads(said)["tables"] if not t["equal"]] == ["journal"]
+
+
+async def test_the_commands_refuse_what_is_not_a_store_with_one_typed_line(
+        tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.db")
+    status, said = await _corral("migrate", "--from", missing, "--to", str(tmp_path / "t.db"))
+    assert status == 2
+    assert said.startswith("error: InvalidArgumentError: ")
+    assert not (tmp_path / "t.db").exists()
+    status, said = await _corral("restore", missing, "--store", str(tmp_path / "t.db"))
+    assert status == 2
+    assert "InvalidArgumentError" in said
+    assert not (tmp_path / "t.db").exists()

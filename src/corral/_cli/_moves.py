@@ -37,8 +37,9 @@ JsonFlag = Annotated[bool, typer.Option(
 
 
 @contextmanager
-def _bars() -> Iterator[Callable[[str, int, int], Awaitable[None]]]:
-    """A progress callback drawing one bar per table on stderr."""
+def _bars(*, claimed: str = "") -> Iterator[Callable[[str, int, int], Awaitable[None]]]:
+    """A progress callback drawing one bar per table on stderr, after the line `claimed`
+    (once the copy has begun: its stores are claimed by then)."""
     from rich.progress import (  # only here: it costs every other command 40 ms
         BarColumn,
         MofNCompleteColumn,
@@ -53,6 +54,8 @@ def _bars() -> Iterator[Callable[[str, int, int], Awaitable[None]]]:
                   TimeElapsedColumn(), console=console,
                   disable=not console.is_terminal) as progress:
         async def advance(name: str, done: int, total: int) -> None:
+            if claimed and not tasks:
+                console.print(claimed)
             if name not in tasks:
                 tasks[name] = progress.add_task(name, total=max(total, done))
             progress.update(tasks[name], completed=done, total=max(total, done))
@@ -110,9 +113,8 @@ def migrate_store(
     PostgreSQL (and back). Stop the hosts first."""
     with guard(ctx):
         if not verify_only:
-            err_console().print("claiming both stores for the copy: hosts opening "
-                                "either are refused until it ends")
-            with _bars() as progress:
+            with _bars(claimed="claimed both stores: a host opening either is refused "
+                               "until the copy ends") as progress:
                 copied = asyncio.run(migrate(source, target, batch=batch, resume=resume,
                                              progress=progress))
             _copied("copied", copied, as_json and not check)
@@ -153,7 +155,8 @@ def restore_store(
 ) -> None:
     """Restore a backup into an empty store of either engine (refused: a backup of a
     newer corral, a store holding data)."""
-    with guard(ctx), _bars() as progress:
+    with guard(ctx), _bars(claimed="claimed the store: a host opening it is refused until "
+                                   "the restore completes") as progress:
         copied = asyncio.run(restore(file, store, batch=batch, resume=resume,
                                      progress=progress))
     _copied("restored", copied, as_json)
