@@ -5,7 +5,8 @@ The store: entities that applied signals (and one passivated: a snapshot and a t
 then signals accepted by a pure client and applied by nobody (backlogs), a run asleep
 on a durable timer, a run on a signal wait with a deadline, a run past a durable step,
 a closed run, a suspended run, a delivery buffered before its run reached the wait,
-and dead letters (a capped mailbox's overflow).
+sends waiting in their sender's outbox (their target's mailbox full, its run
+suspended), and dead letters (a capped mailbox's overflow).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from corral._errors import InvalidArgumentError, ShardCountError, StoreError
 from corral.persistence import migrate, verify
 from corral.persistence._copy_plan import PLANS, SKIPPED
 from corral.persistence._tables import TABLES
-from migrate_entities import Add, Capped, Ledger, LedgerInput, Note
+from migrate_entities import SINK, Add, Capped, Ledger, LedgerInput, Note, Relay, Sink
 from pg import pg_url as pg_fixture  # noqa: F401 (a fixture, found by name)
 from procs import wait_until
 from stores import sql
 
 SHARDS = 2
+ENTITIES = [Ledger, Capped, Sink]
 IDLE = [f"idle-{i}" for i in range(4)]
 
 
@@ -50,7 +52,7 @@ async def _state(rt: corral.Runtime, key: str) -> object:
 
 async def build_mid_life(location: str) -> MidLife:
     life = MidLife(due=time.time() + 6)
-    async with corral.open_runtime(location, entities=[Ledger, Capped], shards=SHARDS) as rt:
+    async with corral.open_runtime(location, entities=ENTITIES, shards=SHARDS) as rt:
         for key in IDLE:
             await rt.ref(Ledger, key).signal_with_start(
                 Ledger.add, Add(tag=f"{key}/0"), start=LedgerInput(), message_id=f"{key}/0")
@@ -72,10 +74,16 @@ async def build_mid_life(location: str) -> MidLife:
         await wait_until(lambda: bool(sql(location, "SELECT 1 FROM suspensions")),
                          "a run suspended")
         await wait_until(lambda: _stepped(rt), "the step recorded")
+        SINK["down"] = True  # sends to it wait in the outbox, undelivered
+        await rt.ref(Ledger, "relay").signal_with_start(Ledger.relay, Relay(sends=4),
+                                                        start=LedgerInput())
+        await wait_until(lambda: bool(sql(location, "SELECT 1 FROM outbox WHERE "
+                                                    "delivered = ?", False)),
+                         "a send waits in the outbox")
         for release in ("r1", "r2"):
             await rt.store.declare_release("helpdesk", release, '{"app": "m:APP"}',
                                            declared_by="test")
-    async with corral.open_runtime(location, entities=[Ledger, Capped], shards=SHARDS,
+    async with corral.open_runtime(location, entities=ENTITIES, shards=SHARDS,
                                    host=False) as rt:  # accepted, applied by nobody yet
         for key in IDLE:
             for n in (2, 3):
@@ -106,7 +114,8 @@ async def _stepped(rt: corral.Runtime) -> bool:
 async def check_finishes(location: str, life: MidLife) -> None:
     """A host on the copy applies what was pending once, fires the timer at its time,
     answers an old message id duplicate, and delivers the wait."""
-    async with corral.open_runtime(location, entities=[Ledger, Capped], shards=SHARDS) as rt:
+    SINK["down"] = False
+    async with corral.open_runtime(location, entities=ENTITIES, shards=SHARDS) as rt:
         for key, tags in life.applied.items():
             await wait_until(lambda k=key, t=tags: _applied(rt, k, len(t)), f"{key} applied")
             assert (await rt.ref(Ledger, key).query(Ledger.state)).applied == tags
@@ -122,6 +131,12 @@ async def check_finishes(location: str, life: MidLife) -> None:
             return (await rt.ref(Ledger, "early").query(Ledger.state)).delivered == "early"
 
         await wait_until(early, "the buffered delivery met its wait")
+
+        async def sunk() -> bool:
+            return len(await rt.ref(Sink, "sink").query(Sink.seen)) >= 4
+
+        await wait_until(sunk, "the outbox's sends arrived", timeout=90)
+        assert await rt.ref(Sink, "sink").query(Sink.seen) == ["r0", "r1", "r2", "r3"]
         assert sql(location, "SELECT key FROM suspensions") == [("boom",)]
 
         async def fired() -> bool:
@@ -159,9 +174,12 @@ async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_
             await store.close()
 
     before = await records(source)
+    waiting = "SELECT count(*) FROM outbox WHERE delivered = ?"
+    assert sql(source, waiting, False)[0][0] >= 1
     copied = await migrate(source, target, batch=3, progress=progress)
     assert await records(target) == before  # builds (one per type) and releases
-    assert len(before[0]) == 2
+    assert sql(target, waiting, False) == sql(source, waiting, False)
+    assert len(before[0]) == len(ENTITIES)
     assert len(before[1]) == 2
     assert copied.rows["journal"] > 3
     assert "journal" in seen
@@ -169,7 +187,7 @@ async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_
     assert checked.equal, [t for t in checked.tables if not t.equal]
     assert {t.table for t in checked.tables} == {p.name for p in PLANS}
     assert sql(target, "SELECT count(*) FROM dead_letters") == [(2,)]
-    async with corral.open_runtime(target, entities=[Ledger, Capped], shards=SHARDS,
+    async with corral.open_runtime(target, entities=ENTITIES, shards=SHARDS,
                                    host=False) as rt:
         ack = await rt.ref(Capped, "capped").signal(Capped.add, Add(tag="late"))
         assert ack.dead_letter_id == 4  # past the source's last id, not its last row's
@@ -202,7 +220,7 @@ async def test_a_host_opening_the_source_during_a_migration_is_refused(
         if refusals:
             return
         with pytest.raises(StoreHostedElsewhereError) as caught:
-            async with corral.open_runtime(source, entities=[Ledger, Capped], shards=SHARDS):
+            async with corral.open_runtime(source, entities=ENTITIES, shards=SHARDS):
                 pass
         refusals.append(caught.value)
 
@@ -211,7 +229,7 @@ async def test_a_host_opening_the_source_during_a_migration_is_refused(
     assert "copied" in str(refusals[0])
     assert refusals[0].cluster == "migration"
     assert sql(source, "SELECT count(*) FROM hosting") == [(0,)]  # released at the end
-    async with corral.open_runtime(source, entities=[Ledger, Capped], shards=SHARDS):
+    async with corral.open_runtime(source, entities=ENTITIES, shards=SHARDS):
         pass  # and hosts open again
 
 
@@ -319,7 +337,7 @@ async def test_a_copy_that_fails_midway_frees_its_source_and_holds_its_target(
         await migrate(source, pg_url, batch=2, on_batch=fail)
     assert sql(source, "SELECT count(*) FROM hosting") == [(0,)]
     with pytest.raises(StoreHostedElsewhereError, match="--resume"):  # half a store
-        async with corral.open_runtime(pg_url, entities=[Ledger, Capped], shards=SHARDS):
+        async with corral.open_runtime(pg_url, entities=ENTITIES, shards=SHARDS):
             pass
     await migrate(source, pg_url, resume=True)
     assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]

@@ -3,7 +3,7 @@
 `Ledger` records every tag its `add` signal applied (a second application would show
 twice), and, by its start input's `mode`, keeps a run open on a durable timer, on a
 signal wait with a deadline, after a durable step, suspended (its `run()` raises), or
-closes at once. `Capped` takes at
+closes at once; its `relay` sends to `Sink`. `Capped` takes at
 most one signal in its mailbox and dead-letters the rest at acceptance.
 """
 
@@ -15,7 +15,12 @@ from pydantic import BaseModel
 
 import corral
 
-__all__ = ["Add", "Capped", "Ledger", "LedgerInput", "LedgerState", "Note"]
+__all__ = ["SINK", "Add", "Capped", "Ledger", "LedgerInput", "LedgerState", "Note", "Relay",
+           "Sink"]
+
+SINK = {"down": False}
+"""While `down`, every `Sink` run suspends: its mailbox stays full, so sends to it wait
+in their senders' outbox."""
 
 
 class LedgerInput(BaseModel):
@@ -29,6 +34,10 @@ class Add(BaseModel):
 
 class Note(BaseModel):
     text: str
+
+
+class Relay(BaseModel):
+    sends: int
 
 
 class LedgerState(BaseModel):
@@ -58,6 +67,11 @@ class Ledger(corral.Entity):
     @corral.signal
     def add(self, add: Add) -> None:
         self.applied.append(add.tag)
+
+    @corral.signal
+    def relay(self, relay: Relay) -> None:
+        for n in range(relay.sends):
+            self.send(Sink, "sink", Sink.take, Add(tag=f"r{n}"), start=Add(tag=""))
 
     @corral.query
     def state(self) -> LedgerState:
@@ -92,3 +106,26 @@ class Capped(corral.Entity):
     @corral.signal
     def add(self, add: Add) -> None:
         self.applied.append(add.tag)
+
+
+class Sink(corral.Entity):
+    """Takes one signal at a time into its mailbox; its run suspends while `SINK` is down."""
+
+    max_backlog = 1
+
+    def __init__(self, init: Add) -> None:
+        self.got: list[str] = []
+
+    @corral.signal
+    def take(self, add: Add) -> None:
+        self.got.append(add.tag)
+
+    @corral.query
+    def seen(self) -> list[str]:
+        return self.got
+
+    async def run(self) -> None:
+        if SINK["down"]:
+            raise RuntimeError("the sink is down")
+        await self.wait_for(lambda: False)
+
