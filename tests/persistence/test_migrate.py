@@ -303,6 +303,7 @@ async def test_a_migration_killed_mid_copy_resumes_to_the_same_digest(
     assert checked.equal, [t for t in checked.tables if not t.equal]
     assert sql(pg_url, "SELECT count(*) FROM meta WHERE k LIKE 'migrate.%'") == [(0,)]
     assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]  # the killed copy's too
+    assert sql(source, "SELECT count(*) FROM hosting") == [(0,)]  # released, not lapsed
     await check_finishes(pg_url, life)
 
 
