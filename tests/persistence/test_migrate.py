@@ -343,3 +343,14 @@ async def test_a_copy_that_fails_midway_frees_its_source_and_holds_its_target(
     await migrate(source, pg_url, resume=True)
     assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]
     await check_finishes(pg_url, life)
+
+
+@pytest.mark.parametrize("batch", [0, -1, 10**9, True, 2.5])
+async def test_a_batch_size_out_of_range_is_refused_before_anything_is_made(
+        tmp_path: Path, batch: object) -> None:
+    source, target = str(tmp_path / "a.db"), str(tmp_path / "b.db")
+    await (await corral.persistence.open_store(source, shards=SHARDS)).close()
+    with pytest.raises(InvalidArgumentError, match="rows per batch"):
+        await migrate(source, target, batch=batch)  # type: ignore[arg-type]
+    assert not (tmp_path / "b.db").exists()
+    assert sql(source, "SELECT count(*) FROM hosting") == [(0,)]

@@ -264,8 +264,6 @@ async def _copy_table(source: CopyEnd, target: CopyEnd, plan: TablePlan,
 async def _copy(source: CopyEnd, target: CopyEnd, source_id: str, *, batch: int,
                 resume: bool, progress: CopyProgress | None,
                 on_batch: Callable[[], Awaitable[None]], claimant: str = "") -> Copied:
-    if not 1 <= batch <= 1_000_000:
-        raise InvalidArgumentError(f"batch={batch}: rows per batch run from 1 to 1,000,000")
     began = time.monotonic()
     state = await _check_target(target, source_id, resume=resume)
     state["claimant"] = claimant  # a resumed copy renews, then releases, the same claims
@@ -287,6 +285,13 @@ async def _copy(source: CopyEnd, target: CopyEnd, source_id: str, *, batch: int,
 
 async def _nothing() -> None:
     pass
+
+
+def _check_batch(batch: int) -> None:
+    """Refuse a batch size out of range before anything is opened or written."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1_000_000:
+        raise InvalidArgumentError(
+            f"batch={batch!r}: rows per batch are an int from 1 to 1,000,000")
 
 
 async def migrate(source: str, target: str, *, batch: int = 1000, resume: bool = False,
@@ -314,6 +319,7 @@ async def migrate(source: str, target: str, *, batch: int = 1000, resume: bool =
     Example:
         await migrate("corral.db", "postgresql://corral@db/corral")
     """
+    _check_batch(batch)
     shards = await stored_shards(source, any_version=True)
     async with AsyncExitStack() as stack:
         src_store = await open_store(source, shards=shards)  # an older one is migrated
@@ -412,6 +418,7 @@ async def backup(store: str, file: str | Path, *, batch: int = 1000,
         InvalidArgumentError: `file` exists; `store` is not a corral store.
         StoreError: `store` is at another schema version than this corral's.
     """
+    _check_batch(batch)
     path = os.fspath(file)
     if os.path.lexists(path):  # noqa: ASYNC240 (one stat, before any work)
         raise InvalidArgumentError(f"backup file {path!r} exists: name a new file")
@@ -445,6 +452,7 @@ async def restore(file: str | Path, store: str, *, batch: int = 1000, resume: bo
         ShardCountError: `store` exists with another shard count (both named).
         StoreHostedElsewhereError: a live host holds `store`.
     """
+    _check_batch(batch)
     path = os.fspath(file)
     shards = await stored_shards(path, any_version=True)
     meta = await _file_meta(path)
