@@ -110,10 +110,10 @@ async def test_a_restore_into_a_store_holding_data_is_refused(tmp_path: Path) ->
     assert meta["backup.engine"] == "sqlite"
 
 
-async def _corral(*argv: str) -> tuple[int, str]:
+async def _corral(*argv: str, stderr: int = asyncio.subprocess.STDOUT) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "corral", *argv, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        stderr=stderr,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     out, _ = await proc.communicate()
     assert proc.returncode is not None
@@ -134,6 +134,11 @@ async def test_the_commands_restore_a_backup_and_verify_prints_equal_then_a_diff
     status, said = await _corral("migrate", "--from", file, "--to", pg_url, "--verify-only")
     assert status == 0, said
     assert "the stores are equal" in said
+    status, said = await _corral("migrate", "--from", pg_url, "--to",
+                                 str(tmp_path / "back.db"), "--verify", "--json",
+                                 stderr=asyncio.subprocess.DEVNULL)
+    assert status == 0
+    assert json.loads(said)["equal"] is True  # stdout: the comparison's JSON alone
     sql(pg_url, "UPDATE journal SET payload = '{\"tag\": \"y\"}'")  # not the backup's
     status, said = await _corral("migrate", "--from", file, "--to", pg_url, "--verify-only",
                                  "--json")

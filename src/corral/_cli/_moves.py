@@ -66,8 +66,12 @@ def _copied(verb: str, copied: Copied, as_json: bool) -> None:
     if as_json:
         print_json({"rows": copied.rows, "total": copied.total, "seconds": copied.seconds})
         return
+    print(_summary(verb, copied))
+
+
+def _summary(verb: str, copied: Copied) -> str:
     rate = copied.total / copied.seconds if copied.seconds > 0 else 0.0
-    print(f"{verb} {copied.total} rows in {copied.seconds:.1f} s ({rate:,.0f} rows/s)")
+    return f"{verb} {copied.total} rows in {copied.seconds:.1f} s ({rate:,.0f} rows/s)"
 
 
 def _verified(found: Verification, as_json: bool) -> None:
@@ -117,7 +121,10 @@ def migrate_store(
                                "until the copy ends") as progress:
                 copied = asyncio.run(migrate(source, target, batch=batch, resume=resume,
                                              progress=progress))
-            _copied("copied", copied, as_json and not check)
+            if as_json and check:  # stdout is the comparison's JSON alone
+                err_console().print(_summary("copied", copied))
+            else:
+                _copied("copied", copied, as_json)
         if not (check or verify_only):
             return
         found = asyncio.run(verify(source, target))
