@@ -6,7 +6,8 @@ then signals accepted by a pure client and applied by nobody (backlogs), a run a
 on a durable timer, a run on a signal wait with a deadline, a run past a durable step,
 a closed run, a suspended run, a delivery buffered before its run reached the wait,
 sends waiting in their sender's outbox (their target's mailbox full, its run
-suspended), and dead letters (a capped mailbox's overflow).
+suspended), dead letters (a capped mailbox's overflow), two builds of one type and two
+declared releases.
 """
 
 from __future__ import annotations
@@ -28,7 +29,18 @@ from corral._errors import InvalidArgumentError, ShardCountError, StoreError
 from corral.persistence import migrate, verify
 from corral.persistence._copy_plan import PLANS, SKIPPED
 from corral.persistence._tables import TABLES
-from migrate_entities import SINK, Add, Capped, Ledger, LedgerInput, Note, Relay, Sink
+from migrate_entities import (
+    SINK,
+    Add,
+    Capped,
+    Ledger,
+    LedgerInput,
+    Note,
+    Relay,
+    Sink,
+    TallyR1,
+    TallyR2,
+)
 from pg import pg_url as pg_fixture  # noqa: F401 (a fixture, found by name)
 from procs import wait_until
 from stores import sql
@@ -51,6 +63,9 @@ async def _state(rt: corral.Runtime, key: str) -> object:
 
 
 async def build_mid_life(location: str) -> MidLife:
+    for build in (TallyR1, TallyR2):  # two builds of one type
+        async with corral.open_runtime(location, entities=[build], shards=SHARDS):
+            pass
     life = MidLife(due=time.time() + 6)
     async with corral.open_runtime(location, entities=ENTITIES, shards=SHARDS) as rt:
         for key in IDLE:
@@ -179,7 +194,7 @@ async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_
     copied = await migrate(source, target, batch=3, progress=progress)
     assert await records(target) == before  # builds (one per type) and releases
     assert sql(target, waiting, False) == sql(source, waiting, False)
-    assert len(before[0]) == len(ENTITIES)
+    assert len(before[0]) == len(ENTITIES) + 2  # and Tally's two
     assert len(before[1]) == 2
     assert copied.rows["journal"] > 3
     assert "journal" in seen

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 import corral
 
 __all__ = ["SINK", "Add", "Capped", "Ledger", "LedgerInput", "LedgerState", "Note", "Relay",
-           "Sink"]
+           "Sink",
+           "TallyR1", "TallyR2"]
 
 SINK = {"down": False}
 """While `down`, every `Sink` run suspends: its mailbox stays full, so sends to it wait
@@ -128,4 +129,25 @@ class Sink(corral.Entity):
         if SINK["down"]:
             raise RuntimeError("the sink is down")
         await self.wait_for(lambda: False)
+
+
+class TallyR1(corral.Entity):
+    """Two builds of one type (`Tally`): release 2 adds a signal, compatibly."""
+
+    name = "Tally"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    @corral.signal
+    def bump(self) -> None:
+        self.n += 1
+
+
+class TallyR2(TallyR1):
+    name = "Tally"
+
+    @corral.signal
+    def reset(self) -> None:
+        self.n = 0
 
