@@ -170,11 +170,13 @@ async def _delivered(rt: corral.Runtime) -> bool:
     return (await rt.ref(Ledger, "wait").query(Ledger.state)).delivered == "yes"
 
 
-@pytest.mark.parametrize("direction", ["sqlite-to-postgres", "postgres-to-sqlite"])
+@pytest.mark.parametrize("direction", ["sqlite-to-postgres", "postgres-to-sqlite",
+                                       "sqlite-to-sqlite"])
 async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_once(
         tmp_path: Path, pg_url: str, direction: str) -> None:
-    lite = str(tmp_path / "corral.db")
-    source, target = (lite, pg_url) if direction == "sqlite-to-postgres" else (pg_url, lite)
+    lite, other = str(tmp_path / "corral.db"), str(tmp_path / "copy.db")
+    source, target = {"sqlite-to-postgres": (lite, pg_url), "postgres-to-sqlite": (
+        pg_url, lite), "sqlite-to-sqlite": (lite, other)}[direction]
     life = await build_mid_life(source)
     seen: list[str] = []
 
@@ -202,6 +204,13 @@ async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_
     assert checked.equal, [t for t in checked.tables if not t.equal]
     assert {t.table for t in checked.tables} == {p.name for p in PLANS}
     assert sql(target, "SELECT count(*) FROM dead_letters") == [(2,)]
+    entries = "SELECT pos, etype, key, seq FROM journal ORDER BY pos"
+    if direction == "sqlite-to-sqlite":  # the tail's positions, as they were
+        assert sql(target, entries) == sql(source, entries)
+    if direction == "sqlite-to-postgres":  # each shard's tick past its copied entries
+        tops = sql(source, "SELECT shard, max(pos) FROM journal GROUP BY shard ORDER BY shard")
+        ticks = sql(target, "SELECT shard, tick FROM shard_ticks WHERE tick > 0 ORDER BY shard")
+        assert ticks == tops
     async with corral.open_runtime(target, entities=ENTITIES, shards=SHARDS,
                                    host=False) as rt:
         ack = await rt.ref(Capped, "capped").signal(Capped.add, Add(tag="late"))
