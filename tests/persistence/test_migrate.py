@@ -26,7 +26,7 @@ import pytest
 import corral
 from corral import StoreHostedElsewhereError
 from corral._errors import InvalidArgumentError, ShardCountError, StoreError
-from corral.persistence import migrate, verify
+from corral.persistence import backup, migrate, verify
 from corral.persistence._copy_plan import PLANS, SKIPPED
 from corral.persistence._tables import TABLES
 from migrate_entities import (
@@ -364,6 +364,9 @@ async def test_a_copy_that_fails_midway_frees_its_source_and_holds_its_target(
     with pytest.raises(StoreHostedElsewhereError, match="--resume"):  # half a store
         async with corral.open_runtime(pg_url, entities=ENTITIES, shards=SHARDS):
             pass
+    with pytest.raises(InvalidArgumentError, match="interrupted copy, not a whole store"):
+        await backup(pg_url, tmp_path / "half.backup")  # nor copied on
+    assert not (tmp_path / "half.backup").exists()
     await migrate(source, pg_url, resume=True)
     assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]
     await check_finishes(pg_url, life)

@@ -13,6 +13,7 @@ the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tai
 """
 
 from ._backlog import ShardBacklog
+from ._backup import backup, restore
 from ._build_registry import (
     BuildCheck,
     BuildFacts,
@@ -26,7 +27,7 @@ from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canon
 from ._existing import stored_shards
 from ._hosting import HostingClaim, HostingRegistry
 from ._housekeeping import housekeeping
-from ._migrate import Copied, TableCheck, Verification, backup, migrate, restore, verify
+from ._migrate import Copied, TableCheck, Verification, migrate, verify
 from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged

@@ -1,6 +1,5 @@
-"""Moving a store to another (`migrate`), comparing two (`verify`), and a store as a file
-(`backup`, `restore`): one copy, table by table (`_copy_plan`), written once above the
-two engines' ends (`_copy_ends`).
+"""Moving a store to another (`migrate`) and comparing two (`verify`): one copy, table
+by table (`_copy_plan`), written once above the two engines' ends (`_copy_ends`).
 
 A copy reads its source in one snapshot and writes the target in batches of at most
 `batch` rows, each one transaction with the copy's progress (the `meta` row
@@ -18,30 +17,24 @@ holds the source. The source's claim is released when the copy ends, however it 
 (a killed copy's lapses after `CLAIM_TTL` seconds), so the application can go back to
 it; the target's only when a copy into it completes: no host runs on half a store.
 
-`backup` copies a live store into a new SQLite file (the portable format: a corral
-store, with `backup.*` rows in its `meta` saying what it is) in one snapshot;
-`restore` copies such a file into an empty store.
+`backup` and `restore` (`_backup`) are the same copy into and out of a file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from corral._errors import (
     InvalidArgumentError,
     ShardCountError,
-    StoreError,
     StoreHostedElsewhereError,
 )
 
@@ -49,7 +42,6 @@ from ._copy_ends import CopyEnd, open_end
 from ._copy_plan import (
     CROSS,
     DIGEST_MODULUS,
-    META,
     PLANS,
     TablePlan,
     is_data,
@@ -59,14 +51,12 @@ from ._copy_plan import (
 from ._existing import stored_shards
 from ._hosting import MIGRATION_CLUSTER
 from ._open import open_store
-from ._schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
-from ._schema import parse_schema_version
 from ._store import Store
 from ._tables import Engine
 from ._urls import is_postgres_url, redacted
 
-__all__ = ["BACKUP_FORMAT", "CLAIM_TTL", "Copied", "CopyProgress", "TableCheck",
-           "Verification", "backup", "migrate", "restore", "verify"]
+__all__ = ["CLAIM_TTL", "TARGET_CLAIM_TTL", "Copied", "CopyProgress", "TableCheck",
+           "Verification", "migrate", "refuse_partial", "verify"]
 
 CLAIM_TTL = 60.0
 """Seconds a copy's claim on its source outlives its last renewal (each batch renews it
@@ -76,8 +66,6 @@ TARGET_CLAIM_TTL = 10 * 365 * 86400.0
 """A copy's claim on its target lasts until the copy completes, whatever happens to the
 copy: a host never runs on half a store. It is released when a copy (resumed, if it
 failed) completes; dropping the half-copied target is the other way out."""
-BACKUP_FORMAT = 1
-"""The version of the backup file's format (a SQLite corral store; `backup.*` meta)."""
 _MARKER = "migrate.progress"
 _READ_BATCH = 5000  # rows per read when digesting
 
@@ -265,6 +253,7 @@ async def _copy(source: CopyEnd, target: CopyEnd, source_id: str, *, batch: int,
                 resume: bool, progress: CopyProgress | None,
                 on_batch: Callable[[], Awaitable[None]], claimant: str = "") -> Copied:
     began = time.monotonic()
+    await refuse_partial(source)
     state = await _check_target(target, source_id, resume=resume)
     state["claimant"] = claimant  # a resumed copy renews, then releases, the same claims
     await source.begin_snapshot()
@@ -281,6 +270,14 @@ async def _copy(source: CopyEnd, target: CopyEnd, source_id: str, *, batch: int,
     await target.finish()
     await target.delete_meta(_MARKER)
     return Copied(rows, time.monotonic() - began)
+
+
+async def refuse_partial(source: CopyEnd) -> None:
+    """Refuse to copy from a store that holds an interrupted copy (half a store)."""
+    if _MARKER in await source.meta():
+        raise InvalidArgumentError(
+            f"store {source.where} holds an interrupted copy, not a whole store: complete "
+            "that copy (--resume) before copying it on, or copy from its source")
 
 
 async def _nothing() -> None:
@@ -405,80 +402,3 @@ async def verify(source: str, target: str) -> Verification:
             (n1, d1), (n2, d2) = [await _table_digest(e, plan) for e in ends]
             checks.append(TableCheck(plan.name, n1, n2, d1, d2))
     return Verification(tuple(checks))
-
-
-async def backup(store: str, file: str | Path, *, batch: int = 1000,
-                 progress: CopyProgress | None = None) -> Copied:
-    """Copy the store at `store`, live (its hosts go on), as it is at one instant into a
-    new file `file`: a SQLite corral store whose `meta` says `backup.format` (this
-    format's version, `BACKUP_FORMAT`), `backup.engine`, `backup.source` and
-    `backup.taken_at`. `restore` copies it into a store.
-
-    Raises:
-        InvalidArgumentError: `file` exists; `store` is not a corral store.
-        StoreError: `store` is at another schema version than this corral's.
-    """
-    _check_batch(batch)
-    path = os.fspath(file)
-    if os.path.lexists(path):  # noqa: ASYNC240 (one stat, before any work)
-        raise InvalidArgumentError(f"backup file {path!r} exists: name a new file")
-    shards = await stored_shards(store)
-    taken_at = time.time()
-    created = await open_store(path, shards=shards)
-    await created.close()
-    async with AsyncExitStack() as stack:
-        src = await open_end(store, readonly=True)
-        stack.push_async_callback(src.close)
-        dst = await open_end(path)
-        stack.push_async_callback(dst.close)
-        copied = await _copy(src, dst, _identity(store), batch=batch, resume=False,
-                             progress=progress, on_batch=_nothing)
-        await dst.write(META, ("k", "v"), [
-            ("backup.format", str(BACKUP_FORMAT)), ("backup.engine", src.engine),
-            ("backup.source", _where(store)), ("backup.taken_at", repr(taken_at))], None)
-    return copied
-
-
-async def restore(file: str | Path, store: str, *, batch: int = 1000, resume: bool = False,
-                  progress: CopyProgress | None = None) -> Copied:
-    """Copy the backup `file` (`backup`) into the empty store at `store` (created if
-    missing, with the backup's shard count), claimed meanwhile like `migrate`'s target.
-    The file is never written: one of an older schema is brought to this corral's on a
-    temporary copy.
-
-    Raises:
-        StoreError: the backup was written by a newer corral (schema or format).
-        InvalidArgumentError: `file` is not a corral backup; `store` holds data.
-        ShardCountError: `store` exists with another shard count (both named).
-        StoreHostedElsewhereError: a live host holds `store`.
-    """
-    _check_batch(batch)
-    path = os.fspath(file)
-    shards = await stored_shards(path, any_version=True)
-    meta = await _file_meta(path)
-    version = parse_schema_version(meta.get("schema_version", "1"), repr(path))
-    fmt = parse_schema_version(meta.get("backup.format", "1"), repr(path))
-    if version > SQLITE_SCHEMA_VERSION or fmt > BACKUP_FORMAT:
-        raise StoreError(
-            f"backup {path!r} has schema version {version} (format {fmt}), written by a "
-            f"newer corral; this corral reads schema versions up to "
-            f"{SQLITE_SCHEMA_VERSION} (format {BACKUP_FORMAT}): upgrade corral to restore it")
-    with tempfile.TemporaryDirectory(prefix="corral-restore-") as temp:
-        if version < SQLITE_SCHEMA_VERSION:
-            upgraded = os.path.join(temp, "backup.db")
-            shutil.copyfile(path, upgraded)
-            await (await open_store(upgraded, shards=shards)).close()
-            path = upgraded
-        return await _claimed_copy(path, store, shards, "restore", claim=None,
-                                   batch=batch, resume=resume, progress=progress,
-                                   on_batch=_nothing, named=_identity(os.fspath(file)))
-    raise AssertionError("unreachable")
-
-
-async def _file_meta(path: str) -> dict[str, str]:
-    end = await open_end(path, readonly=True)
-    try:
-        return await end.meta()
-    finally:
-        await end.close()
-
