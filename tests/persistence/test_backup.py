@@ -157,3 +157,15 @@ async def test_the_commands_refuse_what_is_not_a_store_with_one_typed_line(
     assert status == 2
     assert "InvalidArgumentError" in said
     assert not (tmp_path / "t.db").exists()
+
+
+async def test_a_half_written_backup_is_refused_and_its_target_left_unclaimed(
+        tmp_path: Path, pg_url: str) -> None:
+    live, file = str(tmp_path / "a.db"), tmp_path / "b.corral"
+    async with corral.open_runtime(live, entities=[Ledger], shards=SHARDS) as rt:
+        await rt.ref(Ledger, "a").start(start=LedgerInput())
+    await backup(live, file)
+    sql(str(file), "INSERT INTO meta (k, v) VALUES ('migrate.progress', '{}')")  # killed
+    with pytest.raises(InvalidArgumentError, match="not a whole store"):
+        await restore(file, pg_url)
+    assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]

@@ -345,7 +345,8 @@ async def _claimed_copy(source: str, target: str, shards: int, verb: str, *,
         stack.push_async_callback(src.close)
         dst = await open_end(target)
         stack.push_async_callback(dst.close)
-        state = await _check_target(dst, source_id, resume=resume)  # before any claim
+        await refuse_partial(src)  # before any claim
+        state = await _check_target(dst, source_id, resume=resume)
         claims.process = state.get("claimant", claims.process)
         stack.push_async_callback(claims.release)
         await claims.claim(dst_store, _where(target), until_done=True)
