@@ -264,6 +264,8 @@ async def test_a_migration_is_refused_while_a_host_runs_on_the_source(
         with pytest.raises(StoreHostedElsewhereError, match="close its hosts"):
             await migrate(source, pg_url)
     assert sql(pg_url, "SELECT count(*) FROM journal") == [(0,)]
+    assert not _copying(pg_url)  # no copy begun: the same command runs again as it was
+    assert sql(pg_url, "SELECT count(*) FROM hosting") == [(0,)]
 
 
 async def test_a_non_empty_target_is_refused_and_nothing_written(

@@ -24,6 +24,7 @@ from ._migrate import (
     Copied,
     CopyProgress,
     _check_batch,
+    _check_target,
     _claimed_copy,
     _copy,
     _identity,
@@ -65,8 +66,9 @@ async def backup(store: str, file: str | Path, *, batch: int = 1000,
         await (await open_store(path, shards=shards)).close()
         dst = await open_end(path)
         stack.push_async_callback(dst.close)
-        copied = await _copy(src, dst, _identity(store), batch=batch, resume=False,
-                             progress=progress, on_batch=_nothing)
+        state = await _check_target(dst, _identity(store), resume=False)
+        copied = await _copy(src, dst, state, batch=batch, progress=progress,
+                             on_batch=_nothing)
         await dst.write(META, ("k", "v"), [
             ("backup.format", str(BACKUP_FORMAT)), ("backup.engine", src.engine),
             ("backup.source", _where(store)), ("backup.taken_at", repr(taken_at))], None)

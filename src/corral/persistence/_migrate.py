@@ -42,6 +42,7 @@ from ._copy_ends import CopyEnd, open_end
 from ._copy_plan import (
     CROSS,
     DIGEST_MODULUS,
+    META,
     PLANS,
     TablePlan,
     is_data,
@@ -249,13 +250,11 @@ async def _copy_table(source: CopyEnd, target: CopyEnd, plan: TablePlan,
             return written
 
 
-async def _copy(source: CopyEnd, target: CopyEnd, source_id: str, *, batch: int,
-                resume: bool, progress: CopyProgress | None,
-                on_batch: Callable[[], Awaitable[None]], claimant: str = "") -> Copied:
+async def _copy(source: CopyEnd, target: CopyEnd, state: dict[str, Any], *, batch: int,
+                progress: CopyProgress | None,
+                on_batch: Callable[[], Awaitable[None]]) -> Copied:
+    """Copy `source` into `target` from `state` (`_check_target`'s), then complete it."""
     began = time.monotonic()
-    await refuse_partial(source)
-    state = await _check_target(target, source_id, resume=resume)
-    state["claimant"] = claimant  # a resumed copy renews, then releases, the same claims
     await source.begin_snapshot()
     rows = {}
     for plan in PLANS:
@@ -347,18 +346,21 @@ async def _claimed_copy(source: str, target: str, shards: int, verb: str, *,
         stack.push_async_callback(dst.close)
         await refuse_partial(src)  # before any claim
         state = await _check_target(dst, source_id, resume=resume)
-        claims.process = state.get("claimant", claims.process)
+        claims.process = state.setdefault("claimant", claims.process)
         stack.push_async_callback(claims.release)
-        await claims.claim(dst_store, _where(target), until_done=True)
-        if claim is not None:
+        if claim is not None:  # refused while a host runs on it: nothing written yet
             await claims.claim(claim, _where(source))
+        # The claimant is in the target before its claim: a copy that fails from here
+        # on leaves an interrupted copy, whose `--resume` renews and releases the claim.
+        await dst.write(META, ("k", "v"), [], (_MARKER, json.dumps(state)))
+        await claims.claim(dst_store, _where(target), until_done=True)
 
         async def between() -> None:
             await claims.renew()
             await on_batch()
 
-        copied = await _copy(src, dst, source_id, batch=batch, resume=resume,
-                             progress=progress, on_batch=between, claimant=claims.process)
+        copied = await _copy(src, dst, state, batch=batch, progress=progress,
+                             on_batch=between)
         await claims.release(done=True)
         return copied
     raise AssertionError("unreachable")
