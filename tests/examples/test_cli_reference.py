@@ -24,7 +24,7 @@ def test_the_cli_reference_has_every_command_with_its_help(
     for command in ("ls", "show", "waits", "signal", "deliver", "check-snapshots", "demo",
                     "ui", "dead-letters", "dead-letters list", "dead-letters replay",
                     "dead-letters discard", "deploy roll", "nodes list", "nodes drain",
-                    "nodes undrain"):
+                    "nodes undrain", "migrate", "backup", "restore"):
         assert f"## `corral {command}`\n" in reference
         assert f"Usage: corral {command} " in reference
     assert "--message-id" in reference  # options come with their help

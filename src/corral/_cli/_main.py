@@ -30,6 +30,7 @@ from ._failure import (
 from ._history import entity_history
 from ._input import legacy_payload
 from ._metrics import serve_metrics
+from ._moves import backup_store, migrate_store, restore_store
 from ._nodes import commands as node_commands
 from ._purge import purge
 from ._snapshots import check as check_snapshots
@@ -95,6 +96,9 @@ app.command("metrics")(serve_metrics)
 app.add_typer(deploy_commands, name="deploy")
 app.add_typer(node_commands, name="nodes")
 app.command("purge")(purge)
+app.command("migrate")(migrate_store)
+app.command("backup")(backup_store)
+app.command("restore")(restore_store)
 
 
 @app.command("demo")

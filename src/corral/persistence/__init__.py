@@ -13,6 +13,7 @@ the batch's global lock order, set-based flush, NOTIFY, advisory locks, `_pg_tai
 """
 
 from ._backlog import ShardBacklog
+from ._backup import backup, restore
 from ._build_registry import (
     BuildCheck,
     BuildFacts,
@@ -26,6 +27,7 @@ from ._codec import canonical_encoder, canonical_json, payload_hash, plain_canon
 from ._existing import stored_shards
 from ._hosting import HostingClaim, HostingRegistry
 from ._housekeeping import housekeeping
+from ._migrate import Copied, TableCheck, Verification, migrate, verify
 from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
@@ -82,6 +84,7 @@ __all__ = [
     "BuildRecord",
     "BuildRegistry",
     "Census",
+    "Copied",
     "DeadLetter",
     "DeliveryRequest",
     "DeliveryResult",
@@ -110,26 +113,32 @@ __all__ = [
     "StepStatus",
     "Store",
     "Suspension",
+    "TableCheck",
     "TimerRecord",
     "TypeBacklog",
     "UnreadableRow",
     "UpdateOutcome",
+    "Verification",
     "WaitPosition",
     "WaitRecord",
+    "backup",
     "canonical_encoder",
     "canonical_json",
     "delivery_run",
     "handler_send_id",
     "housekeeping",
     "is_postgres_url",
+    "migrate",
     "newest_build",
     "open_sqlite_store",
     "open_store",
     "payload_hash",
     "plain_canonical_json",
+    "restore",
     "send_message_id",
     "storable_text",
     "stored_json",
     "stored_shards",
     "timer_id",
+    "verify",
 ]

@@ -22,8 +22,11 @@ from typing import ClassVar, Protocol
 
 from ._txn import LockPlan, Txn
 
-__all__ = ["ClaimHostingOp", "HostingClaim", "HostingRegistry", "ReleaseHostingOp",
-           "hosting_claims"]
+__all__ = ["MIGRATION_CLUSTER", "ClaimHostingOp", "HostingClaim", "HostingRegistry",
+           "ReleaseHostingOp", "hosting_claims"]
+
+MIGRATION_CLUSTER = "migration"
+"""The cluster of a copy moving the store (`_migrate`): its claim refuses every host."""
 
 _CLAIM = (
     "INSERT INTO hosting (process, cluster, holder, expires_at) VALUES (?, ?, ?, ?) "

@@ -27,6 +27,7 @@ import time
 
 from corral._errors import StoreError, StoreHostedElsewhereError
 from corral.persistence import HostingClaim, Store
+from corral.persistence._hosting import MIGRATION_CLUSTER
 
 from .._build_registration import process_id
 
@@ -59,7 +60,12 @@ def refusal(claim: HostingClaim, cluster: str) -> StoreHostedElsewhereError:
     with the fix for this pair of clusters."""
     address = _ray_address(claim)
     lapse = time.strftime("%H:%M:%S", time.localtime(claim.expires_at))
-    if address is None:
+    if claim.cluster == MIGRATION_CLUSTER:
+        fix = ("a store is not hosted while it is copied (`corral migrate`, `corral "
+               "restore`): wait for the copy to end, or complete an interrupted one with "
+               "--resume, then open the store it was copied to (or, to roll back, the "
+               "one it was copied from)")
+    elif address is None:
         fix = ("close those local hosts (or open them with host=False: pure clients "
                "may send beside a Ray deployment) before hosting it on Ray")
     elif cluster == LOCAL:
