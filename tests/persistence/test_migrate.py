@@ -4,7 +4,7 @@ left mid-life by real hosts is copied, and a host on the copy finishes its work.
 The store: entities that applied signals (and one passivated: a snapshot and a tail),
 then signals accepted by a pure client and applied by nobody (backlogs), a run asleep
 on a durable timer, a run on a signal wait with a deadline, a run past a durable step,
-a closed run, a suspended run, a delivery buffered before its run reached the wait,
+a closed run and a purged one, a suspended run, a delivery buffered before its run reached the wait,
 sends waiting in their sender's outbox (their target's mailbox full, its run
 suspended), dead letters (a capped mailbox's overflow), two builds of one type and two
 declared releases.
@@ -84,7 +84,14 @@ async def build_mid_life(location: str) -> MidLife:
         await rt.ref(Ledger, "timer").start(start=LedgerInput(mode="timer", due=life.due))
         await rt.ref(Ledger, "wait").start(start=LedgerInput(mode="wait"))
         await rt.ref(Ledger, "step").start(start=LedgerInput(mode="step"))
+        await rt.ref(Ledger, "purged").start(start=LedgerInput(mode="close"))
+        await wait_until(lambda: _closed(location, "purged"), "purged closed")
+        cutoff = time.time() + 0.001
+        await wait_until(lambda: time.time() > cutoff, "the clock past the cutoff")
         await rt.ref(Ledger, "closed").start(start=LedgerInput(mode="close"))
+        await wait_until(lambda: _closed(location, "closed"), "closed closed")
+        purged = await rt.store.purge_closed("Ledger", cutoff, limit=10)
+        assert purged.runs == 1  # "purged" only: "closed" closed after the cutoff
         await rt.ref(Ledger, "boom").start(start=LedgerInput(mode="boom"))
         await wait_until(lambda: bool(sql(location, "SELECT 1 FROM suspensions")),
                          "a run suspended")
@@ -116,6 +123,11 @@ async def build_mid_life(location: str) -> MidLife:
     life.applied = {key: [f"{key}/{n}" for n in (0, 1, 2, 3) if n != 1 or key == IDLE[0]]
                     for key in IDLE}
     return life
+
+
+def _closed(location: str, key: str) -> bool:
+    return sql(location, "SELECT status FROM entities WHERE key = ?", key) not in (
+        [], [("running",)])
 
 
 async def _applied(rt: corral.Runtime, key: str, n: int) -> bool:
@@ -204,6 +216,9 @@ async def test_a_store_mid_life_moves_and_its_copy_finishes_every_pending_thing_
     assert checked.equal, [t for t in checked.tables if not t.equal]
     assert {t.table for t in checked.tables} == {p.name for p in PLANS}
     assert sql(target, "SELECT count(*) FROM dead_letters") == [(2,)]
+    for location in (source, target):  # the purged run is gone, the other closed one kept
+        assert sql(location, "SELECT key FROM entities WHERE key IN (?, ?) ORDER BY key",
+                   "closed", "purged") == [("closed",)]
     entries = "SELECT pos, etype, key, seq FROM journal ORDER BY pos"
     if direction == "sqlite-to-sqlite":  # the tail's positions, as they were
         assert sql(target, entries) == sql(source, entries)
