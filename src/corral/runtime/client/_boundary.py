@@ -177,8 +177,8 @@ class Boundary:
         """The caller's idempotency key, or a fresh one for None.
 
         An id beginning as the ones corral derives (`DERIVED_ID_PREFIXES`: `send:`,
-        `replay:`) is refused, so no caller can take the id of an entity's send or of
-        a dead letter's replay before it is made."""
+        `replay:`, `schedule:`) is refused, so no caller can take the id of an entity's
+        send, of a dead letter's replay or of a schedule's tick before it is made."""
         if message_id is None:
             return new_message_id()
         checked = self.check_identifier(message_id, what)
@@ -186,7 +186,8 @@ class Boundary:
             prefix = next(p for p in DERIVED_ID_PREFIXES if checked.startswith(p))
             raise InvalidKeyError(
                 f"{what} {checked!r:.80} begins with {prefix!r}, which corral keeps for the "
-                "ids it derives (entity sends, dead-letter replays); choose another")
+                "ids it derives (entity sends, dead-letter replays, schedule ticks); "
+                "choose another")
         return checked
 
     def check_identifier(self, value: object, what: str) -> str:
