@@ -9,11 +9,11 @@ from typing import ClassVar
 
 import pytest
 from pydantic import BaseModel
-from tests.support.stores import sql
 
 import corral
 import corral.testing
 from corral.persistence import FireOp, tick_message_id
+from stores import sql
 
 UTC = dt.timezone.utc
 

@@ -25,12 +25,12 @@ import orjson
 
 from corral._common import IdReusePolicy, RunStatus
 from corral._errors import BatchRefusedError, ScheduleExistsError, ScheduleNotFoundError
-from corral._schedule_spec import Schedule, next_tick, tick_text
+from corral._schedule_spec import Overlap, Schedule, next_tick, tick_text
 
 from ._codec import payload_hash
 from ._ops_accept import AcceptAllOp
 from ._records import Acceptance, AcceptResult, EntryKind
-from ._schedule_plan import decide, due_at
+from ._schedule_plan import BUFFER_RECHECK, decide, due_at
 from ._txn import Fence, Fenced, LockPlan, Txn
 
 __all__ = ["OUTCOMES_KEPT", "BackfillOp", "DeleteScheduleOp", "DueSchedule", "FireOp", "Fired",
@@ -251,10 +251,13 @@ class DeleteScheduleOp:
         return await txn.execute("DELETE FROM schedules WHERE id = ?", self.sid) > 0
 
 
-async def _pending(txn: Txn, row: ScheduleRow, applied: int | None) -> bool:
+async def _pending(txn: Txn, row: ScheduleRow, applied: int | None) -> bool | None:
     """Whether the previous tick's signal is not applied yet: its run still runs and
-    neither the host's activation (`applied`) nor the run's latest snapshot is past it."""
-    if row.last_seq is None or row.last_run is None:
+    neither the host's activation (`applied`) nor the run's latest snapshot is past it.
+    None: not known yet (the entity is not resident and no snapshot covers the tick:
+    after a takeover, before the shard's recovery loads it)."""
+    if row.last_seq is None or row.last_run is None \
+            or row.schedule.overlap is Overlap.ALLOW:
         return False
     a = row.schedule.action
     entity = await txn.entity(a.entity_type, a.key)
@@ -264,7 +267,9 @@ async def _pending(txn: Txn, row: ScheduleRow, applied: int | None) -> bool:
     snap = await txn.fetchone("SELECT max(applied_seq) FROM snapshots WHERE etype = ? AND "
                               "key = ? AND run_id = ?", a.entity_type, a.key, row.last_run)
     seen = max(applied or 0, int(snap[0]) if snap is not None and snap[0] is not None else 0)
-    return seen < row.last_seq
+    if seen >= row.last_seq:
+        return False
+    return True if applied is not None else None
 
 
 @dataclass
@@ -311,8 +316,8 @@ def _plan_target(plan: LockPlan, shard: int, etype: str, key: str) -> None:
 @dataclass(frozen=True, slots=True)
 class FireOp(Fenced):
     """The holder's round for one due schedule (see the module's docstring): `version`
-    as its round read it; `applied`: the target's applied seq in the holder's
-    activation (None: not resident)."""
+    as its round read it; `applied`: the target's applied seq as the holder knows it
+    (0: not resident; None: not known until the shard's recovery loads it)."""
 
     fence: Fence
     sid: str
@@ -335,8 +340,13 @@ class FireOp(Fenced):
         if row is None:
             return Fired(raced=True)
         s = row.schedule
+        pending = await _pending(txn, row, self.applied)
+        if pending is None:  # look again soon: neither skip nor fire on a guess
+            await txn.execute("UPDATE schedules SET due_at = ? WHERE id = ?",
+                              self.now + BUFFER_RECHECK, self.sid)
+            return Fired()
         d = decide(self.sid, s, next_=row.next_tick, buffered=row.buffered, fired=row.fired,
-                   now=self.now, pending=await _pending(txn, row, self.applied))
+                   now=self.now, pending=pending)
         run = _Delivery(row, self.now)
         outcomes = [await run.deliver(txn, t, tick_message_id(self.sid, t)) for t in d.fire]
         if d.missed:

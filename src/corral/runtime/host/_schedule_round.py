@@ -48,7 +48,7 @@ class ScheduleRound:
             async with self._polling:
                 due = await self._store.due_schedules(frozenset(shards), now, limit=ROUND)
             ops = [FireOp(shard.fence, d.id, d.version, d.entity_type, d.key,
-                          shard.applied_seq(d.entity_type, d.key), now)
+                          shard.known_applied(d.entity_type, d.key), now)
                    for d in due if (shard := shards.get(d.shard)) is not None]
             if not ops:
                 return fired
