@@ -32,6 +32,7 @@ from ._input import legacy_payload
 from ._metrics import serve_metrics
 from ._nodes import commands as node_commands
 from ._purge import purge
+from ._schedules import commands as schedule_commands
 from ._snapshots import check as check_snapshots
 from ._verbs import (
     query_entity,
@@ -95,6 +96,7 @@ app.command("metrics")(serve_metrics)
 app.add_typer(deploy_commands, name="deploy")
 app.add_typer(node_commands, name="nodes")
 app.command("purge")(purge)
+app.add_typer(schedule_commands, name="schedule")
 
 
 @app.command("demo")
