@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import corral
+import corral.metrics
 import corral.testing
 from corral.persistence import FireOp, tick_message_id
 from stores import sql
@@ -327,3 +328,30 @@ async def test_hostile_specs_payloads_and_ids_get_typed_errors() -> None:
         assert [i.id for i in await rt.schedules.list()] == ["s"]
         assert await rt.schedules.delete("s")
         assert await rt.schedules.list() == []
+
+
+def sample(name: str, **labels: str) -> float:
+    return corral.metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_ticks_fired_skipped_and_their_lateness_are_counted_in_metrics() -> None:
+    start = epoch(2026, 1, 1)
+    fired = ("corral_schedule_ticks_fired_total", {"entity_type": "Ticker",
+                                                   "outcome": "accepted"})
+    missed = ("corral_schedule_ticks_skipped_total", {"entity_type": "Ticker",
+                                                      "reason": "missed"})
+    late = ("corral_schedule_lateness_seconds_count", {"entity_type": "Ticker"})
+    late_sum = ("corral_schedule_lateness_seconds_sum", {"entity_type": "Ticker"})
+    before = [sample(n, **labels) for n, labels in (fired, missed, late, late_sum)]
+    async with corral.testing.open_test_runtime(entities=[Ticker], start=start) as env:
+        rt = env.runtime
+        await rt.ref(Ticker, "t-1").start(start=Start())
+        await rt.schedules.create("s", rt.ref(Ticker, "t-1"), Ticker.tick, Tick(),
+                                  spec=corral.Interval(every=60), catchup_window=90,
+                                  overlap=corral.Overlap.ALLOW)
+        await env.advance(minutes=2)  # two ticks on time
+        env.clock.set_time(start + 420)  # a round 5 minutes late: 180..420 due
+        await env.advance(0)
+    after = [sample(n, **labels) for n, labels in (fired, missed, late, late_sum)]
+    assert [a - b for a, b in zip(after, before, strict=True)][:3] == [4, 3, 4]
+    assert after[3] - before[3] == pytest.approx(60 + 0)  # 0, 0, 60 (360) and 0 (420) late
