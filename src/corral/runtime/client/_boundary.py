@@ -84,7 +84,10 @@ class AuthRequest:
       "dead_letters" and "purgeable" (`corral purge --dry-run`) across entities, with
       `key` "" (and `entity_type` "" when not given one type);
     - "purge": deleting a type's closed runs past its retention (`corral purge`;
-      `key` is "").
+      `key` is "");
+    - "schedule": a write to a schedule of `entity_type` `key` (its target), `name`
+      the operation: "create", "update", "pause", "resume", "delete", "trigger",
+      "backfill" (`Runtime.schedules`); reading schedules is "read", "schedules".
 
     A read or a purge records nothing, so only a refusal (False, or
     `UnauthorizedError`) matters there: a returned sender is checked and dropped.
