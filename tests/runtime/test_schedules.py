@@ -299,6 +299,22 @@ async def test_a_hostile_schedule_id_is_refused_and_nothing_is_stored(bad: str) 
         assert await rt.schedules.list() == []
 
 
+@pytest.mark.parametrize("options", [
+    {"note": "\ud800"}, {"note": "bell\x07"}, {"catchup_window": float("nan")},
+    {"jitter": -1.0}, {"end_at": float("inf")}, {"max_ticks": 0}, {"overlap": "sometimes"},
+    {"end_at": dt.datetime(2030, 1, 1)},  # naive
+])
+async def test_hostile_options_are_refused_and_nothing_is_stored(options: dict[str, object]
+                                                                  ) -> None:
+    async with corral.testing.open_test_runtime(entities=[Ticker]) as env:
+        rt = env.runtime
+        with pytest.raises(corral.InvalidArgumentError):
+            await rt.schedules.create("s", rt.ref(Ticker, "t-1"), Ticker.tick, Tick(),
+                                      spec=corral.Interval(every=60),
+                                      **options)  # type: ignore[arg-type]
+        assert await rt.schedules.list() == []
+
+
 async def test_hostile_specs_payloads_and_ids_get_typed_errors() -> None:
     async with corral.testing.open_test_runtime(entities=[Ticker]) as env:
         rt = env.runtime

@@ -329,6 +329,9 @@ class Schedules:
         h = b.handler(d, handler, _SIGNAL)
         text = b.payload(h, payload)
         start_text = None if isinstance(start, _NoStart) else b.start_input(d, start)
+        if isinstance(note, str) and any(
+                (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0 for c in note):
+            raise InvalidArgumentError(f"schedule {sid!r}: its note has a control character")
         await b.permit(sender, d.name, ref.key, "schedule", operation)
         action = ScheduleAction(entity_type=d.name, key=ref.key, signal=h.name, payload=text,
                                 start=start_text, id_reuse=d.id_reuse.value)
