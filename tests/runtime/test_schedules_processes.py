@@ -1,6 +1,7 @@
 """Schedules across real processes: the host holding a schedule's shard is SIGKILLed
-just before a tick and, after a takeover, the next holder just after one; every tick
-from the first to the last is delivered once and applied once."""
+just before a tick and, after a takeover, the next holder just after one; or hosts are
+replaced one by one, each closing gracefully (a rolling deploy); every tick from the
+first to the last is delivered once and applied once."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ async def test_every_tick_is_applied_once_when_holders_die_just_before_and_after
     def start(name: str) -> tuple[Worker, Path]:
         ready = tmp_path / f"{name}.ready"
         return spawn(name, "host", db_path, str(ready), str(tmp_path / "finish"),
-                     str(tmp_path / f"{name}.json")), ready
+                     str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}.leave")), ready
 
     first, first_ready = start("first")
     await wait_until(first_ready.exists, "the first host is up", alive=[first], timeout=60)
@@ -91,3 +92,38 @@ def tick_of(message_id: str) -> int:
     text = message_id.split("@", 1)[1]
     return int(dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=dt.timezone.utc).timestamp())
+
+
+async def test_every_tick_is_applied_once_through_a_rolling_replacement_of_the_hosts(
+        db_path: str, tmp_path: Path, spawn: Callable[..., Worker]) -> None:
+    """Five hosts in turn: each new one starts, then the holder closes (its shards
+    handed to the newcomer), during per-second ticks."""
+
+    def start(name: str) -> tuple[Worker, Path]:
+        ready = tmp_path / f"{name}.ready"
+        worker = spawn(name, "host", db_path, str(ready), str(tmp_path / "finish"),
+                       str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}.leave"))
+        return worker, ready
+
+    live, ready = start("h0")
+    await wait_until(ready.exists, "h0 is up", alive=[live], timeout=60)
+    await wait_until(lambda: len(beats(db_path)) >= 2, "two ticks", timeout=60)
+    for n in range(1, 5):
+        newcomer, ready = start(f"h{n}")
+        await wait_until(ready.exists, f"h{n} is up", alive=[newcomer], timeout=60)
+        (tmp_path / f"{live.name}.leave").write_text("")
+        await wait_until(lambda w=live: w.proc.poll() is not None,
+                         f"{live.name} closes", timeout=60)
+        live.check_exited_cleanly()
+        live = newcomer
+        count = len(beats(db_path))
+        await wait_until(lambda c=count: len(beats(db_path)) >= c + 2,
+                         f"ticks on h{n}", alive=[live], timeout=60)
+    (tmp_path / "finish").write_text("")
+    report = tmp_path / f"{live.name}.json"
+    await wait_until(report.exists, "the last host's report", alive=[live], timeout=90)
+    ids = beats(db_path)
+    ticks = [tick_of(i) for i in ids]
+    assert len(ids) == len(set(ids))
+    assert ticks == list(range(ticks[0], ticks[0] + len(ticks)))  # none lost, in order
+    assert json.loads(report.read_text()) == {"applied": len(ids)}
