@@ -32,7 +32,7 @@ from ._input import legacy_payload
 from ._metrics import serve_metrics
 from ._nodes import commands as node_commands
 from ._purge import purge
-from ._schedules import commands as schedule_commands
+from ._schedule_commands import commands as schedule_commands
 from ._snapshots import check as check_snapshots
 from ._verbs import (
     query_entity,

@@ -1,6 +1,7 @@
 """What a store does with schedules (`_ops_schedules`): the `ScheduleStore` protocol and
 `ScheduleOps`, its implementation on a store's two primitives (`write`, `query`),
-which both engines inherit through `StoreCore`."""
+which both engines inherit through `StoreCore`. Arguments are positional: a client's
+`ScheduleCall` carries them to whichever host answers it."""
 
 from __future__ import annotations
 
@@ -34,21 +35,21 @@ T = TypeVar("T")
 class ScheduleStore(Protocol):
     """Schedules: clients' writes and reads, and their holders' rounds."""
 
-    async def put_schedule(self, sid: str, shard: int, schedule: Schedule, *, now: float,
+    async def put_schedule(self, sid: str, shard: int, schedule: Schedule, now: float,
                            create: bool) -> ScheduleRow:
         """Create (`create`) or replace the schedule; `ScheduleExistsError` /
         `ScheduleNotFoundError` otherwise."""
         ...
 
-    async def pause_schedule(self, sid: str, paused: bool, *, now: float) -> ScheduleRow: ...
+    async def pause_schedule(self, sid: str, paused: bool, now: float) -> ScheduleRow: ...
 
     async def delete_schedule(self, sid: str) -> bool: ...
 
-    async def trigger_schedule(self, row: ScheduleRow, token: str, *, now: float) -> Fired:
+    async def trigger_schedule(self, row: ScheduleRow, token: str, now: float) -> Fired:
         """Deliver the schedule's action now, once per `token`."""
         ...
 
-    async def backfill_schedule(self, row: ScheduleRow, start: float, end: float, *,
+    async def backfill_schedule(self, row: ScheduleRow, start: float, end: float,
                                 limit: int, now: float) -> Fired:
         """Deliver its ticks from `start` to `end`, each once whatever fired already."""
         ...
@@ -59,7 +60,7 @@ class ScheduleStore(Protocol):
 
     async def schedule(self, sid: str) -> ScheduleRow | None: ...
 
-    async def schedules(self, *, after: str = "", limit: int = 100) -> list[ScheduleRow]: ...
+    async def schedules(self, after: str = "", limit: int = 100) -> list[ScheduleRow]: ...
 
     async def due_schedules(self, shards: frozenset[int], now: float, *, limit: int
                             ) -> list[DueSchedule]: ...
@@ -81,23 +82,23 @@ class ScheduleOps:
     async def query(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise NotImplementedError
 
-    async def put_schedule(self, sid: str, shard: int, schedule: Schedule, *, now: float,
+    async def put_schedule(self, sid: str, shard: int, schedule: Schedule, now: float,
                            create: bool) -> ScheduleRow:
         return await self.write(  # type: ignore[no-any-return]
             PutScheduleOp(sid, shard, schedule, now, create))
 
-    async def pause_schedule(self, sid: str, paused: bool, *, now: float) -> ScheduleRow:
+    async def pause_schedule(self, sid: str, paused: bool, now: float) -> ScheduleRow:
         return await self.write(PauseScheduleOp(sid, paused, now))  # type: ignore[no-any-return]
 
     async def delete_schedule(self, sid: str) -> bool:
         return await self.write(DeleteScheduleOp(sid))  # type: ignore[no-any-return]
 
-    async def trigger_schedule(self, row: ScheduleRow, token: str, *, now: float) -> Fired:
+    async def trigger_schedule(self, row: ScheduleRow, token: str, now: float) -> Fired:
         a = row.schedule.action
         return await self.write(  # type: ignore[no-any-return]
             TriggerOp(row.id, row.shard, a.entity_type, a.key, token, now))
 
-    async def backfill_schedule(self, row: ScheduleRow, start: float, end: float, *,
+    async def backfill_schedule(self, row: ScheduleRow, start: float, end: float,
                                 limit: int, now: float) -> Fired:
         a = row.schedule.action
         return await self.write(  # type: ignore[no-any-return]
@@ -109,7 +110,7 @@ class ScheduleOps:
     async def schedule(self, sid: str) -> ScheduleRow | None:
         return await self.query(schedule_row, sid)
 
-    async def schedules(self, *, after: str = "", limit: int = 100) -> list[ScheduleRow]:
+    async def schedules(self, after: str = "", limit: int = 100) -> list[ScheduleRow]:
         return await self.query(schedule_rows, after, limit)
 
     async def due_schedules(self, shards: frozenset[int], now: float, *, limit: int

@@ -31,12 +31,13 @@ from corral._schedule_spec import (
 )
 from corral.actors import Entity, HandlerKind
 from corral.actors._definition import MailboxHandler
-from corral.persistence import Fired, ScheduleRow, Store
+from corral.persistence import ScheduleRow
 
 from .._clock import Clock
 from ._backend import Backend
 from ._boundary import Boundary, check_limit, new_message_id
 from ._ref import EntityRef
+from ._requests import ScheduleCall
 
 __all__ = ["BackfillResult", "ScheduleInfo", "ScheduleOutcome", "Schedules"]
 
@@ -141,9 +142,15 @@ class Schedules:
         self._boundary = boundary
         self._clock = clock
 
-    @property
-    def _store(self) -> Store:
-        return self._backend.store
+    async def _call(self, method: str, *args: Any, target: ScheduleRow | None = None
+                    ) -> Any:
+        """`method` of the store (`ScheduleStore`) through the backend: in this process
+        (local), or by a host actor (Ray). A `target` row's shard answers (its holder
+        routes what a trigger or backfill accepted)."""
+        a = None if target is None else target.schedule.action
+        return await self._backend.handle(ScheduleCall(
+            method, args, None if target is None else target.shard,
+            None if a is None else a.entity_type, None if a is None else a.key))
 
     # -- writes -----------------------------------------------------------------------
 
@@ -235,7 +242,7 @@ class Schedules:
         """Delete the schedule (ticks delivered stay delivered); whether it existed."""
         row = await self._row(schedule_id)
         await self._authorize(row, "delete", sender)
-        return await self._store.delete_schedule(row.id)
+        return bool(await self._call("delete_schedule", row.id))
 
     async def trigger(self, schedule_id: str, *, token: str | None = None,
                       sender: str | None = None) -> BackfillResult:
@@ -246,7 +253,8 @@ class Schedules:
         await self._authorize(row, "trigger", sender)
         b = self._boundary
         mark = new_message_id() if token is None else b.check_identifier(token, "token")
-        return self._routed(row, await self._store.trigger_schedule(row, mark, now=self._now()))
+        fired = await self._call("trigger_schedule", row, mark, self._now(), target=row)
+        return BackfillResult(fired.outcomes)
 
     async def backfill(self, schedule_id: str, start: float | dt.datetime,
                        end: float | dt.datetime, *, sender: str | None = None
@@ -259,8 +267,9 @@ class Schedules:
         first, last = _epoch(start, "start"), _epoch(end, "end")
         if last < first:
             raise InvalidArgumentError(f"backfill end ({last}) is before its start ({first})")
-        return self._routed(row, await self._store.backfill_schedule(
-            row, first, last, limit=BACKFILL_LIMIT, now=self._now()))
+        fired = await self._call("backfill_schedule", row, first, last, BACKFILL_LIMIT,
+                                 self._now(), target=row)
+        return BackfillResult(fired.outcomes)
 
     # -- reads ------------------------------------------------------------------------
 
@@ -275,20 +284,10 @@ class Schedules:
         await self._boundary.permit(sender, "", "", "read", "schedules")
         if after:
             after = self._boundary.check_identifier(after, "after")
-        rows = await self._store.schedules(after=after, limit=check_limit(limit))
+        rows = await self._call("schedules", after, check_limit(limit))
         return [info(r) for r in rows]
 
     # -- the boundary -----------------------------------------------------------------
-
-    def _routed(self, row: ScheduleRow, fired: Fired) -> BackfillResult:
-        """Hand what was accepted to this process's host if it holds the entity's shard
-        (another process's host reads it from the journal, as any acceptance)."""
-        host = self._backend.host
-        shard = None if host is None else host.shards.get(row.shard)
-        if shard is not None:
-            for accepted, start in fired.accepted:
-                shard.take_accepted(accepted, start)
-        return BackfillResult(fired.outcomes)
 
     def _now(self) -> float:
         return self._clock.time()
@@ -302,7 +301,7 @@ class Schedules:
 
     async def _row(self, schedule_id: object) -> ScheduleRow:
         sid = self._check_id(schedule_id)
-        row = await self._store.schedule(sid)
+        row: ScheduleRow | None = await self._call("schedule", sid)
         if row is None:
             raise ScheduleNotFoundError(f"no schedule {sid!r}", schedule_id=sid)
         return row
@@ -315,7 +314,7 @@ class Schedules:
                      ) -> ScheduleInfo:
         row = await self._row(schedule_id)
         await self._authorize(row, "pause" if paused else "resume", sender)
-        return info(await self._store.pause_schedule(row.id, paused, now=self._now()))
+        return info(await self._call("pause_schedule", row.id, paused, self._now()))
 
     async def _put(self, operation: str, schedule_id: str, ref: EntityRef[Any, Any],
                    handler: Any, payload: Any, spec: Any, start: Any, overlap: Any,
@@ -345,9 +344,8 @@ class Schedules:
             raise InvalidArgumentError(f"schedule {sid!r}: {err}") from None
         if next_tick(schedule.spec, math.floor(self._now())) is None:
             raise InvalidArgumentError(f"schedule {sid!r}: its spec never ticks")
-        row = await self._store.put_schedule(sid, ref.shard, schedule, now=self._now(),
-                                             create=operation == "create")
-        return info(row)
+        return info(await self._call("put_schedule", sid, ref.shard, schedule, self._now(),
+                                     operation == "create"))
 
 
 def _epoch(when: object, what: str) -> float:
