@@ -371,3 +371,25 @@ async def test_ticks_fired_skipped_and_their_lateness_are_counted_in_metrics() -
     after = [sample(n, **labels) for n, labels in (fired, missed, late, late_sum)]
     assert [a - b for a, b in zip(after, before, strict=True)][:3] == [4, 3, 4]
     assert after[3] - before[3] == pytest.approx(60 + 0)  # 0, 0, 60 (360) and 0 (420) late
+
+
+async def test_jitter_delays_each_tick_by_its_derived_amount_and_end_at_stops_it() -> None:
+    from corral._schedule_spec import jitter_of
+
+    start = epoch(2026, 1, 1)
+    async with corral.testing.open_test_runtime(entities=[Ticker], start=start) as env:
+        rt = env.runtime
+        ref = rt.ref(Ticker, "t-1")
+        await rt.schedules.create("s", ref, Ticker.tick, Tick(), start=Start(),
+                                  spec=corral.Interval(every=60), jitter=30.0,
+                                  end_at=start + 180)
+        await env.advance(minutes=10)
+        ticks = [int(start + s) for s in (60, 120, 180)]
+        applied = await ref.query(Ticker.seen)
+        assert applied == [t + jitter_of("s", t, 30.0) for t in ticks]
+        assert all(0 < a - t < 30 for a, t in zip(applied, ticks, strict=True))
+        info = await rt.schedules.describe("s")
+        assert info.fired == 3
+        assert info.next_ticks == ()  # ended
+        assert [o.message_id for o in reversed(info.outcomes)] == [
+            tick_message_id("s", t) for t in ticks]
