@@ -21,8 +21,8 @@ async def _built(location: str, schedules: int) -> None:
     db = sqlite3.connect(location)
     with db:
         db.executemany(
-            "INSERT INTO schedules (id, shard, etype, key, definition, next_tick, due_at, "
-            "buffered, fired, skipped, last_tick, last_run, last_seq, outcomes, version, "
+            "INSERT INTO schedules (id, shard, target_type, target_key, definition, next_tick, "
+            "due_at, buffered, fired, skipped, last_tick, last_run, last_seq, outcomes, version, "
             "created_at, updated_at) VALUES (?, ?, 'T', ?, '{}', ?, ?, NULL, 0, 0, NULL, "
             "NULL, NULL, '[]', 1, 0, 0)",
             [(f"s-{i}", i % SHARDS, f"k-{i}", int(NOW) + 60 + i,

@@ -39,8 +39,9 @@ __all__ = ["OUTCOMES_KEPT", "BackfillOp", "DeleteScheduleOp", "DueSchedule", "Fi
            "tick_message_id", "trigger_message_id"]
 
 OUTCOMES_KEPT = 20  # a schedule's newest outcomes, kept on its row
-_FIELDS = ("id, shard, etype, key, definition, next_tick, due_at, buffered, fired, skipped, "
-           "last_tick, last_run, last_seq, outcomes, version, created_at, updated_at")
+_FIELDS = ("id, shard, target_type, target_key, definition, next_tick, due_at, buffered, "
+           "fired, skipped, last_tick, last_run, last_seq, outcomes, version, created_at, "
+           "updated_at")
 
 
 def tick_message_id(sid: str, tick: int) -> str:
@@ -131,7 +132,7 @@ async def due_schedules(q: Txn, shards: frozenset[int], now: float, limit: int
     if not shards:
         return []
     rows = await q.fetchall(
-        f"SELECT id, shard, etype, key, version FROM schedules WHERE shard IN "
+        f"SELECT id, shard, target_type, target_key, version FROM schedules WHERE shard IN "
         f"({_marks(sorted(shards))}) AND due_at <= ? ORDER BY due_at LIMIT ?",
         *sorted(shards), now, limit)
     return [DueSchedule(str(r[0]), int(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in rows]
@@ -200,7 +201,7 @@ class PutScheduleOp:
             same = (old.schedule.action.entity_type, old.schedule.action.key) == (
                 s.action.entity_type, s.action.key)
             await txn.execute(
-                "UPDATE schedules SET shard = ?, etype = ?, key = ?, definition = ?, "
+                "UPDATE schedules SET shard = ?, target_type = ?, target_key = ?, definition = ?, "
                 "next_tick = ?, due_at = ?, buffered = NULL, last_run = ?, last_seq = ?, "
                 "version = version + 1, updated_at = ? WHERE id = ?",
                 self.shard, s.action.entity_type, s.action.key, text, nxt, due,
