@@ -393,3 +393,24 @@ async def test_jitter_delays_each_tick_by_its_derived_amount_and_end_at_stops_it
         assert info.next_ticks == ()  # ended
         assert [o.message_id for o in reversed(info.outcomes)] == [
             tick_message_id("s", t) for t in ticks]
+
+
+async def test_a_damaged_schedule_row_fails_alone(db_path: str) -> None:
+    start = epoch(2026, 1, 1)
+    async with corral.testing.open_test_runtime(entities=[Ticker], store=db_path,
+                                                start=start) as env:
+        rt = env.runtime
+        for sid in ("bad", "good"):
+            await rt.schedules.create(sid, rt.ref(Ticker, sid), Ticker.tick, Tick(),
+                                      start=Start(), spec=corral.Interval(every=60))
+        sql(db_path, "UPDATE schedules SET definition = '{\"spec\": 1}' WHERE id = 'bad'")
+        await env.advance(minutes=3)
+        assert len(delivered(db_path, "good")) == 3
+        assert delivered(db_path, "bad") == []
+        with pytest.raises(corral.CorruptRowError, match="schedule 'bad'"):
+            await rt.schedules.describe("bad")
+        assert [i.id for i in await rt.schedules.list()] == ["good"]
+        await rt.schedules.update("bad", rt.ref(Ticker, "bad"), Ticker.tick, Tick(),
+                                  start=Start(), spec=corral.Interval(every=60))
+        await env.advance(minutes=1)
+        assert len(delivered(db_path, "bad")) == 1  # replaced, it fires again

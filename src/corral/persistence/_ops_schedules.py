@@ -16,6 +16,7 @@ neither.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,12 @@ from typing import Any, ClassVar
 import orjson
 
 from corral._common import IdReusePolicy, RunStatus
-from corral._errors import BatchRefusedError, ScheduleExistsError, ScheduleNotFoundError
+from corral._errors import (
+    BatchRefusedError,
+    CorruptRowError,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
+)
 from corral._schedule_spec import Overlap, Schedule, next_tick, tick_text
 
 from ._codec import payload_hash
@@ -38,6 +44,7 @@ __all__ = ["OUTCOMES_KEPT", "BackfillOp", "DeleteScheduleOp", "DueSchedule", "Fi
            "first_tick", "next_schedule_due", "schedule_row", "schedule_rows",
            "tick_message_id", "trigger_message_id"]
 
+log = logging.getLogger("corral.schedules")
 OUTCOMES_KEPT = 20  # a schedule's newest outcomes, kept on its row
 _FIELDS = ("id, shard, target_type, target_key, definition, next_tick, due_at, buffered, "
            "fired, skipped, last_tick, last_run, last_seq, outcomes, version, created_at, "
@@ -101,6 +108,17 @@ class Fired:
 
 
 def _row(r: Sequence[Any]) -> ScheduleRow:
+    """A schedule's row; `CorruptRowError` naming it if it does not decode (damaged or
+    written by hand), so one bad row fails only its own op, never its batch."""
+    try:
+        return _decoded(r)
+    except (ValueError, TypeError, RecursionError, orjson.JSONDecodeError) as err:
+        raise CorruptRowError(f"schedule {str(r[0])!r:.200}: its row does not decode "
+                              f"({type(err).__name__}: {str(err)[:200]}); fix or delete it",
+                              table="schedules", column="definition") from None
+
+
+def _decoded(r: Sequence[Any]) -> ScheduleRow:
     return ScheduleRow(
         str(r[0]), int(r[1]), Schedule.model_validate_json(r[4]),
         None if r[5] is None else int(r[5]), None if r[6] is None else float(r[6]),
@@ -116,10 +134,17 @@ async def schedule_row(q: Txn, sid: str) -> ScheduleRow | None:
 
 
 async def schedule_rows(q: Txn, after: str, limit: int) -> list[ScheduleRow]:
-    """Schedules by id, from the first after `after` (a page)."""
+    """Schedules by id, from the first after `after` (a page); a row that does not
+    decode is left out, with a warning naming it (`describe` raises for it)."""
     rows = await q.fetchall(f"SELECT {_FIELDS} FROM schedules WHERE id > ? ORDER BY id "
                             "LIMIT ?", after, limit)
-    return [_row(r) for r in rows]
+    found = []
+    for r in rows:
+        try:
+            found.append(_row(r))
+        except CorruptRowError as err:
+            log.warning("%s", err)
+    return found
 
 
 def _marks(values: Sequence[Any]) -> str:
@@ -181,7 +206,15 @@ class PutScheduleOp:
 
     async def apply(self, txn: Txn) -> ScheduleRow:
         s, text = self.schedule, self.schedule.model_dump_json()
-        old = await schedule_row(txn, self.sid)
+        try:
+            old = await schedule_row(txn, self.sid)
+        except CorruptRowError:
+            if self.create:
+                raise ScheduleExistsError(f"schedule {self.sid!r} exists (its row does not "
+                                          "decode): update it or delete it",
+                                          schedule_id=self.sid) from None
+            await txn.execute("DELETE FROM schedules WHERE id = ?", self.sid)  # replaced
+            return await PutScheduleOp(self.sid, self.shard, s, self.now, True).apply(txn)
         if self.create and old is not None:
             raise ScheduleExistsError(f"schedule {self.sid!r} exists; update it or delete it "
                                       "first", schedule_id=self.sid)
@@ -334,11 +367,19 @@ class FireOp(Fenced):
 
     async def apply(self, txn: Txn) -> Fired:
         await txn.check(self.fence)
-        claimed = await txn.execute(
+        try:
+            row = await schedule_row(txn, self.sid)
+        except CorruptRowError as err:  # parked (due_at NULL) until `update` replaces it
+            log.warning("%s; it fires no more until updated", err)
+            await txn.execute("UPDATE schedules SET due_at = NULL, version = version + 1 "
+                              "WHERE id = ? AND version = ?", self.sid, self.version)
+            return Fired(raced=True)
+        # Claimed at the version read: a write since (a client's, another round's) made
+        # it another version, and this round looks again.
+        claimed = row is not None and await txn.execute(
             "UPDATE schedules SET version = version + 1 WHERE id = ? AND version = ? "
             "AND shard = ? AND due_at IS NOT NULL", self.sid, self.version, self.fence.shard)
-        row = await schedule_row(txn, self.sid) if claimed else None
-        if row is None:
+        if row is None or not claimed:
             return Fired(raced=True)
         s = row.schedule
         pending = await _pending(txn, row, self.applied)
