@@ -34,6 +34,8 @@ __all__ = [
     "PickledSnapshotError",
     "QueryResultError",
     "QueryTimeoutError",
+    "ScheduleExistsError",
+    "ScheduleNotFoundError",
     "ShardCountError",
     "ShardMovedError",
     "SignalTimeoutError",
@@ -372,6 +374,24 @@ class HandlerNotHostedError(CorralError):
     """
 
     retryable = True
+
+
+class ScheduleNotFoundError(CorralError, LookupError):
+    """No schedule has this id (`rt.schedules.*`, `corral schedule ...`): it was never
+    created or was deleted. `schedule_id` names it."""
+
+    def __init__(self, message: str = "", *, schedule_id: str = "", **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.schedule_id = schedule_id
+
+
+class ScheduleExistsError(CorralError):
+    """`rt.schedules.create` for an id a schedule already has; unlike
+    `ScheduleNotFoundError`, the schedule is there: update it, or delete it first."""
+
+    def __init__(self, message: str = "", *, schedule_id: str = "", **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.schedule_id = schedule_id
 
 
 class DeploymentNotFoundError(InvalidArgumentError, LookupError):

@@ -82,6 +82,8 @@ __all__ = [
     "merge",
     "passivated",
     "rejected",
+    "schedule_fired",
+    "schedule_skipped",
     "serve",
     "snapshotted",
     "step_attempted",
@@ -101,6 +103,8 @@ _STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
                  120.0, 300.0)
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0)
+_LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                     3600.0)
 
 # Counters: name -> (help, label names); each series is labelled by `entity_type` first.
 _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -116,6 +120,11 @@ _COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "corral_timers_fired": ("Due durable timers that woke an entity.", ("entity_type",)),
     "corral_run_suspensions": ("Failed attempts of run() or of an activation, each of which "
                                "suspended its run.", ("entity_type",)),
+    "corral_schedule_ticks_fired": ("Schedule ticks fired, by outcome (accepted, started, "
+                                    "duplicate, refused).", ("entity_type", "outcome")),
+    "corral_schedule_ticks_skipped": ("Schedule ticks skipped, by reason (missed: older "
+                                      "than the catch-up window; overlap).",
+                                      ("entity_type", "reason")),
     "corral_step_attempts": ("Attempts of durable steps.", ("entity_type", "step")),
     "corral_step_failures": ("Durable steps failed for good (their last attempt failed).",
                              ("entity_type", "step")),
@@ -126,6 +135,9 @@ _HISTOGRAMS: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
                               _LATENCY_BUCKETS),
     "corral_group_commit_ops": ("Write ops per group-commit transaction.", ("store",),
                                 _BATCH_BUCKETS),
+    "corral_schedule_lateness_seconds": ("How late each fired schedule tick was (from its "
+                                         "time, jitter included).", ("entity_type",),
+                                         _LATENESS_BUCKETS),
     "corral_step_seconds": ("Duration of each attempt of a durable step.",
                             ("entity_type", "step"), _STEP_BUCKETS),
 }
@@ -224,6 +236,18 @@ def dead_lettered(etype: str) -> None:
 
 def timer_fired(etype: str) -> None:
     _count("corral_timers_fired", (etype,))
+
+
+def schedule_fired(etype: str, outcome: str, late: float | None) -> None:
+    """A schedule tick fired with `outcome`, `late` seconds past its time (None: a
+    trigger or backfill, which has no lateness)."""
+    _count("corral_schedule_ticks_fired", (etype, outcome))
+    if late is not None:
+        _observe("corral_schedule_lateness_seconds", (etype,), max(late, 0.0))
+
+
+def schedule_skipped(etype: str, reason: str, count: int) -> None:
+    _count("corral_schedule_ticks_skipped", (etype, reason), count)
 
 
 def suspended(etype: str) -> None:

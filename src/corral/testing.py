@@ -26,7 +26,13 @@ from typing import Any
 
 from corral._errors import InvalidArgumentError
 from corral.actors import Entity, EntityDefinition
-from corral.persistence import SqliteStore, Store, open_sqlite_store, open_store, stored_shards
+from corral.persistence import (
+    Store,
+    is_postgres_url,
+    open_sqlite_store,
+    open_store,
+    stored_shards,
+)
 from corral.runtime import Runtime, open_runtime
 from corral.runtime._clock import VirtualClock
 from corral.runtime.host._check import SnapshotCheck, SnapshotFailure, TypeCheck, check_store
@@ -49,7 +55,7 @@ class TestRuntime:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, runtime: Runtime, clock: VirtualClock, store: SqliteStore,
+    def __init__(self, runtime: Runtime, clock: VirtualClock, store: Store,
                  host: LocalHost) -> None:
         self.runtime = runtime
         self.clock = clock
@@ -62,12 +68,12 @@ class TestRuntime:
 
     async def advance(self, seconds: float = 0.0, *, minutes: float = 0.0, hours: float = 0.0,
                       days: float = 0.0) -> int:
-        """Move the clock forward, firing every timer due by then in order.
+        """Move the clock forward, firing every timer and schedule due by then in order.
 
         Time jumps from one due moment to the next (an in-memory deadline, a durable
         timer of a passivated entity, an entity's idle timeout) and at each the runtime
         is left to settle: the woken entities run until they wait again and every write
-        is committed. Returns how many timers fired.
+        is committed. Returns how many timers and schedule ticks fired.
         """
         total = seconds + 60 * minutes + 3600 * hours + 86400 * days
         if total < 0:
@@ -80,6 +86,7 @@ class TestRuntime:
             self.clock.set_time(step)
             await self._host.passivate_idle()
             fired += self.clock.fire_due() + await self._host.fire_due_timers()
+            fired += await self._host.schedules.fire_due()
             await self.settle()
             if step >= target and not await self._due_now():
                 return fired
@@ -108,6 +115,7 @@ class TestRuntime:
         candidates = [
             self.clock.next_deadline(),
             await self._store.next_timer(frozenset(self._host.shards)),
+            await self._store.next_schedule_due(frozenset(self._host.shards)),
             *(start + d for d in idle if d is not None),
         ]
         due = [t for t in candidates if t is not None]
@@ -126,13 +134,16 @@ async def open_test_runtime(*, entities: Sequence[type[Entity]], store: str = ":
 
     Args:
         entities: the entity types under test.
-        store: a SQLite path, or `":memory:"` (the default: nothing on disk).
+        store: a SQLite path, `":memory:"` (the default: nothing on disk), or a
+            PostgreSQL URL (its database's clock is not virtual: only what corral
+            decides by the host's clock follows `advance`).
         start: the virtual clock's initial wall time (default: now).
         shards: shard count of the store (few: one process hosts them all).
         **options: passed to `open_runtime` (`authorize`, `limits`, ...).
     """
     clock = VirtualClock(start)
-    the_store = await open_sqlite_store(store, shards=shards, clock=clock.time)
+    the_store = await open_store(store, shards=shards) if is_postgres_url(store) \
+        else await open_sqlite_store(store, shards=shards, clock=clock.time)
     try:
         async with open_runtime(the_store, entities=entities, shards=shards, clock=clock,
                                 **options) as rt:

@@ -154,9 +154,12 @@ ENTITIES: list[type[corral.Entity]] = [Refund, Ledger, Tally, Stuck, Ticket, Gat
 def authorize(request: corral.AuthRequest) -> str | bool | None:
     """Operator calls (deliver, replay, discard) only from `OPERATORS`; no query of a
     key that starts with "secret-" (whoever asks); no read of a key that starts with
-    "hidden-", and none at all by "ops-bob"; the rest as claimed."""
+    "hidden-", and none at all by "ops-bob"; no schedule write for a key that starts
+    with "hidden-"; the rest as claimed."""
     if request.kind in ("deliver", "replay", "discard"):
         return request.sender if request.sender in OPERATORS else False
+    if request.kind == "schedule" and request.key.startswith("hidden-"):
+        return False
     if request.kind == "query" and request.key.startswith("secret-"):
         return False
     if request.kind == "read" and (request.key.startswith("hidden-")

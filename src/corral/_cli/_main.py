@@ -33,6 +33,7 @@ from ._metrics import serve_metrics
 from ._moves import backup_store, migrate_store, restore_store
 from ._nodes import commands as node_commands
 from ._purge import purge
+from ._schedule_commands import commands as schedule_commands
 from ._snapshots import check as check_snapshots
 from ._verbs import (
     query_entity,
@@ -99,6 +100,7 @@ app.command("purge")(purge)
 app.command("migrate")(migrate_store)
 app.command("backup")(backup_store)
 app.command("restore")(restore_store)
+app.add_typer(schedule_commands, name="schedule")
 
 
 @app.command("demo")

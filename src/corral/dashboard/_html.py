@@ -155,7 +155,7 @@ _PAGE = """<!doctype html>
 <body>
 <header>
 <nav><a href="/">Entities</a><a href="/waits">Open waits</a>
-<a href="/dead-letters">Dead letters</a></nav>
+<a href="/dead-letters">Dead letters</a><a href="/schedules">Schedules</a></nav>
 <div>$who</div>
 </header>
 <main>

@@ -1,6 +1,6 @@
 """The dashboard's Starlette app: its routes, the operator on every page, errors as pages.
 
-Reads go through `Runtime.entities`, `signal_waits`, `dead_letters` and
+Reads go through `Runtime.entities`, `signal_waits`, `dead_letters`, `schedules` and
 `EntityRef.describe`, `state`, `history`, `dead_letters`; writes (and queries) through
 `EntityRef.deliver`, `terminate`, `query`, `replay_dead_letter` and
 `discard_dead_letter`, always with `sender=` the authenticated operator (whatever a
@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
 import corral.dashboard._entity_page as entity
+import corral.dashboard._schedule_pages as schedules
 import corral.dashboard._views as views
 from corral import (
     CorralError,
@@ -39,6 +40,7 @@ from corral import (
     PayloadTooLargeError,
     RunStatus,
     Runtime,
+    ScheduleNotFoundError,
     SignalWait,
     StoreError,
     UnauthorizedError,
@@ -76,6 +78,7 @@ _STATUS: tuple[tuple[type[CorralError], int], ...] = (
     (UnknownEntityTypeError, 404),
     (UnknownHandlerError, 404),
     (DeadLetterNotFoundError, 404),
+    (ScheduleNotFoundError, 404),
     (IdempotencyConflictError, 409),
     (EntityNotRunningError, 409),
     (EntityClosedError, 409),
@@ -173,6 +176,11 @@ class _Dashboard:
             Route("/dead-letters", self._get(self.dead_letter_list), methods=["GET"]),
             Route("/dead-letters/replay", self._post(self.replay), methods=["POST"]),
             Route("/dead-letters/discard", self._post(self.discard), methods=["POST"]),
+            Route("/schedules", self._get(self.schedule_list), methods=["GET"]),
+            Route("/schedules/{action:str}", self._post(self.schedule_write),
+                  methods=["POST"]),
+            Route("/schedules/{schedule_id:path}", self._get(self.schedule_detail),
+                  methods=["GET"]),
         ]
         if self.gate.uses_token:
             routes += [Route("/login", self.login_page, methods=["GET"]),
@@ -303,7 +311,33 @@ class _Dashboard:
                                        refresh_period(q.get("refresh")))
         return self._page("Dead letters", body, visit)
 
+    async def schedule_list(self, request: Request, visit: Visit) -> Response:
+        q = request.query_params
+        limit = _limit(q.get("limit"), 100)
+        infos = await self.rt.schedules.list(after=q.get("after") or "", limit=limit + 1,
+                                             sender=visit.operator)
+        more = infos[limit - 1].id if len(infos) > limit else None
+        return self._page("Schedules", schedules.schedule_list(infos[:limit], more), visit)
+
+    async def schedule_detail(self, request: Request, visit: Visit) -> Response:
+        sid = request.path_params["schedule_id"]
+        info = await self.rt.schedules.describe(sid, sender=visit.operator)
+        return self._page(f"Schedule {sid}", schedules.schedule_page(visit, info), visit)
+
     # -- writes --------------------------------------------------------------------------
+
+    async def schedule_write(self, request: Request, visit: Visit, form: dict[str, str]
+                             ) -> Response:
+        """Pause, resume or trigger a schedule, as the operator."""
+        action, sid = request.path_params["action"], form.get("id", "")
+        if action not in ("pause", "resume", "trigger"):
+            raise Refused(f"no schedule action {action[:40]!r}", 404)
+        done = await getattr(self.rt.schedules, action)(sid, sender=visit.operator)
+        text = f"Schedule {sid}: {action}d." if action != "trigger" else \
+            f"Schedule {sid} triggered: {', '.join(done.outcomes)}."
+        return self._page(action.capitalize(), views.message(text, links=[
+            (schedules.schedule_url(sid), f"Schedule {sid}"), ("/schedules", "Schedules")]),
+            visit)
 
     async def deliver(self, request: Request, visit: Visit, form: dict[str, str]) -> Response:
         ref = self._ref(form.get("entity_type", ""), form.get("key", ""))

@@ -31,6 +31,14 @@ from ._migrate import Copied, TableCheck, Verification, migrate, verify
 from ._open import open_store
 from ._ops_outbox import OutboxRow, Send, handler_send_id, send_message_id
 from ._ops_retention import Purged
+from ._ops_schedules import (
+    DueSchedule,
+    Fired,
+    FireOp,
+    ScheduleRow,
+    tick_message_id,
+    trigger_message_id,
+)
 from ._ops_steps import (
     STEP_ERROR_CHARS,
     STEP_HISTORY_PER_RUN,
@@ -63,6 +71,7 @@ from ._records import (
 )
 from ._releases import ReleaseRecord, ReleaseRegistry
 from ._rows import Row, stored_json
+from ._schedule_store import ScheduleStore
 from ._sqlite import SqliteStore, open_sqlite_store
 from ._store import AcceptStore, HostStore, ReadStore, Store
 from ._txn import Fence
@@ -88,10 +97,13 @@ __all__ = [
     "DeadLetter",
     "DeliveryRequest",
     "DeliveryResult",
+    "DueSchedule",
     "EntityDetails",
     "EntityRecord",
     "EntryKind",
     "Fence",
+    "FireOp",
+    "Fired",
     "HostStore",
     "HostingClaim",
     "HostingRegistry",
@@ -105,6 +117,8 @@ __all__ = [
     "ReleaseRegistry",
     "Row",
     "RunRecord",
+    "ScheduleRow",
+    "ScheduleStore",
     "Send",
     "ShardBacklog",
     "SqliteStore",
@@ -139,6 +153,8 @@ __all__ = [
     "storable_text",
     "stored_json",
     "stored_shards",
+    "tick_message_id",
     "timer_id",
+    "trigger_message_id",
     "verify",
 ]

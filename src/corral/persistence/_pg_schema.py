@@ -88,6 +88,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # entry, and a send's with its outbox row (8 created today's outbox: it may have it).
     18: ("ALTER TABLE journal ADD COLUMN IF NOT EXISTS trace text",
          "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS trace text"),
+    # Schedules (`_ops_schedules`).
+    19: create("schedules", "postgres"),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 """The schema this corral writes."""

@@ -39,10 +39,11 @@ __all__ = [
 ]
 
 
-DERIVED_ID_PREFIXES = ("send:", "replay:")
+DERIVED_ID_PREFIXES = ("send:", "replay:", "schedule:")
 """How the message ids corral derives begin: an entity's send
-(`_ops_outbox.send_message_id`, `handler_send_id`) and a dead letter's replay
-(`_ops_dead_letters.replay_message_id`). The client boundary refuses a caller's id
+(`_ops_outbox.send_message_id`, `handler_send_id`), a dead letter's replay
+(`_ops_dead_letters.replay_message_id`) and a schedule's tick or trigger
+(`_ops_schedules.tick_message_id`, `trigger_message_id`). The client boundary refuses a caller's id
 that begins so, or a caller could take the id first and the real send or replay would
 meet an `IdempotencyConflictError` (a delivery's id cannot be typed: it begins with a
 control character, `_waits.delivery_message_id`)."""

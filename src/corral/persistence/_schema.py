@@ -95,6 +95,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # the trace.
     19: ("ALTER TABLE journal ADD COLUMN trace TEXT",
          "ALTER TABLE outbox ADD COLUMN trace TEXT"),
+    # Schedules (`_ops_schedules`).
+    20: create("schedules", "sqlite"),
 }
 """Schema version -> the statements that upgrade a store from the version before it."""
 

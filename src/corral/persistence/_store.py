@@ -37,6 +37,7 @@ from ._records import (
     WaitRecord,
 )
 from ._releases import ReleaseRegistry
+from ._schedule_store import ScheduleStore
 from ._txn import Fence
 from ._waits import WaitPosition
 
@@ -407,7 +408,7 @@ class ReadStore(Protocol):
 
 
 class Store(AcceptStore, HostStore, ReadStore, BuildRegistry, HostingRegistry,
-            ReleaseRegistry, Protocol):
+            ReleaseRegistry, ScheduleStore, Protocol):
     """Durable storage for runs, journals, dedupe windows, snapshots and shard leases.
 
     Acceptance (`accept`) is open to any process; the writes a shard host makes while

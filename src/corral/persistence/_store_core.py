@@ -76,6 +76,7 @@ from ._releases import (
     check_namespace,
     releases,
 )
+from ._schedule_store import ScheduleOps
 from ._suspensions import ClearSuspensionOp, SuspendOp
 from ._txn import Fence, WriteOp
 from ._unapplied import SettleRunOp
@@ -86,7 +87,7 @@ __all__ = ["StoreCore"]
 T = TypeVar("T")
 
 
-class StoreCore:
+class StoreCore(ScheduleOps):
     """What both stores do alike, on the two primitives each store provides."""
 
     __slots__ = ()

@@ -232,6 +232,20 @@ TABLES = (
         delivered BOOL NOT NULL, error TEXT, created_at REAL NOT NULL, message_id TEXT,
         trace TEXT,
         PRIMARY KEY (etype, key, run_id, seq)""", ("outbox_pending (shard, delivered)",)),
+    # Schedules (`_ops_schedules`): each one's definition (JSON of `corral.Schedule`), its
+    # target (`target_type`, `target_key`, whose shard's holder fires it; not the
+    # entity's own row: retention leaves it) and its progress: the next
+    # tick not handled yet, a tick buffered by the overlap policy, counters, the last
+    # tick's journal entry (its run and seq: is it applied?), its recent outcomes (JSON)
+    # and a version every write bumps. `due_at`: when its holder looks at it next (NULL:
+    # paused or ended); a host's round is one seek of `schedules_due` per shard.
+    Table("schedules", """
+        id TEXT NOT NULL, shard INT NOT NULL, target_type TEXT NOT NULL,
+        target_key TEXT NOT NULL, definition TEXT NOT NULL, next_tick BIGINT, due_at REAL,
+        buffered BIGINT, fired BIGINT NOT NULL, skipped BIGINT NOT NULL, last_tick BIGINT,
+        last_run BIGINT, last_seq BIGINT, outcomes TEXT NOT NULL, version BIGINT NOT NULL,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL,
+        PRIMARY KEY (id)""", ("schedules_due (shard, due_at)",)),
     # Which cluster hosts the store (`_hosting`): each host process's claim, renewed
     # while it lives; hosts of another cluster are refused while one is live.
     Table("hosting", """

@@ -80,6 +80,7 @@ Ray backend, client process -> host actor (not traced; the names are checked):
    `ShardHost.handle(record)` call, run by the actor's `LocalBackend.handle(record)`.
 """
 
+from corral._schedule_spec import Calendar, Cron, Interval, Overlap, Schedule
 from corral.persistence import DeadLetter
 
 from ._build_registration import BuildInfo
@@ -106,6 +107,7 @@ from .client._results import (
     SignalWaitInfo,
 )
 from .client._runtime import Runtime
+from .client._schedules import BackfillResult, ScheduleInfo, ScheduleOutcome
 from .client._signal_many import SignalItem
 from .ray._cluster_nodes import DrainReport, RayNode, drain_node, ray_nodes, undrain_node
 from .ray._deployment import (
@@ -124,7 +126,10 @@ __all__ = [
     "Ack",
     "AuthRequest",
     "Authorize",
+    "BackfillResult",
     "BuildInfo",
+    "Calendar",
+    "Cron",
     "DeadLetter",
     "Delivery",
     "DeliveryStatus",
@@ -137,8 +142,10 @@ __all__ = [
     "EntityState",
     "EntitySummary",
     "HostStatus",
+    "Interval",
     "Limits",
     "MessageInfo",
+    "Overlap",
     "Page",
     "RayNode",
     "Release",
@@ -146,6 +153,9 @@ __all__ = [
     "RollStep",
     "RunSummary",
     "Runtime",
+    "Schedule",
+    "ScheduleInfo",
+    "ScheduleOutcome",
     "SignalItem",
     "SignalWaitInfo",
     "StepInfo",

@@ -84,7 +84,10 @@ class AuthRequest:
       "dead_letters" and "purgeable" (`corral purge --dry-run`) across entities, with
       `key` "" (and `entity_type` "" when not given one type);
     - "purge": deleting a type's closed runs past its retention (`corral purge`;
-      `key` is "").
+      `key` is "");
+    - "schedule": a write to a schedule of `entity_type` `key` (its target), `name`
+      the operation: "create", "update", "pause", "resume", "delete", "trigger",
+      "backfill" (`Runtime.schedules`); reading schedules is "read", "schedules".
 
     A read or a purge records nothing, so only a refusal (False, or
     `UnauthorizedError`) matters there: a returned sender is checked and dropped.
@@ -177,8 +180,8 @@ class Boundary:
         """The caller's idempotency key, or a fresh one for None.
 
         An id beginning as the ones corral derives (`DERIVED_ID_PREFIXES`: `send:`,
-        `replay:`) is refused, so no caller can take the id of an entity's send or of
-        a dead letter's replay before it is made."""
+        `replay:`, `schedule:`) is refused, so no caller can take the id of an entity's
+        send, of a dead letter's replay or of a schedule's tick before it is made."""
         if message_id is None:
             return new_message_id()
         checked = self.check_identifier(message_id, what)
@@ -186,7 +189,8 @@ class Boundary:
             prefix = next(p for p in DERIVED_ID_PREFIXES if checked.startswith(p))
             raise InvalidKeyError(
                 f"{what} {checked!r:.80} begins with {prefix!r}, which corral keeps for the "
-                "ids it derives (entity sends, dead-letter replays); choose another")
+                "ids it derives (entity sends, dead-letter replays, schedule ticks); "
+                "choose another")
         return checked
 
     def check_identifier(self, value: object, what: str) -> str:

@@ -38,6 +38,7 @@ from ._inspection import EntityHistory, EntityState
 from ._results import EntityDescription, EntitySummary
 
 __all__ = [
+    "SCHEDULE_METHODS",
     "AcceptBatch",
     "AnyRequest",
     "DeadLetters",
@@ -50,6 +51,7 @@ __all__ = [
     "Query",
     "ReplayDeadLetter",
     "Request",
+    "ScheduleCall",
     "SignalBatch",
     "SignalWaits",
     "State",
@@ -232,7 +234,27 @@ class TakeCensus(Request[Census]):
     shard: None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleCall(Request[Any]):
+    """One call of `Runtime.schedules` on the store (`persistence.ScheduleStore`):
+    `method` (one of `SCHEDULE_METHODS`) with `args`, checked at the boundary before.
+    A trigger or backfill names the target's `shard` (its holder routes what it
+    accepts to the entity at once); the rest carry `shard=None`: any host answers."""
+
+    method: str
+    args: tuple[Any, ...]
+    shard: int | None = None
+    entity_type: str | None = None
+    key: str | None = None
+
+
+SCHEDULE_METHODS = frozenset({"put_schedule", "pause_schedule", "delete_schedule",
+                              "trigger_schedule", "backfill_schedule", "schedule",
+                              "schedules"})
+"""The `ScheduleStore` methods a `ScheduleCall` may name."""
+
+
 AnyRequest = (Acceptance | DeliveryRequest | AcceptBatch | WaitUpdate | Query | Describe
               | History | State | LatestRun | ReplayDeadLetter | DiscardDeadLetter
-              | DeadLetters | SignalWaits | Entities | TakeCensus)
+              | DeadLetters | SignalWaits | Entities | TakeCensus | ScheduleCall)
 """Every record a shard host runs (a `SignalBatch` reaches it as atomic `AcceptBatch`es)."""

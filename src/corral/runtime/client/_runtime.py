@@ -26,6 +26,7 @@ from ._ref import EntityRef
 from ._requests import DeadLetters, Entities, SignalWaits, TakeCensus
 from ._results import Ack, EntitySummary, Page, SignalWaitInfo, decode_cursor, encode_cursor
 from ._router import Router
+from ._schedules import Schedules
 from ._signal_many import SignalItem, signal_many
 
 __all__ = ["Runtime"]
@@ -56,6 +57,8 @@ class Runtime:
         # more than the lookup. An entry holds the type object, so its id stays its own
         # while it is here. Cleared when full.
         self._refs: dict[tuple[int, str], tuple[object, EntityRef[Any, Any]]] = {}
+        self.schedules = Schedules(backend, boundary, self.clock)
+        """Schedules: entities signalled on a calendar (`corral.Schedule`)."""
 
     @property
     def store(self) -> Store:

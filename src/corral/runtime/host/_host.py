@@ -32,6 +32,7 @@ from ._newest import Plan, moves_per_round, plan, settled
 from ._outbox import Postman
 from ._progress import ProgressLog
 from ._recovery_window import RecoveryWindow
+from ._schedule_round import ScheduleRound
 from ._shard import Shard, recover
 
 __all__ = ["LocalHost"]
@@ -78,6 +79,7 @@ class LocalHost:
         self.clock: Clock = clock or SystemClock()
         self.shards: dict[int, Shard] = {}
         self.postman = Postman(store, router, definitions, self.shard, self.clock)  # sends
+        self.schedules = ScheduleRound(store, lambda: self.shards, self.clock, self._polling)
         self._cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
         # Shards this host was fenced out of or handed over, and when (monotonic). Left
@@ -291,8 +293,8 @@ class LocalHost:
                 await self._backoff("newest build", err)
 
     async def _housekeep(self) -> None:
-        """Fire due durable timers of entities not in memory; passivate idle ones; purge
-        closed runs past their type's retention."""
+        """Fire due durable timers of entities not in memory and due schedules; passivate
+        idle ones; purge closed runs past their type's retention."""
         idle_timeouts = [d.idle_timeout for d in self._definitions.values() if d.idle_timeout]
         # Sweeping visits every resident entity: do it a few times per shortest timeout.
         sweep_every = min(max(min(idle_timeouts) / 4, 0.05), 5.0) if idle_timeouts else None
@@ -301,6 +303,7 @@ class LocalHost:
             await asyncio.sleep(min(self._timer_interval, sweep_every or self._timer_interval))
             try:
                 await self.fire_due_timers()
+                await self.schedules.fire_due()
                 if sweep_every is not None and time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + sweep_every
                     await self.passivate_idle()

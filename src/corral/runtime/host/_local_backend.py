@@ -34,6 +34,7 @@ from corral.persistence import (
     DeliveryResult,
     EntityRecord,
     EntryKind,
+    Fired,
     Progress,
     RunRecord,
     Store,
@@ -45,6 +46,7 @@ from corral.persistence import (
 from .._clock import Clock, SystemClock
 from ..client._inspection import EntityHistory, EntityState, read_history, read_state
 from ..client._requests import (
+    SCHEDULE_METHODS,
     AcceptBatch,
     DeadLetters,
     Describe,
@@ -54,6 +56,7 @@ from ..client._requests import (
     LatestRun,
     Query,
     ReplayDeadLetter,
+    ScheduleCall,
     SignalBatch,
     SignalWaits,
     State,
@@ -96,6 +99,7 @@ class LocalBackend:
             SignalWaits: self.signal_waits, DeadLetters: self.dead_letters,
             ReplayDeadLetter: self.replay_dead_letter,
             DiscardDeadLetter: self.discard_dead_letter, TakeCensus: self.census,
+            ScheduleCall: self.schedule_call,
         }
 
     def handle(self, request: Any) -> Awaitable[Any]:
@@ -415,6 +419,19 @@ class LocalBackend:
         shard = self.host.shard(op.shard) if self.host else None
         if shard is not None and not result.duplicate:
             shard.route(result.entry)  # other hosts tail the journal
+        return result
+
+    async def schedule_call(self, op: ScheduleCall) -> Any:
+        """A `Runtime.schedules` call on the store; what a trigger or backfill accepted
+        is routed to the entity if this process holds its shard (other hosts tail the
+        journal)."""
+        if op.method not in SCHEDULE_METHODS:
+            raise TypeError(f"not a schedule call: {op.method!r}")
+        result = await getattr(self.store, op.method)(*op.args)
+        if isinstance(result, Fired) and op.shard is not None:
+            shard = self.host.shard(op.shard) if self.host else None
+            for accepted, start in result.accepted if shard is not None else ():
+                shard.take_accepted(accepted, start)  # type: ignore[union-attr]
         return result
 
     async def discard_dead_letter(self, op: DiscardDeadLetter) -> bool:

@@ -414,6 +414,18 @@ class Shard:
         act = self.get(etype, key)
         return None if act is None else act.applied_seq
 
+    def known_applied(self, etype: str, key: str) -> int | None:
+        """The applied seq this shard knows for the entity: its live activation's; 0
+        when it has none and is not about to load it (passivated, closed or suspended:
+        the latest snapshot tells the rest); None while its recovery has not reached it
+        (a schedule waits rather than guess whether its previous tick is applied)."""
+        applied = self.applied_seq(etype, key)
+        if applied is not None:
+            return applied
+        if not self._recovered or (etype, key) in self._unrecovered:
+            return 0 if (etype, key) in self._held else None
+        return 0
+
     def activations(self) -> list[Activation]:
         """The live activations (loading or ready)."""
         return [a for a in self._activations.values() if not a.is_finished]
