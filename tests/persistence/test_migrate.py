@@ -6,8 +6,8 @@ then signals accepted by a pure client and applied by nobody (backlogs), a run a
 on a durable timer, a run on a signal wait with a deadline, a run past a durable step,
 a closed run and a purged one, a suspended run, a delivery buffered before its run reached the wait,
 sends waiting in their sender's outbox (their target's mailbox full, its run
-suspended), dead letters (a capped mailbox's overflow), two builds of one type and two
-declared releases.
+suspended), dead letters (a capped mailbox's overflow), two builds of one type, two
+declared releases and a schedule firing every second.
 """
 
 from __future__ import annotations
@@ -102,6 +102,10 @@ async def build_mid_life(location: str) -> MidLife:
         await wait_until(lambda: bool(sql(location, "SELECT 1 FROM outbox WHERE "
                                                     "delivered = ?", False)),
                          "a send waits in the outbox")
+        await rt.schedules.create("tick", rt.ref(Ledger, "ticked"), Ledger.add,
+                                  Add(tag="tick"), start=LedgerInput(),
+                                  spec=corral.Interval(every=1), overlap=corral.Overlap.ALLOW)
+        await wait_until(lambda: _ticked(rt, 1), "the schedule fired once")
         for release in ("r1", "r2"):
             await rt.store.declare_release("helpdesk", release, '{"app": "m:APP"}',
                                            declared_by="test")
@@ -123,6 +127,12 @@ async def build_mid_life(location: str) -> MidLife:
     life.applied = {key: [f"{key}/{n}" for n in (0, 1, 2, 3) if n != 1 or key == IDLE[0]]
                     for key in IDLE}
     return life
+
+
+async def _ticked(rt: corral.Runtime, n: int) -> bool:
+    """The schedule fired `n` ticks or more, and its entity applied each it fired."""
+    fired = (await rt.schedules.describe("tick")).fired
+    return fired >= n and len((await rt.ref(Ledger, "ticked").query(Ledger.state)).applied) >= n
 
 
 def _closed(location: str, key: str) -> bool:
@@ -174,6 +184,13 @@ async def check_finishes(location: str, life: MidLife) -> None:
         assert fired_at is not None
         assert fired_at >= life.due
         assert (await rt.ref(Ledger, "step").query(Ledger.state)).stepped == 42
+        # The schedule goes on from the copy: each tick fired is applied once.
+        before = (await rt.schedules.describe("tick")).fired
+        await wait_until(lambda: _ticked(rt, before + 2), "the schedule fired on the copy")
+        await rt.schedules.pause("tick")
+        fired = (await rt.schedules.describe("tick")).fired
+        await wait_until(lambda: _ticked(rt, fired), "every tick fired applied")
+        assert len((await rt.ref(Ledger, "ticked").query(Ledger.state)).applied) == fired
         for key, tags in life.applied.items():  # nothing applied twice meanwhile
             assert (await rt.ref(Ledger, key).query(Ledger.state)).applied == tags
 
