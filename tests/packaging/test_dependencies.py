@@ -40,6 +40,9 @@ NOT_IMPORTED = {
     # Starlette parses the dashboard's forms with it (`request.form()`), importing it
     # itself; starlette declares it only as an optional dependency of its own.
     "python-multipart": "starlette's form parser (the dashboard's forms)",
+    # The standard library's `zoneinfo` reads the IANA zones of schedules' specs from it
+    # where the operating system has none (a slim container); nothing imports it.
+    "tzdata": "zoneinfo's time zones where the system has none (schedules)",
 }
 
 
