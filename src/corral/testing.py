@@ -92,12 +92,13 @@ class TestRuntime:
                 return fired
 
     async def settle(self) -> None:
-        """Wait until no entity is loading, applying or working, and nothing is queued
-        for the store (woken entities have run until they wait again)."""
+        """Wait until no entity is loading, applying or working, no send is being
+        delivered, and nothing is queued for the store (woken entities have run until
+        they wait again, and what they sent has reached its target's mailbox)."""
         quiet = 0
         for _ in range(_SETTLE_ROUNDS):
             await asyncio.sleep(0)
-            if self._store.idle and not any(
+            if self._store.idle and not self._host.postman.busy and not any(
                     a.busy for s in self._host.shards.values() for a in s.resident()):
                 quiet += 1
                 if quiet >= 3:

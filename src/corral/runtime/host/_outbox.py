@@ -94,8 +94,15 @@ class Postman:
         self._hosted = hosted
         self._clock = clock
         self._busy: dict[tuple[str, str, int], bool] = {}  # sender run -> posted again
+        self._resting: set[tuple[str, str, int]] = set()  # waiting out an overloaded target
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether a delivery is under way (posted and not done, nor waiting out an
+        overloaded target's delay): a test runtime settles only once none is."""
+        return len(self._busy) > len(self._resting)
 
     def post(self, fence: Fence, etype: str, key: str, run_id: int) -> None:
         """Deliver the run's written sends soon (after the commit that wrote them)."""
@@ -135,7 +142,11 @@ class Postman:
                                 "in %.1fs", *sender, err, _RETRY)
                     wait = _RETRY
                 if wait is not None:
-                    await asyncio.sleep(wait)
+                    self._resting.add(sender)
+                    try:
+                        await asyncio.sleep(wait)
+                    finally:
+                        self._resting.discard(sender)
                 elif len(rows) < _ROWS and not self._busy[sender]:
                     return
         finally:
