@@ -78,7 +78,11 @@ class ScheduleOutcome:
 @dataclass(frozen=True, slots=True)
 class ScheduleInfo:
     """A schedule as stored, with its progress: `next_ticks` (epoch seconds, jitter
-    not included), the counts of ticks fired and skipped, and the newest outcomes."""
+    not included), the counts of ticks fired and skipped, and the newest outcomes.
+
+    Another record than the store's `ScheduleRow`: it leaves out the firing's
+    bookkeeping (shard, due time with jitter, version, the previous tick's run and
+    seq), types the outcomes (`ScheduleOutcome`) and adds the next ticks."""
 
     id: str
     schedule: Schedule
